@@ -1,0 +1,34 @@
+# The README's two commands: `make demo` and `make test`. Both set up .venv first (a no-op when current).
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.evalstop-installed
+
+.PHONY: demo test lint bench reproduce clean setup
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[train,dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check evalstop_trl platform_sim tests scripts
+
+bench: $(STAMP)
+	$(PY) scripts/bench_sim.py
+
+reproduce: $(STAMP)
+	$(VENV)/bin/platform-sim reproduce --seeds 30 --out results
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

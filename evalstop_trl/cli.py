@@ -1,0 +1,94 @@
+"""The ``evalstop`` command: ``serve | tenants | status | replay | demo``.
+
+Each subcommand imports what it needs when it runs, so ``evalstop replay --help`` stays fast and
+never imports torch, FastAPI or uvicorn. Bad input exits with status 2 and a one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+EXIT_BAD_INPUT = 2
+
+
+class CLIError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def _add_replay(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="what a detector would have done on a recorded eval curve",
+        description="Replay a trainer_state.json, CSV (step + score columns) or JSONL curve "
+        "through a detector and print whether and where it stops.",
+    )
+    p.add_argument("file", help="trainer_state.json, .csv or .jsonl")
+    p.add_argument("--metric", help="score column or key (default: the only numeric one, else the first eval_*)")
+    p.add_argument("--detector", default="decline", help="decline (default), patience, stop_at, loss_plateau, never")
+    p.add_argument("--k", type=int, help="consecutive declines (decline) or evals without improvement (patience)")
+    p.add_argument("--min-delta", type=float, dest="min_delta", help="a change must exceed this to count")
+    p.add_argument("--direction", choices=("max", "min"), help="max (default): higher is better")
+    p.add_argument("--fraction", type=float, help="stop_at: progress fraction to stop at")
+    p.add_argument("--window", type=int, help="loss_plateau: window in evals")
+    p.add_argument("--tolerance", type=float, help="loss_plateau: relative improvement threshold")
+    p.add_argument("--planned-steps", type=int, dest="planned_steps", help="planned steps (for progress)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_replay)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from .replay import ReplayError, format_table, load_curve, replay_curve
+
+    params = {
+        k: getattr(args, k)
+        for k in ("k", "min_delta", "direction", "fraction", "window", "tolerance")
+        if getattr(args, k) is not None
+    }
+    try:
+        curve = load_curve(args.file, args.metric)
+        result = replay_curve(curve, args.detector, planned_steps=args.planned_steps, **params)
+    except ReplayError as exc:
+        raise CLIError(str(exc)) from None
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        desc = ", ".join(f"{k}={v}" for k, v in params.items())
+        print(f"{args.file}: {curve.metric} ({curve.source}, {len(curve.steps)} evals), "
+              f"detector {args.detector}{' ' + desc if desc else ''}")
+        print(format_table(curve, result))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evalstop", description="Stop reward-hacked RLHF runs from world feedback.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from .cli_service import add_service_commands  # light: heavy imports happen inside the commands
+
+    add_service_commands(sub)
+    _add_replay(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CLIError as exc:
+        print(f"evalstop {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,414 @@
+"""The Coordinator: the one place where stop decisions are made.
+
+The HTTP service, the embedded client of the TRL callback and the platform simulator all call this
+same class. It is thread-safe (one lock), uses only the injected ``clock`` for time, and keeps the
+store as the source of truth: on construction it rebuilds every job's detector by replaying the
+stored reports, so a reopened coordinator answers exactly as an uninterrupted one.
+
+Rules:
+
+* Jobs are namespaced by tenant; a tenant never sees another tenant's jobs (:class:`NotFound`).
+* Reports are idempotent on (tenant, job_id, step): an identical repeat is accepted once; a
+  different payload for a stored step raises :class:`Conflict`; reports must come in step order.
+* Reports for a stopped or finished job are recorded but never change its status or decision.
+* Every stop (detector or manual) is appended to the audit log with its reason and evidence.
+
+Example::
+
+    >>> coord = Coordinator(MemoryStore())
+    >>> _ = coord.register_job("acme", "run-1", "grpo", planned_steps=100)
+    >>> for step, score in [(10, 0.2), (20, 0.5), (30, 0.4), (40, 0.3)]:
+    ...     decision = coord.report("acme", "run-1", step, eval_score=score)
+    >>> decision.action.value, decision.best_step
+    ('stop', 20)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .detectors import Action, Decision, Detector, Observation
+from .errors import Conflict, InvalidInput, NotFound, Unauthorized
+from .models import AuditKind, AuditRecord, JobRecord, JobStatus, JobType, Policy, Report
+from .store import MemoryStore, Store, TenantRecord
+
+__all__ = ["Coordinator", "JobView", "hash_token"]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+MAX_STEP = 2**53
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def check_name(kind: str, value: Any) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise InvalidInput(
+            f"{kind} must be 1-128 characters of letters, digits and _ . : @ - (starting with a letter "
+            f"or digit), but got {value!r}."
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """What a tenant may read about one of its jobs."""
+
+    job_id: str
+    job_type: str
+    status: str
+    policy: dict[str, Any]
+    decision: Decision | None
+    best_step: int | None
+    best_score: float | None
+    best_checkpoint: str | None
+    n_reports: int
+    last_step: int | None
+    planned_steps: int | None
+    acked: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "job_type": self.job_type,
+            "status": self.status,
+            "policy": self.policy,
+            "decision": self.decision.to_dict() if self.decision else None,
+            "best_step": self.best_step,
+            "best_score": self.best_score,
+            "best_checkpoint": self.best_checkpoint,
+            "n_reports": self.n_reports,
+            "last_step": self.last_step,
+            "planned_steps": self.planned_steps,
+            "acked": self.acked,
+        }
+
+
+class _Live:
+    """In-memory state of one job: its record, its detector and its reports by step."""
+
+    __slots__ = ("record", "detector", "reports", "last_step")
+
+    def __init__(self, record: JobRecord, detector: Detector) -> None:
+        self.record = record
+        self.detector = detector
+        self.reports: dict[int, Report] = {}
+        self.last_step: int | None = None
+
+
+StopListener = Callable[[JobRecord, Decision], None]
+
+
+class Coordinator:
+    """Make and record stop decisions for many tenants' jobs.
+
+    Args:
+        store: where state lives (:class:`~evalstop_trl.store.SQLiteStore` or ``MemoryStore``).
+        clock: a function returning the current time in seconds (virtual time in the simulator).
+        default_policy: the policy of jobs registered without one (decline, k=2).
+    """
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        clock: Callable[[], float] = time.time,
+        default_policy: Policy | None = None,
+    ) -> None:
+        self.store = store if store is not None else MemoryStore()
+        self.clock = clock
+        self.default_policy = default_policy or Policy()
+        self._lock = threading.RLock()
+        self._jobs: dict[tuple[str, str], _Live] = {}
+        self._stop_listeners: list[StopListener] = []
+        self._rebuild()
+
+    # ------------------------------------------------------------------ state rebuild
+    def _rebuild(self) -> None:
+        for record in self.store.jobs():
+            live = _Live(record, record.policy.build())
+            for rep in self.store.reports(record.tenant, record.job_id):
+                live.detector.observe(self._observation(record, rep))
+                live.reports[rep.step] = rep
+                live.last_step = rep.step
+            self._jobs[(record.tenant, record.job_id)] = live
+
+    def add_stop_listener(self, listener: StopListener) -> None:
+        """Call ``listener(job, decision)`` after every stop is durably recorded."""
+        self._stop_listeners.append(listener)
+
+    # ------------------------------------------------------------------ tenants
+    def add_tenant(self, name: str) -> str:
+        """Create a tenant and return its new token (shown once; only its hash is stored)."""
+        check_name("tenant name", name)
+        token = "es_" + secrets.token_urlsafe(32)
+        self.store.add_tenant(TenantRecord(name, hash_token(token), self.clock()))
+        return token
+
+    def authenticate(self, token: str | None) -> str:
+        """Return the tenant owning ``token`` or raise :class:`Unauthorized`."""
+        if not token:
+            raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+        t = self.store.tenant_by_hash(hash_token(token))
+        if t is None:
+            raise Unauthorized("unknown token: create one with 'evalstop tenants add NAME'")
+        if t.revoked:
+            raise Unauthorized(f"the token of tenant {t.name!r} was revoked")
+        return t.name
+
+    # ------------------------------------------------------------------ jobs
+    def _get(self, tenant: str, job_id: str) -> _Live:
+        live = self._jobs.get((tenant, job_id))
+        if live is None:
+            raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+        return live
+
+    def register_job(
+        self,
+        tenant: str,
+        job_id: str,
+        job_type: str | JobType = JobType.RLHF,
+        planned_steps: int | None = None,
+        policy: Policy | dict | None = None,
+        pid: int | None = None,
+        pid_start_time: float | None = None,
+        webhook: str | None = None,
+    ) -> tuple[JobView, bool]:
+        """Register a job. Returns ``(view, created)``; an identical re-registration returns
+        ``created=False``; a different one for an existing id raises :class:`Conflict`."""
+        check_name("job_id", job_id)
+        jt = job_type if isinstance(job_type, JobType) else JobType.parse(job_type)
+        if planned_steps is not None and (
+            isinstance(planned_steps, bool) or not isinstance(planned_steps, int) or not 0 < planned_steps <= MAX_STEP
+        ):
+            raise InvalidInput(f"planned_steps must be a positive integer, but got {planned_steps!r}.")
+        if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1):
+            raise InvalidInput(f"pid must be an integer > 1, but got {pid!r}.")
+        if webhook is not None and (not isinstance(webhook, str) or not re.match(r"^https?://", webhook)):
+            raise InvalidInput(f"webhook must be an http(s) URL, but got {webhook!r}.")
+        if policy is None:
+            pol = self.default_policy
+        elif isinstance(policy, Policy):
+            pol = policy
+        else:
+            pol = Policy.from_dict(policy)
+        now = self.clock()
+        record = JobRecord(
+            tenant=tenant, job_id=job_id, job_type=jt, planned_steps=planned_steps, policy=pol,
+            pid=pid, pid_start_time=pid_start_time, webhook=webhook, created_at=now, updated_at=now,
+        )
+        with self._lock:
+            existing = self._jobs.get((tenant, job_id))
+            if existing is not None:
+                if existing.record.registration() == record.registration():
+                    return self._view(existing), False
+                raise Conflict(
+                    f"job {job_id!r} is already registered with a different job_type, planned_steps, "
+                    f"policy, pid or webhook; use a new job_id"
+                )
+            self.store.commit(record)
+            live = _Live(record, pol.build())
+            self._jobs[(tenant, job_id)] = live
+            return self._view(live), True
+
+    @staticmethod
+    def _observation(record: JobRecord, rep: Report) -> Observation:
+        progress = rep.step / record.planned_steps if record.planned_steps else None
+        return Observation(
+            job_id=record.job_id, step=rep.step, eval_score=rep.eval_score, train_loss=rep.train_loss,
+            proxy_reward=rep.proxy_reward, job_type=record.job_type.value, progress=progress,
+        )
+
+    def report(
+        self,
+        tenant: str,
+        job_id: str,
+        step: int,
+        eval_score: float | None = None,
+        train_loss: float | None = None,
+        proxy_reward: float | None = None,
+        checkpoint: str | None = None,
+    ) -> Decision:
+        """Record one report (durably, before returning) and return the job's decision."""
+        with self._lock:
+            live = self._get(tenant, job_id)
+            record = live.record
+            rep = Report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock())
+            try:
+                obs = self._observation(record, rep)
+            except ValueError as exc:
+                raise InvalidInput(str(exc)) from None
+            if checkpoint is not None and (not isinstance(checkpoint, str) or len(checkpoint) > 4096):
+                raise InvalidInput("checkpoint must be a path string of at most 4096 characters.")
+            if step > MAX_STEP:
+                raise InvalidInput(f"step must be at most {MAX_STEP}, but got {step}.")
+            stored = live.reports.get(step)
+            if stored is not None:
+                if stored.payload() == rep.payload():
+                    return record.decision or self._pending_decision(live)
+                raise Conflict(
+                    f"step {step} of job {job_id!r} already has a different report "
+                    f"(stored {_payload_str(stored)}, got {_payload_str(rep)}); a step is reported once"
+                )
+            if live.last_step is not None and step < live.last_step:
+                raise Conflict(
+                    f"reports must come in step order: step {step} is before the last reported step "
+                    f"{live.last_step} of job {job_id!r}"
+                )
+            decision = live.detector.observe(obs)
+            audit: tuple[AuditRecord, ...] = ()
+            stopped = False
+            if record.status.terminal:
+                new = replace(record, updated_at=rep.received_at)
+            elif decision.action is Action.STOP:
+                stopped = True
+                new = replace(
+                    record, status=record.status.to(JobStatus.STOPPED), decision=decision,
+                    stopped_by=f"detector:{record.policy.detector}", stopped_at=rep.received_at,
+                    updated_at=rep.received_at,
+                )
+                audit = (
+                    AuditRecord(tenant, job_id, rep.received_at, AuditKind.STOP, new.stopped_by,
+                                decision.reason, {**decision.evidence, "step": step,
+                                                  "best_step": decision.best_step,
+                                                  "best_score": decision.best_score}),
+                )
+            else:
+                new = replace(record, status=JobStatus.RUNNING, decision=decision, updated_at=rep.received_at)
+            self.store.commit(new, rep, audit)
+            live.record = new
+            live.reports[step] = rep
+            live.last_step = step
+            if record.status.terminal:
+                result = record.decision or Decision(
+                    Action.CONTINUE, f"job is {record.status.value}", decision.best_step, decision.best_score)
+            else:
+                result = new.decision
+        if stopped:
+            self._notify(new, decision)
+        return result
+
+    def _pending_decision(self, live: _Live) -> Decision:
+        return Decision(Action.CONTINUE, "no eval yet", live.detector.best_step, live.detector.best_score)
+
+    def _notify(self, record: JobRecord, decision: Decision) -> None:
+        for listener in list(self._stop_listeners):
+            listener(record, decision)
+
+    def stop(self, tenant: str, job_id: str, reason: str = "", actor: str | None = None) -> JobView:
+        """Stop a job by hand (idempotent for a job already stopped)."""
+        if not isinstance(reason, str) or len(reason) > 2000:
+            raise InvalidInput("reason must be a string of at most 2000 characters.")
+        with self._lock:
+            live = self._get(tenant, job_id)
+            record = live.record
+            if record.status is JobStatus.STOPPED:
+                return self._view(live)
+            status = record.status.to(JobStatus.STOPPED)
+            now = self.clock()
+            who = actor or f"tenant:{tenant}"
+            decision = Decision(
+                Action.STOP, f"manual stop by {who}: {reason or 'no reason given'}",
+                live.detector.best_step, live.detector.best_score, {"manual": True},
+            )
+            new = replace(record, status=status, decision=decision, stopped_by=who, stopped_at=now, updated_at=now)
+            self.store.commit(new, None, (AuditRecord(tenant, job_id, now, AuditKind.MANUAL_STOP, who,
+                                                      decision.reason, {"best_step": decision.best_step,
+                                                                        "best_score": decision.best_score}),))
+            live.record = new
+            view = self._view(live)
+        self._notify(new, decision)
+        return view
+
+    def ack(self, tenant: str, job_id: str, checkpoint: str | None = None) -> JobView:
+        """The job confirms it has its best checkpoint safe and is stopping."""
+        if checkpoint is not None and (not isinstance(checkpoint, str) or len(checkpoint) > 4096):
+            raise InvalidInput("checkpoint must be a path string of at most 4096 characters.")
+        with self._lock:
+            live = self._get(tenant, job_id)
+            record = live.record
+            if record.status is not JobStatus.STOPPED:
+                raise Conflict(f"job {job_id!r} is {record.status.value}: there is no stop to acknowledge")
+            now = self.clock()
+            new = replace(record, acked_at=record.acked_at or now, checkpoint=checkpoint or record.checkpoint,
+                          updated_at=now)
+            audit = ()
+            if record.acked_at is None:
+                audit = (AuditRecord(tenant, job_id, now, AuditKind.ACK, f"job:{job_id}", "stop acknowledged",
+                                     {"checkpoint": new.checkpoint}),)
+            self.store.commit(new, None, audit)
+            live.record = new
+            return self._view(live)
+
+    def finish(self, tenant: str, job_id: str) -> JobView:
+        """Mark a job finished (it ran to its end). A stopped job stays stopped."""
+        with self._lock:
+            live = self._get(tenant, job_id)
+            record = live.record
+            if record.status in (JobStatus.STOPPED, JobStatus.FINISHED):
+                return self._view(live)
+            now = self.clock()
+            new = replace(record, status=record.status.to(JobStatus.FINISHED), finished_at=now, updated_at=now)
+            self.store.commit(new)
+            live.record = new
+            return self._view(live)
+
+    def record_signal(self, tenant: str, job_id: str, kind: AuditKind, reason: str, evidence: dict) -> None:
+        """Append an enforcement or webhook event to the audit log."""
+        with self._lock:
+            live = self._get(tenant, job_id)
+            now = self.clock()
+            self.store.commit(live.record, None, (AuditRecord(tenant, job_id, now, kind, "coordinator",
+                                                              reason, evidence),))
+
+    # ------------------------------------------------------------------ reads
+    def _view(self, live: _Live) -> JobView:
+        r = live.record
+        det = live.detector
+        best_ckpt = r.checkpoint
+        if best_ckpt is None and det.best_step is not None:
+            best_rep = live.reports.get(det.best_step)
+            best_ckpt = best_rep.checkpoint if best_rep else None
+        return JobView(
+            job_id=r.job_id, job_type=r.job_type.value, status=r.status.value, policy=r.policy.to_dict(),
+            decision=r.decision, best_step=det.best_step, best_score=det.best_score,
+            best_checkpoint=best_ckpt, n_reports=len(live.reports), last_step=live.last_step,
+            planned_steps=r.planned_steps, acked=r.acked_at is not None,
+        )
+
+    def status(self, tenant: str, job_id: str) -> JobView:
+        with self._lock:
+            return self._view(self._get(tenant, job_id))
+
+    def record(self, tenant: str, job_id: str) -> JobRecord:
+        with self._lock:
+            return self._get(tenant, job_id).record
+
+    def list_jobs(self, tenant: str) -> list[JobView]:
+        with self._lock:
+            return [self._view(v) for (t, _), v in self._jobs.items() if t == tenant]
+
+    def reports(self, tenant: str, job_id: str) -> list[Report]:
+        with self._lock:
+            live = self._get(tenant, job_id)
+            return [live.reports[s] for s in sorted(live.reports)]
+
+    def audit(self, tenant: str) -> list[AuditRecord]:
+        with self._lock:
+            return self.store.audit(tenant)
+
+    def close(self) -> None:
+        with self._lock:
+            self.store.close()
+
+
+def _payload_str(rep: Report) -> str:
+    return (f"eval_score={rep.eval_score}, train_loss={rep.train_loss}, proxy_reward={rep.proxy_reward}, "
+            f"checkpoint={rep.checkpoint!r}")

@@ -1,0 +1,381 @@
+"""Stop detectors: pure decision logic over a job's observations.
+
+A detector sees one :class:`Observation` at a time (the information boundary: job type, step,
+progress, eval score, train loss, proxy reward; never hidden labels or true durations) and returns
+a :class:`Decision` that says what to do and why.
+
+Missing and non-finite values (the documented policy):
+
+* ``eval_score=None`` means "no world-feedback eval at this step" (a training-log only report). It
+  neither counts as a decline nor resets the decline counter, and never becomes the best score.
+* NaN or infinite numbers are rejected when the :class:`Observation` is built (``ValueError``), so
+  they are refused at every API boundary (HTTP 422, CLI exit 2) and never reach a detector.
+* Once a detector says STOP, it keeps saying STOP (the same decision) for every later observation.
+
+Best checkpoint: the step with the best eval score seen so far (highest for ``direction="max"``,
+lowest for ``"min"``); ties keep the earliest step.
+
+Example::
+
+    >>> det = create_detector("decline", k=2)
+    >>> for step, score in [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.55)]:
+    ...     decision = det.observe(Observation(job_id="j", step=step, eval_score=score))
+    >>> decision.action, decision.best_step
+    (<Action.STOP: 'stop'>, 20)
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = [
+    "Action",
+    "Decision",
+    "Detector",
+    "DeclineDetector",
+    "LossPlateauDetector",
+    "NeverDetector",
+    "Observation",
+    "PatienceDetector",
+    "StopAtDetector",
+    "DETECTORS",
+    "create_detector",
+    "detector_params",
+    "is_decline",
+    "is_better",
+]
+
+
+class Action(str, Enum):
+    """What a detector asks for."""
+
+    CONTINUE = "continue"
+    STOP = "stop"
+
+
+def _check_finite(name: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number or None, but got {value!r}.")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, but got {value!r}; report None for a missing value.")
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What a detector may see about one report of one job."""
+
+    job_id: str
+    step: int
+    eval_score: float | None = None
+    train_loss: float | None = None
+    proxy_reward: float | None = None
+    job_type: str = "rlhf"
+    progress: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
+            raise ValueError(f"step must be a non-negative integer, but got {self.step!r}.")
+        _check_finite("eval_score", self.eval_score)
+        _check_finite("train_loss", self.train_loss)
+        _check_finite("proxy_reward", self.proxy_reward)
+        _check_finite("progress", self.progress)
+        if self.progress is not None and self.progress < 0:
+            raise ValueError(f"progress must be >= 0, but got {self.progress!r}.")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A detector's answer: the action, a sentence saying why, the best checkpoint so far."""
+
+    action: Action
+    reason: str
+    best_step: int | None = None
+    best_score: float | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def stop(self) -> bool:
+        return self.action is Action.STOP
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action.value,
+            "reason": self.reason,
+            "best_step": self.best_step,
+            "best_score": self.best_score,
+            "evidence": dict(self.evidence),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Decision:
+        return cls(
+            action=Action(data["action"]),
+            reason=data["reason"],
+            best_step=data.get("best_step"),
+            best_score=data.get("best_score"),
+            evidence=dict(data.get("evidence") or {}),
+        )
+
+
+_DIRECTIONS = ("max", "min")
+
+
+def is_better(new: float, old: float, direction: str, min_delta: float = 0.0) -> bool:
+    """True if ``new`` beats ``old`` by more than ``min_delta`` in ``direction``."""
+    return new > old + min_delta if direction == "max" else new < old - min_delta
+
+
+def is_decline(new: float, previous: float, direction: str, min_delta: float = 0.0) -> bool:
+    """True if ``new`` is worse than ``previous`` by more than ``min_delta``."""
+    return new < previous - min_delta if direction == "max" else new > previous + min_delta
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+class Detector(ABC):
+    """Base class: one ``observe`` method; a STOP is sticky."""
+
+    #: registry name, set by subclasses
+    name: str = ""
+
+    def __init__(self, direction: str = "max") -> None:
+        if direction not in _DIRECTIONS:
+            raise ValueError(f"direction must be 'max' or 'min', but got {direction!r}.")
+        self.direction = direction
+        self.best_step: int | None = None
+        self.best_score: float | None = None
+        self._stopped: Decision | None = None
+
+    def observe(self, obs: Observation) -> Decision:
+        """Take one observation and return the decision after it."""
+        if self._stopped is not None:
+            return self._stopped
+        if obs.eval_score is not None and (
+            self.best_score is None or is_better(obs.eval_score, self.best_score, self.direction)
+        ):
+            self.best_step, self.best_score = obs.step, obs.eval_score
+        decision = self._observe(obs)
+        if decision.action is Action.STOP:
+            self._stopped = decision
+        return decision
+
+    @abstractmethod
+    def _observe(self, obs: Observation) -> Decision:
+        """The rule itself; the best-so-far is already updated."""
+
+    def _continue(self, reason: str, **evidence: Any) -> Decision:
+        return Decision(Action.CONTINUE, reason, self.best_step, self.best_score, evidence)
+
+    def _stop(self, reason: str, **evidence: Any) -> Decision:
+        return Decision(Action.STOP, reason, self.best_step, self.best_score, evidence)
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, but got k={k!r}.")
+    return k
+
+
+def _check_delta(min_delta: Any) -> float:
+    if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)):
+        raise ValueError(f"min_delta must be a number >= 0, but got min_delta={min_delta!r}.")
+    if not math.isfinite(min_delta) or min_delta < 0:
+        raise ValueError(f"min_delta must be a finite number >= 0, but got min_delta={min_delta!r}.")
+    return float(min_delta)
+
+
+class DeclineDetector(Detector):
+    """The paper's rule: STOP after ``k`` consecutive evals, each worse than the one before by more
+    than ``min_delta``. Reports without an eval score are skipped (no count, no reset)."""
+
+    name = "decline"
+
+    def __init__(self, k: int = 2, min_delta: float = 0.0, direction: str = "max") -> None:
+        super().__init__(direction)
+        self.k = _check_k(k)
+        self.min_delta = _check_delta(min_delta)
+        self.count = 0
+        self._run: list[tuple[int, float]] = []  # the current run of declining evals, with its start
+
+    def _observe(self, obs: Observation) -> Decision:
+        score = obs.eval_score
+        if score is None:
+            return self._continue("no eval score in this report", declines=self.count)
+        if self._run and is_decline(score, self._run[-1][1], self.direction, self.min_delta):
+            self.count += 1
+            self._run.append((obs.step, score))
+        else:
+            self.count = 0
+            self._run = [(obs.step, score)]
+        if self.count >= self.k:
+            path = " → ".join(_fmt(s) for _, s in self._run[-(self.k + 1):])
+            return self._stop(
+                f"{self.k} consecutive declines: {path} at step {obs.step}",
+                declines=self.count,
+                scores=[s for _, s in self._run[-(self.k + 1):]],
+                steps=[st for st, _ in self._run[-(self.k + 1):]],
+                k=self.k,
+                min_delta=self.min_delta,
+            )
+        return self._continue(f"{self.count} consecutive decline(s) of {self.k}", declines=self.count)
+
+
+class PatienceDetector(Detector):
+    """transformers' EarlyStoppingCallback semantics: STOP after ``k`` evals in a row that do not
+    improve on the best score so far by more than ``min_delta``. Unlike ``decline``, a flat or
+    slowly rising-then-noisy curve also stops it."""
+
+    name = "patience"
+
+    def __init__(self, k: int = 2, min_delta: float = 0.0, direction: str = "max") -> None:
+        super().__init__(direction)
+        self.k = _check_k(k)
+        self.min_delta = _check_delta(min_delta)
+        self.count = 0
+        self._reference: float | None = None
+
+    def _observe(self, obs: Observation) -> Decision:
+        score = obs.eval_score
+        if score is None:
+            return self._continue("no eval score in this report", stale=self.count)
+        if self._reference is None or is_better(score, self._reference, self.direction, self.min_delta):
+            self.count = 0
+        else:
+            self.count += 1
+        if self._reference is None or is_better(score, self._reference, self.direction):
+            self._reference = score
+        if self.count >= self.k:
+            return self._stop(
+                f"{self.count} evals without improving on the best {_fmt(self.best_score)} "
+                f"(step {self.best_step}) by more than {self.min_delta:g}, at step {obs.step}",
+                stale=self.count,
+                k=self.k,
+                min_delta=self.min_delta,
+            )
+        return self._continue(f"{self.count} eval(s) without improvement of {self.k}", stale=self.count)
+
+
+class StopAtDetector(Detector):
+    """Baseline StopAt: STOP once ``progress >= fraction``. Jobs without known progress never stop."""
+
+    name = "stop_at"
+
+    def __init__(self, fraction: float = 0.65, direction: str = "max") -> None:
+        super().__init__(direction)
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], but got fraction={fraction!r}.")
+        self.fraction = float(fraction)
+
+    def _observe(self, obs: Observation) -> Decision:
+        if obs.progress is None:
+            return self._continue("progress unknown (no planned_steps): stop_at never stops this job")
+        if obs.progress >= self.fraction:
+            return self._stop(
+                f"progress {obs.progress:.2f} reached {self.fraction:.2f} at step {obs.step}",
+                progress=obs.progress,
+                fraction=self.fraction,
+            )
+        return self._continue(f"progress {obs.progress:.2f} < {self.fraction:.2f}", progress=obs.progress)
+
+
+def relative_improvement(old: float, new: float) -> float:
+    """Relative loss improvement ``(old - new) / |old|`` (0 when ``old`` is 0)."""
+    return (old - new) / abs(old) if old != 0 else 0.0
+
+
+class LossPlateauDetector(Detector):
+    """Baseline: STOP when the train loss improved by less than ``tolerance`` (relative) over the
+    last ``window`` loss observations. Reports without a train loss are skipped."""
+
+    name = "loss_plateau"
+
+    def __init__(self, window: int = 2, tolerance: float = 0.03, direction: str = "max") -> None:
+        super().__init__(direction)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an integer >= 1, but got window={window!r}.")
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance):
+            raise ValueError(f"tolerance must be a finite number, but got tolerance={tolerance!r}.")
+        self.window = window
+        self.tolerance = float(tolerance)
+        self._losses: list[float] = []
+
+    def _observe(self, obs: Observation) -> Decision:
+        if obs.train_loss is None:
+            return self._continue("no train loss in this report")
+        self._losses.append(obs.train_loss)
+        if len(self._losses) <= self.window:
+            return self._continue(f"{len(self._losses)} loss point(s), need {self.window + 1}")
+        old = self._losses[-self.window - 1]
+        rel = relative_improvement(old, obs.train_loss)
+        if rel < self.tolerance:
+            return self._stop(
+                f"train loss improved {rel:.1%} over the last {self.window} evals "
+                f"(< {self.tolerance:.1%}) at step {obs.step}",
+                relative_improvement=rel,
+                window=self.window,
+                tolerance=self.tolerance,
+            )
+        return self._continue(f"train loss improving {rel:.1%} over {self.window} evals", relative_improvement=rel)
+
+
+class NeverDetector(Detector):
+    """Baseline: always CONTINUE (still tracks the best checkpoint)."""
+
+    name = "never"
+
+    def _observe(self, obs: Observation) -> Decision:
+        return self._continue("never stops")
+
+
+DETECTORS: dict[str, type[Detector]] = {
+    cls.name: cls
+    for cls in (DeclineDetector, PatienceDetector, StopAtDetector, LossPlateauDetector, NeverDetector)
+}
+
+
+def detector_params(name: str) -> dict[str, Any]:
+    """The parameters a registered detector takes, with their defaults."""
+    cls = _lookup(name)
+    sig = inspect.signature(cls.__init__)
+    return {p.name: p.default for p in sig.parameters.values() if p.name != "self"}
+
+
+def _lookup(name: str) -> type[Detector]:
+    try:
+        return DETECTORS[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"Unknown detector {name!r}; valid detectors are: {', '.join(sorted(DETECTORS))}."
+        ) from None
+
+
+def create_detector(name: str, **params: Any) -> Detector:
+    """Build a registered detector.
+
+    Args:
+        name: one of ``decline``, ``patience``, ``stop_at``, ``loss_plateau``, ``never``.
+        **params: the detector's parameters (see :func:`detector_params`).
+
+    Raises:
+        ValueError: unknown name, unknown parameter (the message lists the valid ones) or an
+            invalid value.
+    """
+    cls = _lookup(name)
+    valid = detector_params(name)
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"Unknown parameter(s) {', '.join(unknown)} for detector {name!r}; "
+            f"valid parameters are: {', '.join(valid) or '(none)'}."
+        )
+    return cls(**params)

@@ -1,0 +1,288 @@
+"""Replay a recorded eval curve through a detector: what would EvalStop have done?
+
+Reads three formats:
+
+* a transformers ``trainer_state.json`` (its ``log_history``; entries without the metric, such as
+  training-loss logs, are skipped; ``max_steps`` gives the planned steps);
+* a CSV file with a ``step`` column and one or more score columns (empty cells are missing values);
+* a JSONL file of objects with ``step`` and the score.
+
+The metric defaults to the only numeric column besides ``step`` (and ``epoch``), else the first
+``eval_*`` key (throughput keys such as ``eval_runtime`` excluded). Points are taken in step order.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .detectors import Action, Decision, Observation, create_detector
+
+__all__ = ["Curve", "ReplayError", "ReplayResult", "load_curve", "replay_curve"]
+
+_NOT_METRICS = {"step", "epoch", "total_flos", "global_step"}
+_NOT_SCORES = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_model_preparation_time"}
+_LOSS_KEYS = ("train_loss", "loss")
+
+
+class ReplayError(ValueError):
+    """A file that cannot be replayed; the message says what is wrong and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One job's eval curve: steps in increasing order, a score per step, the train loss if known."""
+
+    metric: str
+    steps: tuple[int, ...]
+    scores: tuple[float, ...]
+    losses: tuple[float | None, ...]
+    planned_steps: int | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    stopped: bool
+    stop_step: int | None
+    best_step: int | None
+    best_score: float | None
+    reason: str
+    decisions: tuple[Decision, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stopped": self.stopped,
+            "stop_step": self.stop_step,
+            "best_step": self.best_step,
+            "best_score": self.best_score,
+            "reason": self.reason,
+        }
+
+
+def _read_rows(path: Path) -> tuple[list[dict[str, Any]], str, int | None]:
+    """Return (rows, format name, planned steps)."""
+    if not path.exists():
+        raise ReplayError(f"{path}: no such file")
+    if path.is_dir():
+        candidate = path / "trainer_state.json"
+        if candidate.exists():
+            return _read_rows(candidate)
+        raise ReplayError(f"{path} is a folder without a trainer_state.json; pass a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ReplayError(f"{path}: not a text file (expected trainer_state.json, CSV or JSONL)") from None
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        return _parse_json(path, text)
+    if suffix in (".jsonl", ".ndjson"):
+        return _parse_jsonl(path, text), "jsonl", None
+    if suffix in (".csv", ".tsv"):
+        return _parse_csv(path, text), "csv", None
+    # unknown extension: sniff
+    stripped = text.lstrip()
+    if stripped.startswith("{") or stripped.startswith("["):
+        try:
+            return _parse_json(path, text)
+        except ReplayError:
+            try:
+                return _parse_jsonl(path, text), "jsonl", None
+            except ReplayError:
+                pass
+    elif stripped and "step" in stripped.splitlines()[0]:
+        return _parse_csv(path, text), "csv", None
+    raise ReplayError(
+        f"{path}: unknown format; expected a trainer_state.json (with log_history), a CSV with a "
+        f"'step' column or a JSONL file of objects with 'step'"
+    )
+
+
+def _parse_json(path: Path, text: str) -> tuple[list[dict[str, Any]], str, int | None]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReplayError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if isinstance(data, dict) and isinstance(data.get("log_history"), list):
+        rows = data["log_history"]
+        planned = data.get("max_steps")
+        planned = planned if isinstance(planned, int) and not isinstance(planned, bool) and planned > 0 else None
+        fmt = "trainer_state"
+    elif isinstance(data, list):
+        rows, planned, fmt = data, None, "json"
+    else:
+        raise ReplayError(
+            f"{path}: a JSON file must be a transformers trainer_state.json with a 'log_history' list "
+            f"(or a list of objects with 'step')"
+        )
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ReplayError(f"{path}: entry {i} of the log is {type(row).__name__}, expected an object")
+    return rows, fmt, planned
+
+
+def _parse_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ReplayError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ReplayError(f"{path}:{lineno}: expected a JSON object with 'step', got {type(row).__name__}")
+        rows.append(row)
+    return rows
+
+
+def _parse_csv(path: Path, text: str) -> list[dict[str, Any]]:
+    dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
+    reader = csv.DictReader(io.StringIO(text), dialect=dialect)
+    if not reader.fieldnames:
+        raise ReplayError(f"{path}: empty CSV file")
+    fields = [f.strip() for f in reader.fieldnames]
+    if "step" not in fields:
+        raise ReplayError(f"{path}: the CSV has no 'step' column (columns: {', '.join(fields)})")
+    rows = []
+    for row in reader:
+        clean = {}
+        for k, v in row.items():
+            if k is None:
+                raise ReplayError(f"{path}:{reader.line_num}: more values than columns")
+            v = (v or "").strip()
+            if v != "":
+                clean[k.strip()] = _csv_value(v)
+        rows.append(clean)
+    return rows
+
+
+def _csv_value(v: str) -> Any:
+    try:
+        return float(v) if any(c in v.lower() for c in ".en") else int(v)
+    except ValueError:
+        return v
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _choose_metric(path: Path, rows: list[dict[str, Any]]) -> str:
+    keys: list[str] = []
+    for row in rows:
+        for k, v in row.items():
+            if k not in keys and k not in _NOT_METRICS and _is_number(v):
+                keys.append(k)
+    if len(keys) == 1:
+        return keys[0]
+    evals = [k for k in keys if k.startswith("eval_") and k not in _NOT_SCORES]
+    if evals:
+        return evals[0]
+    if not keys:
+        raise ReplayError(f"{path}: no numeric metric besides 'step' found")
+    raise ReplayError(
+        f"{path}: several metrics and none named eval_*: {', '.join(keys)}; choose one with --metric"
+    )
+
+
+def _step_of(path: Path, row: dict[str, Any], i: int) -> int:
+    step = row.get("step")
+    if _is_number(step) and float(step).is_integer() and step >= 0:
+        return int(step)
+    if step is None:
+        raise ReplayError(f"{path}: entry {i + 1} has the metric but no 'step'")
+    raise ReplayError(f"{path}: entry {i + 1} has step {step!r}; steps must be non-negative integers")
+
+
+def load_curve(path: str | Path, metric: str | None = None) -> Curve:
+    """Read ``path`` and return the curve of ``metric`` (chosen as documented when None)."""
+    path = Path(path)
+    rows, fmt, planned = _read_rows(path)
+    if metric is None:
+        metric = _choose_metric(path, rows)
+    elif not any(metric in row for row in rows):
+        present = sorted({k for row in rows for k, v in row.items() if k not in _NOT_METRICS})
+        raise ReplayError(
+            f"{path}: metric {metric!r} not found; metrics in the file: {', '.join(present) or '(none)'}"
+        )
+    points: dict[int, float] = {}
+    loss_at: dict[int, float] = {}
+    for i, row in enumerate(rows):
+        for key in _LOSS_KEYS:
+            if _is_number(row.get(key)) and math.isfinite(row[key]) and "step" in row:
+                loss_at[_step_of(path, row, i)] = float(row[key])
+                break
+        if metric not in row or row[metric] is None:
+            continue
+        value = row[metric]
+        step = _step_of(path, row, i)
+        if not _is_number(value):
+            raise ReplayError(f"{path}: {metric} at step {step} is {value!r}, not a number")
+        if not math.isfinite(value):
+            raise ReplayError(f"{path}: {metric} at step {step} is {value!r}; scores must be finite")
+        if step in points and points[step] != float(value):
+            raise ReplayError(f"{path}: step {step} has two different values of {metric}: {points[step]} and {value}")
+        points[step] = float(value)
+    if not points:
+        raise ReplayError(f"{path}: no entry has a value for {metric!r}")
+    steps = tuple(sorted(points))
+    loss_steps = sorted(loss_at)
+    losses: list[float | None] = []
+    j, last = 0, None
+    for s in steps:
+        while j < len(loss_steps) and loss_steps[j] <= s:
+            last = loss_at[loss_steps[j]]
+            j += 1
+        losses.append(last)
+    return Curve(metric, steps, tuple(points[s] for s in steps), tuple(losses), planned, fmt)
+
+
+def replay_curve(
+    curve: Curve, detector: str = "decline", planned_steps: int | None = None, **params: Any
+) -> ReplayResult:
+    """Feed ``curve`` to a fresh detector; stop at the first STOP."""
+    det = create_detector(detector, **params)
+    planned = planned_steps or curve.planned_steps
+    decisions: list[Decision] = []
+    decision: Decision | None = None
+    for step, score, loss in zip(curve.steps, curve.scores, curve.losses, strict=True):
+        obs = Observation(
+            job_id="replay", step=step, eval_score=score, train_loss=loss,
+            progress=step / planned if planned else None,
+        )
+        decision = det.observe(obs)
+        decisions.append(decision)
+        if decision.action is Action.STOP:
+            return ReplayResult(True, step, decision.best_step, decision.best_score, decision.reason, tuple(decisions))
+    assert decision is not None  # load_curve never returns an empty curve
+    return ReplayResult(
+        False, None, det.best_step, det.best_score,
+        f"no stop over {len(curve.steps)} evals ({decision.reason})", tuple(decisions),
+    )
+
+
+def format_table(curve: Curve, result: ReplayResult) -> str:
+    """A short human-readable table of the curve with the best and stop steps marked."""
+    width = max(len(curve.metric), 10)
+    lines = [f"{'step':>8}  {curve.metric:>{width}}  "]
+    for step, score in zip(curve.steps, curve.scores, strict=True):
+        mark = ""
+        if step == result.best_step:
+            mark = "<- best"
+        if step == result.stop_step:
+            mark = "<- STOP" if not mark else mark + ", STOP"
+        if result.stop_step is not None and step > result.stop_step:
+            mark = "(after stop)"
+        lines.append(f"{step:>8}  {score:>{width}.4f}  {mark}")
+    if result.stopped:
+        summary = (f"STOP at step {result.stop_step}; best step {result.best_step} "
+                   f"({curve.metric}={result.best_score:.4f}). Why: {result.reason}")
+    else:
+        summary = f"no stop; best step {result.best_step} ({curve.metric}={result.best_score:.4f}). {result.reason}"
+    return "\n".join(lines + ["", summary])

@@ -1,0 +1,285 @@
+"""Stores: where the coordinator's state lives. The store is the source of truth.
+
+Both stores have the same interface. All writes that belong together go through one
+:meth:`commit` call, which is atomic: a job's new state, the report that caused it and the audit
+records it produced are written together or not at all.
+
+* :class:`SQLiteStore` — one file, WAL mode, ``synchronous=FULL``: when :meth:`commit` returns, the
+  data is on disk (a SIGKILL of the process right after loses nothing). Schema versioned in the
+  ``schema_version`` table.
+* :class:`MemoryStore` — the same in dicts, for the simulator and unit tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .detectors import Decision
+from .errors import Conflict
+from .models import AuditKind, AuditRecord, JobRecord, JobStatus, JobType, Policy, Report
+
+__all__ = ["MemoryStore", "SQLiteStore", "Store", "TenantRecord", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRecord:
+    name: str
+    token_hash: str
+    created_at: float
+    revoked: bool = False
+
+
+class Store(ABC):
+    """Interface shared by all stores."""
+
+    # tenants
+    @abstractmethod
+    def add_tenant(self, tenant: TenantRecord) -> None: ...
+    @abstractmethod
+    def tenant_by_hash(self, token_hash: str) -> TenantRecord | None: ...
+    @abstractmethod
+    def list_tenants(self) -> list[TenantRecord]: ...
+    @abstractmethod
+    def revoke_tenant(self, name: str) -> bool: ...
+
+    # jobs, reports, audit
+    @abstractmethod
+    def commit(
+        self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()
+    ) -> None:
+        """Atomically upsert ``job``, insert ``report`` (if any) and append ``audit``."""
+
+    @abstractmethod
+    def jobs(self) -> list[JobRecord]: ...
+    @abstractmethod
+    def reports(self, tenant: str, job_id: str) -> list[Report]:
+        """A job's reports in step order."""
+    @abstractmethod
+    def audit(self, tenant: str | None = None) -> list[AuditRecord]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources."""
+
+
+class MemoryStore(Store):
+    """Everything in dicts; fast; lost when the process ends."""
+
+    def __init__(self) -> None:
+        self._tenants: dict[str, TenantRecord] = {}
+        self._jobs: dict[tuple[str, str], JobRecord] = {}
+        self._reports: dict[tuple[str, str], list[Report]] = {}
+        self._audit: list[AuditRecord] = []
+
+    def add_tenant(self, tenant: TenantRecord) -> None:
+        if tenant.name in self._tenants:
+            raise Conflict(f"tenant {tenant.name!r} already exists")
+        self._tenants[tenant.name] = tenant
+
+    def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
+        for t in self._tenants.values():
+            if t.token_hash == token_hash:
+                return t
+        return None
+
+    def list_tenants(self) -> list[TenantRecord]:
+        return sorted(self._tenants.values(), key=lambda t: t.name)
+
+    def revoke_tenant(self, name: str) -> bool:
+        t = self._tenants.get(name)
+        if t is None:
+            return False
+        self._tenants[name] = TenantRecord(t.name, t.token_hash, t.created_at, True)
+        return True
+
+    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()) -> None:
+        key = (job.tenant, job.job_id)
+        self._jobs[key] = job
+        if report is not None:
+            self._reports.setdefault(key, []).append(report)
+        if audit:
+            self._audit.extend(audit)
+
+    def jobs(self) -> list[JobRecord]:
+        return list(self._jobs.values())
+
+    def reports(self, tenant: str, job_id: str) -> list[Report]:
+        return sorted(self._reports.get((tenant, job_id), ()), key=lambda r: r.step)
+
+    def audit(self, tenant: str | None = None) -> list[AuditRecord]:
+        return [a for a in self._audit if tenant is None or a.tenant == tenant]
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY, token_hash TEXT NOT NULL UNIQUE, created_at REAL NOT NULL,
+    revoked INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS jobs (
+    tenant TEXT NOT NULL, job_id TEXT NOT NULL, job_type TEXT NOT NULL, planned_steps INTEGER,
+    policy TEXT NOT NULL, pid INTEGER, pid_start_time REAL, webhook TEXT, status TEXT NOT NULL,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL, decision TEXT, stopped_by TEXT,
+    stopped_at REAL, acked_at REAL, checkpoint TEXT, finished_at REAL,
+    PRIMARY KEY (tenant, job_id));
+CREATE TABLE IF NOT EXISTS reports (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, job_id TEXT NOT NULL,
+    step INTEGER NOT NULL, eval_score REAL, train_loss REAL, proxy_reward REAL, checkpoint TEXT,
+    received_at REAL NOT NULL, UNIQUE (tenant, job_id, step));
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, job_id TEXT NOT NULL,
+    at REAL NOT NULL, kind TEXT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL,
+    evidence TEXT NOT NULL);
+CREATE TRIGGER IF NOT EXISTS audit_append_only_u BEFORE UPDATE ON audit
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS audit_append_only_d BEFORE DELETE ON audit
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+"""
+
+_JOB_COLS = (
+    "tenant, job_id, job_type, planned_steps, policy, pid, pid_start_time, webhook, status, "
+    "created_at, updated_at, decision, stopped_by, stopped_at, acked_at, checkpoint, finished_at"
+)
+
+
+def _job_row(j: JobRecord) -> tuple:
+    return (
+        j.tenant, j.job_id, j.job_type.value, j.planned_steps, json.dumps(j.policy.to_dict()), j.pid,
+        j.pid_start_time, j.webhook, j.status.value, j.created_at, j.updated_at,
+        json.dumps(j.decision.to_dict()) if j.decision else None, j.stopped_by, j.stopped_at,
+        j.acked_at, j.checkpoint, j.finished_at,
+    )
+
+
+def _job_from_row(r: tuple) -> JobRecord:
+    return JobRecord(
+        tenant=r[0], job_id=r[1], job_type=JobType(r[2]), planned_steps=r[3],
+        policy=Policy.from_dict(json.loads(r[4])), pid=r[5], pid_start_time=r[6], webhook=r[7],
+        status=JobStatus(r[8]), created_at=r[9], updated_at=r[10],
+        decision=Decision.from_dict(json.loads(r[11])) if r[11] else None, stopped_by=r[12],
+        stopped_at=r[13], acked_at=r[14], checkpoint=r[15], finished_at=r[16],
+    )
+
+
+class SQLiteStore(Store):
+    """A durable store in one SQLite file (WAL mode, fsync on every commit)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if self.path.parent and not self.path.parent.exists():
+            raise ValueError(f"Cannot create the database {self.path}: folder {self.path.parent} does not exist.")
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._init_schema()
+
+    def _init_schema(self) -> None:
+        with self._lock:
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            elif row[0] != SCHEMA_VERSION:
+                raise ValueError(
+                    f"Database {self.path} has schema version {row[0]}, this evalstop needs {SCHEMA_VERSION}."
+                )
+
+    class _Tx:
+        def __init__(self, store: SQLiteStore) -> None:
+            self.store = store
+
+        def __enter__(self):
+            self.store._lock.acquire()
+            self.store._db.execute("BEGIN IMMEDIATE")
+            return self.store._db
+
+        def __exit__(self, exc_type, exc, tb):
+            try:
+                self.store._db.execute("ROLLBACK" if exc_type else "COMMIT")
+            finally:
+                self.store._lock.release()
+            return False
+
+    def _tx(self) -> SQLiteStore._Tx:
+        return SQLiteStore._Tx(self)
+
+    def add_tenant(self, tenant: TenantRecord) -> None:
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM tenants WHERE name=?", (tenant.name,)).fetchone():
+                raise Conflict(f"tenant {tenant.name!r} already exists")
+            db.execute(
+                "INSERT INTO tenants (name, token_hash, created_at, revoked) VALUES (?, ?, ?, ?)",
+                (tenant.name, tenant.token_hash, tenant.created_at, int(tenant.revoked)),
+            )
+
+    def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
+        with self._lock:
+            r = self._db.execute(
+                "SELECT name, token_hash, created_at, revoked FROM tenants WHERE token_hash=?", (token_hash,)
+            ).fetchone()
+        return TenantRecord(r[0], r[1], r[2], bool(r[3])) if r else None
+
+    def list_tenants(self) -> list[TenantRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT name, token_hash, created_at, revoked FROM tenants ORDER BY name").fetchall()
+        return [TenantRecord(r[0], r[1], r[2], bool(r[3])) for r in rows]
+
+    def revoke_tenant(self, name: str) -> bool:
+        with self._tx() as db:
+            return db.execute("UPDATE tenants SET revoked=1 WHERE name=?", (name,)).rowcount > 0
+
+    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()) -> None:
+        with self._tx() as db:
+            db.execute(f"INSERT OR REPLACE INTO jobs ({_JOB_COLS}) VALUES ({','.join('?' * 17)})", _job_row(job))
+            if report is not None:
+                db.execute(
+                    "INSERT INTO reports (tenant, job_id, step, eval_score, train_loss, proxy_reward, "
+                    "checkpoint, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (job.tenant, job.job_id, report.step, report.eval_score, report.train_loss,
+                     report.proxy_reward, report.checkpoint, report.received_at),
+                )
+            self._insert_audit(db, audit)
+
+    @staticmethod
+    def _insert_audit(db: sqlite3.Connection, audit: Iterable[AuditRecord]) -> None:
+        db.executemany(
+            "INSERT INTO audit (tenant, job_id, at, kind, actor, reason, evidence) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(a.tenant, a.job_id, a.at, a.kind.value, a.actor, a.reason, json.dumps(dict(a.evidence)))
+             for a in audit],
+        )
+
+    def jobs(self) -> list[JobRecord]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT {_JOB_COLS} FROM jobs ORDER BY created_at, tenant, job_id").fetchall()
+        return [_job_from_row(r) for r in rows]
+
+    def reports(self, tenant: str, job_id: str) -> list[Report]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT step, eval_score, train_loss, proxy_reward, checkpoint, received_at FROM reports "
+                "WHERE tenant=? AND job_id=? ORDER BY step",
+                (tenant, job_id),
+            ).fetchall()
+        return [Report(*r) for r in rows]
+
+    def audit(self, tenant: str | None = None) -> list[AuditRecord]:
+        q = "SELECT tenant, job_id, at, kind, actor, reason, evidence FROM audit"
+        args: tuple = ()
+        if tenant is not None:
+            q += " WHERE tenant=?"
+            args = (tenant,)
+        with self._lock:
+            rows = self._db.execute(q + " ORDER BY seq", args).fetchall()
+        return [AuditRecord(r[0], r[1], r[2], AuditKind(r[3]), r[4], r[5], json.loads(r[6])) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

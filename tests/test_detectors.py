@@ -1,0 +1,221 @@
+"""Detectors: tables of series -> stop step / best step, and hypothesis properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evalstop_trl.detectors import (
+    DETECTORS,
+    Action,
+    Observation,
+    create_detector,
+    detector_params,
+)
+
+
+def run(series, name="decline", progress=None, losses=None, **params):
+    """Feed (step=10*i) observations; return (stop_step, best_step, best_score, decisions)."""
+    det = create_detector(name, **params)
+    decisions = []
+    for i, score in enumerate(series):
+        obs = Observation(
+            job_id="j", step=10 * (i + 1), eval_score=score,
+            train_loss=None if losses is None else losses[i],
+            progress=None if progress is None else progress[i],
+        )
+        d = det.observe(obs)
+        decisions.append(d)
+        if d.action is Action.STOP:
+            return obs.step, d.best_step, d.best_score, decisions
+    return None, det.best_step, det.best_score, decisions
+
+
+def reference_decline(series, k, min_delta, direction):
+    """Independent statement of the rule over the scored points."""
+    sign = 1 if direction == "max" else -1
+    best_i, count, prev = None, 0, None
+    for i, s in enumerate(series):
+        if s is None:
+            continue
+        if best_i is None or sign * s > sign * series[best_i]:
+            best_i = i
+        count = count + 1 if prev is not None and sign * (prev - s) > min_delta else 0
+        prev = s
+        if count >= k:
+            return 10 * (i + 1), 10 * (best_i + 1)
+    return None, None if best_i is None else 10 * (best_i + 1)
+
+
+@pytest.mark.parametrize(
+    "k, min_delta, direction, series, stop_step, best_step",
+    [
+        (2, 0.0, "max", [0.5, 0.7, 0.6, 0.55], 40, 20),
+        (2, 0.0, "max", [0.5, 0.7, 0.6, 0.65, 0.6, 0.5], 60, 20),
+        (1, 0.0, "max", [0.5, 0.7, 0.6], 30, 20),
+        (3, 0.0, "max", [0.5, 0.7, 0.6, 0.55], None, 20),
+        (2, 0.0, "max", [0.5, 0.5, 0.5, 0.5], None, 10),  # ties: earliest best, no decline
+        (2, 0.06, "max", [0.5, 0.7, 0.65, 0.6], None, 20),  # declines of 0.05 < min_delta
+        (2, 0.04, "max", [0.5, 0.7, 0.65, 0.6], 40, 20),
+        (2, 0.0, "min", [2.0, 1.5, 1.6, 1.7], 40, 20),  # loss-like metric
+        (2, 0.0, "max", [0.5, None, 0.4, None, 0.3], 50, 10),  # None neither counts nor resets
+        (2, 0.0, "max", [0.9, 0.8, 0.85, 0.7, 0.6], 50, 10),
+    ],
+)
+def test_decline_table(k, min_delta, direction, series, stop_step, best_step):
+    got_stop, got_best, _, _ = run(series, "decline", k=k, min_delta=min_delta, direction=direction)
+    assert (got_stop, got_best) == (stop_step, best_step)
+    assert (got_stop, got_best) == reference_decline(series, k, min_delta, direction)
+
+
+def test_decline_reason_reads_like_a_sentence():
+    _, _, _, decisions = run([0.71, 0.69, 0.66], k=2)
+    d = decisions[-1]
+    assert d.action is Action.STOP
+    assert d.reason == "2 consecutive declines: 0.71 → 0.69 → 0.66 at step 30"
+    assert d.evidence["scores"] == [0.71, 0.69, 0.66]
+    assert d.best_step == 10 and d.best_score == 0.71
+
+
+def test_stop_is_sticky():
+    det = create_detector("decline", k=1)
+    det.observe(Observation("j", 1, 0.5))
+    stop = det.observe(Observation("j", 2, 0.4))
+    assert det.observe(Observation("j", 3, 0.9)) is stop
+
+
+@pytest.mark.parametrize(
+    "k, min_delta, series, stop_step, best_step",
+    [
+        (2, 0.0, [0.5, 0.7, 0.7, 0.7], 40, 20),  # flat stops patience, not decline
+        (2, 0.0, [0.5, 0.7, 0.6, 0.8, 0.75, 0.79], 60, 40),
+        (2, 0.1, [0.5, 0.55, 0.58, 0.9], 30, 30),  # small gains do not reset the counter
+        (3, 0.0, [0.5, 0.4, 0.6, 0.5, 0.5, 0.5], 60, 30),
+    ],
+)
+def test_patience_table(k, min_delta, series, stop_step, best_step):
+    got_stop, got_best, _, _ = run(series, "patience", k=k, min_delta=min_delta)
+    assert (got_stop, got_best) == (stop_step, best_step)
+
+
+def test_decline_and_patience_differ_on_a_plateau():
+    plateau = [0.5, 0.8, 0.8, 0.8, 0.8]
+    assert run(plateau, "decline", k=2)[0] is None
+    assert run(plateau, "patience", k=2)[0] == 40
+
+
+@pytest.mark.parametrize(
+    "fraction, progress, stop_step",
+    [(0.65, [0.2, 0.4, 0.6, 0.8], 40), (0.6, [0.2, 0.4, 0.6, 0.8], 30), (0.65, None, None), (1.0, [0.5, 0.99], None)],
+)
+def test_stop_at_table(fraction, progress, stop_step):
+    assert run([0.1, 0.2, 0.3, 0.4][: len(progress or [0] * 4)], "stop_at", progress=progress, fraction=fraction)[0] == stop_step
+
+
+@pytest.mark.parametrize(
+    "window, tolerance, losses, stop_step",
+    [
+        (2, 0.03, [1.0, 0.8, 0.7, 0.69, 0.685], 50),
+        (2, 0.03, [1.0, 0.8, 0.6, 0.45, 0.35], None),
+        (1, 0.1, [1.0, 0.95], 20),
+        (2, 0.03, [1.0, None, 0.99, None, 0.985], 50),  # None losses skipped
+    ],
+)
+def test_loss_plateau_table(window, tolerance, losses, stop_step):
+    series = [0.1 * i for i in range(len(losses))]
+    assert run(series, "loss_plateau", losses=losses, window=window, tolerance=tolerance)[0] == stop_step
+
+
+def test_never_tracks_best_but_never_stops():
+    stop, best, score, _ = run([0.3, 0.9, 0.1, 0.0, -1.0], "never")
+    assert stop is None and best == 20 and score == 0.9
+
+
+@pytest.mark.parametrize(
+    "name, params, message",
+    [
+        ("nope", {}, "valid detectors are: decline, loss_plateau, never, patience, stop_at"),
+        ("decline", {"kk": 2}, "Unknown parameter(s) kk for detector 'decline'; valid parameters are: k, min_delta, direction"),
+        ("decline", {"k": 0}, "k must be an integer >= 1, but got k=0."),
+        ("decline", {"k": 1.5}, "k must be an integer >= 1"),
+        ("patience", {"min_delta": -1}, "min_delta must be a finite number >= 0"),
+        ("decline", {"direction": "up"}, "direction must be 'max' or 'min'"),
+        ("stop_at", {"fraction": 0}, "fraction must be in (0, 1]"),
+        ("loss_plateau", {"window": 0}, "window must be an integer >= 1"),
+        ("never", {"k": 2}, "Unknown parameter(s) k for detector 'never'"),
+    ],
+)
+def test_registry_errors(name, params, message):
+    with pytest.raises(ValueError) as exc:
+        create_detector(name, **params)
+    assert message in str(exc.value)
+
+
+def test_registry_lists_every_detector_with_params():
+    assert set(DETECTORS) == {"decline", "patience", "stop_at", "loss_plateau", "never"}
+    assert detector_params("decline") == {"k": 2, "min_delta": 0.0, "direction": "max"}
+
+
+@pytest.mark.parametrize("field", ["eval_score", "train_loss", "proxy_reward"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_values_are_rejected(field, bad):
+    with pytest.raises(ValueError, match=f"{field} must be finite"):
+        Observation("j", 1, **{field: bad})
+
+
+@pytest.mark.parametrize("step", [-1, 1.5, True, "3"])
+def test_bad_steps_are_rejected(step):
+    with pytest.raises(ValueError, match="step must be a non-negative integer"):
+        Observation("j", step)
+
+
+# ----------------------------------------------------------------------------- properties
+scores = st.floats(min_value=-10, max_value=10, allow_nan=False, width=32)
+series_st = st.lists(st.one_of(scores, st.none()), min_size=1, max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(scores, min_size=1, max_size=30), st.integers(1, 4))
+def test_non_decreasing_never_stops(values, k):
+    assert run(sorted(values), "decline", k=k)[0] is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(series_st, st.integers(1, 4), st.sampled_from([0.0, 0.01, 0.1]), st.sampled_from(["max", "min"]))
+def test_decline_matches_reference(series, k, min_delta, direction):
+    got = run(series, "decline", k=k, min_delta=min_delta, direction=direction)
+    assert (got[0], got[1]) == reference_decline(series, k, min_delta, direction)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(-5, 5, allow_nan=False), st.lists(st.floats(0.01, 1), min_size=1, max_size=10),
+       st.integers(1, 5))
+def test_stops_exactly_at_kth_consecutive_decline(start, drops, k):
+    series = [start]
+    for d in drops:
+        series.append(series[-1] - d)
+    stop = run(series, "decline", k=k)[0]
+    expected = 10 * (k + 1) if len(drops) >= k else None
+    assert stop == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(series_st, st.integers(1, 3), st.floats(0, 0.5), st.floats(0, 0.5))
+def test_larger_min_delta_never_stops_earlier(series, k, d1, d2):
+    lo, hi = sorted((d1, d2))
+    s_lo = run(series, "decline", k=k, min_delta=lo)[0]
+    s_hi = run(series, "decline", k=k, min_delta=hi)[0]
+    if s_hi is not None:
+        assert s_lo is not None and s_lo <= s_hi
+
+
+@settings(max_examples=200, deadline=None)
+@given(series_st, st.integers(1, 3), st.sampled_from([0.0, 0.05]), st.sampled_from(["decline", "patience"]))
+def test_min_mirrors_max_on_negated_series(series, k, min_delta, name):
+    neg = [None if s is None else -s for s in series]
+    a = run(series, name, k=k, min_delta=min_delta, direction="max")
+    b = run(neg, name, k=k, min_delta=min_delta, direction="min")
+    assert a[0] == b[0] and a[1] == b[1]
