@@ -31,7 +31,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from .detectors import Action, Decision, Detector, Observation
@@ -43,6 +43,7 @@ __all__ = ["Coordinator", "JobView", "hash_token"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
 MAX_STEP = 2**53
+_TERMINAL = frozenset({JobStatus.STOPPED, JobStatus.FINISHED, JobStatus.FAILED})
 
 
 def hash_token(token: str) -> str:
@@ -95,13 +96,14 @@ class JobView:
 class _Live:
     """In-memory state of one job: its record, its detector and its reports by step."""
 
-    __slots__ = ("record", "detector", "reports", "last_step")
+    __slots__ = ("record", "detector", "reports", "last_step", "decision")
 
     def __init__(self, record: JobRecord, detector: Detector) -> None:
         self.record = record
         self.detector = detector
         self.reports: dict[int, Report] = {}
         self.last_step: int | None = None
+        self.decision: Decision | None = None  # the detector's latest answer
 
 
 StopListener = Callable[[JobRecord, Decision], None]
@@ -135,7 +137,7 @@ class Coordinator:
         for record in self.store.jobs():
             live = _Live(record, record.policy.build())
             for rep in self.store.reports(record.tenant, record.job_id):
-                live.detector.observe(self._observation(record, rep))
+                live.decision = live.detector.observe(self._observation(record, rep))
                 live.reports[rep.step] = rep
                 live.last_step = rep.step
             self._jobs[(record.tenant, record.job_id)] = live
@@ -237,6 +239,8 @@ class Coordinator:
         checkpoint: str | None = None,
     ) -> Decision:
         """Record one report (durably, before returning) and return the job's decision."""
+        if checkpoint is not None and (not isinstance(checkpoint, str) or len(checkpoint) > 4096):
+            raise InvalidInput("checkpoint must be a path string of at most 4096 characters.")
         with self._lock:
             live = self._get(tenant, job_id)
             record = live.record
@@ -245,14 +249,12 @@ class Coordinator:
                 obs = self._observation(record, rep)
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from None
-            if checkpoint is not None and (not isinstance(checkpoint, str) or len(checkpoint) > 4096):
-                raise InvalidInput("checkpoint must be a path string of at most 4096 characters.")
             if step > MAX_STEP:
                 raise InvalidInput(f"step must be at most {MAX_STEP}, but got {step}.")
             stored = live.reports.get(step)
             if stored is not None:
                 if stored.payload() == rep.payload():
-                    return record.decision or self._pending_decision(live)
+                    return self._current(live)
                 raise Conflict(
                     f"step {step} of job {job_id!r} already has a different report "
                     f"(stored {_payload_str(stored)}, got {_payload_str(rep)}); a step is reported once"
@@ -263,37 +265,46 @@ class Coordinator:
                     f"{live.last_step} of job {job_id!r}"
                 )
             decision = live.detector.observe(obs)
-            audit: tuple[AuditRecord, ...] = ()
+            status = record.status
             stopped = False
-            if record.status.terminal:
-                new = replace(record, updated_at=rep.received_at)
+            if status in _TERMINAL:
+                self.store.add_report(tenant, job_id, rep)  # recorded, changes nothing
             elif decision.action is Action.STOP:
                 stopped = True
-                new = replace(
-                    record, status=record.status.to(JobStatus.STOPPED), decision=decision,
+                record = record.evolve(
+                    status=status.to(JobStatus.STOPPED), decision=decision,
                     stopped_by=f"detector:{record.policy.detector}", stopped_at=rep.received_at,
                     updated_at=rep.received_at,
                 )
-                audit = (
-                    AuditRecord(tenant, job_id, rep.received_at, AuditKind.STOP, new.stopped_by,
-                                decision.reason, {**decision.evidence, "step": step,
-                                                  "best_step": decision.best_step,
-                                                  "best_score": decision.best_score}),
+                audit = AuditRecord(
+                    tenant, job_id, rep.received_at, AuditKind.STOP, record.stopped_by, decision.reason,
+                    {**decision.evidence, "step": step, "best_step": decision.best_step,
+                     "best_score": decision.best_score},
                 )
+                self.store.commit(record, rep, (audit,))
+            elif status is JobStatus.PENDING:
+                record = record.evolve(status=JobStatus.RUNNING, updated_at=rep.received_at)
+                self.store.commit(record, rep)
             else:
-                new = replace(record, status=JobStatus.RUNNING, decision=decision, updated_at=rep.received_at)
-            self.store.commit(new, rep, audit)
-            live.record = new
+                self.store.add_report(tenant, job_id, rep)
+            live.record = record
             live.reports[step] = rep
             live.last_step = step
-            if record.status.terminal:
-                result = record.decision or Decision(
-                    Action.CONTINUE, f"job is {record.status.value}", decision.best_step, decision.best_score)
-            else:
-                result = new.decision
+            live.decision = decision
+            result = self._current(live)
         if stopped:
-            self._notify(new, decision)
+            self._notify(record, decision)
         return result
+
+    def _current(self, live: _Live) -> Decision:
+        """The decision a job's reports and status say now."""
+        record = live.record
+        if record.status in _TERMINAL:
+            if record.decision is not None:
+                return record.decision
+            return Decision(Action.CONTINUE, f"job is {record.status.value}", live.detector.best_step,
+                            live.detector.best_score)
+        return live.decision or self._pending_decision(live)
 
     def _pending_decision(self, live: _Live) -> Decision:
         return Decision(Action.CONTINUE, "no eval yet", live.detector.best_step, live.detector.best_score)
@@ -318,7 +329,7 @@ class Coordinator:
                 Action.STOP, f"manual stop by {who}: {reason or 'no reason given'}",
                 live.detector.best_step, live.detector.best_score, {"manual": True},
             )
-            new = replace(record, status=status, decision=decision, stopped_by=who, stopped_at=now, updated_at=now)
+            new = record.evolve(status=status, decision=decision, stopped_by=who, stopped_at=now, updated_at=now)
             self.store.commit(new, None, (AuditRecord(tenant, job_id, now, AuditKind.MANUAL_STOP, who,
                                                       decision.reason, {"best_step": decision.best_step,
                                                                         "best_score": decision.best_score}),))
@@ -337,7 +348,7 @@ class Coordinator:
             if record.status is not JobStatus.STOPPED:
                 raise Conflict(f"job {job_id!r} is {record.status.value}: there is no stop to acknowledge")
             now = self.clock()
-            new = replace(record, acked_at=record.acked_at or now, checkpoint=checkpoint or record.checkpoint,
+            new = record.evolve(acked_at=record.acked_at or now, checkpoint=checkpoint or record.checkpoint,
                           updated_at=now)
             audit = ()
             if record.acked_at is None:
@@ -355,7 +366,7 @@ class Coordinator:
             if record.status in (JobStatus.STOPPED, JobStatus.FINISHED):
                 return self._view(live)
             now = self.clock()
-            new = replace(record, status=record.status.to(JobStatus.FINISHED), finished_at=now, updated_at=now)
+            new = record.evolve(status=record.status.to(JobStatus.FINISHED), finished_at=now, updated_at=now)
             self.store.commit(new)
             live.record = new
             return self._view(live)
@@ -378,7 +389,7 @@ class Coordinator:
             best_ckpt = best_rep.checkpoint if best_rep else None
         return JobView(
             job_id=r.job_id, job_type=r.job_type.value, status=r.status.value, policy=r.policy.to_dict(),
-            decision=r.decision, best_step=det.best_step, best_score=det.best_score,
+            decision=self._current(live) if live.reports or r.decision else None, best_step=det.best_step, best_score=det.best_score,
             best_checkpoint=best_ckpt, n_reports=len(live.reports), last_step=live.last_step,
             planned_steps=r.planned_steps, acked=r.acked_at is not None,
         )

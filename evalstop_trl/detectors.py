@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from abc import ABC, abstractmethod
@@ -60,7 +61,7 @@ class Action(str, Enum):
 
 
 def _check_finite(name: str, value: float | None) -> None:
-    if value is None:
+    if value is None or (type(value) is float and value - value == 0.0):  # fast path: finite float
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number or None, but got {value!r}.")
@@ -345,9 +346,13 @@ DETECTORS: dict[str, type[Detector]] = {
 
 def detector_params(name: str) -> dict[str, Any]:
     """The parameters a registered detector takes, with their defaults."""
-    cls = _lookup(name)
+    return dict(_params_of(_lookup(name)))
+
+
+@functools.cache
+def _params_of(cls: type[Detector]) -> tuple[tuple[str, Any], ...]:
     sig = inspect.signature(cls.__init__)
-    return {p.name: p.default for p in sig.parameters.values() if p.name != "self"}
+    return tuple((p.name, p.default) for p in sig.parameters.values() if p.name != "self")
 
 
 def _lookup(name: str) -> type[Detector]:
@@ -371,7 +376,7 @@ def create_detector(name: str, **params: Any) -> Detector:
             invalid value.
     """
     cls = _lookup(name)
-    valid = detector_params(name)
+    valid = dict(_params_of(cls))
     unknown = sorted(set(params) - set(valid))
     if unknown:
         raise ValueError(

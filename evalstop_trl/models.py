@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from .detectors import Decision, create_detector, detector_params
 from .errors import Conflict, InvalidInput
@@ -123,9 +123,8 @@ class Policy:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Report:
-    """One stored report of a job (one step)."""
+class Report(NamedTuple):
+    """One stored report of a job (one step). A NamedTuple: immutable and cheap on the hot path."""
 
     step: int
     eval_score: float | None = None
@@ -136,17 +135,10 @@ class Report:
 
     def payload(self) -> tuple:
         """What identifies the report's content (idempotency compares this, not the arrival time)."""
-        return (self.step, self.eval_score, self.train_loss, self.proxy_reward, self.checkpoint)
+        return self[:5]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "eval_score": self.eval_score,
-            "train_loss": self.train_loss,
-            "proxy_reward": self.proxy_reward,
-            "checkpoint": self.checkpoint,
-            "received_at": self.received_at,
-        }
+        return self._asdict()
 
 
 class AuditKind(str, Enum):
@@ -205,6 +197,16 @@ class JobRecord:
     checkpoint: str | None = None
     finished_at: float | None = None
 
+    def evolve(self, **changes: Any) -> JobRecord:
+        """A copy with ``changes`` (a fast ``dataclasses.replace``; this is on the report hot path)."""
+        new = object.__new__(JobRecord)
+        for name in _JOB_FIELDS:
+            object.__setattr__(new, name, changes[name] if name in changes else getattr(self, name))
+        return new
+
     def registration(self) -> tuple:
         """What a re-registration must match to be accepted as identical."""
         return (self.job_type, self.planned_steps, self.policy, self.pid, self.pid_start_time, self.webhook)
+
+
+_JOB_FIELDS = tuple(f.name for f in fields(JobRecord))

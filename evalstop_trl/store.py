@@ -58,6 +58,10 @@ class Store(ABC):
         """Atomically upsert ``job``, insert ``report`` (if any) and append ``audit``."""
 
     @abstractmethod
+    def add_report(self, tenant: str, job_id: str, report: Report) -> None:
+        """Insert one report of a job whose record does not change (the common case)."""
+
+    @abstractmethod
     def jobs(self) -> list[JobRecord]: ...
     @abstractmethod
     def reports(self, tenant: str, job_id: str) -> list[Report]:
@@ -102,10 +106,14 @@ class MemoryStore(Store):
     def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()) -> None:
         key = (job.tenant, job.job_id)
         self._jobs[key] = job
+        reports = self._reports.setdefault(key, [])
         if report is not None:
-            self._reports.setdefault(key, []).append(report)
+            reports.append(report)
         if audit:
             self._audit.extend(audit)
+
+    def add_report(self, tenant: str, job_id: str, report: Report) -> None:
+        self._reports[(tenant, job_id)].append(report)
 
     def jobs(self) -> list[JobRecord]:
         return list(self._jobs.values())
@@ -240,13 +248,20 @@ class SQLiteStore(Store):
         with self._tx() as db:
             db.execute(f"INSERT OR REPLACE INTO jobs ({_JOB_COLS}) VALUES ({','.join('?' * 17)})", _job_row(job))
             if report is not None:
-                db.execute(
-                    "INSERT INTO reports (tenant, job_id, step, eval_score, train_loss, proxy_reward, "
-                    "checkpoint, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (job.tenant, job.job_id, report.step, report.eval_score, report.train_loss,
-                     report.proxy_reward, report.checkpoint, report.received_at),
-                )
+                self._insert_report(db, job.tenant, job.job_id, report)
             self._insert_audit(db, audit)
+
+    def add_report(self, tenant: str, job_id: str, report: Report) -> None:
+        with self._tx() as db:
+            self._insert_report(db, tenant, job_id, report)
+
+    @staticmethod
+    def _insert_report(db: sqlite3.Connection, tenant: str, job_id: str, r: Report) -> None:
+        db.execute(
+            "INSERT INTO reports (tenant, job_id, step, eval_score, train_loss, proxy_reward, "
+            "checkpoint, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (tenant, job_id, r.step, r.eval_score, r.train_loss, r.proxy_reward, r.checkpoint, r.received_at),
+        )
 
     @staticmethod
     def _insert_audit(db: sqlite3.Connection, audit: Iterable[AuditRecord]) -> None:

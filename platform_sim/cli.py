@@ -1,0 +1,168 @@
+"""``platform-sim run | reproduce | sweep``. Bad configs exit with status 2 naming the key."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, apply_overrides, load_config, parse_value
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: NaN -> null, tuples -> lists, numpy scalars -> Python."""
+    if hasattr(obj, "item") and not isinstance(obj, (list, tuple, dict)):
+        obj = obj.item()
+    if isinstance(obj, float):
+        return None if math.isnan(obj) or math.isinf(obj) else obj
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_json(obj: Any, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(_clean(obj), indent=1, allow_nan=False))
+
+
+def _load(args: argparse.Namespace):
+    cfg = load_config(args.config)
+    overrides = {}
+    for item in args.set or []:
+        if "=" not in item:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        overrides[k.strip()] = parse_value(v)
+    if overrides:
+        cfg = apply_overrides(cfg, overrides)
+    if getattr(args, "seeds", None) is not None and args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    return cfg
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .experiments import run_seeds
+    from .report import run_table
+    from .workload import generate_workload, read_trace, write_trace
+
+    cfg = _load(args)
+    workload = None
+    if args.trace:
+        try:
+            workload = read_trace(args.trace)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if args.write_trace:
+        write_trace(workload or generate_workload(cfg, 0), args.write_trace)
+        print(f"wrote the workload of seed 0 to {args.write_trace}", file=sys.stderr)
+    t0 = time.perf_counter()
+    res = run_seeds(cfg, args.seeds, args.workers, progress=not args.quiet, workload=workload)
+    print(run_table(res))
+    print(f"({time.perf_counter() - t0:.1f} s)")
+    if args.plot:
+        from .plots import plot_run
+
+        print(f"wrote {plot_run(res, args.plot)}")
+    if args.json:
+        write_json(res, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from .experiments import reproduce
+    from .plots import plot_reproduce
+    from .report import markdown_report
+
+    cfg = _load(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    res = reproduce(cfg, args.seeds, args.workers, progress=not args.quiet)
+    elapsed = time.perf_counter() - t0
+    figures = plot_reproduce(res, out)
+    res.pop("jct_hours")
+    res["wall_time_s"] = elapsed
+    write_json(res, out / "results.json")
+    report = markdown_report(res)
+    (out / "report.md").write_text(report)
+    print(report)
+    print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {len(figures)} figures in {elapsed:.1f} s")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from .experiments import sweep
+
+    cfg = _load(args)
+    values = [parse_value(v) for v in args.values.split(",")]
+    apply_overrides(cfg, {args.param: values[0]})  # fail fast on an unknown key
+    rows = sweep(cfg, args.param, values, args.seeds, args.workers, progress=not args.quiet)
+    print(f"{args.param:>28} {'precision':>10} {'recall':>8} {'FPR(B)':>8} {'JCT(compl)':>11} {'JCT(all)':>9} {'GPU-h':>8}")
+    for r in rows:
+        f = lambda x: "n/a" if x is None or x != x else f"{100 * x:.1f}%"  # noqa: E731
+        print(f"{str(r['value']):>28} {f(r['precision']):>10} {f(r['recall']):>8} {f(r['fpr']):>8} "
+              f"{f(r['jct_change']):>11} {f(r['jct_change_all']):>9} {f(r['gpu_hours_change']):>8}")
+    if args.json:
+        write_json(rows, args.json)
+    if args.plot:
+        from .plots import plot_sweep
+
+        plot_sweep(rows, args.plot)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="platform-sim", description="Simulate a shared GPU platform with EvalStop.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(sp, seeds_help="seeds (default: the config's)"):
+        sp.add_argument("--config", help="YAML config (default: configs/sim/rlhf_heavy.yaml)")
+        sp.add_argument("--seeds", type=int, help=seeds_help)
+        sp.add_argument("--workers", type=int, help="worker processes (default: all cores)")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. noise.sigma=0.08")
+        sp.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    r = sub.add_parser("run", help="the configured scheduler alone vs with the configured overlay")
+    common(r)
+    r.add_argument("--json", help="write the result as JSON")
+    r.add_argument("--plot", help="write a JCT CDF as PNG")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--write-trace", dest="write_trace", help="write the workload of seed 0 to this CSV")
+    g.add_argument("--trace", help="replay this workload CSV instead of generating one")
+    r.set_defaults(func=_cmd_run)
+
+    rp = sub.add_parser("reproduce", help="every table and figure of the paper")
+    common(rp)
+    rp.add_argument("--out", default="results", help="output folder (default: results)")
+    rp.set_defaults(func=_cmd_reproduce)
+
+    sw = sub.add_parser("sweep", help="sweep one config parameter")
+    common(sw)
+    sw.add_argument("--param", required=True, help="dotted key, e.g. noise.sigma")
+    sw.add_argument("--values", required=True, help="comma-separated values")
+    sw.add_argument("--json")
+    sw.add_argument("--plot")
+    sw.set_defaults(func=_cmd_sweep)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"platform-sim {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,347 @@
+"""Simulation configuration: typed frozen dataclasses loaded from YAML, strictly.
+
+Every parameter lives in YAML (``configs/sim/rlhf_heavy.yaml`` is the default); the dataclasses
+carry no defaults of their own. A config file may name a ``base:`` file (relative to itself) and
+override only some keys. Unknown keys, wrong types and impossible values raise :class:`ConfigError`
+with the dotted key that is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+__all__ = ["ConfigError", "SimConfig", "DEFAULT_CONFIG", "load_config", "config_from_dict", "apply_overrides"]
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim" / "rlhf_heavy.yaml"
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message names the key."""
+
+
+Range = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    nodes: int
+    gpus_per_node: int
+    pack_small_jobs: bool
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class JobTypeConfig:
+    share: float
+    rlhf: bool
+    gpus: dict[int, float]
+    median_h: float
+    sigma_ln: float
+    clamp_h: Range
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    n_jobs: int
+    load: float
+    arrivals: Literal["poisson", "all_at_zero"]
+    sigma_est: float
+    evals_per_job: int
+    eval_overhead_frac: float
+    checkpoint_s: float
+    restart_overhead_s: float
+    types: dict[str, JobTypeConfig]
+
+
+@dataclass(frozen=True)
+class CurveConfig:
+    hack_fraction: float
+    hacked_p_peak: Range
+    hacked_height: Range
+    rising_share: float
+    rising_p_peak: Range
+    rising_final_gain: Range
+    plateau_tau: Range
+    plateau_height: Range
+    label_min_drop: float
+
+
+@dataclass(frozen=True)
+class NoiseConfig:
+    sigma: float
+    kind: Literal["gaussian", "ar1", "student_t"]
+    ar_rho: float
+    t_df: float
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    kappa: Range
+    sigma: float
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    tau: Range
+    sigma: float
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    name: str
+    fifo_backfill: bool
+    loss_aware_round_s: float
+    loss_aware_promote_h: float
+
+
+@dataclass(frozen=True)
+class EvalStopOverlayConfig:
+    detector: str
+    k: int
+    min_delta: float
+    job_types: Literal["all", "rlhf"]
+
+
+@dataclass(frozen=True)
+class StopAtOverlayConfig:
+    fraction: float
+    job_types: Literal["all", "rlhf"]
+
+
+@dataclass(frozen=True)
+class LossPlateauOverlayConfig:
+    window: int
+    tolerance: float
+    job_types: Literal["all", "rlhf"]
+
+
+@dataclass(frozen=True)
+class OverlayConfig:
+    name: str
+    evalstop: EvalStopOverlayConfig
+    stop_at: StopAtOverlayConfig
+    loss_plateau: LossPlateauOverlayConfig
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    harmful_margin: float
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    name: str
+    seeds: int
+    cluster: ClusterConfig
+    workload: WorkloadConfig
+    curves: CurveConfig
+    noise: NoiseConfig
+    proxy: ProxyConfig
+    loss: LossConfig
+    scheduler: SchedulerConfig
+    overlay: OverlayConfig
+    metrics: MetricsConfig
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    def replace(self, **overrides: Any) -> SimConfig:
+        """A copy with dotted-key overrides, e.g. ``cfg.replace(**{"noise.sigma": 0.08})``."""
+        return apply_overrides(self, overrides)
+
+
+# ----------------------------------------------------------------------------- conversion
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return list(obj)
+    return obj
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key} must be a mapping, but got {value!r}")
+        return _build(tp, value, key)
+    if origin is Literal:
+        options = typing.get_args(tp)
+        if value not in options:
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, options))}, but got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise ConfigError(f"{key} must be a [low, high] pair, but got {value!r}")
+        lo, hi = (_convert(float, v, f"{key}[{i}]") for i, v in enumerate(value))
+        if lo > hi:
+            raise ConfigError(f"{key} must have low <= high, but got {value!r}")
+        return (lo, hi)
+    if origin is dict:
+        ktp, vtp = typing.get_args(tp)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key} must be a mapping, but got {value!r}")
+        return {_convert(ktp, k, f"{key}.{k}"): _convert(vtp, v, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, but got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, but got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, but got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, but got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - a programming error
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for k in data:
+        if k not in names:
+            raise ConfigError(f"unknown key {prefix + '.' if prefix else ''}{k}; valid keys here: {', '.join(names)}")
+    kwargs = {}
+    for name in names:
+        key = f"{prefix}.{name}" if prefix else name
+        if name not in data:
+            raise ConfigError(f"missing key {key}")
+        kwargs[name] = _convert(hints[name], data[name], key)
+    return cls(**kwargs)
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key} {msg}")
+
+
+def _validate(c: SimConfig) -> None:
+    from .overlays import OVERLAYS
+    from .schedulers import SCHEDULERS
+
+    _check(c.seeds >= 1, "seeds", f"must be >= 1, but got {c.seeds}")
+    _check(c.cluster.nodes >= 1 and c.cluster.gpus_per_node >= 1, "cluster.nodes", "and gpus_per_node must be >= 1")
+    w = c.workload
+    _check(w.n_jobs >= 1, "workload.n_jobs", f"must be >= 1, but got {w.n_jobs}")
+    _check(w.load > 0, "workload.load", f"must be > 0, but got {w.load}")
+    _check(w.sigma_est >= 0, "workload.sigma_est", f"must be >= 0, but got {w.sigma_est}")
+    _check(w.evals_per_job >= 1, "workload.evals_per_job", f"must be >= 1, but got {w.evals_per_job}")
+    _check(w.eval_overhead_frac >= 0, "workload.eval_overhead_frac", "must be >= 0")
+    _check(w.checkpoint_s >= 0, "workload.checkpoint_s", "must be >= 0")
+    _check(w.restart_overhead_s >= 0, "workload.restart_overhead_s", "must be >= 0")
+    _check(len(w.types) >= 1, "workload.types", "must name at least one job type")
+    total = sum(t.share for t in w.types.values())
+    _check(abs(total - 1) < 1e-6, "workload.types", f"shares must sum to 1, but sum to {total:g}")
+    for name, t in w.types.items():
+        key = f"workload.types.{name}"
+        _check(t.share >= 0, f"{key}.share", "must be >= 0")
+        _check(t.median_h > 0 and t.sigma_ln >= 0, f"{key}.median_h", "must be > 0 (and sigma_ln >= 0)")
+        _check(t.clamp_h[0] > 0, f"{key}.clamp_h", "must be positive")
+        _check(abs(sum(t.gpus.values()) - 1) < 1e-6, f"{key}.gpus", "probabilities must sum to 1")
+        for g in t.gpus:
+            _check(1 <= g <= c.cluster.total_gpus, f"{key}.gpus", f"has {g} GPUs, more than the cluster's {c.cluster.total_gpus}")
+    cv = c.curves
+    for key in ("hack_fraction", "rising_share"):
+        v = getattr(cv, key)
+        _check(0 <= v <= 1, f"curves.{key}", f"must be in [0, 1], but got {v}")
+    _check(cv.hacked_p_peak[0] > 0, "curves.hacked_p_peak", "must be positive")
+    _check(cv.rising_p_peak[0] > 0, "curves.rising_p_peak", "must be positive")
+    _check(cv.plateau_tau[0] > 0, "curves.plateau_tau", "must be positive")
+    _check(c.noise.sigma >= 0, "noise.sigma", f"must be >= 0, but got {c.noise.sigma}")
+    _check(-1 < c.noise.ar_rho < 1, "noise.ar_rho", "must be in (-1, 1)")
+    _check(c.noise.t_df > 2, "noise.t_df", "must be > 2 (finite variance)")
+    _check(c.loss.tau[0] > 0, "loss.tau", "must be positive")
+    _check(c.scheduler.name in SCHEDULERS, "scheduler.name", f"must be one of {', '.join(SCHEDULERS)}, but got {c.scheduler.name!r}")
+    _check(c.scheduler.loss_aware_round_s > 0, "scheduler.loss_aware_round_s", "must be > 0")
+    _check(c.overlay.name in OVERLAYS, "overlay.name", f"must be one of {', '.join(OVERLAYS)}, but got {c.overlay.name!r}")
+    _check(c.overlay.evalstop.k >= 1, "overlay.evalstop.k", f"must be >= 1, but got {c.overlay.evalstop.k}")
+    _check(c.overlay.evalstop.min_delta >= 0, "overlay.evalstop.min_delta", "must be >= 0")
+    _check(0 < c.overlay.stop_at.fraction <= 1, "overlay.stop_at.fraction", "must be in (0, 1]")
+    _check(c.overlay.loss_plateau.window >= 1, "overlay.loss_plateau.window", "must be >= 1")
+    try:
+        from evalstop_trl.detectors import create_detector
+
+        create_detector(c.overlay.evalstop.detector, k=c.overlay.evalstop.k, min_delta=c.overlay.evalstop.min_delta)
+    except ValueError as exc:
+        raise ConfigError(f"overlay.evalstop: {exc}") from None
+
+
+def _merge(base: dict, over: Mapping) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config must be a mapping of keys")
+    base = data.pop("base", None)
+    if base is not None:
+        data = _merge(_read_yaml((path.parent / base).resolve()), data)
+    return data
+
+
+def config_from_dict(data: Mapping[str, Any]) -> SimConfig:
+    return _build(SimConfig, data)
+
+
+def load_config(path: str | Path | None = None) -> SimConfig:
+    """Load a YAML config (the default ``rlhf_heavy`` when ``path`` is None)."""
+    return config_from_dict(_read_yaml(Path(path) if path else DEFAULT_CONFIG))
+
+
+def parse_value(text: str) -> Any:
+    """Parse a ``--set key=value`` value with YAML rules (numbers, booleans, lists)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(cfg: SimConfig, overrides: Mapping[str, Any]) -> SimConfig:
+    """Return ``cfg`` with dotted keys replaced (``{"noise.sigma": 0.08}``); unknown keys raise."""
+    data = cfg.to_dict()
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(f"unknown key {dotted}")
+            node = node[part]
+        if not isinstance(node, dict) or parts[-1] not in node:
+            raise ConfigError(f"unknown key {dotted}")
+        node[parts[-1]] = value
+    return config_from_dict(data)
+

@@ -1,0 +1,197 @@
+"""Metrics, exactly as ``simulator-spec.md`` defines them (these definitions are printed in reports).
+
+* **JCT change (completed jobs)** = mean JCT of the jobs that run to completion under the overlay /
+  mean JCT of the same jobs under the base scheduler alone - 1 (the paper's reading).
+* **JCT change (all jobs)**: the same over all jobs with departure = completion or stop.
+* **GPU-hours change**: total GPU-hours held (the paper's "wasted compute" matches this reading).
+* **W_post**: GPU-hours spent on hacked RLHF jobs after their true gold peak.
+* **W_unprod**: GPU-hours spent by any job after the step of the checkpoint it delivers.
+* **W_ovh**: eval, checkpoint and restart overhead GPU-hours.
+* **Detection** over RLHF jobs; flagged = stopped before the planned end. Definition A (label):
+  FP = healthy and flagged. Definition B (harmful stop, the headline): FP = healthy, flagged, and the
+  delivered checkpoint's gold < gold at p=1 minus ``harmful_margin``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .curves import CurveKind
+from .engine import RunResult, Timing
+from .workload import Workload
+
+__all__ = ["Detection", "RunSummary", "compare", "detection", "summarize", "DEFINITIONS"]
+
+DEFINITIONS = {
+    "jct_change": "mean JCT of the jobs completed under the overlay / mean JCT of the same jobs under the base scheduler alone - 1",
+    "jct_change_all": "mean JCT over all jobs (departure = completion or stop) / the same under the base alone - 1",
+    "gpu_hours_change": "total GPU-hours held / the same under the base alone - 1 (the paper's 'wasted compute' figure)",
+    "w_post": "GPU-hours spent on hacked RLHF jobs after their true gold peak",
+    "w_unprod": "GPU-hours spent by any job after the step of the checkpoint it delivers",
+    "w_ovh": "GPU-hours of eval, checkpoint and restart overhead",
+    "flagged": "an RLHF job stopped before its planned end",
+    "fp_A": "definition A (label): healthy and flagged",
+    "fp_B": "definition B (harmful stop, headline): healthy, flagged, delivered gold < gold(p=1) - margin",
+    "precision": "TP / (TP + FP_B)",
+    "recall": "TP / hacked RLHF jobs",
+    "fpr": "FP_B / healthy RLHF jobs",
+}
+
+
+@dataclass(frozen=True)
+class Detection:
+    tp: int
+    fp_a: int
+    fp_b: int
+    hacked: int
+    healthy: int
+    flagged: int
+
+    def __add__(self, other: Detection) -> Detection:
+        return Detection(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values(), strict=True)))
+
+    @property
+    def precision(self) -> float:
+        return self.tp / (self.tp + self.fp_b) if self.tp + self.fp_b else float("nan")
+
+    @property
+    def precision_label(self) -> float:
+        return self.tp / (self.tp + self.fp_a) if self.tp + self.fp_a else float("nan")
+
+    @property
+    def recall(self) -> float:
+        return self.tp / self.hacked if self.hacked else float("nan")
+
+    @property
+    def fpr(self) -> float:
+        return self.fp_b / self.healthy if self.healthy else float("nan")
+
+    @property
+    def fpr_label(self) -> float:
+        return self.fp_a / self.healthy if self.healthy else float("nan")
+
+    def rates(self) -> dict[str, float]:
+        return {"precision": self.precision, "recall": self.recall, "fpr": self.fpr,
+                "fpr_label": self.fpr_label, "precision_label": self.precision_label}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Per-run numbers (one seed, one scheduler, one overlay)."""
+
+    scheduler: str
+    overlay: str
+    is_oracle: bool
+    mean_jct_h: float
+    p50_jct_h: float
+    p95_jct_h: float
+    p99_jct_h: float
+    mean_jct_by_type_h: dict[str, float]
+    makespan_h: float
+    mean_queueing_h: float
+    utilisation: float
+    gpu_hours: float
+    w_post: float
+    w_unprod: float
+    w_ovh: float
+    delivered_gold_rlhf: float
+    n_stopped: int
+    events: int
+    detection: Detection
+
+
+def delivered_gold(run: RunResult, workload: Workload) -> np.ndarray:
+    """True gold of each job's delivered checkpoint (0 for a job that delivered none)."""
+    out = np.zeros(len(run.outcomes))
+    for i, (o, t) in enumerate(zip(run.outcomes, workload.truths, strict=True)):
+        p = o.delivered_progress
+        if p > 0:
+            x = p / t.shape
+            out[i] = t.height * (1.0 - math.exp(-x)) if t.kind is CurveKind.PLATEAU else t.height * x * (1.0 - math.log(x))
+    return out
+
+
+def detection(run: RunResult, workload: Workload, margin: float) -> Detection:
+    gold = delivered_gold(run, workload)
+    tp = fp_a = fp_b = hacked = healthy = flagged = 0
+    for o, spec, truth, g in zip(run.outcomes, workload.jobs, workload.truths, gold, strict=True):
+        if not spec.rlhf:
+            continue
+        hacked += truth.hacked
+        healthy += not truth.hacked
+        flagged += o.stopped
+        if o.stopped and truth.hacked:
+            tp += 1
+        elif o.stopped:
+            fp_a += 1
+            fp_b += bool(g < truth.gold_end - margin)
+    return Detection(tp, fp_a, fp_b, hacked, healthy, flagged)
+
+
+def wasted(run: RunResult, workload: Workload, cfg) -> tuple[float, float, float]:
+    """(W_post, W_unprod, W_ovh) in GPU-hours."""
+    w_post = w_unprod = w_ovh = 0.0
+    n = workload.n_evals
+    for o, spec, truth in zip(run.outcomes, workload.jobs, workload.truths, strict=True):
+        timing = Timing.of(truth.duration_s, cfg, n)
+        if spec.rlhf and truth.hacked:
+            w_post += spec.gpus * max(0.0, o.work_done - timing.work_at(truth.peak_progress))
+        w_unprod += spec.gpus * max(0.0, o.work_done - timing.work_at(o.delivered_progress))
+        w_ovh += o.overhead_gpu_seconds
+    return w_post / 3600, w_unprod / 3600, w_ovh / 3600
+
+
+def summarize(run: RunResult, workload: Workload, cfg) -> RunSummary:
+    jct = np.array([o.jct_s for o in run.outcomes]) / 3600
+    types = np.array([s.job_type for s in workload.jobs])
+    rlhf = np.array([s.rlhf for s in workload.jobs])
+    gold = delivered_gold(run, workload)
+    w_post, w_unprod, w_ovh = wasted(run, workload, cfg)
+    gpu_h = sum(o.gpu_seconds for o in run.outcomes) / 3600
+    return RunSummary(
+        scheduler=run.scheduler, overlay=run.overlay, is_oracle=run.is_oracle,
+        mean_jct_h=float(jct.mean()), p50_jct_h=float(np.percentile(jct, 50)),
+        p95_jct_h=float(np.percentile(jct, 95)), p99_jct_h=float(np.percentile(jct, 99)),
+        mean_jct_by_type_h={t: float(jct[types == t].mean()) for t in sorted(set(types))},
+        makespan_h=run.makespan_s / 3600,
+        mean_queueing_h=float(np.mean([o.first_start_s - o.arrival_s for o in run.outcomes]) / 3600),
+        utilisation=gpu_h / (run.total_gpus * run.makespan_s / 3600) if run.makespan_s else 0.0,
+        gpu_hours=gpu_h, w_post=w_post, w_unprod=w_unprod, w_ovh=w_ovh,
+        delivered_gold_rlhf=float(gold[rlhf].mean()) if rlhf.any() else float("nan"),
+        n_stopped=sum(o.stopped for o in run.outcomes), events=run.events,
+        detection=detection(run, workload, cfg.metrics.harmful_margin),
+    )
+
+
+def _change(new: float, old: float) -> float:
+    return new / old - 1 if old else float("nan")
+
+
+def compare(base: RunResult, run: RunResult, workload: Workload, cfg,
+            summaries: tuple[RunSummary, RunSummary] | None = None) -> dict[str, float]:
+    """Paired changes of ``run`` (base + overlay) against ``base`` (the base alone), same workload.
+
+    ``summaries`` may pass ``(summarize(base), summarize(run))`` already computed."""
+    if base.seed != run.seed or len(base.outcomes) != len(run.outcomes):
+        raise ValueError("compare() needs two runs of the same workload")
+    completed = [o.job_id for o in run.outcomes if o.completed]
+    jct_base = np.array([o.jct_s for o in base.outcomes])
+    jct_run = np.array([o.jct_s for o in run.outcomes])
+    b, r = summaries or (summarize(base, workload, cfg), summarize(run, workload, cfg))
+    return {
+        "jct_change": _change(jct_run[completed].mean(), jct_base[completed].mean()) if completed else float("nan"),
+        "jct_change_all": _change(jct_run.mean(), jct_base.mean()),
+        "mean_jct_completed_base_h": float(jct_base[completed].mean() / 3600) if completed else float("nan"),
+        "mean_jct_completed_h": float(jct_run[completed].mean() / 3600) if completed else float("nan"),
+        "gpu_hours_change": _change(r.gpu_hours, b.gpu_hours),
+        "w_post_change": _change(r.w_post, b.w_post),
+        "w_unprod_change": _change(r.w_unprod, b.w_unprod),
+        "w_ovh_change": _change(r.w_ovh, b.w_ovh),
+        "p95_jct_change": _change(r.p95_jct_h, b.p95_jct_h),
+        "makespan_change": _change(r.makespan_h, b.makespan_h),
+        "gpu_hours_saved": b.gpu_hours - r.gpu_hours,
+        "delivered_gold_change": r.delivered_gold_rlhf - b.delivered_gold_rlhf,
+    }

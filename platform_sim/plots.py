@@ -1,0 +1,114 @@
+"""PNG figures (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _save(fig, path: str | Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_run(res: dict[str, Any], path: str | Path) -> Path:
+    """JCT distribution (CDF) of a run: base alone vs with the overlay."""
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("jct_base_h", res["scheduler"]), ("jct_run_h", f"{res['scheduler']} + {res['overlay']}")):
+        x = np.sort(res[key])
+        ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("JCT (hours, departure = completion or stop)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title(f"JCT CDF, {res['seeds']} seed(s)")
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    xs = [r["value"] for r in rows]
+    for k in ("precision", "recall", "fpr"):
+        a1.plot(xs, [r[k] for r in rows], marker="o", label=k)
+    a1.set_xlabel(rows[0]["param"])
+    a1.set_ylabel("rate")
+    a1.legend()
+    for k in ("jct_change", "jct_change_all", "gpu_hours_change"):
+        a2.plot(xs, [r[k] for r in rows], marker="o", label=k)
+    a2.set_xlabel(rows[0]["param"])
+    a2.set_ylabel("change vs base alone")
+    a2.legend()
+    return _save(fig, path)
+
+
+def plot_reproduce(res: dict[str, Any], out: str | Path) -> list[Path]:
+    out = Path(out)
+    paths = []
+    # 1. JCT distribution per scheduler, with and without EvalStop
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    data, labels = [], []
+    for s, v in res["jct_hours"].items():
+        data += [v["base"], v["evalstop"]]
+        labels += [s, f"{s}\n+EvalStop"]
+    ax.boxplot(data, showfliers=False)
+    ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=8)
+    ax.set_ylabel("JCT (hours, all jobs)")
+    ax.set_title("JCT distribution per base scheduler, with and without EvalStop")
+    paths.append(_save(fig, out / "jct_distribution.png"))
+    # 2. P/R/FPR vs noise
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [r["sigma"] for r in res["noise"]]
+    for k in ("precision", "recall", "fpr"):
+        ax.plot(xs, [r[k] for r in res["noise"]], marker="o", label=k)
+    ax.set_xlabel("eval noise sigma")
+    ax.set_ylim(0, 1.05)
+    ax.legend()
+    ax.set_title("Detection vs eval noise")
+    paths.append(_save(fig, out / "noise.png"))
+    # 3. precision vs base rate
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [r["hack_fraction"] for r in res["base_rate"]]
+    ax.plot(xs, [r["precision"] for r in res["base_rate"]], marker="o", label="precision")
+    ax.plot(xs, [r["recall"] for r in res["base_rate"]], marker="s", label="recall")
+    ax.axhline(0.89, ls="--", c="grey", label="paper floor 0.89")
+    ax.set_xlabel("hacking base rate")
+    ax.set_ylim(0.5, 1.02)
+    ax.legend()
+    ax.set_title("Precision vs hacking base rate")
+    paths.append(_save(fig, out / "base_rate.png"))
+    # 4. k sensitivity
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    ks = [r["k"] for r in res["k"]]
+    for m in ("precision", "recall", "fpr"):
+        a1.plot(ks, [r[m] for r in res["k"]], marker="o", label=m)
+    a1.set_xlabel("k (consecutive declines)")
+    a1.legend()
+    a2.plot(ks, [r["jct_change"] for r in res["k"]], marker="o", label="completed-jobs JCT")
+    a2.plot(ks, [r["gpu_hours_change"] for r in res["k"]], marker="s", label="GPU-hours")
+    a2.set_xlabel("k")
+    a2.set_ylabel("change vs base alone")
+    a2.legend()
+    paths.append(_save(fig, out / "k_sensitivity.png"))
+    # 5. wasted compute breakdown
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = list(res["wasted"])
+    keys = ("gpu_hours", "w_post", "w_unprod", "w_ovh")
+    width = 0.25
+    for i, n in enumerate(names):
+        ax.bar([j + i * width for j in range(len(keys))], [res["wasted"][n][k] for k in keys], width,
+               label=n + (" (ORACLE)" if n == "oracle" else ""))
+    ax.set_xticks([j + width for j in range(len(keys))], ["total GPU-h", "W_post", "W_unprod", "W_ovh"])
+    ax.set_ylabel("GPU-hours per run")
+    ax.legend()
+    ax.set_title("Compute breakdown")
+    paths.append(_save(fig, out / "wasted_compute.png"))
+    return paths

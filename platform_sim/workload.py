@@ -1,0 +1,209 @@
+"""Seeded synthetic workloads: visible job specs plus hidden ground truth (curves, labels, durations).
+
+Random draws come from separate streams (types, durations, estimates, arrivals, curves, noise) of
+one ``numpy.random.SeedSequence(seed)``, so a sweep that changes, say, the noise level keeps the same
+jobs, arrivals and curves (a paired design). Observed eval scores, losses and proxy rewards at the
+eval points are drawn here once, so every policy sees exactly the same stream for a job.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from .config import SimConfig
+from .curves import CurveKind, gao, gold
+
+__all__ = ["JobSpec", "JobTruth", "Workload", "generate_workload", "read_trace", "write_trace"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What the platform knows about a job (schedulers see these through a read-only view)."""
+
+    job_id: int
+    job_type: str
+    rlhf: bool
+    gpus: int
+    arrival_s: float
+    est_duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobTruth:
+    """Hidden ground truth: only the workload, the metrics and the oracle may read it."""
+
+    duration_s: float
+    kind: CurveKind
+    height: float
+    shape: float
+    hacked: bool
+    peak_progress: float  # where gold peaks within [0, 1]
+    gold_end: float
+    scores: tuple[float, ...]  # observed eval score at each eval point
+    losses: tuple[float, ...]
+    proxies: tuple[float, ...]
+
+    def gold_at(self, p: float) -> float:
+        return float(gold(self.kind, self.height, self.shape, p))
+
+
+@dataclass(frozen=True)
+class Workload:
+    jobs: tuple[JobSpec, ...]
+    truths: tuple[JobTruth, ...]
+    n_evals: int
+    seed: int
+
+    def eval_progress(self, i: int) -> float:
+        """Progress of eval ``i`` (1-based)."""
+        return i / self.n_evals
+
+
+def _label(kind: CurveKind, height: float, shape: float, min_drop: float) -> tuple[bool, float, float]:
+    """(hacked, peak progress in [0, 1], gold at p=1) from the noiseless curve."""
+    if kind is CurveKind.PLATEAU:
+        return False, 1.0, height * (1.0 - math.exp(-1.0 / shape))
+    x = 1.0 / shape
+    end = height * x * (1.0 - math.log(x))
+    if shape >= 1.0:
+        return False, 1.0, end
+    return height - end >= min_drop, shape, end  # the Gao form peaks at x=1 with gold = height
+
+
+def _noise(cfg: SimConfig, rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    n = cfg.noise
+    if n.kind == "student_t":
+        z = rng.standard_t(n.t_df, size=shape) * np.sqrt((n.t_df - 2) / n.t_df)
+        return n.sigma * z
+    z = rng.standard_normal(shape)
+    if n.kind == "ar1":
+        e = np.empty(shape)
+        e[:, 0] = z[:, 0]
+        scale = np.sqrt(1 - n.ar_rho**2)
+        for i in range(1, shape[1]):
+            e[:, i] = n.ar_rho * e[:, i - 1] + scale * z[:, i]
+        z = e
+    return n.sigma * z
+
+
+def generate_workload(cfg: SimConfig, seed: int) -> Workload:
+    """Draw ``cfg.workload.n_jobs`` jobs for ``seed``."""
+    w, cv = cfg.workload, cfg.curves
+    n, m = w.n_jobs, w.evals_per_job
+    s_types, s_dur, s_est, s_arr, s_curve, s_noise = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)
+    )
+    names = list(w.types)
+    shares = np.array([w.types[t].share for t in names])
+    type_idx = s_types.choice(len(names), size=n, p=shares / shares.sum())
+    gpu_u = s_types.random(n)
+    dur_z = s_dur.standard_normal(n)
+    est_z = s_est.standard_normal(n)
+
+    types = [names[i] for i in type_idx]
+    gpus = np.empty(n, dtype=int)
+    durations = np.empty(n)
+    for ti, name in enumerate(names):
+        tc, sel = w.types[name], type_idx == ti
+        options = sorted(tc.gpus)
+        cum = np.cumsum([tc.gpus[g] for g in options])
+        pick = np.minimum(np.searchsorted(cum, gpu_u[sel] * cum[-1], side="right"), len(options) - 1)
+        gpus[sel] = np.asarray(options)[pick]
+        durations[sel] = np.clip(tc.median_h * np.exp(tc.sigma_ln * dur_z[sel]), *tc.clamp_h) * 3600.0
+    estimates = durations * np.exp(w.sigma_est * est_z)
+
+    if w.arrivals == "all_at_zero":
+        arrivals = np.zeros(n)
+    else:
+        rate = w.load * cfg.cluster.total_gpus / float(np.mean(gpus * durations))  # jobs per second
+        arrivals = np.cumsum(s_arr.exponential(1.0 / rate, size=n))
+        arrivals -= arrivals[0]
+
+    u = s_curve.random((n, 6))  # fixed draws per job: hack?, rising?, two shape uniforms, kappa, tau_L
+    noise = _noise(cfg, s_noise, (n, m))
+    proxy_noise = s_noise.standard_normal((n, m)) * cfg.proxy.sigma
+    loss_noise = s_noise.standard_normal((n, m)) * cfg.loss.sigma
+    p = np.arange(1, m + 1) / m
+
+    def lerp(r: tuple[float, float], x: np.ndarray) -> np.ndarray:
+        return r[0] + (r[1] - r[0]) * x
+
+    rlhf = np.array([w.types[t].rlhf for t in types], dtype=bool)
+    hacked_form = rlhf & (u[:, 0] < cv.hack_fraction)
+    rising_form = rlhf & ~hacked_form & (u[:, 1] < cv.rising_share)
+    plateau_form = ~hacked_form & ~rising_form
+    shape = np.where(hacked_form, lerp(cv.hacked_p_peak, u[:, 2]),
+                     np.where(rising_form, lerp(cv.rising_p_peak, u[:, 2]), lerp(cv.plateau_tau, u[:, 2])))
+    height = np.where(hacked_form, lerp(cv.hacked_height, u[:, 3]), lerp(cv.plateau_height, u[:, 3]))
+    height = np.where(rising_form, lerp(cv.rising_final_gain, u[:, 3]) / gao(1.0 / shape), height)
+    x = p[None, :] / shape[:, None]
+    g = np.where(plateau_form[:, None], height[:, None] * (1.0 - np.exp(-x)), height[:, None] * gao(x))
+    kappa = lerp(cfg.proxy.kappa, u[:, 4])
+    tau_l = lerp(cfg.loss.tau, u[:, 5])
+    scores = (g + noise).tolist()
+    losses = (0.3 + 0.7 * np.exp(-p[None, :] / tau_l[:, None]) + loss_noise).tolist()
+    proxies = (kappa[:, None] * p[None, :] + proxy_noise).tolist()
+    kinds = np.where(hacked_form, 0, np.where(rising_form, 1, 2))
+    kind_enum = (CurveKind.HACKED, CurveKind.RISING, CurveKind.PLATEAU)
+    gpus_l, arr_l, est_l, dur_l = gpus.tolist(), arrivals.tolist(), estimates.tolist(), durations.tolist()
+    shape_l, height_l = shape.tolist(), height.tolist()
+
+    jobs, truths = [], []
+    for j in range(n):
+        kind = kind_enum[kinds[j]]
+        hacked, peak, end = _label(kind, height_l[j], shape_l[j], cv.label_min_drop)
+        jobs.append(JobSpec(j, types[j], bool(rlhf[j]), gpus_l[j], arr_l[j], est_l[j]))
+        truths.append(JobTruth(
+            duration_s=dur_l[j], kind=kind, height=height_l[j], shape=shape_l[j], hacked=hacked,
+            peak_progress=peak, gold_end=end, scores=tuple(scores[j]), losses=tuple(losses[j]),
+            proxies=tuple(proxies[j]),
+        ))
+    return Workload(tuple(jobs), tuple(truths), m, seed)
+
+
+_SPEC_FIELDS = [f.name for f in fields(JobSpec)]
+_TRUTH_FIELDS = [f.name for f in fields(JobTruth)]
+
+
+def write_trace(workload: Workload, path: str | Path) -> None:
+    """Write a workload (specs and ground truth) to a CSV trace; lists are ';'-joined."""
+    with open(path, "w", newline="") as fh:
+        wr = csv.writer(fh)
+        wr.writerow(["n_evals", "seed"] + _SPEC_FIELDS + _TRUTH_FIELDS)
+        for spec, truth in zip(workload.jobs, workload.truths, strict=True):
+            row = [workload.n_evals, workload.seed] + [getattr(spec, f) for f in _SPEC_FIELDS]
+            for f in _TRUTH_FIELDS:
+                v = getattr(truth, f)
+                row.append(";".join(repr(x) for x in v) if isinstance(v, tuple) else (v.value if isinstance(v, CurveKind) else v))
+            wr.writerow(row)
+
+
+def read_trace(path: str | Path) -> Workload:
+    """Read a trace written by :func:`write_trace`."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"trace file {path} does not exist")
+    jobs, truths, n_evals, seed = [], [], None, 0
+    with open(path, newline="") as fh:
+        for lineno, row in enumerate(csv.DictReader(fh), 2):
+            try:
+                n_evals, seed = int(row["n_evals"]), int(row["seed"])
+                jobs.append(JobSpec(int(row["job_id"]), row["job_type"], row["rlhf"] == "True", int(row["gpus"]),
+                                    float(row["arrival_s"]), float(row["est_duration_s"])))
+                truths.append(JobTruth(
+                    float(row["duration_s"]), CurveKind(row["kind"]), float(row["height"]), float(row["shape"]),
+                    row["hacked"] == "True", float(row["peak_progress"]), float(row["gold_end"]),
+                    *(tuple(float(x) for x in row[k].split(";")) for k in ("scores", "losses", "proxies")),
+                ))
+            except (KeyError, ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a platform-sim trace row ({exc})") from None
+            if len(truths[-1].scores) != n_evals:
+                raise ValueError(f"{path}:{lineno}: {len(truths[-1].scores)} scores but n_evals={n_evals}")
+    if not jobs:
+        raise ValueError(f"{path}: empty trace")
+    return Workload(tuple(jobs), tuple(truths), n_evals, seed)
