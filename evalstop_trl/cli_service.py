@@ -57,7 +57,78 @@ def _cmd_tenants(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise CLIError(f"{name} must be an integer port number, got {raw!r}") from None
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from .server import create_app
+
+    path = _db_path(args)
+    host = args.host or os.environ.get("EVALSTOP_HOST", "127.0.0.1")
+    port = args.port if args.port is not None else _env_int("EVALSTOP_PORT", 8765)
+    if not 0 <= port <= 65535:
+        raise CLIError(f"port must be in 0..65535, got {port}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    coord = _open_coordinator(path)
+    print(f"evalstop serving {path} on http://{host}:{port} (API under /v1, docs at /docs)", flush=True)
+    uvicorn.run(create_app(coord), host=host, port=port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from .client import ClientError, EvalStopClient
+
+    url = args.url or os.environ.get("EVALSTOP_URL", "http://127.0.0.1:8765")
+    token = args.token or os.environ.get("EVALSTOP_TOKEN")
+    if not token:
+        raise CLIError("no token: pass --token or set EVALSTOP_TOKEN")
+    client = EvalStopClient(url, token, retries=0)
+    try:
+        jobs = [client.status(args.job_id)] if args.job_id else client.list_jobs()
+    except ClientError as exc:
+        raise CLIError(str(exc)) from None
+    finally:
+        client.close()
+    if client.unreachable:
+        raise CLIError(f"coordinator at {url} is unreachable")
+    if args.json:
+        print(json.dumps([j.to_dict() for j in jobs]))
+        return 0
+    print(f"{'job':<24}{'type':<10}{'status':<10}{'reports':>8}{'best step':>10}{'best score':>11}  decision")
+    for j in jobs:
+        d = j.decision
+        best = "" if j.best_score is None else f"{j.best_score:.4f}"
+        print(f"{j.job_id:<24}{j.job_type:<10}{j.status:<10}{j.n_reports:>8}{str(j.best_step or ''):>10}{best:>11}  "
+              f"{d.action.value + ': ' + d.reason if d else ''}")
+    return 0
+
+
 def add_service_commands(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("serve", help="run the coordinator service (FastAPI + uvicorn)")
+    s.add_argument("--db", help="SQLite database (default: $EVALSTOP_DB)")
+    s.add_argument("--host", help="bind address (default: $EVALSTOP_HOST or 127.0.0.1)")
+    s.add_argument("--port", type=int, help="port (default: $EVALSTOP_PORT or 8765)")
+    s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    s.set_defaults(func=_cmd_serve)
+
+    st = sub.add_parser("status", help="show a tenant's jobs on a running coordinator")
+    st.add_argument("job_id", nargs="?")
+    st.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL or http://127.0.0.1:8765)")
+    st.add_argument("--token", help="tenant token (default: $EVALSTOP_TOKEN)")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_cmd_status)
+
     t = sub.add_parser("tenants", help="manage tenants and their tokens")
     tsub = t.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, help_ in (("add", "create a tenant and print its token once"),

@@ -37,7 +37,7 @@ from typing import Any
 from .detectors import Action, Decision, Detector, Observation
 from .errors import Conflict, InvalidInput, NotFound, Unauthorized
 from .models import AuditKind, AuditRecord, JobRecord, JobStatus, JobType, Policy, Report
-from .store import MemoryStore, Store, TenantRecord
+from .store import MemoryStore, Store, StoreError, TenantRecord, Ticket
 
 __all__ = ["Coordinator", "JobView", "hash_token"]
 
@@ -92,6 +92,20 @@ class JobView:
             "acked": self.acked,
         }
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobView:
+        dec = d.get("decision")
+        decision = None
+        if dec:
+            decision = Decision(Action(dec["action"]), dec["reason"], dec.get("best_step"), dec.get("best_score"),
+                                dec.get("evidence") or {})
+        return cls(
+            job_id=d["job_id"], job_type=d["job_type"], status=d["status"], policy=d.get("policy") or {},
+            decision=decision, best_step=d.get("best_step"), best_score=d.get("best_score"),
+            best_checkpoint=d.get("best_checkpoint"), n_reports=d.get("n_reports", 0),
+            last_step=d.get("last_step"), planned_steps=d.get("planned_steps"), acked=d.get("acked", False),
+        )
+
 
 class _Live:
     """In-memory state of one job: its record, its detector and its reports by step."""
@@ -135,12 +149,29 @@ class Coordinator:
     # ------------------------------------------------------------------ state rebuild
     def _rebuild(self) -> None:
         for record in self.store.jobs():
-            live = _Live(record, record.policy.build())
-            for rep in self.store.reports(record.tenant, record.job_id):
-                live.decision = live.detector.observe(self._observation(record, rep))
-                live.reports[rep.step] = rep
-                live.last_step = rep.step
-            self._jobs[(record.tenant, record.job_id)] = live
+            self._jobs[(record.tenant, record.job_id)] = self._load(record)
+
+    def _load(self, record: JobRecord) -> _Live:
+        live = _Live(record, record.policy.build())
+        for rep in self.store.reports(record.tenant, record.job_id):
+            live.decision = live.detector.observe(self._observation(record, rep))
+            live.reports[rep.step] = rep
+            live.last_step = rep.step
+        return live
+
+    def _settle(self, ticket: Ticket, tenant: str, job_id: str) -> None:
+        """Wait until a write is durable. If it failed, reload the job from the store (the source of
+        truth) so memory never claims what the disk does not hold, and re-raise."""
+        try:
+            ticket.wait()
+        except StoreError:
+            with self._lock:
+                stored = [r for r in self.store.jobs() if (r.tenant, r.job_id) == (tenant, job_id)]
+                if stored:
+                    self._jobs[(tenant, job_id)] = self._load(stored[0])
+                else:
+                    self._jobs.pop((tenant, job_id), None)
+            raise
 
     def add_stop_listener(self, listener: StopListener) -> None:
         """Call ``listener(job, decision)`` after every stop is durably recorded."""
@@ -215,10 +246,12 @@ class Coordinator:
                     f"job {job_id!r} is already registered with a different job_type, planned_steps, "
                     f"policy, pid or webhook; use a new job_id"
                 )
-            self.store.commit(record)
+            ticket = self.store.commit(record)
             live = _Live(record, pol.build())
             self._jobs[(tenant, job_id)] = live
-            return self._view(live), True
+            view = self._view(live)
+        self._settle(ticket, tenant, job_id)
+        return view, True
 
     @staticmethod
     def _observation(record: JobRecord, rep: Report) -> Observation:
@@ -268,7 +301,7 @@ class Coordinator:
             status = record.status
             stopped = False
             if status in _TERMINAL:
-                self.store.add_report(tenant, job_id, rep)  # recorded, changes nothing
+                ticket = self.store.add_report(tenant, job_id, rep)  # recorded, changes nothing
             elif decision.action is Action.STOP:
                 stopped = True
                 record = record.evolve(
@@ -281,17 +314,18 @@ class Coordinator:
                     {**decision.evidence, "step": step, "best_step": decision.best_step,
                      "best_score": decision.best_score},
                 )
-                self.store.commit(record, rep, (audit,))
+                ticket = self.store.commit(record, rep, (audit,))
             elif status is JobStatus.PENDING:
                 record = record.evolve(status=JobStatus.RUNNING, updated_at=rep.received_at)
-                self.store.commit(record, rep)
+                ticket = self.store.commit(record, rep)
             else:
-                self.store.add_report(tenant, job_id, rep)
+                ticket = self.store.add_report(tenant, job_id, rep)
             live.record = record
             live.reports[step] = rep
             live.last_step = step
             live.decision = decision
             result = self._current(live)
+        self._settle(ticket, tenant, job_id)
         if stopped:
             self._notify(record, decision)
         return result
@@ -330,11 +364,12 @@ class Coordinator:
                 live.detector.best_step, live.detector.best_score, {"manual": True},
             )
             new = record.evolve(status=status, decision=decision, stopped_by=who, stopped_at=now, updated_at=now)
-            self.store.commit(new, None, (AuditRecord(tenant, job_id, now, AuditKind.MANUAL_STOP, who,
-                                                      decision.reason, {"best_step": decision.best_step,
-                                                                        "best_score": decision.best_score}),))
+            ticket = self.store.commit(new, None, (AuditRecord(
+                tenant, job_id, now, AuditKind.MANUAL_STOP, who, decision.reason,
+                {"best_step": decision.best_step, "best_score": decision.best_score}),))
             live.record = new
             view = self._view(live)
+        self._settle(ticket, tenant, job_id)
         self._notify(new, decision)
         return view
 
@@ -354,9 +389,11 @@ class Coordinator:
             if record.acked_at is None:
                 audit = (AuditRecord(tenant, job_id, now, AuditKind.ACK, f"job:{job_id}", "stop acknowledged",
                                      {"checkpoint": new.checkpoint}),)
-            self.store.commit(new, None, audit)
+            ticket = self.store.commit(new, None, audit)
             live.record = new
-            return self._view(live)
+            view = self._view(live)
+        self._settle(ticket, tenant, job_id)
+        return view
 
     def finish(self, tenant: str, job_id: str) -> JobView:
         """Mark a job finished (it ran to its end). A stopped job stays stopped."""
@@ -367,17 +404,20 @@ class Coordinator:
                 return self._view(live)
             now = self.clock()
             new = record.evolve(status=record.status.to(JobStatus.FINISHED), finished_at=now, updated_at=now)
-            self.store.commit(new)
+            ticket = self.store.commit(new)
             live.record = new
-            return self._view(live)
+            view = self._view(live)
+        self._settle(ticket, tenant, job_id)
+        return view
 
     def record_signal(self, tenant: str, job_id: str, kind: AuditKind, reason: str, evidence: dict) -> None:
         """Append an enforcement or webhook event to the audit log."""
         with self._lock:
             live = self._get(tenant, job_id)
             now = self.clock()
-            self.store.commit(live.record, None, (AuditRecord(tenant, job_id, now, kind, "coordinator",
-                                                              reason, evidence),))
+            ticket = self.store.commit(live.record, None, (AuditRecord(tenant, job_id, now, kind, "coordinator",
+                                                                       reason, evidence),))
+        self._settle(ticket, tenant, job_id)
 
     # ------------------------------------------------------------------ reads
     def _view(self, live: _Live) -> JobView:

@@ -16,7 +16,7 @@ import json
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +24,37 @@ from .detectors import Decision
 from .errors import Conflict
 from .models import AuditKind, AuditRecord, JobRecord, JobStatus, JobType, Policy, Report
 
-__all__ = ["MemoryStore", "SQLiteStore", "Store", "TenantRecord", "SCHEMA_VERSION"]
+__all__ = ["MemoryStore", "SQLiteStore", "Store", "StoreError", "TenantRecord", "Ticket", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
+
+
+class StoreError(RuntimeError):
+    """A write could not be made durable (disk full, I/O error, store closed)."""
+
+
+class Ticket:
+    """A pending write; :meth:`wait` returns once it is durable or raises :class:`StoreError`."""
+
+    __slots__ = ("_event", "error")
+
+    def __init__(self, event: threading.Event | None = None) -> None:
+        self._event = event
+        self.error: BaseException | None = None
+
+    def _resolve(self, error: BaseException | None = None) -> None:
+        self.error = error
+        if self._event is not None:
+            self._event.set()
+
+    def wait(self) -> None:
+        if self._event is not None:
+            self._event.wait()
+        if self.error is not None:
+            raise StoreError(f"write not stored: {self.error}") from self.error
+
+
+DONE = Ticket()
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +82,13 @@ class Store(ABC):
     @abstractmethod
     def commit(
         self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()
-    ) -> None:
-        """Atomically upsert ``job``, insert ``report`` (if any) and append ``audit``."""
+    ) -> Ticket:
+        """Atomically upsert ``job``, insert ``report`` (if any) and append ``audit``.
+
+        Writes are applied in call order; the returned :class:`Ticket` says when it is durable."""
 
     @abstractmethod
-    def add_report(self, tenant: str, job_id: str, report: Report) -> None:
+    def add_report(self, tenant: str, job_id: str, report: Report) -> Ticket:
         """Insert one report of a job whose record does not change (the common case)."""
 
     @abstractmethod
@@ -103,7 +133,7 @@ class MemoryStore(Store):
         self._tenants[name] = TenantRecord(t.name, t.token_hash, t.created_at, True)
         return True
 
-    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()) -> None:
+    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()) -> Ticket:
         key = (job.tenant, job.job_id)
         self._jobs[key] = job
         reports = self._reports.setdefault(key, [])
@@ -111,9 +141,11 @@ class MemoryStore(Store):
             reports.append(report)
         if audit:
             self._audit.extend(audit)
+        return DONE
 
-    def add_report(self, tenant: str, job_id: str, report: Report) -> None:
+    def add_report(self, tenant: str, job_id: str, report: Report) -> Ticket:
         self._reports[(tenant, job_id)].append(report)
+        return DONE
 
     def jobs(self) -> list[JobRecord]:
         return list(self._jobs.values())
@@ -176,84 +208,136 @@ def _job_from_row(r: tuple) -> JobRecord:
 
 
 class SQLiteStore(Store):
-    """A durable store in one SQLite file (WAL mode, fsync on every commit)."""
+    """A durable store in one SQLite file (WAL mode, ``synchronous=FULL``).
+
+    Writes go through one writer thread that commits whatever is queued in one transaction
+    (group commit): many concurrent reports share one fsync, and each caller's :class:`Ticket`
+    resolves only after its transaction is on disk. Reads use their own connection.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if self.path.parent and not self.path.parent.exists():
+        if not self.path.parent.exists():
             raise ValueError(f"Cannot create the database {self.path}: folder {self.path.parent} does not exist.")
-        self._lock = threading.RLock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=30000")
-        self._init_schema()
+        try:
+            self._db = self._connect()
+            self._init_schema()
+            self._reader = self._connect()
+        except sqlite3.DatabaseError as exc:
+            raise ValueError(f"Cannot open the database {self.path}: {exc}") from None
+        self._read_lock = threading.Lock()
+        self._cv = threading.Condition()
+        self._queue: list[tuple[Callable[[sqlite3.Connection], None], Ticket]] = []
+        self._closing = False
+        self._writer = threading.Thread(target=self._write_loop, name="evalstop-sqlite-writer", daemon=True)
+        self._writer.start()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=30)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA busy_timeout=30000")
+        return db
 
     def _init_schema(self) -> None:
-        with self._lock:
-            self._db.executescript(_SCHEMA)
-            row = self._db.execute("SELECT version FROM schema_version").fetchone()
-            if row is None:
-                self._db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-            elif row[0] != SCHEMA_VERSION:
-                raise ValueError(
-                    f"Database {self.path} has schema version {row[0]}, this evalstop needs {SCHEMA_VERSION}."
-                )
-
-    class _Tx:
-        def __init__(self, store: SQLiteStore) -> None:
-            self.store = store
-
-        def __enter__(self):
-            self.store._lock.acquire()
-            self.store._db.execute("BEGIN IMMEDIATE")
-            return self.store._db
-
-        def __exit__(self, exc_type, exc, tb):
-            try:
-                self.store._db.execute("ROLLBACK" if exc_type else "COMMIT")
-            finally:
-                self.store._lock.release()
-            return False
-
-    def _tx(self) -> SQLiteStore._Tx:
-        return SQLiteStore._Tx(self)
-
-    def add_tenant(self, tenant: TenantRecord) -> None:
-        with self._tx() as db:
-            if db.execute("SELECT 1 FROM tenants WHERE name=?", (tenant.name,)).fetchone():
-                raise Conflict(f"tenant {tenant.name!r} already exists")
-            db.execute(
-                "INSERT INTO tenants (name, token_hash, created_at, revoked) VALUES (?, ?, ?, ?)",
-                (tenant.name, tenant.token_hash, tenant.created_at, int(tenant.revoked)),
+        self._db.executescript(_SCHEMA)
+        row = self._db.execute("SELECT version FROM schema_version").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        elif row[0] != SCHEMA_VERSION:
+            raise ValueError(
+                f"Database {self.path} has schema version {row[0]}, this evalstop needs {SCHEMA_VERSION}."
             )
 
+    # ------------------------------------------------------------------ the writer
+    def _submit(self, op: Callable[[sqlite3.Connection], None]) -> Ticket:
+        ticket = Ticket(threading.Event())
+        with self._cv:
+            if self._closing:
+                raise StoreError(f"the store {self.path} is closed")
+            self._queue.append((op, ticket))
+            self._cv.notify()
+        return ticket
+
+    def _write_loop(self) -> None:
+        db = self._db
+        while True:
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                batch, self._queue = self._queue, []
+                if not batch and self._closing:
+                    return
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                for op, _ in batch:
+                    op(db)
+                db.execute("COMMIT")
+            except Exception:  # one bad write must not sink the others: redo them one by one
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                for op, ticket in batch:
+                    try:
+                        db.execute("BEGIN IMMEDIATE")
+                        op(db)
+                        db.execute("COMMIT")
+                        ticket._resolve()
+                    except Exception as exc:  # noqa: BLE001 - handed to the waiting caller
+                        if db.in_transaction:
+                            db.execute("ROLLBACK")
+                        ticket._resolve(exc)
+            else:
+                for _, ticket in batch:
+                    ticket._resolve()
+
+    def _write(self, op: Callable[[sqlite3.Connection], None]) -> None:
+        ticket = self._submit(op)
+        ticket.wait()
+        if ticket.error is not None:  # pragma: no cover - wait() raised already
+            raise ticket.error
+
+    def _read(self, query: str, args: tuple = ()) -> list[tuple]:
+        with self._read_lock:
+            return self._reader.execute(query, args).fetchall()
+
+    # ------------------------------------------------------------------ tenants
+    def add_tenant(self, tenant: TenantRecord) -> None:
+        if self._read("SELECT 1 FROM tenants WHERE name=?", (tenant.name,)):
+            raise Conflict(f"tenant {tenant.name!r} already exists")
+        self._write(lambda db: db.execute(
+            "INSERT INTO tenants (name, token_hash, created_at, revoked) VALUES (?, ?, ?, ?)",
+            (tenant.name, tenant.token_hash, tenant.created_at, int(tenant.revoked)),
+        ))
+
     def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
-        with self._lock:
-            r = self._db.execute(
-                "SELECT name, token_hash, created_at, revoked FROM tenants WHERE token_hash=?", (token_hash,)
-            ).fetchone()
-        return TenantRecord(r[0], r[1], r[2], bool(r[3])) if r else None
+        rows = self._read("SELECT name, token_hash, created_at, revoked FROM tenants WHERE token_hash=?", (token_hash,))
+        return TenantRecord(rows[0][0], rows[0][1], rows[0][2], bool(rows[0][3])) if rows else None
 
     def list_tenants(self) -> list[TenantRecord]:
-        with self._lock:
-            rows = self._db.execute("SELECT name, token_hash, created_at, revoked FROM tenants ORDER BY name").fetchall()
+        rows = self._read("SELECT name, token_hash, created_at, revoked FROM tenants ORDER BY name")
         return [TenantRecord(r[0], r[1], r[2], bool(r[3])) for r in rows]
 
     def revoke_tenant(self, name: str) -> bool:
-        with self._tx() as db:
-            return db.execute("UPDATE tenants SET revoked=1 WHERE name=?", (name,)).rowcount > 0
+        if not self._read("SELECT 1 FROM tenants WHERE name=?", (name,)):
+            return False
+        self._write(lambda db: db.execute("UPDATE tenants SET revoked=1 WHERE name=?", (name,)))
+        return True
 
-    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()) -> None:
-        with self._tx() as db:
-            db.execute(f"INSERT OR REPLACE INTO jobs ({_JOB_COLS}) VALUES ({','.join('?' * 17)})", _job_row(job))
+    # ------------------------------------------------------------------ jobs, reports, audit
+    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()) -> Ticket:
+        row = _job_row(job)
+        audit = tuple(audit)
+
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(f"INSERT OR REPLACE INTO jobs ({_JOB_COLS}) VALUES ({','.join('?' * 17)})", row)
             if report is not None:
                 self._insert_report(db, job.tenant, job.job_id, report)
             self._insert_audit(db, audit)
 
-    def add_report(self, tenant: str, job_id: str, report: Report) -> None:
-        with self._tx() as db:
-            self._insert_report(db, tenant, job_id, report)
+        return self._submit(op)
+
+    def add_report(self, tenant: str, job_id: str, report: Report) -> Ticket:
+        return self._submit(lambda db: self._insert_report(db, tenant, job_id, report))
 
     @staticmethod
     def _insert_report(db: sqlite3.Connection, tenant: str, job_id: str, r: Report) -> None:
@@ -272,17 +356,14 @@ class SQLiteStore(Store):
         )
 
     def jobs(self) -> list[JobRecord]:
-        with self._lock:
-            rows = self._db.execute(f"SELECT {_JOB_COLS} FROM jobs ORDER BY created_at, tenant, job_id").fetchall()
-        return [_job_from_row(r) for r in rows]
+        return [_job_from_row(r) for r in self._read(f"SELECT {_JOB_COLS} FROM jobs ORDER BY created_at, tenant, job_id")]
 
     def reports(self, tenant: str, job_id: str) -> list[Report]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT step, eval_score, train_loss, proxy_reward, checkpoint, received_at FROM reports "
-                "WHERE tenant=? AND job_id=? ORDER BY step",
-                (tenant, job_id),
-            ).fetchall()
+        rows = self._read(
+            "SELECT step, eval_score, train_loss, proxy_reward, checkpoint, received_at FROM reports "
+            "WHERE tenant=? AND job_id=? ORDER BY step",
+            (tenant, job_id),
+        )
         return [Report(*r) for r in rows]
 
     def audit(self, tenant: str | None = None) -> list[AuditRecord]:
@@ -291,10 +372,17 @@ class SQLiteStore(Store):
         if tenant is not None:
             q += " WHERE tenant=?"
             args = (tenant,)
-        with self._lock:
-            rows = self._db.execute(q + " ORDER BY seq", args).fetchall()
+        rows = self._read(q + " ORDER BY seq", args)
         return [AuditRecord(r[0], r[1], r[2], AuditKind(r[3]), r[4], r[5], json.loads(r[6])) for r in rows]
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        """Finish queued writes, stop the writer, close the connections (idempotent)."""
+        with self._cv:
+            if self._closing:
+                return
+            self._closing = True
+            self._cv.notify()
+        self._writer.join()
+        with self._read_lock:
+            self._reader.close()
+        self._db.close()

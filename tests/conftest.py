@@ -1,0 +1,68 @@
+"""Shared fixtures: a real `evalstop serve` on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`evalstop serve` in a child process (loopback only)."""
+
+    def __init__(self, db: Path, port: int | None = None) -> None:
+        self.db, self.port = db, port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def add_tenant(self, name: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "add", name, "--db", str(self.db),
+                              "--json"], check=True, capture_output=True, text=True).stdout
+        import json
+
+        return json.loads(out)["token"]
+
+    def start(self, timeout: float = 30.0) -> Server:
+        self.log = open(str(self.db) + f".{self.port}.log", "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "evalstop_trl", "serve", "--db", str(self.db), "--port", str(self.port),
+             "--log-level", "warning"], stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {Path(self.log.name).read_text()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=0.5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError("server did not start")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = Server(tmp_path / "coord.db")
+    yield srv
+    srv.kill()
