@@ -82,7 +82,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     coord = _open_coordinator(path)
     print(f"evalstop serving {path} on http://{host}:{port} (API under /v1, docs at /docs)", flush=True)
-    uvicorn.run(create_app(coord), host=host, port=port, log_level=args.log_level, access_log=False)
+    uvicorn.run(create_app(coord), host=host, port=port, log_level=args.log_level, access_log=False,
+                timeout_keep_alive=30)  # training jobs report every few seconds: keep their connections
     return 0
 
 

@@ -37,7 +37,7 @@ from typing import Any
 from .detectors import Action, Decision, Detector, Observation
 from .errors import Conflict, InvalidInput, NotFound, Unauthorized
 from .models import AuditKind, AuditRecord, JobRecord, JobStatus, JobType, Policy, Report
-from .store import MemoryStore, Store, StoreError, TenantRecord, Ticket
+from .store import DONE, MemoryStore, Store, StoreError, TenantRecord, Ticket
 
 __all__ = ["Coordinator", "JobView", "hash_token"]
 
@@ -121,6 +121,17 @@ class _Live:
 
 
 StopListener = Callable[[JobRecord, Decision], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReport:
+    """A decided report whose write may not be durable yet (see :meth:`Coordinator.submit_report`)."""
+
+    tenant: str
+    job_id: str
+    decision: Decision
+    ticket: Ticket
+    stopped: JobRecord | None  # the job's record if this report stopped it
 
 
 class Coordinator:
@@ -261,7 +272,21 @@ class Coordinator:
             proxy_reward=rep.proxy_reward, job_type=record.job_type.value, progress=progress,
         )
 
-    def report(
+    def report(self, tenant: str, job_id: str, step: int, eval_score: float | None = None,
+               train_loss: float | None = None, proxy_reward: float | None = None,
+               checkpoint: str | None = None) -> Decision:
+        """Record one report (durably, before returning) and return the job's decision."""
+        pending = self.submit_report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
+        self.complete(pending)
+        return pending.decision
+
+    def complete(self, pending: PendingReport) -> None:
+        """Wait until ``pending`` is durable, then run the stop listeners (re-raises a store error)."""
+        self._settle(pending.ticket, pending.tenant, pending.job_id)
+        if pending.stopped is not None:
+            self._notify(pending.stopped, pending.decision)
+
+    def submit_report(
         self,
         tenant: str,
         job_id: str,
@@ -270,8 +295,10 @@ class Coordinator:
         train_loss: float | None = None,
         proxy_reward: float | None = None,
         checkpoint: str | None = None,
-    ) -> Decision:
-        """Record one report (durably, before returning) and return the job's decision."""
+    ) -> PendingReport:
+        """Decide on one report and queue its durable write; :meth:`complete` waits for it.
+
+        The async service awaits ``pending.ticket`` instead of blocking a thread."""
         if checkpoint is not None and (not isinstance(checkpoint, str) or len(checkpoint) > 4096):
             raise InvalidInput("checkpoint must be a path string of at most 4096 characters.")
         with self._lock:
@@ -287,7 +314,7 @@ class Coordinator:
             stored = live.reports.get(step)
             if stored is not None:
                 if stored.payload() == rep.payload():
-                    return self._current(live)
+                    return PendingReport(tenant, job_id, self._current(live), DONE, None)
                 raise Conflict(
                     f"step {step} of job {job_id!r} already has a different report "
                     f"(stored {_payload_str(stored)}, got {_payload_str(rep)}); a step is reported once"
@@ -324,11 +351,7 @@ class Coordinator:
             live.reports[step] = rep
             live.last_step = step
             live.decision = decision
-            result = self._current(live)
-        self._settle(ticket, tenant, job_id)
-        if stopped:
-            self._notify(record, decision)
-        return result
+            return PendingReport(tenant, job_id, self._current(live), ticket, record if stopped else None)
 
     def _current(self, live: _Live) -> Decision:
         """The decision a job's reports and status say now."""

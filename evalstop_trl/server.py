@@ -7,6 +7,7 @@ are limited to 1 MiB (413). Every ``/v1`` route needs ``Authorization: Bearer <t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -23,6 +24,7 @@ from .coordinator import Coordinator, JobView
 from .detectors import Decision
 from .errors import EvalStopError, Unauthorized
 from .models import JobRecord
+from .store import StoreError
 
 __all__ = ["create_app", "MAX_BODY_BYTES"]
 
@@ -72,6 +74,17 @@ class ReportIn(_In):
     train_loss: Num = None
     proxy_reward: Num = None
     checkpoint: str | None = Field(None, max_length=4096)
+
+
+class DecisionOut(BaseModel):
+    action: str = Field(description='"continue" or "stop"')
+    reason: str
+    best_step: int | None
+    best_score: float | None
+
+
+class ReportOut(BaseModel):
+    decision: DecisionOut
 
 
 class StopIn(_In):
@@ -162,7 +175,8 @@ def _reclaimed_seconds(coord: Coordinator, job: JobRecord) -> float:
     return max(0, job.planned_steps - reps[-1].step) * max(per_step, 0.0)
 
 
-def _tenant(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+async def _tenant(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    # async on purpose: a token check is one indexed read, cheaper than a hop to the thread pool
     if not authorization or not authorization.startswith("Bearer "):
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
     return request.app.state.coordinator.authenticate(authorization[len("Bearer "):].strip())
@@ -207,6 +221,11 @@ def create_app(coordinator: Coordinator, *, enforce: bool = True, webhooks: bool
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
         return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
 
+    @app.exception_handler(StoreError)
+    async def _store_error(request: Request, exc: StoreError):
+        log.error("store error: %s", exc)
+        return JSONResponse({"detail": f"the coordinator could not store this: {exc}; retry later"}, status_code=503)
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
         parts = []
@@ -245,14 +264,23 @@ def create_app(coordinator: Coordinator, *, enforce: bool = True, webhooks: bool
     def get_job(job_id: str, t: Tenant) -> dict[str, Any]:
         return _job(coordinator.status(t, job_id))
 
-    @app.post("/v1/jobs/{job_id}/reports")
-    def report(job_id: str, body: ReportIn, t: Tenant) -> dict[str, Any]:
+    @app.post("/v1/jobs/{job_id}/reports", response_model=ReportOut)
+    async def report(job_id: str, body: ReportIn, t: Tenant) -> JSONResponse:
+        # The decision is in-memory work (microseconds); only durability waits, and it is awaited
+        # rather than blocking a thread, so one group commit serves many concurrent reports.
         t0 = time.perf_counter()
-        d = coordinator.report(t, job_id, body.step, body.eval_score, body.train_loss, body.proxy_reward,
-                               body.checkpoint)
+        pending = coordinator.submit_report(t, job_id, body.step, body.eval_score, body.train_loss,
+                                            body.proxy_reward, body.checkpoint)
+        if not pending.ticket.done:
+            loop = asyncio.get_running_loop()
+            durable = loop.create_future()
+            pending.ticket.add_done_callback(lambda _: loop.call_soon_threadsafe(
+                lambda: durable.done() or durable.set_result(None)))
+            await durable
+        coordinator.complete(pending)  # returns at once; re-raises a store error
         metrics.reports.inc()
         metrics.latency.observe(time.perf_counter() - t0)
-        return {"decision": _decision(d)}
+        return JSONResponse({"decision": _decision(pending.decision)})  # skips re-validating our own output
 
     @app.get("/v1/jobs/{job_id}/reports")
     def list_reports(job_id: str, t: Tenant) -> list[dict[str, Any]]:

@@ -36,16 +36,34 @@ class StoreError(RuntimeError):
 class Ticket:
     """A pending write; :meth:`wait` returns once it is durable or raises :class:`StoreError`."""
 
-    __slots__ = ("_event", "error")
+    __slots__ = ("_event", "error", "_callbacks", "_lock")
 
     def __init__(self, event: threading.Event | None = None) -> None:
         self._event = event
         self.error: BaseException | None = None
+        self._callbacks: list[Callable[[Ticket], None]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def done(self) -> bool:
+        return self._event is None or self._event.is_set()
+
+    def add_done_callback(self, fn: Callable[[Ticket], None]) -> None:
+        """Call ``fn(ticket)`` once the write is durable or failed (at once if it already is)."""
+        with self._lock:
+            if not self.done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
 
     def _resolve(self, error: BaseException | None = None) -> None:
         self.error = error
-        if self._event is not None:
-            self._event.set()
+        with self._lock:
+            if self._event is not None:
+                self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
 
     def wait(self) -> None:
         if self._event is not None:

@@ -1,0 +1,27 @@
+"""Property-based fuzzing of the HTTP API from its own OpenAPI schema: no input gives a 5xx."""
+
+from __future__ import annotations
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from evalstop_trl import Coordinator, MemoryStore
+from evalstop_trl.server import create_app
+
+coordinator = Coordinator(MemoryStore())
+TOKEN = coordinator.add_tenant("fuzz")
+coordinator.register_job("fuzz", "a", "grpo", planned_steps=100)
+app = create_app(coordinator, enforce=False, webhooks=False)
+schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+@schema.parametrize()
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.parametrize("auth", [True, False])
+def test_no_5xx_for_any_generated_request(case, auth):
+    headers = {"Authorization": f"Bearer {TOKEN}"} if auth else {}
+    response = case.call(headers=headers)
+    assert response.status_code < 500, (case.method, case.formatted_path, response.text)
+    if response.status_code >= 400:
+        assert isinstance(response.json().get("detail"), str) and response.json()["detail"]

@@ -1,0 +1,214 @@
+"""The real service on loopback: end to end, SIGKILL + restart, an outage, enforcement, webhooks."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from evalstop_trl import Coordinator, MemoryStore, SQLiteStore
+from evalstop_trl.client import EvalStopClient
+
+from .conftest import Server
+
+pytestmark = pytest.mark.slow
+
+HACKED = [0.2, 0.5, 0.7, 0.65, 0.6, 0.5]
+
+
+def test_end_to_end_with_cli(server):
+    alice, bob = server.add_tenant("alice"), server.add_tenant("bob")
+    server.start()
+    with EvalStopClient(server.url, alice) as c:
+        c.register_job("run-1", "grpo", planned_steps=60)
+        decisions = [c.report("run-1", 10 * (i + 1), eval_score=s) for i, s in enumerate(HACKED[:5])]
+        assert [d.action.value for d in decisions] == ["continue"] * 4 + ["stop"]
+        assert c.ack("run-1", "/tmp/best").acked
+    out = subprocess.run([sys.executable, "-m", "evalstop_trl", "status", "--url", server.url, "--token", alice, "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    (job,) = json.loads(out)
+    assert job["status"] == "stopped" and job["best_step"] == 30 and job["best_checkpoint"] == "/tmp/best"
+    with EvalStopClient(server.url, bob) as c:
+        assert c.list_jobs() == []
+    bad = subprocess.run([sys.executable, "-m", "evalstop_trl", "status", "--url", server.url, "--token", "nope"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "401" in bad.stderr
+
+
+def test_sigkill_mid_stream_loses_nothing_acknowledged(server):
+    token = server.add_tenant("acme")
+    server.start()
+    acked: dict[str, list[int]] = {f"j{i}": [] for i in range(6)}
+    stop = threading.Event()
+
+    def worker(job_id):
+        c = EvalStopClient(server.url, token, retries=0, probe_interval_s=0.05)
+        c.register_job(job_id, "grpo", policy={"detector": "decline", "k": 3})
+        step = 0
+        while not stop.is_set() and step < 400:
+            d = c.report(job_id, step, eval_score=((step * 7919) % 13) / 13)
+            if "unreachable" in d.reason:
+                break
+            acked[job_id].append(step)
+            step += 1
+        c.close()
+
+    threads = [threading.Thread(target=worker, args=(j,)) for j in acked]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    server.kill()  # SIGKILL mid-stream
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert sum(map(len, acked.values())) > 50
+    store = SQLiteStore(server.db)
+    try:
+        for job_id, steps in acked.items():
+            stored = [r.step for r in store.reports("acme", job_id)]
+            assert set(steps) <= set(stored), job_id
+    finally:
+        store.close()
+    # restart: decisions equal those of a coordinator fed the same stored reports from scratch
+    server.start()
+    with EvalStopClient(server.url, token) as c:
+        after = {v.job_id: v for v in c.list_jobs()}
+    ref = Coordinator(MemoryStore())
+    with EvalStopClient(server.url, token) as c:
+        stored_reports = {job_id: c.reports(job_id) for job_id in acked}
+    for job_id in acked:
+        ref.register_job("acme", job_id, "grpo", policy={"detector": "decline", "k": 3})
+        for r in stored_reports[job_id]:
+            ref.report("acme", job_id, r.step, eval_score=r.eval_score)
+        expected = ref.status("acme", job_id)
+        got = after[job_id]
+        assert (got.status, got.best_step, got.best_score, got.n_reports) == (
+            expected.status, expected.best_step, expected.best_score, expected.n_reports)
+        assert (got.decision.action, got.decision.reason) == (expected.decision.action, expected.decision.reason)
+
+
+def test_outage_does_not_block_training_and_loses_nothing(server, tmp_path):
+    token = server.add_tenant("acme")
+    server.start()
+    client = EvalStopClient(server.url, token, outbox=tmp_path / "outbox.jsonl", retries=1, probe_interval_s=0.5)
+    client.register_job("long", "grpo", policy={"detector": "never"})
+    slowest, step = 0.0, 0
+    t_end = time.monotonic() + 16
+    killed_at = restarted = None
+    while time.monotonic() < t_end:
+        t0 = time.monotonic()
+        client.report("long", step, eval_score=step * 0.001, train_loss=1.0)
+        slowest = max(slowest, time.monotonic() - t0)
+        step += 1
+        time.sleep(0.05)  # a "training step"
+        if killed_at is None and step == 20:
+            server.kill()
+            killed_at = time.monotonic()
+        if killed_at and not restarted and time.monotonic() - killed_at > 10:
+            server.start()
+            restarted = True
+    assert restarted and client.pending == 0, "the outbox drained after the coordinator came back"
+    assert slowest < 2.0, f"a report blocked the loop for {slowest:.2f} s"
+    stored = [r.step for r in client.reports("long")]
+    assert stored == list(range(step))  # every report, in order
+    client.close()
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from evalstop_trl.actions import process_start_time
+    from evalstop_trl.client import EvalStopClient
+    url, token, ignore_term = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    if ignore_term:
+        signal.signal(signal.SIGTERM, lambda *a: print("got SIGTERM, ignoring", flush=True))
+    else:
+        signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM, exiting", flush=True), sys.exit(0)))
+    c = EvalStopClient(url, token)
+    c.register_job("stubborn", "grpo", policy={"detector": "decline", "k": 2, "enforce": True, "grace_s": 1.0},
+                   pid=os.getpid(), pid_start_time=process_start_time(os.getpid()))
+    for i, s in enumerate([0.2, 0.5, 0.4, 0.3]):
+        d = c.report("stubborn", i, eval_score=s)
+    print("decision", d.action.value, flush=True)
+    while True:   # ignores the cooperative stop flag
+        time.sleep(0.1)
+    """
+)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="enforcement needs /proc")
+@pytest.mark.parametrize("ignore_term", [False, True])
+def test_enforcement_signals_a_job_that_ignores_the_stop(server, ignore_term):
+    token = server.add_tenant("acme")
+    server.start()
+    child = subprocess.Popen([sys.executable, "-c", CHILD, server.url, token, "1" if ignore_term else "0"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    out = child.stdout.read()
+    assert "decision stop" in out and "got SIGTERM" in out
+    with EvalStopClient(server.url, token) as c:
+        kinds = [a["kind"] for a in c.audit()]
+    if ignore_term:
+        assert child.returncode == -9 and kinds == ["stop", "sigterm", "sigkill"]
+    else:
+        assert child.returncode == 0 and kinds == ["stop", "sigterm"]
+
+
+def test_no_signal_for_a_reused_pid(server):
+    token = server.add_tenant("acme")
+    server.start()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with EvalStopClient(server.url, token) as c:
+            c.register_job("liar", "grpo", policy={"detector": "decline", "k": 1, "enforce": True, "grace_s": 0.2},
+                           pid=sleeper.pid, pid_start_time=1.0)  # wrong start time: not the registered process
+            c.report("liar", 1, eval_score=0.5)
+            assert c.report("liar", 2, eval_score=0.1).stop
+            time.sleep(1.5)
+            audit = c.audit()
+        assert sleeper.poll() is None  # never signalled
+        assert audit[-1]["kind"] == "sigterm" and "not sent" in audit[-1]["reason"]
+    finally:
+        sleeper.kill()
+
+
+def test_webhook_is_posted_on_stop(server):
+    received = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    hook = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    token = server.add_tenant("acme")
+    server.start()
+    try:
+        with EvalStopClient(server.url, token) as c:
+            c.register_job("w", "grpo", policy={"detector": "decline", "k": 1},
+                           webhook=f"http://127.0.0.1:{hook.server_address[1]}/hook")
+            c.report("w", 1, eval_score=0.5)
+            c.report("w", 2, eval_score=0.4)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any(a["kind"] == "webhook" for a in c.audit()):
+                time.sleep(0.1)
+            assert [a["kind"] for a in c.audit()] == ["stop", "webhook"]
+        assert received[0]["job_id"] == "w" and received[0]["decision"]["action"] == "stop"
+    finally:
+        hook.shutdown()
