@@ -1,0 +1,177 @@
+"""EvalStopCallback with real TRL trainers training real tiny models (CPU)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from evalstop_trl import Coordinator, MemoryStore  # noqa: E402
+from evalstop_trl.callback import EvalStopCallback  # noqa: E402
+from evalstop_trl.tiny import PRESETS, GoldEval, label_trace, run_tiny  # noqa: E402
+
+from .conftest import free_port  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_hacked_grpo_is_stopped_and_best_checkpoint_loads(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run = run_tiny("grpo", "hacked", output_dir=tmp_path, max_steps=300, eval_every=15)
+    assert run.stopped_at is not None and run.stopped_at < 300, run.trace
+    assert "consecutive declines" in run.reason
+    golds = [t["gold"] for t in run.trace]
+    assert run.best_score == max(golds) and run.best_step == run.trace[golds.index(max(golds))]["step"]
+    assert run.trace[-1]["proxy"] > run.trace[0]["proxy"]  # the proxy kept improving
+    best = AutoModelForCausalLM.from_pretrained(run.best_checkpoint)
+    tok = AutoTokenizer.from_pretrained(run.best_checkpoint)
+    assert GoldEval(PRESETS["hacked"])(best, tok) == pytest.approx(run.best_score, abs=1e-5)
+    # the embedded coordinator's SQLite file says the same
+    from evalstop_trl import SQLiteStore
+
+    coord = Coordinator(SQLiteStore(tmp_path / "trainer" / "evalstop.db"))
+    (job,) = coord.list_jobs("local")
+    assert job.status == "stopped" and job.acked and job.best_checkpoint == run.best_checkpoint
+    coord.close()
+
+
+def test_healthy_grpo_runs_to_the_end(tmp_path):
+    run = run_tiny("grpo", "healthy", output_dir=tmp_path, max_steps=150, eval_every=15)
+    assert run.stopped_at is None and run.steps_done == 150
+    assert not label_trace([t["gold"] for t in run.trace])
+
+
+def test_callback_does_not_perturb_training(tmp_path):
+    def losses(run):
+        return [(h["step"], h.get("loss"), h.get("reward")) for h in run.log_history if "loss" in h]
+
+    with_cb = run_tiny("grpo", "hacked", output_dir=tmp_path / "a", max_steps=40, eval_every=5, stop=False)
+    without = run_tiny("grpo", "hacked", output_dir=tmp_path / "b", max_steps=40, with_evalstop=False)
+    assert losses(with_cb) == losses(without) and len(losses(with_cb)) == 8
+
+
+@pytest.mark.parametrize("trainer", ["rloo", "dpo", "online_dpo", "sft"])
+def test_every_trainer_stops_on_a_stop_decision(tmp_path, trainer):
+    run = run_tiny(trainer, "hacked", output_dir=tmp_path, max_steps=40, eval_every=5, detector="stop_at", fraction=0.5)
+    assert run.stopped_at == 20 and run.steps_done == 20, (trainer, run.steps_done)
+    assert len(run.trace) == 4 and all(t["gold"] is not None for t in run.trace)
+    if trainer in ("rloo", "online_dpo"):
+        assert run.trace[-1]["proxy"] is not None  # the trainer's reward was forwarded
+    assert run.trace[-1]["loss"] is not None
+
+
+def test_peft_lora_best_adapter_is_saved_and_loadable(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run = run_tiny("grpo", "hacked", output_dir=tmp_path, max_steps=30, eval_every=10, peft=True,
+                   detector="stop_at", fraction=0.6)
+    best = Path(run.best_checkpoint)
+    assert (best / "adapter_config.json").exists() and not (best / "model.safetensors").exists()
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "base-model")
+    model = PeftModel.from_pretrained(base, best)
+    assert sum(p.numel() for n, p in model.named_parameters() if "lora" in n) > 0
+
+
+def test_against_a_live_server(server, tmp_path):
+    token = server.add_tenant("lab")
+    server.start()
+    run = run_tiny("grpo", "hacked", output_dir=tmp_path, coordinator=server.url, token=token, job_id="lab-hacked",
+                   max_steps=300, eval_every=15)
+    assert run.stopped_at is not None and run.stopped_at < 300
+    from evalstop_trl.client import EvalStopClient
+
+    with EvalStopClient(server.url, token) as c:
+        job = c.status("lab-hacked")
+        assert job.status == "stopped" and job.acked and job.best_step == run.best_step
+        assert [a["kind"] for a in c.audit()] == ["stop", "ack"]
+
+
+class _Args:
+    def __init__(self, out):
+        self.output_dir = str(out)
+
+
+class _State:
+    def __init__(self, step=0, max_steps=100):
+        self.global_step, self.max_steps, self.is_world_process_zero = step, max_steps, True
+
+
+class _Control:
+    should_training_stop = False
+
+
+def test_resume_keeps_the_decline_count(tmp_path):
+    """ExportableState: a resumed callback (rebuilt from state()) with a coordinator that never saw
+    the first reports still stops at the k-th consecutive decline."""
+    scores = iter([0.5, 0.7, 0.6, 0.5])
+    live = EvalStopCallback(lambda m, t: next(scores), eval_every=10, coordinator=Coordinator(MemoryStore()),
+                            job_id="resumable", save_best=False)
+    live.on_train_begin(_Args(tmp_path), _State(), _Control())
+    model = torch.nn.Linear(1, 1)
+    for step in (10, 20, 30):  # one decline so far
+        live.on_step_end(_Args(tmp_path), _State(step), _Control(), model=model)
+    saved = live.state()
+    # a new process: the user passes a fresh callback; transformers rebuilds it from the saved state
+    EvalStopCallback(lambda m, t: next(scores), eval_every=10, coordinator=Coordinator(MemoryStore()))
+    restored = EvalStopCallback(**saved["args"])
+    for k, v in saved["attributes"].items():
+        setattr(restored, k, v)
+    restored.on_train_begin(_Args(tmp_path), _State(30), _Control())
+    control = _Control()
+    restored.on_step_end(_Args(tmp_path), _State(40), control, model=model)
+    assert control.should_training_stop and restored.decision.stop
+    assert restored.best_step == 20
+
+
+def test_metric_mode_and_missing_metric(tmp_path):
+    cb = EvalStopCallback("eval_reward", coordinator=Coordinator(MemoryStore()), job_id="m", save_best=False)
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    control = _Control()
+    for step, v in [(10, 0.5), (20, 0.4), (30, 0.3)]:
+        cb.on_evaluate(_Args(tmp_path), _State(step), control, metrics={"eval_reward": v, "eval_loss": 1.0})
+    assert control.should_training_stop and cb.best_step == 10
+    with pytest.raises(ValueError, match="metric 'eval_reward' is not in the evaluation metrics; available: eval_loss"):
+        cb.on_evaluate(_Args(tmp_path), _State(40), _Control(), metrics={"eval_loss": 1.0})
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"world_feedback": lambda m, t: 0.0}, "eval_every must be an integer >= 1"),
+        ({"world_feedback": None}, "needs world_feedback"),
+        ({"world_feedback": "eval_x", "detector": "nope"}, "valid detectors are"),
+        ({"world_feedback": "eval_x", "k": 0}, "k must be an integer >= 1"),
+        ({"world_feedback": 3}, "must be a callable or a metric name"),
+    ],
+)
+def test_constructor_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EvalStopCallback(**kwargs)
+
+
+def test_url_without_token_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("EVALSTOP_TOKEN", raising=False)
+    cb = EvalStopCallback("eval_x", coordinator="http://127.0.0.1:9")
+    with pytest.raises(ValueError, match="needs a token"):
+        cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+
+
+DIST_WORKER = Path(__file__).with_name("dist_worker.py")
+
+
+def test_two_processes_stop_together(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+         str(DIST_WORKER), str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = sorted((tmp_path / f"rank{r}.txt").read_text() for r in (0, 1))
+    assert steps[0] == steps[1] == "stopped at 12"
