@@ -1,27 +1,155 @@
-"""`make demo`: the main job on the embedded default.
+"""`make demo`: the main job on the embedded default, end to end, in a few minutes on 2 CPU cores.
 
-1. `evalstop replay` on a shipped example curve (a hacked run's trainer_state.json).
+1. `evalstop replay` on a shipped trainer_state.json of a hacked run;
+2. a live multi-tenant platform: `evalstop serve` on a free loopback port with a fresh SQLite file,
+   two tenants, four tiny *real* GRPO jobs (hacked and healthy, both tenants) as separate processes;
+   the coordinator stops the hacked ones and the healthy ones finish. A table compares each job
+   with its recorded no-stop reference (configs/traces/), and a PNG shows the curves;
+3. the simulator's headline: SRTF-Est alone vs with EvalStop, 200 jobs on 64 virtual GPUs.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "demo-out"
+PY = sys.executable
+JOBS = [("acme", "hacked", 0), ("acme", "healthy", 0), ("globex", "hacked", 1), ("globex", "healthy", 1)]
+MAX_STEPS, EVAL_EVERY = 300, 15
 
 
 def banner(text: str) -> None:
     print(f"\n=== {text} ===", flush=True)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def evalstop(*args: str) -> str:
+    return subprocess.run([PY, "-m", "evalstop_trl", *args], check=True, capture_output=True, text=True).stdout
+
+
+def reference(preset: str, seed: int) -> list[dict]:
+    path = ROOT / "configs" / "traces" / f"grpo-{preset}-s{seed}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def live_platform() -> None:
+    import httpx
+
+    db = OUT / "coordinator.db"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    tokens = {t: json.loads(evalstop("tenants", "add", t, "--db", str(db), "--json"))["token"] for t in ("acme", "globex")}
+    server = subprocess.Popen([PY, "-m", "evalstop_trl", "serve", "--db", str(db), "--port", str(port)],
+                              stdout=open(OUT / "server.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(url + "/healthz", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        print(f"coordinator on {url} (SQLite {db.relative_to(ROOT)}), tenants acme and globex; "
+              f"starting {len(JOBS)} tiny GRPO jobs as separate processes ...", flush=True)
+        t0 = time.time()
+        procs = []
+        for tenant, preset, seed in JOBS:
+            job_id = f"{tenant}-{preset}"
+            cmd = [PY, str(ROOT / "scripts" / "tiny_rlhf.py"), "--trainer", "grpo", "--preset", preset, "--seed",
+                   str(seed), "--coordinator", url, "--token", tokens[tenant], "--job-id", job_id, "--max-steps",
+                   str(MAX_STEPS), "--eval-every", str(EVAL_EVERY), "--output-dir", str(OUT / job_id)]
+            log = open(OUT / f"{job_id}.log", "w")
+            procs.append((tenant, preset, seed, job_id, subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})))
+        results = []
+        for tenant, preset, seed, job_id, p in procs:
+            out, _ = p.communicate(timeout=600)
+            line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+            if p.returncode != 0 or line is None:
+                raise SystemExit(f"job {job_id} failed; see {OUT / (job_id + '.log')}")
+            results.append({**json.loads(line[7:]), "tenant": tenant, "seed": seed})
+        print(f"all jobs done in {time.time() - t0:.0f} s", flush=True)
+        # what the coordinator says, per tenant (each token sees only its own jobs)
+        for tenant in tokens:
+            print(f"\n$ evalstop status --token <{tenant}>")
+            print(evalstop("status", "--url", url, "--token", tokens[tenant]).rstrip())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    table(results)
+    plot(results, OUT / "tiny_jobs.png")
+
+
+def table(results: list[dict]) -> None:
+    print(f"\n{'tenant':<8}{'job':<16}{'preset':<9}{'stopped at':>11}{'best step':>10}{'best gold':>10}"
+          f"{'no-stop final gold':>19}{'compute saved':>14}")
+    for r in results:
+        ref = reference(r["preset"], r["seed"])
+        final = f"{ref[-1]['gold']:.3f}" if ref else "n/a"
+        saved = 1 - r["steps_done"] / r["max_steps"]
+        stopped = str(r["stopped_at"]) if r["stopped_at"] else "-"
+        print(f"{r['tenant']:<8}{r['job_id']:<16}{r['preset']:<9}{stopped:>11}{str(r['best_step']):>10}"
+              f"{r['best_score']:>10.3f}{final:>19}{saved:>13.0%}")
+    print("best gold = world feedback of the kept checkpoint; no-stop final gold = where the same run (same seed) "
+          "ends without EvalStop (configs/traces/); compute saved = share of planned steps not run")
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.6), sharey=False)
+    for ax, r in zip(axes, results, strict=True):
+        ref = reference(r["preset"], r["seed"])
+        if ref:
+            ax.plot([t["step"] for t in ref], [t["gold"] for t in ref], "--", c="grey", label="gold, no-stop reference")
+        ax.plot([t["step"] for t in r["trace"]], [t["gold"] for t in r["trace"]], "o-", c="tab:green", label="gold (world feedback)")
+        ax2 = ax.twinx()
+        ax2.plot([t["step"] for t in r["trace"]], [t["proxy"] for t in r["trace"]], "s-", c="tab:orange", ms=3,
+                 label="proxy reward")
+        ax2.set_ylabel("proxy reward", color="tab:orange")
+        if r["stopped_at"]:
+            ax.axvline(r["stopped_at"], c="red", lw=1)
+            ax.annotate("EvalStop", (r["stopped_at"], ax.get_ylim()[1]), color="red", fontsize=8, ha="right", va="top")
+        ax.axvline(r["best_step"], c="tab:green", lw=0.8, ls=":")
+        ax.set_title(f"{r['job_id']}", fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel("gold")
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
 def main() -> int:
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    OUT.mkdir()
+    t0 = time.time()
     banner("1. evalstop replay on a recorded hacked run (configs/examples/hacked_trainer_state.json)")
-    subprocess.run(
-        [sys.executable, "-m", "evalstop_trl", "replay", str(ROOT / "configs/examples/hacked_trainer_state.json")],
-        check=True,
-    )
+    print(evalstop("replay", str(ROOT / "configs/examples/hacked_trainer_state.json")).rstrip())
+    banner("2. a live multi-tenant platform: evalstop serve + 4 tiny real GRPO jobs from 2 tenants")
+    live_platform()
+    banner("3. the platform simulator: SRTF-Est alone vs + EvalStop (default config, 5 seeds)")
+    subprocess.run([PY, "-m", "platform_sim.cli", "run", "--seeds", "5", "--quiet"], check=True)
+    print(f"\ndemo done in {time.time() - t0:.0f} s; outputs in {OUT.relative_to(ROOT)}/")
     return 0
 
 
