@@ -8,7 +8,6 @@ truth, and it is marked ``is_oracle`` in every output.
 
 from __future__ import annotations
 
-from abc import ABC
 from collections.abc import Callable
 
 from evalstop_trl.coordinator import Coordinator
@@ -26,7 +25,7 @@ TENANT = "platform"
 _JOB_TYPES = {"lora_sft": JobType.LORA_SFT, "dpo": JobType.DPO, "rlhf_ppo": JobType.PPO, "rlhf_grpo": JobType.GRPO}
 
 
-class Overlay(ABC):
+class Overlay:
     """Watches jobs' evals and may stop them. The default does nothing (the base scheduler alone)."""
 
     name = "none"

@@ -75,7 +75,8 @@ def markdown_report(res: dict[str, Any]) -> str:
         f"{res['config']['workload']['load']}). Intervals are 95% bootstrap intervals over seeds; the p-value is a "
         "paired sign-flip permutation test on per-seed mean JCT of the completed jobs.",
         "",
-        "## Headline: EvalStop (decline, k=%d) + %s vs %s alone" % (res["config"]["overlay"]["evalstop"]["k"], h["scheduler"], h["scheduler"]),
+        f"## Headline: EvalStop (decline, k={res['config']['overlay']['evalstop']['k']}) + {h['scheduler']} "
+        f"vs {h['scheduler']} alone",
         "",
         "| metric | measured | 95% interval | paper |",
         "|---|---|---|---|",
@@ -90,7 +91,7 @@ def markdown_report(res: dict[str, Any]) -> str:
         f"| FPR (definition A, label) | {rate(h['fpr_label'])} | | |",
         f"| p-value, completed-jobs JCT | {h['p_value']:.2g} | | < 0.05 |",
         "",
-        "## Baselines (on %s)" % h["scheduler"],
+        "## Baselines (on {})".format(h["scheduler"]),
         "",
         "| overlay | precision | recall | FPR (B) | FPR (A) | completed-jobs JCT | GPU-hours | paper |",
         "|---|---|---|---|---|---|---|---|",

@@ -76,7 +76,7 @@ def live_platform() -> None:
             procs.append((tenant, preset, seed, job_id, subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})))
         results = []
-        for tenant, preset, seed, job_id, p in procs:
+        for tenant, _preset, seed, job_id, p in procs:
             out, _ = p.communicate(timeout=600)
             line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
             if p.returncode != 0 or line is None:

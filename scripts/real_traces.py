@@ -104,7 +104,7 @@ def main() -> int:
     print(f"{len(paths)} real traces ({sum(r['hacked'] for r in res['runs'])} hacked by the gold-curve rule):")
     for r in res["runs"]:
         print(f"  {r['name']:<24} {'hacked' if r['hacked'] else 'healthy':<8} final gold {r['gold_end']:.3f}")
-    print(f"\n| detector | precision (B) | recall | FPR (B) | FPR (A) | precision (A) |\n|---|---|---|---|---|---|")
+    print("\n| detector | precision (B) | recall | FPR (B) | FPR (A) | precision (A) |\n|---|---|---|---|---|---|")
     for t in res["table"]:
         print(f"| {t['detector']} | {fmt(t['precision'])} | {fmt(t['recall'])} | {fmt(t['fpr'])} | "
               f"{fmt(t['fpr_label'])} | {fmt(t['precision_label'])} |")

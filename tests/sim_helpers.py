@@ -31,5 +31,5 @@ def job(job_id, gpus, arrival_h, duration_h, est_h=None, scores=(0.1, 0.2, 0.3, 
 
 
 def workload(*jobs, seed=0):
-    specs, truths = zip(*jobs)
+    specs, truths = zip(*jobs, strict=False)
     return Workload(tuple(specs), tuple(truths), len(truths[0].scores), seed)

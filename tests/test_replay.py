@@ -19,17 +19,17 @@ def write(tmp_path, fmt, steps, scores, metric="eval_gold", extra=None):
     extra = extra or {}
     if fmt == "trainer_state":
         log = []
-        for s, v in zip(steps, scores):
+        for s, v in zip(steps, scores, strict=False):
             log.append({"step": s, "loss": 1.0 / (s + 1), "learning_rate": 1e-4})
             log.append({"step": s, metric: v, "eval_runtime": 0.1, "epoch": s / 100, **extra})
         p = tmp_path / "trainer_state.json"
         p.write_text(json.dumps({"max_steps": max(steps), "log_history": log}))
     elif fmt == "csv":
         p = tmp_path / "curve.csv"
-        p.write_text("step," + metric + "\n" + "".join(f"{s},{v}\n" for s, v in zip(steps, scores)))
+        p.write_text("step," + metric + "\n" + "".join(f"{s},{v}\n" for s, v in zip(steps, scores, strict=False)))
     else:
         p = tmp_path / "curve.jsonl"
-        p.write_text("".join(json.dumps({"step": s, metric: v}) + "\n" for s, v in zip(steps, scores)))
+        p.write_text("".join(json.dumps({"step": s, metric: v}) + "\n" for s, v in zip(steps, scores, strict=False)))
     return p
 
 

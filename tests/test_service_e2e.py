@@ -16,8 +16,6 @@ import pytest
 from evalstop_trl import Coordinator, MemoryStore, SQLiteStore
 from evalstop_trl.client import EvalStopClient
 
-from .conftest import Server
-
 pytestmark = pytest.mark.slow
 
 HACKED = [0.2, 0.5, 0.7, 0.65, 0.6, 0.5]

@@ -46,7 +46,7 @@ def test_engine_invariants(seed, scheduler, overlay, pack, load):
     sim, res = run(wl, cfg, scheduler, overlay, CheckedSimulation)
     assert sim.max_in_use <= 64
     assert len(res.outcomes) == 40 and sim.departed == 40
-    for o, spec, truth in zip(res.outcomes, wl.jobs, wl.truths):
+    for o, spec, truth in zip(res.outcomes, wl.jobs, wl.truths, strict=False):
         assert o.completed != o.stopped  # departed exactly once, one way
         assert o.departure_s >= o.first_start_s >= o.arrival_s
         if o.completed:

@@ -30,9 +30,9 @@ def test_shares_hack_fraction_and_labels():
     wl = generate_workload(cfg, 0)
     types = np.array([j.job_type for j in wl.jobs])
     assert np.mean(types == "rlhf_ppo") == pytest.approx(0.4, abs=0.03)
-    rlhf = [t for j, t in zip(wl.jobs, wl.truths) if j.rlhf]
+    rlhf = [t for j, t in zip(wl.jobs, wl.truths, strict=False) if j.rlhf]
     assert np.mean([t.hacked for t in rlhf]) == pytest.approx(0.47, abs=0.03)
-    for j, t in zip(wl.jobs, wl.truths):
+    for j, t in zip(wl.jobs, wl.truths, strict=False):
         if t.kind is CurveKind.HACKED:
             assert t.hacked and 0.2 <= t.peak_progress <= 0.55
         else:
@@ -48,7 +48,7 @@ def test_offered_load_matches_config():
     cfg = load_config().replace(**{"workload.n_jobs": 5000})
     wl = generate_workload(cfg, 0)
     span = wl.jobs[-1].arrival_s
-    gpu_s = sum(j.gpus * t.duration_s for j, t in zip(wl.jobs, wl.truths))
+    gpu_s = sum(j.gpus * t.duration_s for j, t in zip(wl.jobs, wl.truths, strict=False))
     assert gpu_s / (span * 64) == pytest.approx(0.72, rel=0.05)
 
 
