@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .detectors import Action, Decision, Detector, Observation
 from .errors import Conflict, InvalidInput, NotFound, Unauthorized
@@ -123,8 +123,7 @@ class _Live:
 StopListener = Callable[[JobRecord, Decision], None]
 
 
-@dataclass(frozen=True, slots=True)
-class PendingReport:
+class PendingReport(NamedTuple):
     """A decided report whose write may not be durable yet (see :meth:`Coordinator.submit_report`)."""
 
     tenant: str
@@ -327,6 +326,12 @@ class Coordinator:
             decision = live.detector.observe(obs)
             status = record.status
             stopped = False
+            if status is JobStatus.RUNNING and decision.action is Action.CONTINUE:  # the hot path
+                ticket = self.store.add_report(tenant, job_id, rep)
+                live.reports[step] = rep
+                live.last_step = step
+                live.decision = decision
+                return PendingReport(tenant, job_id, decision, ticket, None)
             if status in _TERMINAL:
                 ticket = self.store.add_report(tenant, job_id, rep)  # recorded, changes nothing
             elif decision.action is Action.STOP:

@@ -69,6 +69,13 @@ def _check_finite(name: str, value: float | None) -> None:
         raise ValueError(f"{name} must be finite, but got {value!r}; report None for a missing value.")
 
 
+def _all_finite_floats(*values: float | None) -> bool:
+    for v in values:
+        if v is not None and (type(v) is not float or v - v != 0.0):
+            return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class Observation:
     """What a detector may see about one report of one job."""
@@ -82,8 +89,11 @@ class Observation:
     progress: float | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
-            raise ValueError(f"step must be a non-negative integer, but got {self.step!r}.")
+        if type(self.step) is not int or self.step < 0:
+            if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
+                raise ValueError(f"step must be a non-negative integer, but got {self.step!r}.")
+        if _all_finite_floats(self.eval_score, self.train_loss, self.proxy_reward, self.progress):
+            return  # the hot path: every number a finite float (or None)
         _check_finite("eval_score", self.eval_score)
         _check_finite("train_loss", self.train_loss)
         _check_finite("proxy_reward", self.proxy_reward)
@@ -161,10 +171,12 @@ class Detector(ABC):
         """Take one observation and return the decision after it."""
         if self._stopped is not None:
             return self._stopped
-        if obs.eval_score is not None and (
-            self.best_score is None or is_better(obs.eval_score, self.best_score, self.direction)
+        score = obs.eval_score
+        if score is not None and (
+            self.best_score is None
+            or (score > self.best_score if self.direction == "max" else score < self.best_score)
         ):
-            self.best_step, self.best_score = obs.step, obs.eval_score
+            self.best_step, self.best_score = obs.step, score
         decision = self._observe(obs)
         if decision.action is Action.STOP:
             self._stopped = decision
@@ -207,6 +219,7 @@ class DeclineDetector(Detector):
         self.min_delta = _check_delta(min_delta)
         self.count = 0
         self._run: list[tuple[int, float]] = []  # the current run of declining evals, with its start
+        self._reasons = [f"{c} consecutive decline(s) of {self.k}" for c in range(self.k)]
 
     def _observe(self, obs: Observation) -> Decision:
         score = obs.eval_score
@@ -228,7 +241,8 @@ class DeclineDetector(Detector):
                 k=self.k,
                 min_delta=self.min_delta,
             )
-        return self._continue(f"{self.count} consecutive decline(s) of {self.k}", declines=self.count)
+        return Decision(Action.CONTINUE, self._reasons[self.count], self.best_step, self.best_score,
+                        {"declines": self.count})
 
 
 class PatienceDetector(Detector):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from evalstop_trl.coordinator import Coordinator
+from evalstop_trl.detectors import Action
 from evalstop_trl.models import JobType, Policy
 from evalstop_trl.store import MemoryStore
 
@@ -57,7 +58,7 @@ class CoordinatorOverlay(Overlay):
         self.policy = policy
         self.rlhf_only = rlhf_only
         self.coordinator: Coordinator | None = None
-        self._watched: set[int] = set()
+        self._watched: dict[int, str] = {}  # job id -> the coordinator's job id
 
     def attach(self, clock, n_evals):
         self.coordinator = Coordinator(MemoryStore(), clock=clock, default_policy=self.policy)
@@ -69,15 +70,13 @@ class CoordinatorOverlay(Overlay):
         self.coordinator.register_job(
             TENANT, str(job.job_id), _JOB_TYPES.get(job.job_type, JobType.OTHER), planned_steps=self.n_evals
         )
-        self._watched.add(job.job_id)
+        self._watched[job.job_id] = str(job.job_id)
 
     def on_eval(self, job, step, score, loss, proxy):
-        if job.job_id not in self._watched:
+        name = self._watched.get(job.job_id)
+        if name is None:
             return False
-        decision = self.coordinator.report(
-            TENANT, str(job.job_id), step, eval_score=score, train_loss=loss, proxy_reward=proxy
-        )
-        return decision.stop
+        return self.coordinator.report(TENANT, name, step, score, loss, proxy).action is Action.STOP
 
 
 class EvalStopOverlay(CoordinatorOverlay):

@@ -168,10 +168,19 @@ DIST_WORKER = Path(__file__).with_name("dist_worker.py")
 
 
 def test_two_processes_stop_together(tmp_path):
+    import signal
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-         str(DIST_WORKER), str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+         str(DIST_WORKER), str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:  # a hang: take the whole process group down, workers included
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
     steps = sorted((tmp_path / f"rank{r}.txt").read_text() for r in (0, 1))
     assert steps[0] == steps[1] == "stopped at 12"
