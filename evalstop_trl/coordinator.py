@@ -44,6 +44,8 @@ __all__ = ["Coordinator", "JobView", "hash_token"]
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
 MAX_STEP = 2**53
 _TERMINAL = frozenset({JobStatus.STOPPED, JobStatus.FINISHED, JobStatus.FAILED})
+# Enum members bound once: looking them up on the class is slow, and this is the report hot path.
+_RUNNING, _PENDING, _CONTINUE = JobStatus.RUNNING, JobStatus.PENDING, Action.CONTINUE
 
 
 def hash_token(token: str) -> str:
@@ -110,10 +112,11 @@ class JobView:
 class _Live:
     """In-memory state of one job: its record, its detector and its reports by step."""
 
-    __slots__ = ("record", "detector", "reports", "last_step", "decision")
+    __slots__ = ("record", "detector", "reports", "last_step", "decision", "job_type")
 
     def __init__(self, record: JobRecord, detector: Detector) -> None:
         self.record = record
+        self.job_type = record.job_type.value
         self.detector = detector
         self.reports: dict[int, Report] = {}
         self.last_step: int | None = None
@@ -276,7 +279,10 @@ class Coordinator:
                checkpoint: str | None = None) -> Decision:
         """Record one report (durably, before returning) and return the job's decision."""
         pending = self.submit_report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
-        self.complete(pending)
+        if pending.stopped is not None or not pending.ticket.done:
+            self.complete(pending)
+        elif pending.ticket.error is not None:  # pragma: no cover - a resolved failed write
+            self.complete(pending)
         return pending.decision
 
     def complete(self, pending: PendingReport) -> None:
@@ -304,8 +310,10 @@ class Coordinator:
             live = self._get(tenant, job_id)
             record = live.record
             rep = Report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock())
+            planned = record.planned_steps
             try:
-                obs = self._observation(record, rep)
+                obs = Observation(job_id, step, eval_score, train_loss, proxy_reward, live.job_type,
+                                  step / planned if planned else None)
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from None
             if step > MAX_STEP:
@@ -326,7 +334,7 @@ class Coordinator:
             decision = live.detector.observe(obs)
             status = record.status
             stopped = False
-            if status is JobStatus.RUNNING and decision.action is Action.CONTINUE:  # the hot path
+            if status is _RUNNING and decision.action is _CONTINUE:  # the hot path
                 ticket = self.store.add_report(tenant, job_id, rep)
                 live.reports[step] = rep
                 live.last_step = step

@@ -31,9 +31,9 @@ import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "Action",
@@ -60,6 +60,9 @@ class Action(str, Enum):
     STOP = "stop"
 
 
+_CONTINUE = Action.CONTINUE  # bound once: Enum member lookups are slow on the hot path
+
+
 def _check_finite(name: str, value: float | None) -> None:
     if value is None or (type(value) is float and value - value == 0.0):  # fast path: finite float
         return
@@ -76,10 +79,7 @@ def _all_finite_floats(*values: float | None) -> bool:
     return True
 
 
-@dataclass(frozen=True, slots=True)
-class Observation:
-    """What a detector may see about one report of one job."""
-
+class _ObservationFields(NamedTuple):
     job_id: str
     step: int
     eval_score: float | None = None
@@ -88,29 +88,45 @@ class Observation:
     job_type: str = "rlhf"
     progress: float | None = None
 
-    def __post_init__(self) -> None:
-        if type(self.step) is not int or self.step < 0:
-            if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
-                raise ValueError(f"step must be a non-negative integer, but got {self.step!r}.")
-        if _all_finite_floats(self.eval_score, self.train_loss, self.proxy_reward, self.progress):
-            return  # the hot path: every number a finite float (or None)
-        _check_finite("eval_score", self.eval_score)
-        _check_finite("train_loss", self.train_loss)
-        _check_finite("proxy_reward", self.proxy_reward)
-        _check_finite("progress", self.progress)
-        if self.progress is not None and self.progress < 0:
-            raise ValueError(f"progress must be >= 0, but got {self.progress!r}.")
+
+class Observation(_ObservationFields):
+    """What a detector may see about one report of one job (immutable; validated on creation).
+
+    A NamedTuple rather than a dataclass: one is built per report, on the simulator's hot path."""
+
+    __slots__ = ()
+
+    def __new__(cls, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
+                proxy_reward: float | None = None, job_type: str = "rlhf", progress: float | None = None):
+        if type(step) is not int or step < 0:
+            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+                raise ValueError(f"step must be a non-negative integer, but got {step!r}.")
+        if not _all_finite_floats(eval_score, train_loss, proxy_reward, progress):
+            _check_finite("eval_score", eval_score)
+            _check_finite("train_loss", train_loss)
+            _check_finite("proxy_reward", proxy_reward)
+            _check_finite("progress", progress)
+        if progress is not None and progress < 0:
+            raise ValueError(f"progress must be >= 0, but got {progress!r}.")
+        return tuple.__new__(cls, (job_id, step, eval_score, train_loss, proxy_reward, job_type, progress))
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A detector's answer: the action, a sentence saying why, the best checkpoint so far."""
+_NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
 
+
+class _DecisionFields(NamedTuple):
     action: Action
     reason: str
     best_step: int | None = None
     best_score: float | None = None
-    evidence: Mapping[str, Any] = field(default_factory=dict)
+    evidence: Mapping[str, Any] = _NO_EVIDENCE
+
+
+class Decision(_DecisionFields):
+    """A detector's answer: the action, a sentence saying why, the best checkpoint so far, and the
+    numbers used (``evidence``). Immutable."""
+
+    __slots__ = ()
 
     @property
     def stop(self) -> bool:
@@ -178,7 +194,7 @@ class Detector(ABC):
         ):
             self.best_step, self.best_score = obs.step, score
         decision = self._observe(obs)
-        if decision.action is Action.STOP:
+        if decision.action is not _CONTINUE:
             self._stopped = decision
         return decision
 
@@ -241,7 +257,7 @@ class DeclineDetector(Detector):
                 k=self.k,
                 min_delta=self.min_delta,
             )
-        return Decision(Action.CONTINUE, self._reasons[self.count], self.best_step, self.best_score,
+        return Decision(_CONTINUE, self._reasons[self.count], self.best_step, self.best_score,
                         {"declines": self.count})
 
 
