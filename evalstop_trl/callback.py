@@ -41,6 +41,7 @@ import os
 import random
 import shutil
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,9 @@ REWARD_KEYS = ("reward", "rewards/mean", "objective/scores", "objective/rlhf_rew
                "rewards/chosen")
 LOSS_KEYS = ("loss", "train_loss")
 
-_LIVE: list[EvalStopCallback] = []  # instances created by users, for restoring from a checkpoint
+# Callbacks created by users (weakly held), so that one rebuilt by transformers from a checkpoint's
+# JSON state can take back the world-feedback callable, which JSON cannot carry.
+_LIVE: list[weakref.ref[EvalStopCallback]] = []
 
 
 class EvalStopCallback(TrainerCallback, ExportableState):
@@ -105,7 +108,8 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         **detector_params: Any,
     ) -> None:
         if world_feedback is None and _restored:
-            donor = next((c for c in reversed(_LIVE) if c.job_id in (None, job_id)), None)
+            alive = [c for c in (r() for r in _LIVE) if c is not None]
+            donor = next((c for c in reversed(alive) if c.job_id in (None, job_id)), None)
             if donor is None:
                 raise ValueError("EvalStopCallback: cannot restore from a checkpoint without a live callback; "
                                  "pass callbacks=[EvalStopCallback(world_feedback, ...)] to the trainer again.")
@@ -143,7 +147,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         self._last_reward: float | None = None
         self._is_main = True
         if not _restored:
-            _LIVE.append(self)
+            _LIVE[:] = [r for r in _LIVE if r() is not None] + [weakref.ref(self)]
 
     # ------------------------------------------------------------------ ExportableState
     def state(self) -> dict[str, Any]:

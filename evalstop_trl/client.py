@@ -183,8 +183,9 @@ class EvalStopClient:
         order = {}
         for e in self._outbox:
             order.setdefault(e["job_id"], len(order))
-        self._outbox.sort(key=lambda e: (_FAIL_OPEN[e["op"]] == 0 and -1 or order[e["job_id"]],
-                                         _FAIL_OPEN[e["op"]], e.get("body", {}).get("step", 0)))
+        # registrations first, then each job's operations in order: reports by step, then ack, finish
+        self._outbox.sort(key=lambda e: (-1 if e["op"] == "register" else order[e["job_id"]],
+                                         _FAIL_OPEN[e["op"]], (e.get("body") or {}).get("step", 0)))
         last = None
         sent = 0
         try:

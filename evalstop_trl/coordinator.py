@@ -279,10 +279,9 @@ class Coordinator:
                checkpoint: str | None = None) -> Decision:
         """Record one report (durably, before returning) and return the job's decision."""
         pending = self.submit_report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
-        if pending.stopped is not None or not pending.ticket.done:
-            self.complete(pending)
-        elif pending.ticket.error is not None:  # pragma: no cover - a resolved failed write
-            self.complete(pending)
+        ticket = pending.ticket
+        if pending.stopped is not None or not ticket.done or ticket.error is not None:
+            self.complete(pending)  # waits, raises a store error, runs the stop listeners
         return pending.decision
 
     def complete(self, pending: PendingReport) -> None:

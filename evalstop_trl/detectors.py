@@ -31,8 +31,8 @@ import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from types import MappingProxyType
 from enum import Enum
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 __all__ = [

@@ -309,10 +309,7 @@ class SQLiteStore(Store):
                     ticket._resolve()
 
     def _write(self, op: Callable[[sqlite3.Connection], None]) -> None:
-        ticket = self._submit(op)
-        ticket.wait()
-        if ticket.error is not None:  # pragma: no cover - wait() raised already
-            raise ticket.error
+        self._submit(op).wait()
 
     def _read(self, query: str, args: tuple = ()) -> list[tuple]:
         with self._read_lock:

@@ -120,7 +120,7 @@ def test_resume_keeps_the_decline_count(tmp_path):
         live.on_step_end(_Args(tmp_path), _State(step), _Control(), model=model)
     saved = live.state()
     # a new process: the user passes a fresh callback; transformers rebuilds it from the saved state
-    EvalStopCallback(lambda m, t: next(scores), eval_every=10, coordinator=Coordinator(MemoryStore()))
+    fresh = EvalStopCallback(lambda m, t: next(scores), eval_every=10, coordinator=Coordinator(MemoryStore()))  # noqa: F841 - held, as a trainer holds it
     restored = EvalStopCallback(**saved["args"])
     for k, v in saved["attributes"].items():
         setattr(restored, k, v)
