@@ -67,6 +67,21 @@ def _env_int(name: str, default: int) -> int:
         raise CLIError(f"{name} must be an integer port number, got {raw!r}") from None
 
 
+def _tune_gc() -> None:
+    """Keep the cyclic garbage collector out of the report latency tail.
+
+    The coordinator keeps every job's reports in memory; with CPython's default thresholds the
+    collector runs every 700 allocations and its full passes over that state stalled the event loop:
+    the p99 of paced reports in scripts/load_test.py fell from 102-155 ms to 30-61 ms with this.
+    The state loaded at start-up is frozen (never scanned again) and young collections run 100x
+    less often; request garbage is mostly freed by reference counting anyway."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(70_000, 50, 1000)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -81,6 +96,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise CLIError(f"port must be in 0..65535, got {port}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     coord = _open_coordinator(path)
+    _tune_gc()
     print(f"evalstop serving {path} on http://{host}:{port} (API under /v1, docs at /docs)", flush=True)
     uvicorn.run(create_app(coord), host=host, port=port, log_level=args.log_level, access_log=False,
                 timeout_keep_alive=30)  # training jobs report every few seconds: keep their connections
