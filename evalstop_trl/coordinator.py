@@ -167,7 +167,7 @@ class Coordinator:
     def _load(self, record: JobRecord) -> _Live:
         live = _Live(record, record.policy.build())
         for rep in self.store.reports(record.tenant, record.job_id):
-            live.decision = live.detector.observe(self._observation(record, rep))
+            live.decision = live.detector.observe(self._observation(live, rep))
             live.reports[rep.step] = rep
             live.last_step = rep.step
         return live
@@ -267,12 +267,11 @@ class Coordinator:
         return view, True
 
     @staticmethod
-    def _observation(record: JobRecord, rep: Report) -> Observation:
-        progress = rep.step / record.planned_steps if record.planned_steps else None
-        return Observation(
-            job_id=record.job_id, step=rep.step, eval_score=rep.eval_score, train_loss=rep.train_loss,
-            proxy_reward=rep.proxy_reward, job_type=record.job_type.value, progress=progress,
-        )
+    def _observation(live: _Live, rep: Report) -> Observation:
+        """What the detector may see of one report (raises ValueError for non-finite numbers)."""
+        planned = live.record.planned_steps
+        return Observation(live.record.job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
+                           live.job_type, rep.step / planned if planned else None)
 
     def report(self, tenant: str, job_id: str, step: int, eval_score: float | None = None,
                train_loss: float | None = None, proxy_reward: float | None = None,
@@ -309,10 +308,8 @@ class Coordinator:
             live = self._get(tenant, job_id)
             record = live.record
             rep = Report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock())
-            planned = record.planned_steps
             try:
-                obs = Observation(job_id, step, eval_score, train_loss, proxy_reward, live.job_type,
-                                  step / planned if planned else None)
+                obs = self._observation(live, rep)
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from None
             if step > MAX_STEP:

@@ -11,7 +11,6 @@ Imports torch, transformers and trl: keep this module out of the coordinator's i
 
 from __future__ import annotations
 
-import math
 import random
 import string
 import time
@@ -147,10 +146,6 @@ def label_trace(golds: list[float], min_drop: float = 0.05) -> bool:
         return False
     peak = max(range(len(golds)), key=lambda i: (golds[i], -i))
     return peak < len(golds) - 1 and golds[peak] - golds[-1] >= min_drop
-
-
-def is_finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 TRAINERS = ("grpo", "rloo", "dpo", "online_dpo", "sft")

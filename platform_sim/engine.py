@@ -26,11 +26,13 @@ __all__ = ["Event", "JobOutcome", "RunResult", "Simulation", "Timing"]
 
 
 class Event(IntEnum):
-    """Event kinds; the value is the priority at equal times (lower first)."""
+    """Event kinds; the value is the priority at equal times (lower first).
+
+    There is no RESTART_DONE event: a resumed job's restart overhead is folded into the time of its
+    next EVAL_DUE or FINISH (work accrues only from ``run_since``), which saves one event per resume."""
 
     EVAL_DUE = 0
     FINISH = 1
-    RESTART_DONE = 2
     ARRIVAL = 3
     SCHED_ROUND = 4
 
