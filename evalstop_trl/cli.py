@@ -83,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CLIError as exc:
         print(f"evalstop {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"evalstop {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -104,7 +104,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from .client import ClientError, EvalStopClient
+    from .client import EvalStopClient
+    from .errors import EvalStopError
 
     url = args.url or os.environ.get("EVALSTOP_URL", "http://127.0.0.1:8765")
     token = args.token or os.environ.get("EVALSTOP_TOKEN")
@@ -113,12 +114,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     client = EvalStopClient(url, token, retries=0)
     try:
         jobs = [client.status(args.job_id)] if args.job_id else client.list_jobs()
-    except ClientError as exc:
+    except EvalStopError as exc:  # a refusal (4xx) or an unreachable coordinator
         raise CLIError(str(exc)) from None
     finally:
         client.close()
-    if client.unreachable:
-        raise CLIError(f"coordinator at {url} is unreachable")
     if args.json:
         print(json.dumps([j.to_dict() for j in jobs]))
         return 0

@@ -160,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"platform-sim {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an output path that cannot be written, a trace that cannot be read
+        print(f"platform-sim {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -38,6 +38,9 @@ def test_end_to_end_with_cli(server):
     bad = subprocess.run([sys.executable, "-m", "evalstop_trl", "status", "--url", server.url, "--token", "nope"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "401" in bad.stderr
+    down = subprocess.run([sys.executable, "-m", "evalstop_trl", "status", "--url", "http://127.0.0.1:9", "--token", "x"],
+                          capture_output=True, text=True)
+    assert down.returncode == 2 and "unreachable" in down.stderr and "Traceback" not in down.stderr
 
 
 def test_sigkill_mid_stream_loses_nothing_acknowledged(server):

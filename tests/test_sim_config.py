@@ -67,3 +67,9 @@ def test_shipped_configs_all_load():
 
     for p in sorted(Path(DEFAULT_CONFIG).parent.glob("*.yaml")):
         load_config(p)
+
+
+def test_unwritable_output_is_a_clear_error(tmp_path, capsys):
+    assert main(["run", "--seeds", "1", "--quiet", "--json", str(tmp_path / "no" / "such" / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert "No such file or directory" in err and "Traceback" not in err
