@@ -48,6 +48,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         for k in ("k", "min_delta", "direction", "fraction", "window", "tolerance")
         if getattr(args, k) is not None
     }
+    if args.planned_steps is not None and args.planned_steps < 1:
+        raise CLIError(f"--planned-steps must be a positive number of steps, got {args.planned_steps}")
     try:
         curve = load_curve(args.file, args.metric)
         result = replay_curve(curve, args.detector, planned_steps=args.planned_steps, **params)

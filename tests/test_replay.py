@@ -105,6 +105,7 @@ def test_direction_min_and_other_detectors(tmp_path):
         ("step,a\n1,0.5\n", "c.csv", ["--detector", "nope"], "valid detectors are"),
         ("step,a\n1,0.5\n", "c.csv", ["--k", "0"], "k must be an integer >= 1"),
         ("step,a\n1,0.5\n", "c.csv", ["--detector", "never", "--k", "2"], "Unknown parameter(s) k"),
+        ("step,a\n1,0.5\n", "c.csv", ["--detector", "stop_at", "--planned-steps", "-5"], "--planned-steps must be"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, content, name, argv, message):
