@@ -222,6 +222,8 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             raise ValueError(f"EvalStopCallback: metric {name!r} is not in the evaluation metrics; "
                              f"available: {', '.join(sorted(metrics)) or '(none)'}.")
         value = metrics[name]
+        if hasattr(value, "item") and not isinstance(value, (int, float)):
+            value = value.item()
         if not _finite(value):
             raise ValueError(f"EvalStopCallback: metric {name!r} is {value!r} at step {state.global_step}; "
                              "world feedback must be a finite number.")
@@ -249,6 +251,8 @@ class EvalStopCallback(TrainerCallback, ExportableState):
                 model.train(was_training)
                 random.setstate(py_state)
                 np.random.set_state(np_state)
+        if hasattr(score, "item") and not isinstance(score, (int, float)):
+            score = score.item()  # a numpy or torch scalar
         if not _finite(score):
             raise ValueError(f"EvalStopCallback: world_feedback returned {score!r}; it must return a finite number.")
         return float(score)

@@ -131,6 +131,18 @@ def test_resume_keeps_the_decline_count(tmp_path):
     assert restored.best_step == 20
 
 
+def test_world_feedback_may_return_tensor_scalars_but_not_nan(tmp_path):
+    values = iter([torch.tensor(0.5), torch.tensor(float("nan"))])
+    cb = EvalStopCallback(lambda m, t: next(values), eval_every=1, coordinator=Coordinator(MemoryStore()),
+                          job_id="t", save_best=False)
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    model = torch.nn.Linear(1, 1)
+    cb.on_step_end(_Args(tmp_path), _State(1), _Control(), model=model)
+    assert cb.best_score == 0.5
+    with pytest.raises(ValueError, match="world_feedback returned nan; it must return a finite number"):
+        cb.on_step_end(_Args(tmp_path), _State(2), _Control(), model=model)
+
+
 def test_metric_mode_and_missing_metric(tmp_path):
     cb = EvalStopCallback("eval_reward", coordinator=Coordinator(MemoryStore()), job_id="m", save_best=False)
     cb.on_train_begin(_Args(tmp_path), _State(), _Control())
