@@ -131,13 +131,15 @@ ENDPOINTS = [
 def test_cross_tenant_access_is_404_for_every_endpoint(api, method, path, body):
     api.post("/v1/jobs", json={"job_id": "secret"}, headers=api.h["alice"])
     api.post("/v1/jobs/secret/reports", json={"step": 1, "eval_score": 0.5}, headers=api.h["alice"])
-    api.post("/v1/jobs/secret/stop", json={"reason": "x"}, headers=api.h["alice"]) if path.endswith("ack") else None
+    if path.endswith("ack"):  # a stopped job, so that an ack by its owner would be legal
+        api.post("/v1/jobs/secret/stop", json={"reason": "x"}, headers=api.h["alice"])
     r = api.request(method, path, json=body, headers=api.h["bob"])
     assert r.status_code == 404 and "no job 'secret' for tenant 'bob'" in r.json()["detail"]
     assert api.get("/v1/jobs", headers=api.h["bob"]).json() == []
     assert api.get("/v1/audit", headers=api.h["bob"]).json() == []
     alice = api.get("/v1/jobs/secret", headers=api.h["alice"]).json()
-    assert alice["n_reports"] == 1  # untouched by bob
+    assert alice["n_reports"] == 1 and not alice["acked"]  # untouched by bob
+    assert alice["status"] == ("stopped" if path.endswith("ack") else "running")
 
 
 def test_revoked_token(api, tmp_path):
