@@ -40,7 +40,7 @@ from .detectors import Action, Decision
 from .errors import EvalStopError
 from .models import Report
 
-__all__ = ["ClientError", "EmbeddedClient", "EvalStopClient"]
+__all__ = ["ClientError", "EmbeddedClient", "EvalStopClient", "free_loopback_port", "wait_until_healthy"]
 
 log = logging.getLogger("evalstop.client")
 
@@ -334,3 +334,30 @@ class EmbeddedClient:
 
     def close(self) -> None:
         self.coordinator.close()
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for starting a local `evalstop serve`)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_healthy(url: str, timeout_s: float = 30.0, process: Any = None) -> bool:
+    """Poll ``url/healthz`` until it answers 200 (True) or ``timeout_s`` passes or ``process``, a
+    ``subprocess.Popen`` of the server, exits (False)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            return False
+        try:
+            if httpx.get(url.rstrip("/") + "/healthz", timeout=0.5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return False

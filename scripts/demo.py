@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,12 +29,6 @@ def banner(text: str) -> None:
     print(f"\n=== {text} ===", flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def evalstop(*args: str) -> str:
     return subprocess.run([PY, "-m", "evalstop_trl", *args], check=True, capture_output=True, text=True).stdout
 
@@ -48,21 +41,17 @@ def reference(preset: str, seed: int) -> list[dict]:
 
 
 def live_platform() -> None:
-    import httpx
+    from evalstop_trl.client import free_loopback_port, wait_until_healthy
 
     db = OUT / "coordinator.db"
-    port = free_port()
+    port = free_loopback_port()
     url = f"http://127.0.0.1:{port}"
     tokens = {t: json.loads(evalstop("tenants", "add", t, "--db", str(db), "--json"))["token"] for t in ("acme", "globex")}
     server = subprocess.Popen([PY, "-m", "evalstop_trl", "serve", "--db", str(db), "--port", str(port)],
                               stdout=open(OUT / "server.log", "w"), stderr=subprocess.STDOUT)
     try:
-        for _ in range(200):
-            try:
-                if httpx.get(url + "/healthz", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        if not wait_until_healthy(url, 30, server):
+            raise SystemExit(f"evalstop serve did not start; see {OUT / 'server.log'}")
         print(f"coordinator on {url} (SQLite {db.relative_to(ROOT)}), tenants acme and globex; "
               f"starting {len(JOBS)} tiny GRPO jobs as separate processes ...", flush=True)
         t0 = time.time()

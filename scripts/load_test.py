@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,11 +24,9 @@ import time
 from datetime import date
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from evalstop_trl.client import free_loopback_port, wait_until_healthy  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -170,23 +167,15 @@ def main() -> int:
         ap.error("--jobs must be in 1..2000 and --reports in 1..10000")
 
     tmp = Path(tempfile.mkdtemp(prefix="evalstop-load-"))
-    db, port = tmp / "coord.db", free_port()
+    db, port = tmp / "coord.db", free_loopback_port()
     token = json.loads(subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "add", "load", "--db", str(db),
                                        "--json"], check=True, capture_output=True, text=True).stdout)["token"]
     server = subprocess.Popen([sys.executable, "-m", "evalstop_trl", "serve", "--db", str(db), "--port", str(port),
                                "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        import httpx
-
-        for _ in range(300):
-            try:
-                if httpx.get(url + "/healthz", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            print("server did not start", file=sys.stderr)
+        if not wait_until_healthy(url, 30, server):
+            print("evalstop serve did not start", file=sys.stderr)
             return 1
         ours = asyncio.run(evalstop_stream("127.0.0.1", port, token, args.jobs, args.reports,
                                            time.monotonic() + args.max_seconds))

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from evalstop_trl.client import free_loopback_port as free_port
+from evalstop_trl.client import wait_until_healthy
 
 
 class Server:
@@ -41,16 +35,9 @@ class Server:
             [sys.executable, "-m", "evalstop_trl", "serve", "--db", str(self.db), "--port", str(self.port),
              "--log-level", "warning"], stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {Path(self.log.name).read_text()}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=0.5).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError("server did not start")
+        if wait_until_healthy(self.url, timeout, self.proc):
+            return self
+        raise RuntimeError(f"server did not start: {Path(self.log.name).read_text()}")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc and self.proc.poll() is None:
