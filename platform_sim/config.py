@@ -281,7 +281,7 @@ def _validate(c: SimConfig) -> None:
     _check(0 < c.overlay.stop_at.fraction <= 1, "overlay.stop_at.fraction", "must be in (0, 1]")
     _check(c.overlay.loss_plateau.window >= 1, "overlay.loss_plateau.window", "must be >= 1")
     try:
-        from evalstop_trl.detectors import create_detector
+        from evalstop_trl.core.detectors import create_detector
 
         create_detector(c.overlay.evalstop.detector, k=c.overlay.evalstop.k, min_delta=c.overlay.evalstop.min_delta)
     except ValueError as exc:

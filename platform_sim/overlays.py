@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from evalstop_trl.coordinator import Coordinator
-from evalstop_trl.detectors import Action
-from evalstop_trl.models import JobType, Policy
-from evalstop_trl.store import MemoryStore
+from evalstop_trl.core.coordinator import Coordinator
+from evalstop_trl.core.detectors import Action
+from evalstop_trl.core.records import JobType, Policy
+from evalstop_trl.stores.memory import MemoryStore
 
 from .config import OverlayConfig
 from .views import JobView

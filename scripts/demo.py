@@ -41,7 +41,7 @@ def reference(preset: str, seed: int) -> list[dict]:
 
 
 def live_platform() -> None:
-    from evalstop_trl.client import free_loopback_port, wait_until_healthy
+    from evalstop_trl.clients.local import free_loopback_port, wait_until_healthy
 
     db = OUT / "coordinator.db"
     port = free_loopback_port()

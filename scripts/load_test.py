@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evalstop_trl.client import free_loopback_port, wait_until_healthy  # noqa: E402
+from evalstop_trl.clients.local import free_loopback_port, wait_until_healthy  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

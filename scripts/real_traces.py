@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evalstop_trl.replay import load_curve, replay_curve  # noqa: E402
-from evalstop_trl.tiny import label_trace  # noqa: E402
+from evalstop_trl.analysis.replay import load_curve, replay_curve  # noqa: E402
+from evalstop_trl.train.tiny import label_trace  # noqa: E402
 
 TRACES = ROOT / "configs" / "traces"
 MAX_STEPS = 300

@@ -48,7 +48,7 @@ def main() -> int:
         if not torch.cuda.is_available():
             ap.error("--device cuda: no CUDA device visible to torch")
 
-    from evalstop_trl.tiny import run_tiny
+    from evalstop_trl.train.tiny import run_tiny
 
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="tiny-rlhf-"))
     job_id = args.job_id or f"{args.tenant}-{args.trainer}-{args.preset}-s{args.seed}"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from evalstop_trl.client import free_loopback_port as free_port
-from evalstop_trl.client import wait_until_healthy
+from evalstop_trl.clients.local import free_loopback_port as free_port
+from evalstop_trl.clients.local import wait_until_healthy
 
 
 class Server:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from evalstop_trl.tiny import run_tiny
+from evalstop_trl.train.tiny import run_tiny
 
 out = Path(sys.argv[1])
 run = run_tiny("sft", "hacked", output_dir=out / "run", max_steps=30, eval_every=6, detector="stop_at", fraction=0.4)

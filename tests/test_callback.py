@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
 from evalstop_trl import Coordinator, MemoryStore  # noqa: E402
-from evalstop_trl.callback import EvalStopCallback  # noqa: E402
-from evalstop_trl.tiny import PRESETS, GoldEval, label_trace, run_tiny  # noqa: E402
+from evalstop_trl.train.callback import EvalStopCallback  # noqa: E402
+from evalstop_trl.train.tiny import PRESETS, GoldEval, label_trace, run_tiny  # noqa: E402
 
 from .conftest import free_port  # noqa: E402
 
@@ -86,7 +86,7 @@ def test_against_a_live_server(server, tmp_path):
     run = run_tiny("grpo", "hacked", output_dir=tmp_path, coordinator=server.url, token=token, job_id="lab-hacked",
                    max_steps=300, eval_every=15)
     assert run.stopped_at is not None and run.stopped_at < 300
-    from evalstop_trl.client import EvalStopClient
+    from evalstop_trl.clients.http import EvalStopClient
 
     with EvalStopClient(server.url, token) as c:
         job = c.status("lab-hacked")

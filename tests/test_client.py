@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from evalstop_trl import Action, Coordinator, MemoryStore
-from evalstop_trl.client import ClientError, EmbeddedClient, EvalStopClient
+from evalstop_trl.clients.embedded import EmbeddedClient
+from evalstop_trl.clients.http import ClientError, EvalStopClient
 
 
 class FakeServer:

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from evalstop_trl import Action, Conflict, Coordinator, InvalidInput, MemoryStore, NotFound, Policy, SQLiteStore
-from evalstop_trl.errors import Unauthorized
-from evalstop_trl.models import AuditKind, JobStatus
+from evalstop_trl.core.errors import Unauthorized
+from evalstop_trl.core.records import AuditKind, JobStatus
 
 
 class FakeClock:
@@ -136,18 +136,18 @@ def test_tenants_are_isolated(make):
 
 def test_tokens(make):
     c = make()
-    token = c.add_tenant("acme")
-    assert c.authenticate(token) == "acme"
+    token = c.tenants.add("acme")
+    assert c.tenants.authenticate(token) == "acme"
     with pytest.raises(Unauthorized):
-        c.authenticate("es_wrong")
+        c.tenants.authenticate("es_wrong")
     with pytest.raises(Unauthorized):
-        c.authenticate(None)
+        c.tenants.authenticate(None)
     with pytest.raises(Conflict):
-        c.add_tenant("acme")
-    c.store.revoke_tenant("acme")
+        c.tenants.add("acme")
+    c.tenants.revoke("acme")
     with pytest.raises(Unauthorized, match="revoked"):
-        c.authenticate(token)
-    assert all(token not in t.token_hash for t in c.store.list_tenants())
+        c.tenants.authenticate(token)
+    assert all(token not in t.token_hash for t in c.tenants.list())
 
 
 def test_state_machine_manual_stop_ack_finish(make):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evalstop_trl.detectors import (
+from evalstop_trl.core.detectors import (
     DETECTORS,
     Action,
     Observation,

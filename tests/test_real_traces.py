@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from evalstop_trl.cli import main
-from evalstop_trl.tiny import label_trace
+from evalstop_trl.train.tiny import label_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted((ROOT / "configs" / "traces").glob("*.jsonl"))

@@ -6,13 +6,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from evalstop_trl import Coordinator, SQLiteStore
-from evalstop_trl.server import create_app
+from evalstop_trl.service.app import create_app
 
 
 @pytest.fixture
 def api(tmp_path):
     coord = Coordinator(SQLiteStore(tmp_path / "api.db"))
-    tokens = {name: coord.add_tenant(name) for name in ("alice", "bob")}
+    tokens = {name: coord.tenants.add(name) for name in ("alice", "bob")}
     with TestClient(create_app(coord)) as tc:
         tc.tokens = tokens
         tc.h = {name: {"Authorization": f"Bearer {tok}"} for name, tok in tokens.items()}
@@ -143,7 +143,7 @@ def test_cross_tenant_access_is_404_for_every_endpoint(api, method, path, body):
 
 
 def test_revoked_token(api, tmp_path):
-    api.app.state.coordinator.store.revoke_tenant("bob")
+    api.app.state.coordinator.tenants.revoke("bob")
     r = api.get("/v1/jobs", headers=api.h["bob"])
     assert r.status_code == 401 and "revoked" in r.json()["detail"]
 

@@ -7,10 +7,10 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from evalstop_trl import Coordinator, MemoryStore
-from evalstop_trl.server import create_app
+from evalstop_trl.service.app import create_app
 
 coordinator = Coordinator(MemoryStore())
-TOKEN = coordinator.add_tenant("fuzz")
+TOKEN = coordinator.tenants.add("fuzz")
 coordinator.register_job("fuzz", "a", "grpo", planned_steps=100)
 app = create_app(coordinator, enforce=False, webhooks=False)
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)

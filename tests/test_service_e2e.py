@@ -14,7 +14,7 @@ import time
 import pytest
 
 from evalstop_trl import Coordinator, MemoryStore, SQLiteStore
-from evalstop_trl.client import EvalStopClient
+from evalstop_trl.clients.http import EvalStopClient
 
 pytestmark = pytest.mark.slow
 
@@ -125,8 +125,8 @@ def test_outage_does_not_block_training_and_loses_nothing(server, tmp_path):
 CHILD = textwrap.dedent(
     """
     import os, signal, sys, time
-    from evalstop_trl.actions import process_start_time
-    from evalstop_trl.client import EvalStopClient
+    from evalstop_trl.clients.local import process_start_time
+    from evalstop_trl.clients.http import EvalStopClient
     url, token, ignore_term = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     if ignore_term:
         signal.signal(signal.SIGTERM, lambda *a: print("got SIGTERM, ignoring", flush=True))

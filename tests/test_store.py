@@ -13,7 +13,7 @@ import time
 import pytest
 
 from evalstop_trl import Coordinator, SQLiteStore
-from evalstop_trl.store import SCHEMA_VERSION
+from evalstop_trl.stores.sqlite import SCHEMA_VERSION
 
 
 def test_wal_and_schema_version(tmp_path):

@@ -1,13 +1,8 @@
-"""Stores: where the coordinator's state lives. The store is the source of truth.
+"""SQLiteStore: the embedded default, one file, WAL mode, ``synchronous=FULL``.
 
-Both stores have the same interface. All writes that belong together go through one
-:meth:`commit` call, which is atomic: a job's new state, the report that caused it and the audit
-records it produced are written together or not at all.
-
-* :class:`SQLiteStore` — one file, WAL mode, ``synchronous=FULL``: when :meth:`commit` returns, the
-  data is on disk (a SIGKILL of the process right after loses nothing). Schema versioned in the
-  ``schema_version`` table.
-* :class:`MemoryStore` — the same in dicts, for the simulator and unit tests.
+When a write's future resolves, the data is on disk (a SIGKILL of the process right after loses
+nothing). One writer thread commits whatever is queued in one transaction (group commit): many
+concurrent reports share one fsync. Schema versioned in the ``schema_version`` table.
 """
 
 from __future__ import annotations
@@ -15,165 +10,18 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future
 from pathlib import Path
 
-from .detectors import Decision
-from .errors import Conflict
-from .models import AuditKind, AuditRecord, JobRecord, JobStatus, JobType, Policy, Report
+from ..core.detectors import Decision
+from ..core.errors import Conflict
+from ..core.records import AuditKind, AuditRecord, JobRecord, JobStatus, JobType, Policy, Report, TenantRecord
+from ..core.store import Store, StoreError, Ticket, wait_durable
 
-__all__ = ["MemoryStore", "SQLiteStore", "Store", "StoreError", "TenantRecord", "Ticket", "SCHEMA_VERSION"]
+__all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 SCHEMA_VERSION = 1
-
-
-class StoreError(RuntimeError):
-    """A write could not be made durable (disk full, I/O error, store closed)."""
-
-
-class Ticket:
-    """A pending write; :meth:`wait` returns once it is durable or raises :class:`StoreError`."""
-
-    __slots__ = ("_event", "error", "_callbacks", "_lock")
-
-    def __init__(self, event: threading.Event | None = None) -> None:
-        self._event = event
-        self.error: BaseException | None = None
-        self._callbacks: list[Callable[[Ticket], None]] = []
-        self._lock = threading.Lock()
-
-    @property
-    def done(self) -> bool:
-        return self._event is None or self._event.is_set()
-
-    def add_done_callback(self, fn: Callable[[Ticket], None]) -> None:
-        """Call ``fn(ticket)`` once the write is durable or failed (at once if it already is)."""
-        with self._lock:
-            if not self.done:
-                self._callbacks.append(fn)
-                return
-        fn(self)
-
-    def _resolve(self, error: BaseException | None = None) -> None:
-        self.error = error
-        with self._lock:
-            if self._event is not None:
-                self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            fn(self)
-
-    def wait(self) -> None:
-        if self._event is not None:
-            self._event.wait()
-        if self.error is not None:
-            raise StoreError(f"write not stored: {self.error}") from self.error
-
-
-DONE = Ticket()
-
-
-@dataclass(frozen=True, slots=True)
-class TenantRecord:
-    name: str
-    token_hash: str
-    created_at: float
-    revoked: bool = False
-
-
-class Store(ABC):
-    """Interface shared by all stores."""
-
-    # tenants
-    @abstractmethod
-    def add_tenant(self, tenant: TenantRecord) -> None: ...
-    @abstractmethod
-    def tenant_by_hash(self, token_hash: str) -> TenantRecord | None: ...
-    @abstractmethod
-    def list_tenants(self) -> list[TenantRecord]: ...
-    @abstractmethod
-    def revoke_tenant(self, name: str) -> bool: ...
-
-    # jobs, reports, audit
-    @abstractmethod
-    def commit(
-        self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()
-    ) -> Ticket:
-        """Atomically upsert ``job``, insert ``report`` (if any) and append ``audit``.
-
-        Writes are applied in call order; the returned :class:`Ticket` says when it is durable."""
-
-    @abstractmethod
-    def add_report(self, tenant: str, job_id: str, report: Report) -> Ticket:
-        """Insert one report of a job whose record does not change (the common case)."""
-
-    @abstractmethod
-    def jobs(self) -> list[JobRecord]: ...
-    @abstractmethod
-    def reports(self, tenant: str, job_id: str) -> list[Report]:
-        """A job's reports in step order."""
-    @abstractmethod
-    def audit(self, tenant: str | None = None) -> list[AuditRecord]: ...
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release resources."""
-
-
-class MemoryStore(Store):
-    """Everything in dicts; fast; lost when the process ends."""
-
-    def __init__(self) -> None:
-        self._tenants: dict[str, TenantRecord] = {}
-        self._jobs: dict[tuple[str, str], JobRecord] = {}
-        self._reports: dict[tuple[str, str], list[Report]] = {}
-        self._audit: list[AuditRecord] = []
-
-    def add_tenant(self, tenant: TenantRecord) -> None:
-        if tenant.name in self._tenants:
-            raise Conflict(f"tenant {tenant.name!r} already exists")
-        self._tenants[tenant.name] = tenant
-
-    def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
-        for t in self._tenants.values():
-            if t.token_hash == token_hash:
-                return t
-        return None
-
-    def list_tenants(self) -> list[TenantRecord]:
-        return sorted(self._tenants.values(), key=lambda t: t.name)
-
-    def revoke_tenant(self, name: str) -> bool:
-        t = self._tenants.get(name)
-        if t is None:
-            return False
-        self._tenants[name] = TenantRecord(t.name, t.token_hash, t.created_at, True)
-        return True
-
-    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()) -> Ticket:
-        key = (job.tenant, job.job_id)
-        self._jobs[key] = job
-        reports = self._reports.setdefault(key, [])
-        if report is not None:
-            reports.append(report)
-        if audit:
-            self._audit.extend(audit)
-        return DONE
-
-    def add_report(self, tenant: str, job_id: str, report: Report) -> Ticket:
-        self._reports[(tenant, job_id)].append(report)
-        return DONE
-
-    def jobs(self) -> list[JobRecord]:
-        return list(self._jobs.values())
-
-    def reports(self, tenant: str, job_id: str) -> list[Report]:
-        return sorted(self._reports.get((tenant, job_id), ()), key=lambda r: r.step)
-
-    def audit(self, tenant: str | None = None) -> list[AuditRecord]:
-        return [a for a in self._audit if tenant is None or a.tenant == tenant]
-
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -269,7 +117,7 @@ class SQLiteStore(Store):
 
     # ------------------------------------------------------------------ the writer
     def _submit(self, op: Callable[[sqlite3.Connection], None]) -> Ticket:
-        ticket = Ticket(threading.Event())
+        ticket: Future = Future()
         with self._cv:
             if self._closing:
                 raise StoreError(f"the store {self.path} is closed")
@@ -299,17 +147,19 @@ class SQLiteStore(Store):
                         db.execute("BEGIN IMMEDIATE")
                         op(db)
                         db.execute("COMMIT")
-                        ticket._resolve()
+                        ticket.set_result(None)
                     except Exception as exc:  # noqa: BLE001 - handed to the waiting caller
                         if db.in_transaction:
                             db.execute("ROLLBACK")
-                        ticket._resolve(exc)
+                        error = StoreError(f"write not stored: {exc}")
+                        error.__cause__ = exc
+                        ticket.set_exception(error)
             else:
                 for _, ticket in batch:
-                    ticket._resolve()
+                    ticket.set_result(None)
 
     def _write(self, op: Callable[[sqlite3.Connection], None]) -> None:
-        self._submit(op).wait()
+        wait_durable(self._submit(op))
 
     def _read(self, query: str, args: tuple = ()) -> list[tuple]:
         with self._read_lock:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .detectors import Action, Decision, Observation, create_detector
+from ..core.detectors import Action, Decision, Observation, create_detector
 
 __all__ = ["Curve", "ReplayError", "ReplayResult", "load_curve", "replay_curve"]
 

@@ -1,7 +1,8 @@
 """Clients: :class:`EvalStopClient` (HTTP, fail-open) and :class:`EmbeddedClient` (in process).
 
-Both have the same methods and return the same types (:class:`~evalstop_trl.detectors.Decision`,
-:class:`~evalstop_trl.coordinator.JobView`).
+Both have the same methods and return the same types (:class:`~evalstop_trl.core.detectors.Decision`,
+:class:`~evalstop_trl.core.records.JobView`). This module needs nothing of the coordinator but the
+API's records.
 
 The HTTP client never raises into a training loop because the coordinator is unreachable:
 
@@ -14,8 +15,10 @@ The HTTP client never raises into a training loop because the coordinator is unr
 * when the coordinator answers again, the outbox is replayed in order (registrations first, then
   each job's reports in step order) before the new call, then cleared.
 
-Contract errors (4xx: bad token, bad input, conflicts) raise :class:`ClientError`, naming the
-method, URL, status and the server's detail.
+Contract errors (4xx) raise a :class:`ClientError` naming the method, URL, status and the server's
+detail. Its subclass for the status is also the core's error class, so one ``except`` serves both
+clients: 401 -> :class:`Unauthorized`, 404 -> :class:`NotFound`, 409 -> :class:`Conflict`,
+422 -> :class:`InvalidInput`.
 
 Example::
 
@@ -27,24 +30,20 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-from .coordinator import Coordinator, JobView
-from .detectors import Action, Decision
-from .errors import EvalStopError
-from .models import Report
+from ..core.detectors import Action, Decision
+from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound, Unauthorized
+from ..core.records import JobView, Report
+from .outbox import Operation, Outbox
 
-__all__ = ["ClientError", "EmbeddedClient", "EvalStopClient", "free_loopback_port", "wait_until_healthy"]
+__all__ = ["ClientError", "EvalStopClient"]
 
 log = logging.getLogger("evalstop.client")
-
-_FAIL_OPEN = {"register": 0, "report": 1, "ack": 2, "finish": 3}
 
 
 class ClientError(EvalStopError):
@@ -53,6 +52,31 @@ class ClientError(EvalStopError):
     def __init__(self, method: str, url: str, status: int, detail: str) -> None:
         super().__init__(f"{method} {url} -> {status}: {detail}")
         self.method, self.url, self.status_code, self.detail = method, url, status, detail
+
+    @staticmethod
+    def of(method: str, url: str, status: int, detail: str) -> ClientError:
+        """The ClientError subclass for ``status`` (also the core's error class for it)."""
+        return _BY_STATUS.get(status, ClientError)(method, url, status, detail)
+
+
+class UnauthorizedError(ClientError, Unauthorized):
+    """401 from the service."""
+
+
+class NotFoundError(ClientError, NotFound):
+    """404 from the service."""
+
+
+class ConflictError(ClientError, Conflict):
+    """409 from the service."""
+
+
+class InvalidInputError(ClientError, InvalidInput):
+    """422 from the service."""
+
+
+_BY_STATUS: dict[int, type[ClientError]] = {401: UnauthorizedError, 404: NotFoundError, 409: ConflictError,
+                                            422: InvalidInputError}
 
 
 class _Unreachable(Exception):
@@ -88,50 +112,16 @@ class EvalStopClient:
         )
         self._httpx = httpx
         self.retries, self.backoff_s, self.probe_interval_s = retries, backoff_s, probe_interval_s
-        self.outbox_path = Path(outbox) if outbox else None
-        self._outbox: list[dict[str, Any]] = self._load_outbox()
+        self.outbox = Outbox(outbox)
+        self.outbox_path = self.outbox.path
         self._lock = threading.RLock()
         self.unreachable = False
         self._next_probe = 0.0
 
-    # ------------------------------------------------------------------ outbox
-    def _load_outbox(self) -> list[dict[str, Any]]:
-        if not self.outbox_path or not self.outbox_path.exists():
-            return []
-        entries = []
-        for line in self.outbox_path.read_text().splitlines():
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                log.warning("skipping a torn line in outbox %s", self.outbox_path)  # a crash mid-write
-        return entries
-
-    def _append_outbox(self, entry: dict[str, Any]) -> None:
-        self._outbox.append(entry)
-        if self.outbox_path:
-            self.outbox_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.outbox_path, "a") as fh:
-                fh.write(json.dumps(entry) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-
-    def _rewrite_outbox(self) -> None:
-        if not self.outbox_path:
-            return
-        if not self._outbox:
-            self.outbox_path.unlink(missing_ok=True)
-            return
-        tmp = self.outbox_path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            fh.write("".join(json.dumps(e) + "\n" for e in self._outbox))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.outbox_path)
-
     @property
     def pending(self) -> int:
         """Operations waiting in the outbox."""
-        return len(self._outbox)
+        return len(self.outbox)
 
     # ------------------------------------------------------------------ transport
     def _send(self, method: str, path: str, body: dict[str, Any] | None = None, retries: int | None = None) -> Any:
@@ -151,7 +141,7 @@ class EvalStopClient:
                         detail = r.json().get("detail", r.text)
                     except ValueError:
                         detail = r.text
-                    raise ClientError(method, f"{self.url}{path}", r.status_code, str(detail))
+                    raise ClientError.of(method, f"{self.url}{path}", r.status_code, str(detail))
                 last = f"HTTP {r.status_code}"
             if attempt + 1 < attempts:
                 time.sleep(self.backoff_s * 2**attempt)
@@ -180,54 +170,46 @@ class EvalStopClient:
 
     def _replay(self) -> Any:
         """Send the outbox in order; returns the last answer to a replayed report (or None)."""
-        order = {}
-        for e in self._outbox:
-            order.setdefault(e["job_id"], len(order))
-        # registrations first, then each job's operations in order: reports by step, then ack, finish
-        self._outbox.sort(key=lambda e: (-1 if e["op"] == "register" else order[e["job_id"]],
-                                         _FAIL_OPEN[e["op"]], (e.get("body") or {}).get("step", 0)))
+        outbox = self.outbox
+        outbox.in_replay_order()
         last = None
         sent = 0
         try:
-            while self._outbox:
-                e = self._outbox[0]
+            while outbox:
+                e = outbox.peek()
                 try:
-                    answer = self._call("POST", e["path"], e.get("body"))
-                    if e["op"] == "report":
+                    answer = self._call("POST", e.path, e.body)
+                    if e.op == "report":
                         last = answer
                 except ClientError as exc:  # cannot succeed later either: drop it, say so
-                    log.error("dropping queued %s for job %s: %s", e["op"], e["job_id"], exc)
-                self._outbox.pop(0)
+                    log.error("dropping queued %s for job %s: %s", e.op, e.job_id, exc)
+                outbox.pop()
                 sent += 1
         finally:
             if sent:
-                self._rewrite_outbox()
+                outbox.save()
                 log.warning("replayed %d queued operation(s) to %s", sent, self.url)
         return last
 
     def _fail_open(self, op: str, job_id: str, path: str, body: dict[str, Any] | None) -> Any:
         with self._lock:
-            if self._outbox:
-                try:
-                    self._replay()
-                except _Unreachable:
-                    self._append_outbox({"op": op, "job_id": job_id, "path": path, "body": body})
-                    return None
             try:
+                if self.outbox:
+                    self._replay()
                 return self._call("POST", path, body)
             except _Unreachable:
-                self._append_outbox({"op": op, "job_id": job_id, "path": path, "body": body})
+                self.outbox.append(Operation(op, job_id, path, body))
                 return None
 
     def flush(self) -> bool:
         """Try to send the outbox now; True if it is empty afterwards."""
         with self._lock:
-            if self._outbox:
+            if self.outbox:
                 try:
                     self._replay()
                 except _Unreachable:
                     pass
-            return not self._outbox
+            return not self.outbox
 
     # ------------------------------------------------------------------ API
     def register_job(self, job_id: str, job_type: str = "rlhf", planned_steps: int | None = None,
@@ -256,6 +238,11 @@ class EvalStopClient:
 
     def finish(self, job_id: str) -> JobView | None:
         answer = self._fail_open("finish", job_id, f"/v1/jobs/{job_id}/finish", None)
+        return JobView.from_dict(answer) if answer else None
+
+    def fail(self, job_id: str, reason: str = "") -> JobView | None:
+        """Mark the job failed (its trainer crashed); fail-open like a report."""
+        answer = self._fail_open("fail", job_id, f"/v1/jobs/{job_id}/fail", {"reason": reason})
         return JobView.from_dict(answer) if answer else None
 
     def _get(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -287,77 +274,3 @@ class EvalStopClient:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-class EmbeddedClient:
-    """The same interface over an in-process :class:`Coordinator` (no HTTP)."""
-
-    unreachable = False
-    pending = 0
-
-    def __init__(self, coordinator: Coordinator, tenant: str = "local") -> None:
-        self.coordinator, self.tenant = coordinator, tenant
-
-    def register_job(self, job_id: str, job_type: str = "rlhf", planned_steps: int | None = None,
-                     policy: dict[str, Any] | None = None, pid: int | None = None,
-                     pid_start_time: float | None = None, webhook: str | None = None) -> JobView:
-        return self.coordinator.register_job(self.tenant, job_id, job_type, planned_steps, policy, pid,
-                                             pid_start_time, webhook)[0]
-
-    def report(self, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
-               proxy_reward: float | None = None, checkpoint: str | None = None) -> Decision:
-        return self.coordinator.report(self.tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
-
-    def ack(self, job_id: str, checkpoint: str | None = None) -> JobView:
-        return self.coordinator.ack(self.tenant, job_id, checkpoint)
-
-    def finish(self, job_id: str) -> JobView:
-        return self.coordinator.finish(self.tenant, job_id)
-
-    def status(self, job_id: str) -> JobView:
-        return self.coordinator.status(self.tenant, job_id)
-
-    def list_jobs(self) -> list[JobView]:
-        return self.coordinator.list_jobs(self.tenant)
-
-    def stop(self, job_id: str, reason: str = "") -> JobView:
-        return self.coordinator.stop(self.tenant, job_id, reason)
-
-    def reports(self, job_id: str) -> list[Report]:
-        return self.coordinator.reports(self.tenant, job_id)
-
-    def audit(self) -> list[dict[str, Any]]:
-        return [a.to_dict() for a in self.coordinator.audit(self.tenant)]
-
-    def flush(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.coordinator.close()
-
-
-def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (for starting a local `evalstop serve`)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until_healthy(url: str, timeout_s: float = 30.0, process: Any = None) -> bool:
-    """Poll ``url/healthz`` until it answers 200 (True) or ``timeout_s`` passes or ``process``, a
-    ``subprocess.Popen`` of the server, exits (False)."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            return False
-        try:
-            if httpx.get(url.rstrip("/") + "/healthz", timeout=0.5).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    return False

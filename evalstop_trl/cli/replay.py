@@ -1,25 +1,16 @@
-"""The ``evalstop`` command: ``serve | tenants | status | replay | demo``.
-
-Each subcommand imports what it needs when it runs, so ``evalstop replay --help`` stays fast and
-never imports torch, FastAPI or uvicorn. Bad input exits with status 2 and a one-line message.
-"""
+"""``evalstop replay``: what a detector would have done on a recorded eval curve."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-from collections.abc import Sequence
 
-EXIT_BAD_INPUT = 2
+from .common import CLIError
 
-
-class CLIError(Exception):
-    """A user error: printed as one line, exit status 2."""
+__all__ = ["add_replay_command"]
 
 
-def _add_replay(sub: argparse._SubParsersAction) -> None:
+def add_replay_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "replay",
         help="what a detector would have done on a recorded eval curve",
@@ -41,7 +32,7 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from .replay import ReplayError, format_table, load_curve, replay_curve
+    from ..analysis.replay import ReplayError, format_table, load_curve, replay_curve
 
     params = {
         k: getattr(args, k)
@@ -65,35 +56,3 @@ def _cmd_replay(args: argparse.Namespace) -> int:
               f"detector {args.detector}{' ' + desc if desc else ''}")
         print(format_table(curve, result))
     return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="evalstop", description="Stop reward-hacked RLHF runs from world feedback.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from .cli_service import add_service_commands  # light: heavy imports happen inside the commands
-
-    add_service_commands(sub)
-    _add_replay(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except CLIError as exc:
-        print(f"evalstop {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:
-        print(f"evalstop {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

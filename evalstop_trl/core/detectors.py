@@ -26,14 +26,16 @@ Example::
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
+
+from .registry import Registry
 
 __all__ = [
     "Action",
@@ -63,23 +65,39 @@ class Action(str, Enum):
 _CONTINUE = Action.CONTINUE  # bound once: Enum member lookups are slow on the hot path
 
 
-def _check_finite(name: str, value: float | None) -> None:
+def check_finite(name: str, value: Any) -> None:
+    """Raise ValueError unless ``value`` is None or a finite number (bool is not a number)."""
     if value is None or (type(value) is float and value - value == 0.0):  # fast path: finite float
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number or None, but got {value!r}.")
-    if not math.isfinite(value):
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
         raise ValueError(f"{name} must be finite, but got {value!r}; report None for a missing value.")
 
 
-def _all_finite_floats(*values: float | None) -> bool:
+def _all_finite_floats(*values: Any) -> bool:
     for v in values:
         if v is not None and (type(v) is not float or v - v != 0.0):
             return False
     return True
 
 
-class _ObservationFields(NamedTuple):
+_NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What a detector may see about one report of one job (immutable; validated on creation).
+
+    ``progress`` is step / planned steps (None when unknown). Building one checks every number
+    (ValueError for NaN, infinity, a negative step); the coordinator, which has already checked the
+    values at its boundary, builds them with :meth:`trusted` instead (the simulator's hot path).
+    """
+
     job_id: str
     step: int
     eval_score: float | None = None
@@ -88,45 +106,53 @@ class _ObservationFields(NamedTuple):
     job_type: str = "rlhf"
     progress: float | None = None
 
+    def __post_init__(self) -> None:
+        step = self.step
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative integer, but got {step!r}.")
+        if not _all_finite_floats(self.eval_score, self.train_loss, self.proxy_reward, self.progress):
+            check_finite("eval_score", self.eval_score)
+            check_finite("train_loss", self.train_loss)
+            check_finite("proxy_reward", self.proxy_reward)
+            check_finite("progress", self.progress)
+        if self.progress is not None and self.progress < 0:
+            raise ValueError(f"progress must be >= 0, but got {self.progress!r}.")
 
-class Observation(_ObservationFields):
-    """What a detector may see about one report of one job (immutable; validated on creation).
-
-    A NamedTuple rather than a dataclass: one is built per report, on the simulator's hot path."""
-
-    __slots__ = ()
-
-    def __new__(cls, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
-                proxy_reward: float | None = None, job_type: str = "rlhf", progress: float | None = None):
-        if type(step) is not int or step < 0:
-            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-                raise ValueError(f"step must be a non-negative integer, but got {step!r}.")
-        if not _all_finite_floats(eval_score, train_loss, proxy_reward, progress):
-            _check_finite("eval_score", eval_score)
-            _check_finite("train_loss", train_loss)
-            _check_finite("proxy_reward", proxy_reward)
-            _check_finite("progress", progress)
-        if progress is not None and progress < 0:
-            raise ValueError(f"progress must be >= 0, but got {progress!r}.")
-        return tuple.__new__(cls, (job_id, step, eval_score, train_loss, proxy_reward, job_type, progress))
+    @classmethod
+    def trusted(cls, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
+                proxy_reward: float | None, job_type: str, progress: float | None) -> Observation:
+        """Build without re-validating: only for values already checked at an API boundary."""
+        obs = _new(cls)
+        _OBS_SET[0](obs, job_id)
+        _OBS_SET[1](obs, step)
+        _OBS_SET[2](obs, eval_score)
+        _OBS_SET[3](obs, train_loss)
+        _OBS_SET[4](obs, proxy_reward)
+        _OBS_SET[5](obs, job_type)
+        _OBS_SET[6](obs, progress)
+        return obs
 
 
-_NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
+_new = object.__new__
+# slot descriptors' setters: bypass the frozen __setattr__ for trusted, internal construction
+_OBS_SET = tuple(Observation.__dict__[n].__set__ for n in
+                 ("job_id", "step", "eval_score", "train_loss", "proxy_reward", "job_type", "progress"))
 
 
-class _DecisionFields(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A detector's answer: the action, a sentence saying why, the best checkpoint so far, and the
+    numbers used (``evidence``, a read-only mapping). Immutable."""
+
     action: Action
     reason: str
     best_step: int | None = None
     best_score: float | None = None
-    evidence: Mapping[str, Any] = _NO_EVIDENCE
+    evidence: Mapping[str, Any] = field(default_factory=lambda: _NO_EVIDENCE)
 
-
-class Decision(_DecisionFields):
-    """A detector's answer: the action, a sentence saying why, the best checkpoint so far, and the
-    numbers used (``evidence``). Immutable."""
-
-    __slots__ = ()
+    def __post_init__(self) -> None:
+        if type(self.evidence) is not MappingProxyType:
+            object.__setattr__(self, "evidence", MappingProxyType(dict(self.evidence)))
 
     @property
     def stop(self) -> bool:
@@ -150,6 +176,21 @@ class Decision(_DecisionFields):
             best_score=data.get("best_score"),
             evidence=dict(data.get("evidence") or {}),
         )
+
+
+_DEC_SET = tuple(Decision.__dict__[n].__set__ for n in ("action", "reason", "best_step", "best_score", "evidence"))
+
+
+def _decision(action: Action, reason: str, best_step: int | None, best_score: float | None,
+              evidence: Mapping[str, Any]) -> Decision:
+    """A Decision from a read-only ``evidence`` (MappingProxyType), skipping __post_init__."""
+    d = _new(Decision)
+    _DEC_SET[0](d, action)
+    _DEC_SET[1](d, reason)
+    _DEC_SET[2](d, best_step)
+    _DEC_SET[3](d, best_score)
+    _DEC_SET[4](d, evidence)
+    return d
 
 
 _DIRECTIONS = ("max", "min")
@@ -203,10 +244,10 @@ class Detector(ABC):
         """The rule itself; the best-so-far is already updated."""
 
     def _continue(self, reason: str, **evidence: Any) -> Decision:
-        return Decision(Action.CONTINUE, reason, self.best_step, self.best_score, evidence)
+        return _decision(_CONTINUE, reason, self.best_step, self.best_score, MappingProxyType(evidence))
 
     def _stop(self, reason: str, **evidence: Any) -> Decision:
-        return Decision(Action.STOP, reason, self.best_step, self.best_score, evidence)
+        return _decision(Action.STOP, reason, self.best_step, self.best_score, MappingProxyType(evidence))
 
 
 def _check_k(k: Any) -> int:
@@ -234,8 +275,9 @@ class DeclineDetector(Detector):
         self.k = _check_k(k)
         self.min_delta = _check_delta(min_delta)
         self.count = 0
-        self._run: list[tuple[int, float]] = []  # the current run of declining evals, with its start
-        self._reasons = [f"{c} consecutive decline(s) of {self.k}" for c in range(self.k)]
+        # the last k+1 evals of the current run of declines (memory bounded by k, not by the run)
+        self._run: deque[tuple[int, float]] = deque(maxlen=self.k + 1)
+        self._said: dict[int, tuple[str, Mapping[str, Any]]] = {}  # count -> (reason, evidence), built once
 
     def _observe(self, obs: Observation) -> Decision:
         score = obs.eval_score
@@ -243,22 +285,25 @@ class DeclineDetector(Detector):
             return self._continue("no eval score in this report", declines=self.count)
         if self._run and is_decline(score, self._run[-1][1], self.direction, self.min_delta):
             self.count += 1
-            self._run.append((obs.step, score))
         else:
             self.count = 0
-            self._run = [(obs.step, score)]
+            self._run.clear()
+        self._run.append((obs.step, score))
         if self.count >= self.k:
-            path = " → ".join(_fmt(s) for _, s in self._run[-(self.k + 1):])
+            path = " → ".join(_fmt(s) for _, s in self._run)
             return self._stop(
                 f"{self.k} consecutive declines: {path} at step {obs.step}",
                 declines=self.count,
-                scores=[s for _, s in self._run[-(self.k + 1):]],
-                steps=[st for st, _ in self._run[-(self.k + 1):]],
+                scores=[s for _, s in self._run],
+                steps=[st for st, _ in self._run],
                 k=self.k,
                 min_delta=self.min_delta,
             )
-        return Decision(_CONTINUE, self._reasons[self.count], self.best_step, self.best_score,
-                        {"declines": self.count})
+        said = self._said.get(self.count)
+        if said is None:
+            said = self._said[self.count] = (f"{self.count} consecutive decline(s) of {self.k}",
+                                             MappingProxyType({"declines": self.count}))
+        return _decision(_CONTINUE, said[0], self.best_step, self.best_score, said[1])
 
 
 class PatienceDetector(Detector):
@@ -368,30 +413,14 @@ class NeverDetector(Detector):
         return self._continue("never stops")
 
 
-DETECTORS: dict[str, type[Detector]] = {
-    cls.name: cls
-    for cls in (DeclineDetector, PatienceDetector, StopAtDetector, LossPlateauDetector, NeverDetector)
-}
+DETECTORS: Registry[Detector] = Registry("detector")
+for _cls in (DeclineDetector, PatienceDetector, StopAtDetector, LossPlateauDetector, NeverDetector):
+    DETECTORS.add(_cls.name, _cls)
 
 
 def detector_params(name: str) -> dict[str, Any]:
     """The parameters a registered detector takes, with their defaults."""
-    return dict(_params_of(_lookup(name)))
-
-
-@functools.cache
-def _params_of(cls: type[Detector]) -> tuple[tuple[str, Any], ...]:
-    sig = inspect.signature(cls.__init__)
-    return tuple((p.name, p.default) for p in sig.parameters.values() if p.name != "self")
-
-
-def _lookup(name: str) -> type[Detector]:
-    try:
-        return DETECTORS[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"Unknown detector {name!r}; valid detectors are: {', '.join(sorted(DETECTORS))}."
-        ) from None
+    return DETECTORS.params(name)
 
 
 def create_detector(name: str, **params: Any) -> Detector:
@@ -405,12 +434,4 @@ def create_detector(name: str, **params: Any) -> Detector:
         ValueError: unknown name, unknown parameter (the message lists the valid ones) or an
             invalid value.
     """
-    cls = _lookup(name)
-    valid = dict(_params_of(cls))
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise ValueError(
-            f"Unknown parameter(s) {', '.join(unknown)} for detector {name!r}; "
-            f"valid parameters are: {', '.join(valid) or '(none)'}."
-        )
-    return cls(**params)
+    return DETECTORS.create(name, **params)

@@ -51,12 +51,13 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from .actions import process_start_time
-from .client import EmbeddedClient, EvalStopClient
-from .coordinator import Coordinator
-from .detectors import Action, Decision, create_detector
-from .errors import Conflict, EvalStopError
-from .store import SQLiteStore
+from ..clients.embedded import EmbeddedClient
+from ..clients.http import EvalStopClient
+from ..clients.local import process_start_time
+from ..core.coordinator import Coordinator
+from ..core.detectors import Action, Decision, create_detector
+from ..core.errors import Conflict, EvalStopError
+from ..stores.sqlite import SQLiteStore
 
 __all__ = ["EvalStopCallback"]
 

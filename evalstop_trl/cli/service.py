@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from .cli import CLIError
+from .common import CLIError
 
 
 def _db_path(args: argparse.Namespace) -> str:
@@ -17,23 +17,30 @@ def _db_path(args: argparse.Namespace) -> str:
 
 
 def _open_coordinator(path: str):
-    from .coordinator import Coordinator
-    from .store import SQLiteStore
+    from ..core.coordinator import Coordinator
+
+    return Coordinator(_open_store(path))
+
+
+def _open_store(path: str):
+    from ..stores.sqlite import SQLiteStore
 
     try:
-        return Coordinator(SQLiteStore(path))
+        return SQLiteStore(path)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
 
 
 def _cmd_tenants(args: argparse.Namespace) -> int:
-    from .errors import EvalStopError
+    from ..core.errors import EvalStopError
+    from ..core.tenants import Tenants
 
-    coord = _open_coordinator(_db_path(args))
+    store = _open_store(_db_path(args))
+    tenants = Tenants(store)
     try:
         if args.action == "add":
             try:
-                token = coord.add_tenant(args.name)
+                token = tenants.add(args.name)
             except EvalStopError as exc:
                 raise CLIError(str(exc)) from None
             if args.json:
@@ -42,18 +49,20 @@ def _cmd_tenants(args: argparse.Namespace) -> int:
                 print(f"tenant {args.name} created; its token (shown once, keep it secret):\n{token}")
         elif args.action == "list":
             rows = [{"tenant": t.name, "created_at": t.created_at, "revoked": t.revoked}
-                    for t in coord.store.list_tenants()]
+                    for t in tenants.list()]
             if args.json:
                 print(json.dumps(rows))
             else:
                 for r in rows:
                     print(f"{r['tenant']}\t{'revoked' if r['revoked'] else 'active'}")
         elif args.action == "revoke":
-            if not coord.store.revoke_tenant(args.name):
-                raise CLIError(f"no tenant named {args.name!r}")
+            try:
+                tenants.revoke(args.name)
+            except EvalStopError as exc:
+                raise CLIError(str(exc)) from None
             print(f"tenant {args.name} revoked")
     finally:
-        coord.close()
+        store.close()
     return 0
 
 
@@ -87,7 +96,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from .server import create_app
+    from ..service.app import create_app
 
     path = _db_path(args)
     host = args.host or os.environ.get("EVALSTOP_HOST", "127.0.0.1")
@@ -104,8 +113,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from .client import EvalStopClient
-    from .errors import EvalStopError
+    from ..clients.http import EvalStopClient
+    from ..core.errors import EvalStopError
 
     url = args.url or os.environ.get("EVALSTOP_URL", "http://127.0.0.1:8765")
     token = args.token or os.environ.get("EVALSTOP_TOKEN")

@@ -1,0 +1,1 @@
+"""Offline analysis: replay recorded eval curves through the detectors (``evalstop replay``)."""

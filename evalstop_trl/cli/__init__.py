@@ -1,0 +1,49 @@
+"""The ``evalstop`` command: ``serve | tenants | status | replay | demo``.
+
+Each subcommand imports what it needs when it runs, so ``evalstop replay --help`` stays fast and
+never imports torch, FastAPI or uvicorn. Bad input exits with status 2 and a one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from .common import EXIT_BAD_INPUT, CLIError
+
+__all__ = ["CLIError", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evalstop", description="Stop reward-hacked RLHF runs from world feedback.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from .replay import add_replay_command
+    from .service import add_service_commands  # light: heavy imports happen inside the commands
+
+    add_service_commands(sub)
+    add_replay_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CLIError as exc:
+        print(f"evalstop {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"evalstop {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,377 @@
+"""Typed records that cross the coordinator's boundaries (store, service, clients).
+
+Everything here is a frozen, slotted dataclass or an Enum, with read-only mappings inside. The HTTP
+client needs nothing but this module, :mod:`.detectors` (Decision) and :mod:`.errors`.
+
+* :class:`JobType`, :class:`JobStatus` (a lifecycle with a transition table), :class:`AuditKind`;
+* :class:`Policy` (a detector and its parameters), :class:`Registration` (what a job registers,
+  validated once here for every entry point), :class:`Report`, :class:`AuditRecord`,
+  :class:`JobRecord` (what the store keeps) and :class:`JobView` (what a tenant reads);
+* :func:`check_name`: the one rule for tenant names and job ids.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from types import MappingProxyType
+from typing import Any
+
+from .detectors import DETECTORS, Action, Decision
+from .errors import InvalidInput
+from .lifecycle import Lifecycle, transitions
+
+__all__ = [
+    "AuditKind", "AuditRecord", "Escalation", "JobRecord", "JobStatus", "JobType", "JobView", "MAX_STEP", "NAME_PATTERN",
+    "Policy", "Registration", "Report", "TenantRecord", "check_name", "check_checkpoint",
+]
+
+#: tenant names and job ids: 1-128 characters of letters, digits and ``_ . : @ -``, starting with a
+#: letter or digit. The pattern is for ``re.fullmatch`` (a trailing newline does not match).
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}"
+_NAME_RE = re.compile(NAME_PATTERN)
+MAX_STEP = 2**53
+MAX_PATH = 4096
+
+
+def check_name(kind: str, value: Any) -> str:
+    """Return ``value`` if it is a valid tenant name or job id, else raise :class:`InvalidInput`."""
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
+        raise InvalidInput(
+            f"{kind} must be 1-128 characters of letters, digits and _ . : @ - (starting with a letter "
+            f"or digit), but got {value!r}."
+        )
+    return value
+
+
+def check_checkpoint(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or len(value) > MAX_PATH):
+        raise InvalidInput(f"checkpoint must be a path string of at most {MAX_PATH} characters.")
+    return value
+
+
+class JobType(str, Enum):
+    """Kinds of training job. RLHF kinds are the ones reward hacking applies to."""
+
+    RLHF = "rlhf"
+    PPO = "ppo"
+    GRPO = "grpo"
+    RLOO = "rloo"
+    ONLINE_DPO = "online_dpo"
+    DPO = "dpo"
+    SFT = "sft"
+    LORA_SFT = "lora_sft"
+    OTHER = "other"
+
+    @property
+    def is_rlhf(self) -> bool:
+        return self in _RLHF_TYPES
+
+    @classmethod
+    def parse(cls, value: Any) -> JobType:
+        if isinstance(value, JobType):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            raise InvalidInput(
+                f"Unknown job_type {value!r}; valid job types are: {', '.join(t.value for t in cls)}."
+            ) from None
+
+
+_RLHF_TYPES = frozenset({JobType.RLHF, JobType.PPO, JobType.GRPO, JobType.RLOO, JobType.ONLINE_DPO})
+
+
+@transitions({
+    "PENDING": {"RUNNING", "STOPPED", "FINISHED", "FAILED"},
+    "RUNNING": {"STOPPED", "FINISHED", "FAILED"},
+    "STOPPED": set(),
+    "FINISHED": set(),
+    "FAILED": set(),
+})
+class JobStatus(Lifecycle, str, Enum):
+    """A job's life: PENDING -> RUNNING -> STOPPED | FINISHED | FAILED (the last three are terminal).
+
+    PENDING until its first report; STOPPED by a detector or by hand; FINISHED when it ran to its end;
+    FAILED when its trainer reported a crash. An illegal move raises ``IllegalTransition`` (409)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@transitions({
+    "GRACE": {"SIGTERM", "DONE"},
+    "SIGTERM": {"SIGKILL", "DONE"},
+    "SIGKILL": {"DONE"},
+    "DONE": set(),
+})
+class Escalation(Lifecycle, str, Enum):
+    """Delivery of an enforced stop: a grace period, then SIGTERM, then SIGKILL; DONE once the job
+    acknowledged, exited or was killed."""
+
+    GRACE = "grace"
+    SIGTERM = "sigterm"
+    SIGKILL = "sigkill"
+    DONE = "done"
+
+
+_POLICY_KEYS = ("detector", "enforce", "grace_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How a job is watched: a detector with its parameters, and whether stops are enforced.
+
+    ``params`` is filled with the detector's defaults (so equal policies compare equal) and is
+    read-only. ``enforce=True`` lets the service escalate a STOP that was not acknowledged within
+    ``grace_s`` seconds."""
+
+    detector: str = "decline"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    enforce: bool = False
+    grace_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        try:
+            DETECTORS.create(self.detector, **dict(self.params))
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        if not isinstance(self.enforce, bool):
+            raise InvalidInput(f"enforce must be true or false, but got {self.enforce!r}.")
+        g = self.grace_s
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
+            raise InvalidInput(f"grace_s must be a finite number of seconds >= 0, but got {g!r}.")
+        full = DETECTORS.params(self.detector)
+        full.update(self.params)
+        object.__setattr__(self, "params", MappingProxyType(full))
+
+    def build(self):
+        """A fresh detector for this policy."""
+        return DETECTORS.create(self.detector, **self.params)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"detector": self.detector, **self.params, "enforce": self.enforce, "grace_s": self.grace_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Policy:
+        """``{"detector": "decline", "k": 2, "enforce": false, "grace_s": 30}``; missing keys take defaults."""
+        if data is None:
+            return cls()
+        if isinstance(data, Policy):
+            return data
+        if not isinstance(data, Mapping):
+            raise InvalidInput(f"policy must be an object, but got {data!r}.")
+        params = {k: v for k, v in data.items() if k not in _POLICY_KEYS}
+        return cls(detector=data.get("detector", "decline"), params=params,
+                   enforce=data.get("enforce", False), grace_s=data.get("grace_s", 30.0))
+
+
+def _optional_int(value: Any, low: int, high: int, message: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+        raise InvalidInput(f"{message}, but got {value!r}.")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What a job registers; built through :meth:`parse`, the one validation for every entry point."""
+
+    job_id: str
+    job_type: JobType = JobType.RLHF
+    planned_steps: int | None = None
+    policy: Policy = field(default_factory=Policy)
+    pid: int | None = None
+    pid_start_time: float | None = None
+    webhook: str | None = None
+
+    @classmethod
+    def parse(cls, job_id: Any, job_type: Any = JobType.RLHF, planned_steps: Any = None, policy: Any = None,
+              pid: Any = None, pid_start_time: Any = None, webhook: Any = None,
+              default_policy: Policy | None = None) -> Registration:
+        """Validate raw values (raises :class:`InvalidInput` naming the field)."""
+        check_name("job_id", job_id)
+        _optional_int(planned_steps, 1, MAX_STEP, f"planned_steps must be a positive integer (at most {MAX_STEP})")
+        _optional_int(pid, 2, 2**31, "pid must be an integer > 1 (at most 2**31)")
+        if pid_start_time is not None:
+            ok = not isinstance(pid_start_time, bool) and isinstance(pid_start_time, (int, float))
+            try:
+                ok = ok and math.isfinite(pid_start_time)
+            except OverflowError:
+                ok = False
+            if not ok:
+                raise InvalidInput(f"pid_start_time must be a finite number, but got {pid_start_time!r}.")
+        if webhook is not None and (not isinstance(webhook, str) or len(webhook) > 2048
+                                    or not re.match(r"^https?://", webhook)):
+            raise InvalidInput(f"webhook must be an http(s) URL of at most 2048 characters, but got {webhook!r}.")
+        pol = (default_policy or Policy()) if policy is None else Policy.from_dict(policy)
+        return cls(job_id, JobType.parse(job_type), planned_steps, pol, pid, pid_start_time, webhook)
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One stored report of a job (one step)."""
+
+    step: int
+    eval_score: float | None = None
+    train_loss: float | None = None
+    proxy_reward: float | None = None
+    checkpoint: str | None = None
+    received_at: float = 0.0
+
+    def payload(self) -> tuple:
+        """What identifies the report's content (idempotency compares this, not the arrival time)."""
+        return (self.step, self.eval_score, self.train_loss, self.proxy_reward, self.checkpoint)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "eval_score": self.eval_score, "train_loss": self.train_loss,
+                "proxy_reward": self.proxy_reward, "checkpoint": self.checkpoint, "received_at": self.received_at}
+
+
+class AuditKind(str, Enum):
+    STOP = "stop"
+    MANUAL_STOP = "manual_stop"
+    ACK = "ack"
+    FAILED = "failed"
+    SIGTERM = "sigterm"
+    SIGKILL = "sigkill"
+    WEBHOOK = "webhook"
+    WEBHOOK_FAILED = "webhook_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One line of the append-only audit log: who or what did what to a job, when and why."""
+
+    tenant: str
+    job_id: str
+    at: float
+    kind: AuditKind
+    actor: str
+    reason: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if type(self.evidence) is not MappingProxyType:
+            object.__setattr__(self, "evidence", MappingProxyType(dict(self.evidence)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "job_id": self.job_id,
+            "at": self.at,
+            "kind": self.kind.value,
+            "actor": self.actor,
+            "reason": self.reason,
+            "evidence": dict(self.evidence),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A job as the store keeps it."""
+
+    tenant: str
+    job_id: str
+    job_type: JobType
+    planned_steps: int | None
+    policy: Policy
+    pid: int | None = None
+    pid_start_time: float | None = None
+    webhook: str | None = None
+    status: JobStatus = JobStatus.PENDING
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    decision: Decision | None = None
+    stopped_by: str | None = None
+    stopped_at: float | None = None
+    acked_at: float | None = None
+    checkpoint: str | None = None
+    finished_at: float | None = None
+
+    @classmethod
+    def new(cls, tenant: str, reg: Registration, now: float) -> JobRecord:
+        return cls(tenant, reg.job_id, reg.job_type, reg.planned_steps, reg.policy, reg.pid, reg.pid_start_time,
+                   reg.webhook, created_at=now, updated_at=now)
+
+    def evolve(self, **changes: Any) -> JobRecord:
+        """A copy with ``changes`` (a fast ``dataclasses.replace``)."""
+        new = object.__new__(JobRecord)
+        for name, setter in _JOB_SETTERS:
+            setter(new, changes[name] if name in changes else getattr(self, name))
+        return new
+
+    def registration(self) -> Registration:
+        """What a re-registration must match to be accepted as identical."""
+        return Registration(self.job_id, self.job_type, self.planned_steps, self.policy, self.pid,
+                            self.pid_start_time, self.webhook)
+
+
+_JOB_SETTERS = tuple((f.name, JobRecord.__dict__[f.name].__set__) for f in fields(JobRecord))
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """What a tenant may read about one of its jobs (the API's job object)."""
+
+    job_id: str
+    job_type: str
+    status: str
+    policy: Mapping[str, Any]
+    decision: Decision | None
+    best_step: int | None
+    best_score: float | None
+    best_checkpoint: str | None
+    n_reports: int
+    last_step: int | None
+    planned_steps: int | None
+    acked: bool
+
+    def __post_init__(self) -> None:
+        if type(self.policy) is not MappingProxyType:
+            object.__setattr__(self, "policy", MappingProxyType(dict(self.policy)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "job_type": self.job_type,
+            "status": self.status,
+            "policy": dict(self.policy),
+            "decision": self.decision.to_dict() if self.decision else None,
+            "best_step": self.best_step,
+            "best_score": self.best_score,
+            "best_checkpoint": self.best_checkpoint,
+            "n_reports": self.n_reports,
+            "last_step": self.last_step,
+            "planned_steps": self.planned_steps,
+            "acked": self.acked,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JobView:
+        dec = d.get("decision")
+        decision = None
+        if dec:
+            decision = Decision(Action(dec["action"]), dec["reason"], dec.get("best_step"), dec.get("best_score"),
+                                dec.get("evidence") or {})
+        return cls(
+            job_id=d["job_id"], job_type=d["job_type"], status=d["status"], policy=d.get("policy") or {},
+            decision=decision, best_step=d.get("best_step"), best_score=d.get("best_score"),
+            best_checkpoint=d.get("best_checkpoint"), n_reports=d.get("n_reports", 0),
+            last_step=d.get("last_step"), planned_steps=d.get("planned_steps"), acked=d.get("acked", False),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRecord:
+    """A tenant as the store keeps it: its name and the SHA-256 of its token (never the token)."""
+
+    name: str
+    token_hash: str
+    created_at: float
+    revoked: bool = False

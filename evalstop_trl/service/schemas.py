@@ -1,0 +1,99 @@
+"""The service's request and response schemas (pydantic), and their conversions.
+
+Names use the one rule of :mod:`evalstop_trl.core.records` (``NAME_PATTERN``); numbers are checked
+to be finite here, so a NaN never reaches the coordinator.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from ..core.detectors import Decision
+from ..core.records import MAX_PATH, MAX_STEP, NAME_PATTERN, JobView
+
+__all__ = ["AckIn", "DecisionOut", "FailIn", "JobIn", "ReportIn", "ReportOut", "StopIn", "decision_dict", "job_dict"]
+
+_ID_PATTERN = rf"^{NAME_PATTERN}$"  # pydantic's (Rust) regex: $ is the very end of the text
+
+
+def _number(v: Any) -> Any:
+    if v is None:
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"must be a number, got {type(v).__name__}")
+    if not math.isfinite(v):
+        raise ValueError("must be finite (NaN and infinity are not allowed; send null for a missing value)")
+    return v
+
+
+def _integer(v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"must be an integer, got {v!r}")
+    return v
+
+
+Num = Annotated[float | None, BeforeValidator(_number)]
+Int = Annotated[int, BeforeValidator(_integer)]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobIn(_In):
+    job_id: str = Field(pattern=_ID_PATTERN, description="unique per tenant; letters, digits and _ . : @ -")
+    job_type: str = Field("rlhf", max_length=32)
+    planned_steps: Annotated[int | None, BeforeValidator(lambda v: v if v is None else _integer(v))] = Field(
+        None, gt=0, le=MAX_STEP)
+    policy: dict[str, Any] | None = Field(None, description='e.g. {"detector": "decline", "k": 2, "enforce": true, "grace_s": 30}')
+    pid: Annotated[int | None, BeforeValidator(lambda v: v if v is None else _integer(v))] = Field(None, gt=1, le=2**31)
+    pid_start_time: Num = None
+    webhook: str | None = Field(None, max_length=2048)
+
+
+class ReportIn(_In):
+    step: Int = Field(ge=0, le=MAX_STEP)
+    eval_score: Num = None
+    train_loss: Num = None
+    proxy_reward: Num = None
+    checkpoint: str | None = Field(None, max_length=MAX_PATH)
+
+
+class DecisionOut(BaseModel):
+    action: str = Field(description='"continue" or "stop"')
+    reason: str
+    best_step: int | None
+    best_score: float | None
+
+
+class ReportOut(BaseModel):
+    decision: DecisionOut
+
+
+class StopIn(_In):
+    reason: str = Field("", max_length=2000)
+
+
+class FailIn(_In):
+    reason: str = Field("", max_length=2000)
+
+
+class AckIn(_In):
+    checkpoint: str | None = Field(None, max_length=MAX_PATH)
+
+
+def decision_dict(d: Decision | None) -> dict[str, Any] | None:
+    """A decision as the API answers it (without the evidence)."""
+    if d is None:
+        return None
+    return {"action": d.action.value, "reason": d.reason, "best_step": d.best_step, "best_score": d.best_score}
+
+
+def job_dict(v: JobView) -> dict[str, Any]:
+    """A job as the API answers it."""
+    out = v.to_dict()
+    out["decision"] = decision_dict(v.decision)
+    return out
