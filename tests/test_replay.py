@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from evalstop_trl.cli import main
 from evalstop_trl.analysis.replay import ReplayError, load_curve, replay_curve
+from evalstop_trl.cli import main
 
 from .test_detectors import reference_decline
 
