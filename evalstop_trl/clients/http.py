@@ -33,54 +33,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from typing import Any
 
 from ..core.detectors import Action, Decision
-from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound, Unauthorized
+from ..core.errors import EvalStopError
 from ..core.records import JobView, Report
 from .outbox import Operation, Outbox
+from .transport import ClientError, Transport, Unreachable
 
 __all__ = ["ClientError", "EvalStopClient"]
 
 log = logging.getLogger("evalstop.client")
-
-
-class ClientError(EvalStopError):
-    """The coordinator refused a request (4xx)."""
-
-    def __init__(self, method: str, url: str, status: int, detail: str) -> None:
-        super().__init__(f"{method} {url} -> {status}: {detail}")
-        self.method, self.url, self.status_code, self.detail = method, url, status, detail
-
-    @staticmethod
-    def of(method: str, url: str, status: int, detail: str) -> ClientError:
-        """The ClientError subclass for ``status`` (also the core's error class for it)."""
-        return _BY_STATUS.get(status, ClientError)(method, url, status, detail)
-
-
-class UnauthorizedError(ClientError, Unauthorized):
-    """401 from the service."""
-
-
-class NotFoundError(ClientError, NotFound):
-    """404 from the service."""
-
-
-class ConflictError(ClientError, Conflict):
-    """409 from the service."""
-
-
-class InvalidInputError(ClientError, InvalidInput):
-    """422 from the service."""
-
-
-_BY_STATUS: dict[int, type[ClientError]] = {401: UnauthorizedError, 404: NotFoundError, 409: ConflictError,
-                                            422: InvalidInputError}
-
-
-class _Unreachable(Exception):
-    pass
 
 
 class EvalStopClient:
@@ -99,74 +62,23 @@ class EvalStopClient:
     def __init__(self, url: str, token: str, outbox: str | os.PathLike | None = None, *, timeout_s: float = 5.0,
                  connect_timeout_s: float = 1.0, retries: int = 2, backoff_s: float = 0.1,
                  probe_interval_s: float = 2.0, transport: Any = None) -> None:
-        import httpx
-
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, but got {url!r}.")
-        if not token:
-            raise ValueError("token is empty; create one with 'evalstop tenants add NAME'.")
-        self.url = url.rstrip("/")
-        self._http = httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), transport=transport,
-        )
-        self._httpx = httpx
-        self.retries, self.backoff_s, self.probe_interval_s = retries, backoff_s, probe_interval_s
         self.outbox = Outbox(outbox)
         self.outbox_path = self.outbox.path
+        self.transport = Transport(url, token, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
+                                   retries=retries, backoff_s=backoff_s, probe_interval_s=probe_interval_s,
+                                   transport=transport, on_outage=str(self.outbox_path or "memory"))
+        self.url = self.transport.url
         self._lock = threading.RLock()
-        self.unreachable = False
-        self._next_probe = 0.0
+
+    @property
+    def unreachable(self) -> bool:
+        """True during an outage (after a failed call, until one succeeds)."""
+        return self.transport.unreachable
 
     @property
     def pending(self) -> int:
         """Operations waiting in the outbox."""
         return len(self.outbox)
-
-    # ------------------------------------------------------------------ transport
-    def _send(self, method: str, path: str, body: dict[str, Any] | None = None, retries: int | None = None) -> Any:
-        httpx = self._httpx
-        attempts = 1 + (self.retries if retries is None else retries)
-        last = ""
-        for attempt in range(attempts):
-            try:
-                r = self._http.request(method, path, json=body)
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            else:
-                if r.status_code < 400:
-                    return r.json()
-                if r.status_code < 500:
-                    try:
-                        detail = r.json().get("detail", r.text)
-                    except ValueError:
-                        detail = r.text
-                    raise ClientError.of(method, f"{self.url}{path}", r.status_code, str(detail))
-                last = f"HTTP {r.status_code}"
-            if attempt + 1 < attempts:
-                time.sleep(self.backoff_s * 2**attempt)
-        raise _Unreachable(last)
-
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One request, honouring the outage back-off; raises _Unreachable."""
-        now = time.monotonic()
-        if self.unreachable and now < self._next_probe:
-            raise _Unreachable("in back-off")
-        try:
-            result = self._send(method, path, body, retries=0 if self.unreachable else None)
-        except _Unreachable as exc:
-            if not self.unreachable:
-                log.warning(
-                    "EvalStop coordinator at %s is unreachable (%s); training continues (fail-open), reports are "
-                    "kept in %s and replayed when it returns", self.url, exc,
-                    self.outbox_path or "memory")
-            self.unreachable = True
-            self._next_probe = time.monotonic() + self.probe_interval_s
-            raise
-        if self.unreachable:
-            self.unreachable = False
-            log.warning("EvalStop coordinator at %s is reachable again", self.url)
-        return result
 
     def _replay(self) -> Any:
         """Send the outbox in order; returns the last answer to a replayed report (or None)."""
@@ -178,7 +90,7 @@ class EvalStopClient:
             while outbox:
                 e = outbox.peek()
                 try:
-                    answer = self._call("POST", e.path, e.body)
+                    answer = self.transport.call("POST", e.path, e.body)
                     if e.op == "report":
                         last = answer
                 except ClientError as exc:  # cannot succeed later either: drop it, say so
@@ -196,8 +108,8 @@ class EvalStopClient:
             try:
                 if self.outbox:
                     self._replay()
-                return self._call("POST", path, body)
-            except _Unreachable:
+                return self.transport.call("POST", path, body)
+            except Unreachable:
                 self.outbox.append(Operation(op, job_id, path, body))
                 return None
 
@@ -207,7 +119,7 @@ class EvalStopClient:
             if self.outbox:
                 try:
                     self._replay()
-                except _Unreachable:
+                except Unreachable:
                     pass
             return not self.outbox
 
@@ -247,8 +159,8 @@ class EvalStopClient:
 
     def _get(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
-            return self._send(method, path, body)
-        except _Unreachable as exc:
+            return self.transport.send(method, path, body)
+        except Unreachable as exc:
             raise EvalStopError(f"{method} {self.url}{path}: coordinator unreachable ({exc})") from None
 
     def status(self, job_id: str) -> JobView:
@@ -267,7 +179,7 @@ class EvalStopClient:
         return self._get("GET", "/v1/audit")
 
     def close(self) -> None:
-        self._http.close()
+        self.transport.close()
 
     def __enter__(self) -> EvalStopClient:
         return self

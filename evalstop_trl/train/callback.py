@@ -36,28 +36,22 @@ service sends SIGTERM after ``grace_s`` without an acknowledgement, then SIGKILL
 from __future__ import annotations
 
 import logging
-import math
 import os
-import random
-import shutil
-import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from ..clients.embedded import EmbeddedClient
-from ..clients.http import EvalStopClient
 from ..clients.local import process_start_time
-from ..core.coordinator import Coordinator
-from ..core.detectors import Action, Decision, create_detector
+from ..core.detectors import DETECTORS, Action, Decision
 from ..core.errors import Conflict, EvalStopError
-from ..stores.sqlite import SQLiteStore
+from .checkpoints import save_atomically
+from .connect import connect
+from .distributed import broadcast_stop
+from .evaluation import evaluate_preserving_state, finite, to_number
 
 __all__ = ["EvalStopCallback"]
 
@@ -125,10 +119,11 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         elif not isinstance(world_feedback, str) or not world_feedback:
             raise ValueError(f"EvalStopCallback: world_feedback must be a callable or a metric name, "
                              f"but got {world_feedback!r}.")
-        params = {"k": k, "min_delta": min_delta, **detector_params}
-        if detector in ("stop_at", "loss_plateau", "never"):
-            params = {k2: v for k2, v in params.items() if k2 not in ("k", "min_delta")}
-        create_detector(detector, **params)  # validate now (ValueError listing the valid names)
+        accepted = DETECTORS.params(detector)  # ValueError listing the valid names
+        # k and min_delta are this signature's conveniences: passed on to detectors that take them
+        params = {name: v for name, v in (("k", k), ("min_delta", min_delta)) if name in accepted}
+        params.update(detector_params)
+        DETECTORS.create(detector, **params)  # validate now (unknown parameters, bad values)
         self.world_feedback = world_feedback
         self.eval_every = eval_every
         self._coordinator_arg = coordinator
@@ -161,32 +156,13 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         }
 
     # ------------------------------------------------------------------ setup
-    def _make_client(self, args) -> Any:
-        c = self._coordinator_arg
-        if c is None:
-            out = Path(args.output_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            return EmbeddedClient(Coordinator(SQLiteStore(out / "evalstop.db")))
-        if isinstance(c, str):
-            token = self.token or os.environ.get("EVALSTOP_TOKEN")
-            if not token:
-                raise ValueError("EvalStopCallback: a coordinator URL needs a token: pass token=... or set "
-                                 "EVALSTOP_TOKEN (create one with 'evalstop tenants add NAME').")
-            return EvalStopClient(c, token, outbox=Path(args.output_dir) / "evalstop-outbox.jsonl")
-        if isinstance(c, Coordinator):
-            return EmbeddedClient(c)
-        if hasattr(c, "report") and hasattr(c, "register_job"):
-            return c
-        raise ValueError(f"EvalStopCallback: coordinator must be None, a URL, a client or a Coordinator, "
-                         f"but got {type(c).__name__}.")
-
     def on_train_begin(self, args, state, control, **kwargs):
         self._is_main = state.is_world_process_zero
         if self.job_id is None:
             self.job_id = Path(args.output_dir).resolve().name or "job"
         if not self._is_main or self.client is not None:
             return
-        self.client = self._make_client(args)
+        self.client = connect(self._coordinator_arg, self.token, args.output_dir)
         policy = {"detector": self.detector, **self.params, "enforce": self.enforce, "grace_s": self.grace_s}
         self.client.register_job(self.job_id, self.job_type, planned_steps=state.max_steps or None, policy=policy,
                                  pid=os.getpid(), pid_start_time=process_start_time(os.getpid()))
@@ -197,11 +173,11 @@ class EvalStopCallback(TrainerCallback, ExportableState):
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
         for key in LOSS_KEYS:
-            if _finite(logs.get(key)):
+            if finite(logs.get(key)):
                 self._last_loss = float(logs[key])
                 break
         for key in REWARD_KEYS:
-            if _finite(logs.get(key)):
+            if finite(logs.get(key)):
                 self._last_reward = float(logs[key])
                 break
 
@@ -211,7 +187,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         score = None
         if self._is_main:
             tokenizer = processing_class if processing_class is not None else kwargs.get("tokenizer")
-            score = self._evaluate(model, tokenizer)
+            score = evaluate_preserving_state(self.world_feedback, model, tokenizer)
         self._observe(args, state, control, score, model, processing_class or kwargs.get("tokenizer"))
 
     def on_evaluate(self, args, state, control, metrics=None, model=None, processing_class=None, **kwargs):
@@ -223,9 +199,8 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             raise ValueError(f"EvalStopCallback: metric {name!r} is not in the evaluation metrics; "
                              f"available: {', '.join(sorted(metrics)) or '(none)'}.")
         value = metrics[name]
-        if hasattr(value, "item") and not isinstance(value, (int, float)):
-            value = value.item()
-        if not _finite(value):
+        value = to_number(value)
+        if not finite(value):
             raise ValueError(f"EvalStopCallback: metric {name!r} is {value!r} at step {state.global_step}; "
                              "world feedback must be a finite number.")
         self._observe(args, state, control, float(value), model, processing_class or kwargs.get("tokenizer"))
@@ -238,26 +213,6 @@ class EvalStopCallback(TrainerCallback, ExportableState):
                 log.warning("EvalStop: could not mark %s finished: %s", self.job_id, exc)
 
     # ------------------------------------------------------------------ the work
-    def _evaluate(self, model, tokenizer) -> float:
-        """Run world feedback without perturbing training: RNG states and train/eval mode restored."""
-        py_state, np_state = random.getstate(), np.random.get_state()
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        was_training = model.training
-        with torch.random.fork_rng(devices=devices):
-            model.eval()
-            try:
-                with torch.no_grad():
-                    score = self.world_feedback(model, tokenizer)
-            finally:
-                model.train(was_training)
-                random.setstate(py_state)
-                np.random.set_state(np_state)
-        if hasattr(score, "item") and not isinstance(score, (int, float)):
-            score = score.item()  # a numpy or torch scalar
-        if not _finite(score):
-            raise ValueError(f"EvalStopCallback: world_feedback returned {score!r}; it must return a finite number.")
-        return float(score)
-
     def _send(self, entry: dict[str, Any]) -> Decision:
         try:
             return self.client.report(self.job_id, entry["step"], eval_score=entry["eval_score"],
@@ -280,7 +235,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             else:
                 improves = score < self.best_score
             if improves and self.save_best and model is not None:
-                entry["checkpoint"] = self._save_best(args, model, tokenizer)
+                entry["checkpoint"] = save_atomically(args.output_dir, model, tokenizer)
             decision = self._send(entry)
             self.history.append(entry)
             self.decision = decision
@@ -291,7 +246,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             if improves and entry.get("checkpoint"):
                 self.best_checkpoint = entry["checkpoint"]
             stop = decision.action is Action.STOP
-        stop = _broadcast(stop)
+        stop = broadcast_stop(stop)
         if stop:
             control.should_training_stop = True
             self.stopped_at = step
@@ -303,35 +258,3 @@ class EvalStopCallback(TrainerCallback, ExportableState):
                 msg = (f"EvalStop: stopping at step {step}: {self.decision.reason}; best step {self.best_step} "
                        f"(score {self.best_score:.4g}), checkpoint {self.best_checkpoint}")
                 log.warning(msg)
-
-    def _save_best(self, args, model, tokenizer) -> str:
-        """Save model (or adapter) and tokenizer atomically: write aside, then swap folders."""
-        final = Path(args.output_dir) / "evalstop-best"
-        tmp = final.with_name(f".evalstop-best.tmp-{os.getpid()}-{time.monotonic_ns()}")
-        unwrapped = getattr(model, "module", model)
-        unwrapped.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(tmp)
-        old = None
-        if final.exists():
-            old = final.with_name(f".evalstop-best.old-{time.monotonic_ns()}")
-            os.replace(final, old)
-        os.replace(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return str(final)
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _broadcast(stop: bool) -> bool:
-    """Rank 0's decision on every rank, at the same point (no-op without torch.distributed)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return stop
-    flag = [stop if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(flag, src=0)
-    return bool(flag[0])

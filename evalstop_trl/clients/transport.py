@@ -1,0 +1,142 @@
+"""The HTTP transport of :class:`~evalstop_trl.clients.http.EvalStopClient`: requests with timeouts,
+retries with exponential backoff, and an outage state that probes the coordinator at most every
+``probe_interval_s`` (so a training step never waits on timeouts again and again).
+
+4xx answers raise a :class:`ClientError` subclass that is also the core's error class for that
+status (401 :class:`Unauthorized`, 404 :class:`NotFound`, 409 :class:`Conflict`, 422
+:class:`InvalidInput`), so ``except Conflict`` works the same against the embedded coordinator and
+the service. Connection errors and 5xx after the retries raise :class:`Unreachable`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound, Unauthorized
+
+__all__ = ["ClientError", "ConflictError", "InvalidInputError", "NotFoundError", "Transport", "Unreachable",
+           "UnauthorizedError"]
+
+log = logging.getLogger("evalstop.client")
+
+
+class ClientError(EvalStopError):
+    """The coordinator refused a request (4xx)."""
+
+    def __init__(self, method: str, url: str, status: int, detail: str) -> None:
+        super().__init__(f"{method} {url} -> {status}: {detail}")
+        self.method, self.url, self.status_code, self.detail = method, url, status, detail
+
+    @staticmethod
+    def of(method: str, url: str, status: int, detail: str) -> ClientError:
+        """The ClientError subclass for ``status`` (also the core's error class for it)."""
+        return _BY_STATUS.get(status, ClientError)(method, url, status, detail)
+
+
+class UnauthorizedError(ClientError, Unauthorized):
+    """401 from the service."""
+
+
+class NotFoundError(ClientError, NotFound):
+    """404 from the service."""
+
+
+class ConflictError(ClientError, Conflict):
+    """409 from the service."""
+
+
+class InvalidInputError(ClientError, InvalidInput):
+    """422 from the service."""
+
+
+_BY_STATUS: dict[int, type[ClientError]] = {401: UnauthorizedError, 404: NotFoundError, 409: ConflictError,
+                                            422: InvalidInputError}
+
+
+class _Unreachable(Exception):
+    pass
+
+
+class Unreachable(Exception):
+    """The coordinator did not answer (connection error or 5xx after the retries, or in back-off)."""
+
+
+class Transport:
+    """Requests to one coordinator with one bearer token.
+
+    Args:
+        url: the coordinator, e.g. ``http://127.0.0.1:8765``; token: the tenant's bearer token.
+        timeout_s: per-request timeout; connect_timeout_s: connection timeout.
+        retries: retries per call on connection errors and 5xx; backoff_s: first backoff (doubles).
+        probe_interval_s: during an outage, contact the coordinator at most this often.
+        transport: an httpx transport (``httpx.MockTransport`` in unit tests).
+    """
+
+    def __init__(self, url: str, token: str, *, timeout_s: float = 5.0, connect_timeout_s: float = 1.0,
+                 retries: int = 2, backoff_s: float = 0.1, probe_interval_s: float = 2.0, transport: Any = None,
+                 on_outage: str = "memory") -> None:
+        import httpx
+
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, but got {url!r}.")
+        if not token:
+            raise ValueError("token is empty; create one with 'evalstop tenants add NAME'.")
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), transport=transport,
+        )
+        self._httpx = httpx
+        self.retries, self.backoff_s, self.probe_interval_s = retries, backoff_s, probe_interval_s
+        self.kept_in = on_outage  # where fail-open operations go during an outage (for the log line)
+        self.unreachable = False
+        self._next_probe = 0.0
+
+    def send(self, method: str, path: str, body: dict[str, Any] | None = None, retries: int | None = None) -> Any:
+        httpx = self._httpx
+        attempts = 1 + (self.retries if retries is None else retries)
+        last = ""
+        for attempt in range(attempts):
+            try:
+                r = self._http.request(method, path, json=body)
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if r.status_code < 400:
+                    return r.json()
+                if r.status_code < 500:
+                    try:
+                        detail = r.json().get("detail", r.text)
+                    except ValueError:
+                        detail = r.text
+                    raise ClientError.of(method, f"{self.url}{path}", r.status_code, str(detail))
+                last = f"HTTP {r.status_code}"
+            if attempt + 1 < attempts:
+                time.sleep(self.backoff_s * 2**attempt)
+        raise Unreachable(last)
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One request, honouring the outage back-off; raises Unreachable."""
+        now = time.monotonic()
+        if self.unreachable and now < self._next_probe:
+            raise Unreachable("in back-off")
+        try:
+            result = self.send(method, path, body, retries=0 if self.unreachable else None)
+        except Unreachable as exc:
+            if not self.unreachable:
+                log.warning(
+                    "EvalStop coordinator at %s is unreachable (%s); training continues (fail-open), reports are "
+                    "kept in %s and replayed when it returns", self.url, exc,
+                    self.kept_in)
+            self.unreachable = True
+            self._next_probe = time.monotonic() + self.probe_interval_s
+            raise
+        if self.unreachable:
+            self.unreachable = False
+            log.warning("EvalStop coordinator at %s is reachable again", self.url)
+        return result
+
+    def close(self) -> None:
+        self._http.close()
