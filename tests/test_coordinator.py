@@ -1,4 +1,4 @@
-"""Coordinator: tenants, state machine, idempotency, conflicts, rebuild, thread safety."""
+"""Coordinator: tenancy, state machine, idempotency, conflicts, rebuild, thread safety."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import threading
 import pytest
 
 from evalstop_trl import Action, Conflict, Coordinator, InvalidInput, MemoryStore, NotFound, Policy, SQLiteStore
-from evalstop_trl.core.errors import Unauthorized
 from evalstop_trl.core.records import AuditKind, JobStatus
 
 
@@ -132,22 +131,6 @@ def test_tenants_are_isolated(make):
     # bob may use the same job id for his own job
     c.register_job("bob", "j", "dpo")
     assert c.status("bob", "j").job_type == "dpo" and c.status("alice", "j").job_type == "grpo"
-
-
-def test_tokens(make):
-    c = make()
-    token = c.tenants.add("acme")
-    assert c.tenants.authenticate(token) == "acme"
-    with pytest.raises(Unauthorized):
-        c.tenants.authenticate("es_wrong")
-    with pytest.raises(Unauthorized):
-        c.tenants.authenticate(None)
-    with pytest.raises(Conflict):
-        c.tenants.add("acme")
-    c.tenants.revoke("acme")
-    with pytest.raises(Unauthorized, match="revoked"):
-        c.tenants.authenticate(token)
-    assert all(token not in t.token_hash for t in c.tenants.list())
 
 
 def test_state_machine_manual_stop_ack_finish(make):
