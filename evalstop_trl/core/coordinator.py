@@ -34,10 +34,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .detectors import Action, Decision, Detector, Observation, check_finite
+from .detectors import Action, Decision, Detector, Observation, all_finite_floats, check_finite
 from .errors import Conflict, InvalidInput, NotFound
 from .records import (
     MAX_STEP,
@@ -63,10 +62,13 @@ __all__ = ["Coordinator", "PendingReport"]
 # Enum members bound once: looking them up on the class is slow, and this is the report hot path.
 _RUNNING, _PENDING, _STOPPED, _CONTINUE = JobStatus.RUNNING, JobStatus.PENDING, JobStatus.STOPPED, Action.CONTINUE
 _trusted = Observation.trusted
+_report = Report.trusted
+_finite_floats = all_finite_floats
 
 
 def _check_report(step: Any, eval_score: Any, train_loss: Any, proxy_reward: Any) -> None:
-    """Validate a report's numbers once, at the boundary (detectors then trust them)."""
+    """Validate a report's numbers once, at the boundary (detectors then trust them). The caller
+    has found that the fast check (int step in range, finite floats or None) failed."""
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidInput(f"step must be a non-negative integer, but got {step!r}.")
@@ -109,9 +111,10 @@ class _Live:
 StopListener = Callable[[JobRecord, Decision], None]
 
 
-@dataclass(frozen=True, slots=True)
-class PendingReport:
-    """A decided report whose write may not be durable yet (see :meth:`Coordinator.submit_report`)."""
+class PendingReport(NamedTuple):
+    """A decided report whose write may not be durable yet (see :meth:`Coordinator.submit_report`).
+
+    Internal to the coordinator and its service (a NamedTuple: one is made per report, on the hot path)."""
 
     tenant: str
     job_id: str
@@ -245,12 +248,13 @@ class Coordinator:
         """Decide on one report and queue its durable write; :meth:`complete` waits for it.
 
         The async service awaits ``pending.ticket`` (a Future) instead of blocking a thread."""
-        _check_report(step, eval_score, train_loss, proxy_reward)
+        if not (type(step) is int and 0 <= step <= MAX_STEP and _finite_floats(eval_score, train_loss, proxy_reward)):
+            _check_report(step, eval_score, train_loss, proxy_reward)
         if checkpoint is not None:
             check_checkpoint(checkpoint)
         with self._lock:
-            live = self._get(tenant, job_id)
-            rep = Report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock())
+            live = self._jobs.get((tenant, job_id)) or self._get(tenant, job_id)
+            rep = _report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock())
             stored = live.reports.get(step)
             if stored is not None:
                 if stored.payload() == rep.payload():
@@ -266,11 +270,15 @@ class Coordinator:
                     f"{live.last_step} of job {job_id!r}"
                 )
             # decide
-            decision = live.observe(rep)
+            planned = live.planned
+            decision = live.detector.observe(_trusted(job_id, step, eval_score, train_loss, proxy_reward,
+                                                      live.job_type, step / planned if planned else None))
             status = live.record.status
             if status is _RUNNING and decision.action is _CONTINUE:  # the hot path: no transition
                 ticket = live.ticket = self.store.add_report(tenant, job_id, rep)
-                live.remember(rep, decision)
+                live.reports[step] = rep
+                live.last_step = step
+                live.decision = decision
                 return PendingReport(tenant, job_id, decision, ticket, None)
             # transition, commit
             stopped = None

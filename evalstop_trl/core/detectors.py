@@ -79,7 +79,8 @@ def check_finite(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be finite, but got {value!r}; report None for a missing value.")
 
 
-def _all_finite_floats(*values: Any) -> bool:
+def all_finite_floats(*values: Any) -> bool:
+    """True if every value is None or a finite float (the hot path's check; ints etc. need a full check)."""
     for v in values:
         if v is not None and (type(v) is not float or v - v != 0.0):
             return False
@@ -110,7 +111,7 @@ class Observation:
         step = self.step
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative integer, but got {step!r}.")
-        if not _all_finite_floats(self.eval_score, self.train_loss, self.proxy_reward, self.progress):
+        if not all_finite_floats(self.eval_score, self.train_loss, self.proxy_reward, self.progress):
             check_finite("eval_score", self.eval_score)
             check_finite("train_loss", self.train_loss)
             check_finite("proxy_reward", self.proxy_reward)

@@ -224,6 +224,19 @@ class Report:
     checkpoint: str | None = None
     received_at: float = 0.0
 
+    @classmethod
+    def trusted(cls, step: int, eval_score: float | None, train_loss: float | None, proxy_reward: float | None,
+                checkpoint: str | None, received_at: float) -> Report:
+        """Build without the dataclass ``__init__`` (the coordinator's hot path; values already checked)."""
+        r = _new(cls)
+        _REPORT_SET[0](r, step)
+        _REPORT_SET[1](r, eval_score)
+        _REPORT_SET[2](r, train_loss)
+        _REPORT_SET[3](r, proxy_reward)
+        _REPORT_SET[4](r, checkpoint)
+        _REPORT_SET[5](r, received_at)
+        return r
+
     def payload(self) -> tuple:
         """What identifies the report's content (idempotency compares this, not the arrival time)."""
         return (self.step, self.eval_score, self.train_loss, self.proxy_reward, self.checkpoint)
@@ -231,6 +244,10 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "eval_score": self.eval_score, "train_loss": self.train_loss,
                 "proxy_reward": self.proxy_reward, "checkpoint": self.checkpoint, "received_at": self.received_at}
+
+
+_new = object.__new__
+_REPORT_SET = tuple(Report.__dict__[f.name].__set__ for f in fields(Report))
 
 
 class AuditKind(str, Enum):
