@@ -32,6 +32,8 @@ def write_json(obj: Any, path: str | Path) -> None:
 
 
 def _load(args: argparse.Namespace):
+    from .policies import check_config
+
     cfg = load_config(args.config)
     overrides = {}
     for item in args.set or []:
@@ -41,6 +43,7 @@ def _load(args: argparse.Namespace):
         overrides[k.strip()] = parse_value(v)
     if overrides:
         cfg = apply_overrides(cfg, overrides)
+    check_config(cfg)
     if getattr(args, "seeds", None) is not None and args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     return cfg
@@ -99,10 +102,12 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from .experiments import sweep
+    from .policies import check_config
 
     cfg = _load(args)
     values = [parse_value(v) for v in args.values.split(",")]
-    apply_overrides(cfg, {args.param: values[0]})  # fail fast on an unknown key
+    for v in values:  # fail fast on an unknown key or a bad value
+        check_config(apply_overrides(cfg, {args.param: v}))
     rows = sweep(cfg, args.param, values, args.seeds, args.workers, progress=not args.quiet)
     print(f"{args.param:>28} {'precision':>10} {'recall':>8} {'FPR(B)':>8} {'JCT(compl)':>11} {'JCT(all)':>9} {'GPU-h':>8}")
     for r in rows:

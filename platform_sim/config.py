@@ -4,10 +4,16 @@ Every parameter lives in YAML (``configs/sim/rlhf_heavy.yaml`` is the default); 
 carry no defaults of their own. A config file may name a ``base:`` file (relative to itself) and
 override only some keys. Unknown keys, wrong types and impossible values raise :class:`ConfigError`
 with the dotted key that is wrong.
+
+This module is data and YAML only: it imports no policy. The ``scheduler:`` and ``overlay:``
+sections (:class:`PolicyConfig`) name a registry entry and hold one parameter block per entry;
+those blocks are checked against the registered classes' signatures where policies are built
+(:func:`platform_sim.policies.check_config`).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import typing
@@ -18,7 +24,8 @@ from typing import Any, Literal
 
 import yaml
 
-__all__ = ["ConfigError", "SimConfig", "DEFAULT_CONFIG", "load_config", "config_from_dict", "apply_overrides"]
+__all__ = ["ConfigError", "PolicyConfig", "SimConfig", "DEFAULT_CONFIG", "load_config", "config_from_dict",
+           "apply_overrides"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim" / "rlhf_heavy.yaml"
 
@@ -98,40 +105,21 @@ class LossConfig:
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
+class PolicyConfig:
+    """A chosen registry entry and parameter blocks for any entries.
+
+    YAML: ``{name: srtf_est, fifo: {backfill: true}, loss_aware: {round_s: 300, promote_h: 4.0}}``:
+    every key but ``name`` is an entry's name and holds that entry's parameters (an entry without a
+    block takes its defaults). Blocks for entries other than ``name`` are kept because experiments
+    compare several entries from one config (``reproduce`` runs every scheduler).
+    """
+
     name: str
-    fifo_backfill: bool
-    loss_aware_round_s: float
-    loss_aware_promote_h: float
+    blocks: dict[str, dict[str, Any]]
 
-
-@dataclass(frozen=True)
-class EvalStopOverlayConfig:
-    detector: str
-    k: int
-    min_delta: float
-    job_types: Literal["all", "rlhf"]
-
-
-@dataclass(frozen=True)
-class StopAtOverlayConfig:
-    fraction: float
-    job_types: Literal["all", "rlhf"]
-
-
-@dataclass(frozen=True)
-class LossPlateauOverlayConfig:
-    window: int
-    tolerance: float
-    job_types: Literal["all", "rlhf"]
-
-
-@dataclass(frozen=True)
-class OverlayConfig:
-    name: str
-    evalstop: EvalStopOverlayConfig
-    stop_at: StopAtOverlayConfig
-    loss_plateau: LossPlateauOverlayConfig
+    def block(self, entry: str | None = None) -> dict[str, Any]:
+        """A copy of ``entry``'s parameter block (``name``'s when None; empty when there is none)."""
+        return dict(self.blocks.get(self.name if entry is None else entry, {}))
 
 
 @dataclass(frozen=True)
@@ -149,8 +137,8 @@ class SimConfig:
     noise: NoiseConfig
     proxy: ProxyConfig
     loss: LossConfig
-    scheduler: SchedulerConfig
-    overlay: OverlayConfig
+    scheduler: PolicyConfig
+    overlay: PolicyConfig
     metrics: MetricsConfig
 
     def __post_init__(self) -> None:
@@ -166,6 +154,8 @@ class SimConfig:
 
 # ----------------------------------------------------------------------------- conversion
 def _to_plain(obj: Any) -> Any:
+    if isinstance(obj, PolicyConfig):
+        return {"name": obj.name, **_to_plain(obj.blocks)}
     if dataclasses.is_dataclass(obj):
         return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
@@ -175,8 +165,29 @@ def _to_plain(obj: Any) -> Any:
     return obj
 
 
+def _policy_config(value: Any, key: str) -> PolicyConfig:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key} must be a mapping, but got {value!r}")
+    if "name" not in value:
+        raise ConfigError(f"missing key {key}.name")
+    name = _convert(str, value["name"], f"{key}.name")
+    blocks = {}
+    for entry, block in value.items():
+        if entry == "name":
+            continue
+        if not isinstance(block, Mapping):
+            raise ConfigError(f"{key}.{entry} must be a mapping of parameters, but got {block!r}")
+        for param in block:
+            if not isinstance(param, str):
+                raise ConfigError(f"{key}.{entry} has a parameter name that is not a string: {param!r}")
+        blocks[str(entry)] = copy.deepcopy(dict(block))
+    return PolicyConfig(name, blocks)
+
+
 def _convert(tp: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
+    if tp is PolicyConfig:
+        return _policy_config(value, key)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a mapping, but got {value!r}")
@@ -238,9 +249,6 @@ def _check(cond: bool, key: str, msg: str) -> None:
 
 
 def _validate(c: SimConfig) -> None:
-    from .overlays import OVERLAYS
-    from .schedulers import SCHEDULERS
-
     _check(c.seeds >= 1, "seeds", f"must be >= 1, but got {c.seeds}")
     _check(c.cluster.nodes >= 1 and c.cluster.gpus_per_node >= 1, "cluster.nodes", "and gpus_per_node must be >= 1")
     w = c.workload
@@ -273,19 +281,6 @@ def _validate(c: SimConfig) -> None:
     _check(-1 < c.noise.ar_rho < 1, "noise.ar_rho", "must be in (-1, 1)")
     _check(c.noise.t_df > 2, "noise.t_df", "must be > 2 (finite variance)")
     _check(c.loss.tau[0] > 0, "loss.tau", "must be positive")
-    _check(c.scheduler.name in SCHEDULERS, "scheduler.name", f"must be one of {', '.join(SCHEDULERS)}, but got {c.scheduler.name!r}")
-    _check(c.scheduler.loss_aware_round_s > 0, "scheduler.loss_aware_round_s", "must be > 0")
-    _check(c.overlay.name in OVERLAYS, "overlay.name", f"must be one of {', '.join(OVERLAYS)}, but got {c.overlay.name!r}")
-    _check(c.overlay.evalstop.k >= 1, "overlay.evalstop.k", f"must be >= 1, but got {c.overlay.evalstop.k}")
-    _check(c.overlay.evalstop.min_delta >= 0, "overlay.evalstop.min_delta", "must be >= 0")
-    _check(0 < c.overlay.stop_at.fraction <= 1, "overlay.stop_at.fraction", "must be in (0, 1]")
-    _check(c.overlay.loss_plateau.window >= 1, "overlay.loss_plateau.window", "must be >= 1")
-    try:
-        from evalstop_trl.core.detectors import create_detector
-
-        create_detector(c.overlay.evalstop.detector, k=c.overlay.evalstop.k, min_delta=c.overlay.evalstop.min_delta)
-    except ValueError as exc:
-        raise ConfigError(f"overlay.evalstop: {exc}") from None
 
 
 def _merge(base: dict, over: Mapping) -> dict:
@@ -330,18 +325,32 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def apply_overrides(cfg: SimConfig, overrides: Mapping[str, Any]) -> SimConfig:
-    """Return ``cfg`` with dotted keys replaced (``{"noise.sigma": 0.08}``); unknown keys raise."""
-    data = cfg.to_dict()
-    for dotted, value in overrides.items():
-        node = data
-        parts = dotted.split(".")
-        for part in parts[:-1]:
-            if not isinstance(node, dict) or part not in node:
-                raise ConfigError(f"unknown key {dotted}")
-            node = node[part]
-        if not isinstance(node, dict) or parts[-1] not in node:
-            raise ConfigError(f"unknown key {dotted}")
-        node[parts[-1]] = value
-    return config_from_dict(data)
+def _unknown_key(dotted: str, node: Any) -> ConfigError:
+    if isinstance(node, dict):
+        return ConfigError(f"unknown key {dotted}; valid keys here: {', '.join(map(str, node))}")
+    return ConfigError(f"unknown key {dotted}")
 
+
+def apply_overrides(cfg: SimConfig, overrides: Mapping[str, Any]) -> SimConfig:
+    """Return ``cfg`` with dotted keys replaced (``{"noise.sigma": 0.08}``); unknown keys raise.
+
+    A policy parameter (``scheduler.<entry>.<param>``, ``overlay.<entry>.<param>``) may be set even
+    if the YAML does not list it: the registered class's signature decides whether it exists
+    (:func:`platform_sim.policies.check_config`), not this module.
+    """
+    data = cfg.to_dict()
+    hints = typing.get_type_hints(SimConfig)
+    for dotted, value in overrides.items():
+        *parents, last = dotted.split(".")
+        if len(parents) == 2 and hints.get(parents[0]) is PolicyConfig and parents[1] != "name":
+            data[parents[0]].setdefault(parents[1], {})[last] = value
+            continue
+        node = data
+        for part in parents:
+            if not isinstance(node, dict) or part not in node:
+                raise _unknown_key(dotted, node)
+            node = node[part]
+        if not isinstance(node, dict) or last not in node:
+            raise _unknown_key(dotted, node)
+        node[last] = value
+    return config_from_dict(data)

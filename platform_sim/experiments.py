@@ -18,8 +18,8 @@ import numpy as np
 from .config import SimConfig, config_from_dict
 from .engine import RunResult, Simulation
 from .metrics import DEFINITIONS, Detection, compare, detection, summarize
-from .overlays import create_overlay
-from .schedulers import SCHEDULERS, create_scheduler
+from .policies import build_overlay, build_scheduler, check_config
+from .schedulers import SCHEDULERS
 from .workload import Workload, generate_workload
 
 __all__ = [
@@ -36,11 +36,9 @@ DETECTION_KEYS = ("tp", "fp_a", "fp_b", "hacked", "healthy", "flagged")
 
 def simulate(cfg: SimConfig, seed: int, scheduler: str | None = None, overlay: str | None = None,
              workload: Workload | None = None) -> RunResult:
-    """One run: ``cfg``'s scheduler and overlay unless named here."""
+    """One run: ``cfg``'s scheduler and overlay unless named here (each with its config block)."""
     wl = workload if workload is not None else generate_workload(cfg, seed)
-    sched = create_scheduler(scheduler or cfg.scheduler.name, cfg.scheduler)
-    ov = create_overlay(overlay or cfg.overlay.name, cfg.overlay, wl)
-    return Simulation(wl, cfg, sched, ov).run()
+    return Simulation(wl, cfg, build_scheduler(cfg, scheduler), build_overlay(cfg, wl, overlay)).run()
 
 
 def _detect_only(cfg: SimConfig, wl: Workload, scheduler: str, overlay: str) -> dict[str, Any]:
@@ -177,6 +175,7 @@ def _run_seed(args: tuple[dict, int, str | None, str | None, Workload | None]) -
 def run_seeds(cfg: SimConfig, seeds: int | None = None, workers: int | None = None, progress: bool = False,
               workload: Workload | None = None) -> dict[str, Any]:
     """The configured scheduler alone vs with the configured overlay, over ``seeds`` seeds."""
+    check_config(cfg)
     n = 1 if workload is not None else (seeds or cfg.seeds)
     rows = _map(_run_seed, [(cfg.to_dict(), s, None, None, workload) for s in range(n)],
                 workers or _default_workers(), progress, f"{cfg.scheduler.name}+{cfg.overlay.name}")
@@ -242,7 +241,7 @@ def _reproduce_seed(args: tuple[dict, int]) -> dict[str, Any]:
     out["baselines"] = {o: _pair(cfg, wl, headline, o, bases[headline]) for o in ("stop_at", "loss_plateau", "oracle")}
     out["k"] = {}
     for k in KS:
-        if k == cfg.overlay.evalstop.k:
+        if k == cfg.overlay.block("evalstop").get("k"):
             out["k"][k] = {key: v for key, v in out["composability"][headline].items() if key not in ("jct_base_h", "jct_run_h")}
         else:
             ck = cfg.replace(**{"overlay.evalstop.k": k})
@@ -270,6 +269,7 @@ def _reproduce_seed(args: tuple[dict, int]) -> dict[str, Any]:
 def reproduce(cfg: SimConfig, seeds: int | None = None, workers: int | None = None,
               progress: bool = True) -> dict[str, Any]:
     """Every table and figure input of the paper; returns the ``results.json`` object."""
+    check_config(cfg)
     n = seeds or cfg.seeds
     per_seed = _map(_reproduce_seed, [(cfg.to_dict(), s) for s in range(n)], workers or _default_workers(),
                     progress, "reproduce")

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .curves import CurveKind
-from .engine import RunResult, Timing
+from .engine import RunResult
+from .jobs import Timing
 from .workload import Workload
 
 __all__ = ["Detection", "RunSummary", "compare", "detection", "summarize", "DEFINITIONS"]

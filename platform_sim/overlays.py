@@ -1,29 +1,48 @@
 """Stop overlays wrapped around a base scheduler.
 
-Detector overlays (EvalStop, StopAt, LossPlateau) call the real ``evalstop_trl.Coordinator``
-(MemoryStore, the simulator's virtual clock): the same decision code as the HTTP service and the
-TRL callback, no second copy of any rule. Oracle-Stop is the only code here that reads ground
-truth, and it is marked ``is_oracle`` in every output.
+Detector overlays (``evalstop``, ``stop_at``, ``loss_plateau``) are one class,
+:class:`DetectorOverlay`, that calls the real ``evalstop_trl`` Coordinator (MemoryStore, the
+simulator's virtual clock): the same decision code as the HTTP service and the TRL callback, no
+second copy of any rule. They differ only in their detector. Oracle-Stop is the only code here that
+reads ground truth, and it is marked ``is_oracle`` in every output.
+
+Overlays are registered in :data:`OVERLAYS`; every factory receives the run's workload as registry
+*context* (only the oracle reads it). :func:`create_overlay` takes an overlay's flat config block:
+the overlay's own parameters (``job_types``, and ``detector`` for ``evalstop``) plus its
+detector's parameters, each checked against the signature that declares it::
+
+    >>> from platform_sim.workload import Workload
+    >>> empty = Workload((), (), n_evals=10, seed=0)
+    >>> ov = create_overlay("evalstop", empty, k=3, job_types="rlhf")
+    >>> ov.name, ov.policy.detector, ov.policy.params["k"], ov.rlhf_only
+    ('evalstop', 'decline', 3, True)
+    >>> create_overlay("stop_at", empty, k=3)
+    Traceback (most recent call last):
+    ...
+    ValueError: Unknown parameter(s) k for overlay 'stop_at'; valid parameters are: job_types, fraction, direction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
 
 from evalstop_trl.core.coordinator import Coordinator
-from evalstop_trl.core.detectors import Action
+from evalstop_trl.core.detectors import DETECTORS, Action
 from evalstop_trl.core.records import JobType, Policy
+from evalstop_trl.core.registry import Registry
 from evalstop_trl.stores.memory import MemoryStore
 
-from .config import OverlayConfig
 from .views import JobView
 from .workload import Workload
 
-__all__ = ["OVERLAYS", "Overlay", "create_overlay"]
+__all__ = ["OVERLAYS", "DetectorOverlay", "Overlay", "OracleOverlay", "create_overlay", "overlay_block_keys"]
 
 TENANT = "platform"
 
 _JOB_TYPES = {"lora_sft": JobType.LORA_SFT, "dpo": JobType.DPO, "rlhf_ppo": JobType.PPO, "rlhf_grpo": JobType.GRPO}
+_STOP = Action.STOP
 
 
 class Overlay:
@@ -47,16 +66,26 @@ class Overlay:
         return None
 
 
-class NoOverlay(Overlay):
-    name = "none"
+class DetectorOverlay(Overlay):
+    """Register jobs with a Coordinator under a detector policy and stop a job when it says STOP.
 
+    Args:
+        detector: a registered detector name (``evalstop_trl.core.detectors.DETECTORS``).
+        params: the detector's parameters (checked by its signature).
+        job_types: ``"all"`` watches every job, ``"rlhf"`` only RLHF jobs.
+        name: the overlay's name in results.
 
-class CoordinatorOverlay(Overlay):
-    """Register jobs with a Coordinator under ``policy`` and stop when it says STOP."""
+    Raises:
+        ValueError: unknown detector, unknown or bad detector parameter, or bad ``job_types``.
+    """
 
-    def __init__(self, policy: Policy, rlhf_only: bool) -> None:
-        self.policy = policy
-        self.rlhf_only = rlhf_only
+    def __init__(self, detector: str, params: Mapping[str, Any] | None = None, job_types: str = "all",
+                 name: str = "detector") -> None:
+        if job_types not in ("all", "rlhf"):
+            raise ValueError(f"job_types must be 'all' or 'rlhf', but got job_types={job_types!r}.")
+        self.name = name
+        self.policy = Policy(detector, dict(params or {}))  # ValueError naming a bad detector parameter
+        self.rlhf_only = job_types == "rlhf"
         self.coordinator: Coordinator | None = None
         self._watched: dict[int, str] = {}  # job id -> the coordinator's job id
 
@@ -76,32 +105,7 @@ class CoordinatorOverlay(Overlay):
         name = self._watched.get(job.job_id)
         if name is None:
             return False
-        return self.coordinator.report(TENANT, name, step, score, loss, proxy).action is Action.STOP
-
-
-class EvalStopOverlay(CoordinatorOverlay):
-    name = "evalstop"
-
-    def __init__(self, cfg: OverlayConfig) -> None:
-        c = cfg.evalstop
-        super().__init__(Policy(c.detector, {"k": c.k, "min_delta": c.min_delta}), c.job_types == "rlhf")
-
-
-class StopAtOverlay(CoordinatorOverlay):
-    name = "stop_at"
-
-    def __init__(self, cfg: OverlayConfig) -> None:
-        c = cfg.stop_at
-        super().__init__(Policy("stop_at", {"fraction": c.fraction}), c.job_types == "rlhf")
-
-
-class LossPlateauOverlay(CoordinatorOverlay):
-    name = "loss_plateau"
-
-    def __init__(self, cfg: OverlayConfig) -> None:
-        c = cfg.loss_plateau
-        super().__init__(Policy("loss_plateau", {"window": c.window, "tolerance": c.tolerance}),
-                         c.job_types == "rlhf")
+        return self.coordinator.report(TENANT, name, step, score, loss, proxy).action is _STOP
 
 
 class OracleOverlay(Overlay):
@@ -110,7 +114,7 @@ class OracleOverlay(Overlay):
     name = "oracle"
     is_oracle = True
 
-    def __init__(self, cfg: OverlayConfig, workload: Workload) -> None:
+    def __init__(self, workload: Workload) -> None:
         self._cut = {
             spec.job_id: truth.peak_progress
             for spec, truth in zip(workload.jobs, workload.truths, strict=True)
@@ -121,18 +125,80 @@ class OracleOverlay(Overlay):
         return self._cut.get(job_id)
 
 
-OVERLAYS: dict[str, Callable[..., Overlay]] = {
-    "none": lambda cfg, workload: NoOverlay(),
-    "evalstop": lambda cfg, workload: EvalStopOverlay(cfg),
-    "stop_at": lambda cfg, workload: StopAtOverlay(cfg),
-    "loss_plateau": lambda cfg, workload: LossPlateauOverlay(cfg),
-    "oracle": lambda cfg, workload: OracleOverlay(cfg, workload),
-}
+# ----------------------------------------------------------------------------- registry
+OVERLAYS: Registry[Overlay] = Registry("overlay", context=("workload",))
 
 
-def create_overlay(name: str, cfg: OverlayConfig, workload: Workload) -> Overlay:
-    try:
-        factory = OVERLAYS[name]
-    except KeyError:
-        raise ValueError(f"Unknown overlay {name!r}; valid overlays are: {', '.join(OVERLAYS)}.") from None
-    return factory(cfg, workload)
+@OVERLAYS.register("none")
+def no_overlay(workload: Workload) -> Overlay:
+    """The base scheduler alone."""
+    return Overlay()
+
+
+@OVERLAYS.register("evalstop")
+def evalstop(workload: Workload, detector: str = "decline", params: Mapping[str, Any] | None = None,
+             job_types: str = "all") -> DetectorOverlay:
+    """EvalStop: the paper's decline rule (or any registered ``detector``) on world-feedback evals."""
+    return DetectorOverlay(detector, params, job_types, name="evalstop")
+
+
+def _fixed_detector(name: str, detector: str, workload: Workload, params: Mapping[str, Any] | None = None,
+                    job_types: str = "all") -> DetectorOverlay:
+    return DetectorOverlay(detector, params, job_types, name=name)
+
+
+#: detector overlays whose detector is fixed: entry name -> (detector, default job_types)
+FIXED_DETECTORS = {"stop_at": ("stop_at", "rlhf"), "loss_plateau": ("loss_plateau", "all")}
+for _name, (_detector, _job_types) in FIXED_DETECTORS.items():
+    OVERLAYS.add(_name, partial(_fixed_detector, _name, _detector, job_types=_job_types))
+
+
+@OVERLAYS.register("oracle")
+def oracle(workload: Workload) -> Overlay:
+    """ORACLE: stops each hacked job at its true gold peak (the limit EvalStop is measured against)."""
+    return OracleOverlay(workload)
+
+
+def _detector_of(name: str, block: Mapping[str, Any]) -> str | None:
+    """The detector overlay ``name`` runs with this config block (None: not a detector overlay)."""
+    if name in FIXED_DETECTORS:
+        return FIXED_DETECTORS[name][0]
+    own = OVERLAYS.params(name)
+    if "detector" in own:
+        return block.get("detector", own["detector"])
+    return None
+
+
+def overlay_block_keys(name: str, block: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """Valid keys of overlay ``name``'s flat config block: its own parameters, then its detector's.
+
+    Raises:
+        ValueError: unknown overlay or (for ``evalstop``) unknown ``detector`` in ``block``.
+    """
+    own = tuple(k for k in OVERLAYS.params(name) if k != "params")
+    detector = _detector_of(name, block or {})
+    return own + (tuple(DETECTORS.params(detector)) if detector is not None else ())
+
+
+def create_overlay(name: str, workload: Workload, /, **block: Any) -> Overlay:
+    """Build a registered overlay from its flat config block.
+
+    Args:
+        name: one of ``none``, ``evalstop``, ``stop_at``, ``loss_plateau``, ``oracle``.
+        workload: the run's workload (registry context; only the oracle reads it).
+        **block: the overlay's parameters and, for a detector overlay, its detector's parameters,
+            e.g. ``create_overlay("evalstop", wl, detector="decline", k=2, job_types="all")``.
+
+    Raises:
+        ValueError: unknown name or key (the message lists the valid ones), or a bad value.
+    """
+    valid = overlay_block_keys(name, block)
+    unknown = sorted(set(block) - set(valid))
+    if unknown:
+        raise ValueError(f"Unknown parameter(s) {', '.join(unknown)} for overlay {name!r}; "
+                         f"valid parameters are: {', '.join(valid) or '(none)'}.")
+    if _detector_of(name, block) is None:
+        return OVERLAYS.create(name, workload, **block)
+    own = OVERLAYS.params(name)
+    kwargs = {k: v for k, v in block.items() if k in own}
+    return OVERLAYS.create(name, workload, params={k: v for k, v in block.items() if k not in own}, **kwargs)

@@ -1,12 +1,26 @@
 """Base schedulers (policies). Each returns a priority order over job views; the engine's
-mechanism places jobs in that order. Policies never advance time or touch shared state."""
+mechanism places jobs in that order. Policies never advance time or touch shared state.
+
+Schedulers are registered in :data:`SCHEDULERS` and take their own parameters, checked against
+their constructor's signature (a config names them as ``scheduler.<name>.<parameter>``)::
+
+    >>> create_scheduler("loss_aware", round_s=600).round_s
+    600.0
+    >>> create_scheduler("fifo", round_s=600)
+    Traceback (most recent call last):
+    ...
+    ValueError: Unknown parameter(s) round_s for scheduler 'fifo'; valid parameters are: backfill.
+"""
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
-from .config import SchedulerConfig
+from evalstop_trl.core.registry import Registry
+
 from .views import JobView
 
 __all__ = ["SCHEDULERS", "Scheduler", "create_scheduler"]
@@ -26,27 +40,42 @@ class Scheduler(ABC):
     backfill = True
     round_s: float | None = None
 
-    def __init__(self, cfg: SchedulerConfig) -> None:
-        self.cfg = cfg
-
     @abstractmethod
     def order(self, jobs: Sequence[JobView], now: float) -> list[JobView]:
         """Jobs in the order they should get GPUs."""
 
 
+def _number(name: str, value: Any) -> float:
+    """``value`` as a float, or ValueError unless it is a finite number (bool is not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, but got {name}={value!r}.")
+    return float(value)
+
+
+SCHEDULERS: Registry[Scheduler] = Registry("scheduler")
+
+
+@SCHEDULERS.register()
 class FIFO(Scheduler):
-    """First in, first out; non-preemptive; backfill optional (``fifo_backfill``)."""
+    """First in, first out; non-preemptive.
+
+    Args:
+        backfill: start later jobs when the first in line does not fit (production queues such as
+            Slurm do); ``False`` is strict FIFO, which blocks the cluster behind a large gang.
+    """
 
     name = "fifo"
 
-    def __init__(self, cfg: SchedulerConfig) -> None:
-        super().__init__(cfg)
-        self.backfill = cfg.fifo_backfill
+    def __init__(self, backfill: bool = True) -> None:
+        if not isinstance(backfill, bool):
+            raise ValueError(f"backfill must be true or false, but got backfill={backfill!r}.")
+        self.backfill = backfill
 
     def order(self, jobs, now):
         return sorted(jobs, key=lambda v: (v.arrival_s, v.job_id))
 
 
+@SCHEDULERS.register()
 class SJFEst(Scheduler):
     """Shortest estimated job first; non-preemptive."""
 
@@ -56,6 +85,7 @@ class SJFEst(Scheduler):
         return sorted(jobs, key=lambda v: (v.est_duration_s, v.job_id))
 
 
+@SCHEDULERS.register()
 class SRTFEst(Scheduler):
     """Shortest estimated remaining time first, ``est x (1 - progress)``; preemptive."""
 
@@ -72,18 +102,28 @@ def predicted_gain_per_gpu_hour(history: Sequence[tuple[float, float]]) -> float
     return (l0 - l1) / max(g1 - g0, 1e-9)
 
 
+@SCHEDULERS.register()
 class LossAware(Scheduler):
-    """SLAQ-like: every ``loss_aware_round_s`` GPUs go greedily to the jobs with the highest predicted
+    """SLAQ-like: every ``round_s`` seconds GPUs go greedily to the jobs with the highest predicted
     loss reduction per GPU-hour. Jobs with fewer than two loss points rank first, then jobs waiting
-    longer than ``loss_aware_promote_h`` (so flattened jobs are not starved forever)."""
+    longer than ``promote_h`` hours (so flattened jobs are not starved forever).
+
+    Args:
+        round_s: length of a scheduling round (preemption happens only at rounds), > 0.
+        promote_h: a job waiting longer than this ranks right after the new jobs, >= 0.
+    """
 
     name = "loss_aware"
     preemptive = True
 
-    def __init__(self, cfg: SchedulerConfig) -> None:
-        super().__init__(cfg)
-        self.round_s = cfg.loss_aware_round_s
-        self.promote_s = cfg.loss_aware_promote_h * 3600.0
+    def __init__(self, round_s: float = 300.0, promote_h: float = 4.0) -> None:
+        self.round_s = _number("round_s", round_s)
+        if self.round_s <= 0:
+            raise ValueError(f"round_s must be > 0, but got round_s={round_s!r}.")
+        self.promote_h = _number("promote_h", promote_h)
+        if self.promote_h < 0:
+            raise ValueError(f"promote_h must be >= 0, but got promote_h={promote_h!r}.")
+        self.promote_s = self.promote_h * 3600.0
         # job_id -> (evals done when promoted, time promoted). A promotion lasts until the job's next
         # eval; otherwise a promoted job would run one round and be starved again for promote_h.
         self._promoted: dict[int, tuple[int, float]] = {}
@@ -106,11 +146,14 @@ class LossAware(Scheduler):
         return sorted(jobs, key=key)
 
 
-SCHEDULERS: dict[str, type[Scheduler]] = {c.name: c for c in (FIFO, SJFEst, SRTFEst, LossAware)}
+def create_scheduler(name: str, /, **params: Any) -> Scheduler:
+    """Build a registered scheduler.
 
+    Args:
+        name: one of ``fifo``, ``sjf_est``, ``srtf_est``, ``loss_aware``.
+        **params: the scheduler's parameters (``FIFO(backfill)``, ``LossAware(round_s, promote_h)``).
 
-def create_scheduler(name: str, cfg: SchedulerConfig) -> Scheduler:
-    try:
-        return SCHEDULERS[name](cfg)
-    except KeyError:
-        raise ValueError(f"Unknown scheduler {name!r}; valid schedulers are: {', '.join(SCHEDULERS)}.") from None
+    Raises:
+        ValueError: unknown name or parameter (the message lists the valid ones), or a bad value.
+    """
+    return SCHEDULERS.create(name, **params)

@@ -1,11 +1,17 @@
-"""platform_sim config: defaults from YAML, strict validation, inheritance, overrides, CLI exit 2."""
+"""platform_sim config: defaults from YAML, strict validation, policy blocks checked by signature,
+inheritance, overrides, CLI exit 2, and an import graph without cycles."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
+import platform_sim
 from platform_sim.cli import main
 from platform_sim.config import DEFAULT_CONFIG, ConfigError, load_config
+from platform_sim.policies import build_scheduler, check_config
 
 
 def test_default_config_is_the_spec():
@@ -13,7 +19,10 @@ def test_default_config_is_the_spec():
     assert cfg.cluster.total_gpus == 64 and cfg.workload.n_jobs == 200
     assert cfg.workload.load == 0.72 and cfg.workload.evals_per_job == 10
     assert cfg.curves.hack_fraction == 0.47 and cfg.noise.sigma == 0.04
-    assert cfg.overlay.evalstop.k == 2 and cfg.scheduler.name == "srtf_est"
+    assert cfg.overlay.block("evalstop")["k"] == 2 and cfg.scheduler.name == "srtf_est"
+    assert cfg.scheduler.block("fifo") == {"backfill": True}
+    assert cfg.scheduler.block("loss_aware") == {"round_s": 300, "promote_h": 4.0}
+    assert cfg.to_dict()["overlay"]["stop_at"] == {"fraction": 0.65, "job_types": "rlhf"}
     assert sum(t.share for t in cfg.workload.types.values()) == pytest.approx(1.0)
     assert cfg.workload.types["rlhf_ppo"].gpus == {8: 0.6, 16: 0.3, 32: 0.1}
 
@@ -29,8 +38,22 @@ def test_default_config_is_the_spec():
         ("curves: {hack_fraction: 1.5}", "curves.hack_fraction must be in [0, 1]"),
         ("curves: {hacked_p_peak: [0.5, 0.2]}", "curves.hacked_p_peak must have low <= high"),
         ("scheduler: {name: lottery}", "scheduler.name must be one of fifo, sjf_est, srtf_est, loss_aware"),
+        ("scheduler: {name: 3}", "scheduler.name must be a string"),
+        ("scheduler: {fifo: 3}", "scheduler.fifo must be a mapping of parameters"),
+        ("scheduler: {lottery: {x: 1}}", "unknown key scheduler.lottery; valid keys here: name, fifo, sjf_est, srtf_est"),
+        ("scheduler: {fifo: {backfil: true}}", "unknown key scheduler.fifo.backfil; valid keys here: backfill"),
+        ("scheduler: {srtf_est: {k: 1}}", "unknown key scheduler.srtf_est.k; valid keys here: (none)"),
+        ("scheduler: {fifo: {backfill: 3}}", "scheduler.fifo: backfill must be true or false, but got backfill=3"),
+        ("scheduler: {loss_aware: {round_s: 0}}", "scheduler.loss_aware: round_s must be > 0"),
+        ("scheduler: {loss_aware: {promote_h: -1}}", "scheduler.loss_aware: promote_h must be >= 0"),
         ("overlay: {name: magic}", "overlay.name must be one of none, evalstop"),
-        ("overlay: {evalstop: {k: 0}}", "overlay.evalstop.k must be >= 1"),
+        ("overlay: {evalstop: {k: 0}}", "overlay.evalstop: k must be"),  # the rest is the detector's message
+        ("overlay: {evalstop: {kk: 2}}", "unknown key overlay.evalstop.kk; valid keys here: detector, job_types, k, min_delta"),
+        ("overlay: {evalstop: {detector: nope}}", "overlay.evalstop.detector: Unknown detector 'nope'; valid detectors are"),
+        ("overlay: {stop_at: {k: 2}}", "unknown key overlay.stop_at.k; valid keys here: job_types, fraction"),
+        ("overlay: {stop_at: {fraction: 1.5}}", "overlay.stop_at: fraction must be"),
+        ("overlay: {loss_plateau: {job_types: some}}", "overlay.loss_plateau: job_types must be 'all' or 'rlhf'"),
+        ("overlay: {oracle: {peak: 1}}", "unknown key overlay.oracle.peak; valid keys here: (none)"),
         ("workload: {types: {dpo: {share: 0.5}}}", "workload.types shares must sum to 1"),
         ("cluster: {pack_small_jobs: 3}", "cluster.pack_small_jobs must be true or false"),
     ],
@@ -39,7 +62,7 @@ def test_bad_configs_name_the_key(tmp_path, capsys, yaml_text, message):
     p = tmp_path / "bad.yaml"
     p.write_text(f"base: {DEFAULT_CONFIG}\n{yaml_text}\n")
     with pytest.raises(ConfigError) as exc:
-        load_config(p)
+        check_config(load_config(p))  # loading checks the data; policy blocks are checked by signature
     assert message in str(exc.value)
     assert main(["run", "--config", str(p), "--seeds", "1", "--quiet"]) == 2
     err = capsys.readouterr().err
@@ -50,12 +73,26 @@ def test_missing_file_and_bad_override(capsys):
     assert main(["run", "--config", "nope.yaml", "--quiet"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["run", "--set", "noise.sigmaa=0.1", "--quiet"]) == 2
-    assert "unknown key noise.sigmaa" in capsys.readouterr().err
+    assert "unknown key noise.sigmaa; valid keys here: sigma, kind" in capsys.readouterr().err
+    assert main(["run", "--set", "scheduler.fifo.nope=1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == "platform-sim run: error: unknown key scheduler.fifo.nope; valid keys here: backfill\n"
+    assert main(["sweep", "--param", "overlay.evalstop.k", "--values", "1,0", "--seeds", "1", "--quiet"]) == 2
+    assert "overlay.evalstop: k must be" in capsys.readouterr().err
+
+
+def test_policy_parameters_not_in_the_yaml_are_checked_by_signature():
+    cfg = load_config().replace(**{"overlay.evalstop.direction": "min", "scheduler.sjf_est.x": 1})
+    assert cfg.overlay.block("evalstop")["direction"] == "min"
+    with pytest.raises(ConfigError, match="unknown key scheduler.sjf_est.x; valid keys here: \\(none\\)"):
+        check_config(cfg)
+    strict = load_config().replace(**{"scheduler.fifo.backfill": False, "scheduler.loss_aware.round_s": 600})
+    assert build_scheduler(strict, "fifo").backfill is False and build_scheduler(strict, "loss_aware").round_s == 600.0
 
 
 def test_overrides_and_inheritance(tmp_path):
     cfg = load_config().replace(**{"noise.sigma": 0.08, "overlay.evalstop.k": 3})
-    assert cfg.noise.sigma == 0.08 and cfg.overlay.evalstop.k == 3
+    assert cfg.noise.sigma == 0.08 and cfg.overlay.block("evalstop")["k"] == 3
     p = tmp_path / "child.yaml"
     p.write_text(f"base: {DEFAULT_CONFIG}\nname: child\nworkload: {{load: 1.2}}\n")
     child = load_config(p)
@@ -63,10 +100,40 @@ def test_overrides_and_inheritance(tmp_path):
 
 
 def test_shipped_configs_all_load():
-    from pathlib import Path
-
     for p in sorted(Path(DEFAULT_CONFIG).parent.glob("*.yaml")):
-        load_config(p)
+        check_config(load_config(p))
+
+
+def _imports(path: Path, package: str, anywhere: bool = False) -> set[str]:
+    """``package`` modules that ``path`` imports at module level (``anywhere``: inside functions too)."""
+    out = set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree) if anywhere else tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            out.add(node.module.split(".")[0] if node.module else "")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{package}."):
+            out.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith(f"{package}.")}
+    return out
+
+
+def test_no_import_cycles_and_config_imports_no_policy():
+    root = Path(platform_sim.__file__).parent
+    graph = {p.stem: _imports(p, "platform_sim") - {""} for p in root.glob("*.py")}
+    assert _imports(root / "config.py", "platform_sim", anywhere=True) - {""} == set()  # pure data and YAML
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import cycle: {' -> '.join((*path, module))}"
+        if module in done:
+            return
+        for dep in graph.get(module, ()):
+            visit(dep, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())
 
 
 def test_unwritable_output_is_a_clear_error(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""Engine invariants (properties), scheduler order on hand-made workloads, views, overlays."""
+"""Engine invariants (properties), scheduler order on hand-made workloads, views, overlays, the job
+lifecycle, the event queue and the cluster, and results pinned to a recorded golden."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from hypothesis import strategies as st
 
 from platform_sim.config import load_config
 from platform_sim.curves import CurveKind
-from platform_sim.engine import Simulation, Timing
+from platform_sim.engine import Simulation
 from platform_sim.experiments import simulate
-from platform_sim.overlays import create_overlay
-from platform_sim.schedulers import SCHEDULERS, create_scheduler
+from platform_sim.jobs import Timing
+from platform_sim.policies import build_overlay, build_scheduler
+from platform_sim.schedulers import SCHEDULERS
 from platform_sim.views import InformationBoundaryError
 from platform_sim.workload import generate_workload
 
@@ -26,13 +28,15 @@ class CheckedSimulation(Simulation):
     def _plan(self, allow_preempt):
         super()._plan(allow_preempt)
         in_use = sum(j.spec.gpus for j in self.running.values())
-        assert 0 <= self.free == self.total_gpus - in_use
-        assert sum(self.node_free) == self.free and min(self.node_free) >= 0
+        c = self.cluster
+        assert 0 <= c.free == c.total_gpus - in_use
+        assert sum(c.node_free) == c.free and min(c.node_free) >= 0
+        assert all(j.running for j in self.running.values()) and not any(j.running for j in self.waiting.values())
         self.max_in_use = max(self.max_in_use, in_use)
 
 
 def run(wl, cfg, scheduler, overlay="none", cls=Simulation):
-    sim = cls(wl, cfg, create_scheduler(scheduler, cfg.scheduler), create_overlay(overlay, cfg.overlay, wl))
+    sim = cls(wl, cfg, build_scheduler(cfg, scheduler), build_overlay(cfg, wl, overlay))
     return sim, sim.run()
 
 
@@ -80,8 +84,8 @@ def test_fifo_vs_sjf_order():
 def test_strict_fifo_blocks_and_backfill_does_not():
     cfg = small_config()
     wl = workload(job(0, 6, 0, 10), job(1, 8, 1, 1), job(2, 2, 2, 1))
-    _, back = run(wl, cfg.replace(**{"scheduler.fifo_backfill": True}), "fifo")
-    _, strict = run(wl, cfg.replace(**{"scheduler.fifo_backfill": False}), "fifo")
+    _, back = run(wl, cfg.replace(**{"scheduler.fifo.backfill": True}), "fifo")
+    _, strict = run(wl, cfg.replace(**{"scheduler.fifo.backfill": False}), "fifo")
     assert back.outcomes[2].first_start_s == 2 * 3600  # fills the 2 free GPUs
     assert strict.outcomes[2].first_start_s == 11 * 3600  # waits behind job 1
 
@@ -97,7 +101,7 @@ def test_srtf_preempts_with_restart_overhead():
 
 
 def test_loss_aware_runs_new_jobs_first_and_promotes_starved_ones():
-    cfg = small_config(**{"scheduler.loss_aware_promote_h": 1.0})
+    cfg = small_config(**{"scheduler.loss_aware.promote_h": 1.0})
     wl = workload(job(0, 8, 0, 4), job(1, 8, 0.5, 4))
     _, res = run(wl, cfg, "loss_aware")
     assert all(o.completed for o in res.outcomes)
@@ -130,7 +134,7 @@ def test_oracle_stops_at_the_true_peak_and_is_marked():
 def test_views_enforce_the_information_boundary():
     cfg = small_config()
     wl = workload(job(0, 8, 0, 4))
-    sim = Simulation(wl, cfg, create_scheduler("fifo", cfg.scheduler), create_overlay("none", cfg.overlay, wl))
+    sim = Simulation(wl, cfg, build_scheduler(cfg, "fifo"), build_overlay(cfg, wl, "none"))
     view = sim.jobs[0].view
     assert view.gpus == 8 and view.est_duration_s == 4 * 3600 and view.progress == 0.0
     for hidden in ("duration_s", "truth", "hacked", "scores", "peak_progress", "spec"):

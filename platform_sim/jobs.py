@@ -1,0 +1,181 @@
+"""One simulated job's mutable state: its lifecycle :class:`Phase`, work layout and accounting.
+
+A job's work is ``n`` segments, each ``D/n`` seconds of training followed by one eval
+(``eval_overhead_frac * D / n`` plus a checkpoint write); the last eval ends the job
+(:class:`Timing`). Work is advanced lazily: a running job's work is ``work + (now - run_since)``,
+computed when asked. Resuming after a preemption costs ``restart_overhead_s`` with no progress.
+
+Phases (illegal moves raise :class:`~evalstop_trl.core.lifecycle.IllegalTransition`)::
+
+    UPCOMING --arrive--> PENDING --start--> RUNNING --depart--> COMPLETED | STOPPED
+                                            |     ^
+                                    preempt v     | start (after restart_overhead_s)
+                                           PREEMPTED
+
+Example::
+
+    >>> Phase.PENDING.to(Phase.RUNNING)
+    <Phase.RUNNING: 'running'>
+    >>> Phase.PREEMPTED.can(Phase.COMPLETED), Phase.STOPPED.terminal
+    (False, True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from evalstop_trl.core.lifecycle import Lifecycle, transitions
+
+from .config import SimConfig
+from .workload import JobSpec, JobTruth
+
+__all__ = ["PHASE_MOVES", "Phase", "SimJob", "Timing"]
+
+#: The legal moves of a simulated job (staying in a phase is always allowed).
+PHASE_MOVES: dict[str, set[str]] = {
+    "UPCOMING": {"PENDING"},
+    "PENDING": {"RUNNING"},
+    "RUNNING": {"PREEMPTED", "COMPLETED", "STOPPED"},
+    "PREEMPTED": {"RUNNING"},
+    "COMPLETED": set(),
+    "STOPPED": set(),
+}
+
+
+@transitions(PHASE_MOVES)
+class Phase(Lifecycle, str, Enum):
+    """Where a simulated job is in its life."""
+
+    UPCOMING = "upcoming"  # in the workload; arrives later
+    PENDING = "pending"  # arrived, never started
+    RUNNING = "running"  # holds its GPUs
+    PREEMPTED = "preempted"  # started before, waiting again
+    COMPLETED = "completed"  # ran to its planned end
+    STOPPED = "stopped"  # stopped before its planned end (an overlay's stop or an oracle cut)
+
+
+# bound once: Enum member lookups are slow on the hot path
+_UPCOMING, _PENDING, _RUNNING, _PREEMPTED, _COMPLETED, _STOPPED = Phase
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Work layout of one job (seconds of exclusive GPU time)."""
+
+    duration_s: float
+    n: int
+    seg_train: float
+    seg_eval: float
+    seg_len: float
+    total_work: float
+
+    @classmethod
+    def of(cls, duration_s: float, cfg: SimConfig, n: int) -> Timing:
+        w = cfg.workload
+        seg_train = duration_s / n
+        seg_eval = w.eval_overhead_frac * seg_train + w.checkpoint_s
+        return cls(duration_s, n, seg_train, seg_eval, seg_train + seg_eval, n * (seg_train + seg_eval))
+
+    def work_at(self, p: float) -> float:
+        """Work done when training progress first reaches ``p`` (p=1 includes the last eval)."""
+        if p >= 1.0:
+            return self.total_work
+        c = math.floor(p * self.n)
+        return c * self.seg_len + (p * self.duration_s - c * self.seg_train)
+
+    def progress_of(self, work: float) -> float:
+        c = work // self.seg_len
+        if c >= self.n:
+            return 1.0
+        inside = work - c * self.seg_len
+        if inside > self.seg_train:
+            inside = self.seg_train
+        return (c * self.seg_train + inside) / self.duration_s
+
+
+class SimJob:
+    """The engine's record of one job. Policies never see it: they get its ``view``."""
+
+    __slots__ = (
+        "spec", "truth", "timing", "phase", "end_work", "work", "run_since", "started_at", "restart_until",
+        "version", "next_eval", "evals_done", "scores_seen", "loss_history", "gpu_seconds", "ovh_seconds",
+        "waiting_since", "first_start", "departure", "best_eval", "best_score", "restarts", "view",
+    )
+
+    def __init__(self, spec: JobSpec, truth: JobTruth, timing: Timing) -> None:
+        self.spec, self.truth, self.timing = spec, truth, timing
+        self.phase = _UPCOMING
+        self.end_work = timing.total_work  # an oracle cut lowers it
+        self.work = 0.0  # work done up to run_since (exact while not running)
+        self.run_since = self.started_at = self.restart_until = 0.0
+        self.version = 0  # bumped whenever the job leaves its GPUs: its queued events become stale
+        self.next_eval = 1
+        self.evals_done = 0
+        self.scores_seen: list[float] = []
+        self.loss_history: list[tuple[float, float]] = []
+        self.gpu_seconds = self.ovh_seconds = 0.0
+        self.waiting_since = spec.arrival_s
+        self.first_start = math.nan
+        self.departure = math.nan
+        self.best_eval = 0
+        self.best_score = -math.inf
+        self.restarts = 0
+
+    # ------------------------------------------------------------------ derived state
+    @property
+    def running(self) -> bool:
+        return self.phase is _RUNNING
+
+    @property
+    def completed(self) -> bool:
+        return self.phase is _COMPLETED
+
+    @property
+    def stopped(self) -> bool:
+        return self.phase is _STOPPED
+
+    def work_at(self, t: float) -> float:
+        if self.phase is not _RUNNING:
+            return self.work
+        return self.work + max(0.0, t - self.run_since)
+
+    def progress(self, t: float) -> float:
+        return self.timing.progress_of(self.work_at(t))
+
+    def gpu_seconds_at(self, t: float) -> float:
+        held = (t - self.started_at) if self.phase is _RUNNING else 0.0
+        return self.gpu_seconds + held * self.spec.gpus
+
+    # ------------------------------------------------------------------ transitions
+    def arrive(self) -> None:
+        self.phase = self.phase.to(_PENDING)
+
+    def start(self, now: float, restart_s: float) -> None:
+        """The job got its GPUs at ``now``; a resumed job first spends ``restart_s`` without progress."""
+        resumed = self.phase is _PREEMPTED
+        self.phase = self.phase.to(_RUNNING)
+        self.started_at = now
+        self.run_since = self.restart_until = now + (restart_s if resumed else 0.0)
+        if not resumed:
+            self.first_start = now
+
+    def preempt(self, now: float) -> None:
+        self._leave_gpus(now)
+        self.phase = self.phase.to(_PREEMPTED)
+        self.waiting_since = now
+        self.restarts += 1
+
+    def depart(self, now: float, stopped: bool) -> None:
+        self._leave_gpus(now)
+        self.phase = self.phase.to(_STOPPED if stopped else _COMPLETED)
+        self.departure = now
+
+    def _leave_gpus(self, now: float) -> None:
+        """Account the GPU time of this stint and freeze the work done (the job is still RUNNING)."""
+        g = self.spec.gpus
+        self.gpu_seconds += g * (now - self.started_at)
+        self.ovh_seconds += g * max(0.0, min(now, self.restart_until) - self.started_at)
+        self.work = self.work_at(now)
+        self.version += 1
