@@ -151,6 +151,7 @@ def _fixed_detector(name: str, detector: str, workload: Workload, params: Mappin
 FIXED_DETECTORS = {"stop_at": ("stop_at", "rlhf"), "loss_plateau": ("loss_plateau", "all")}
 for _name, (_detector, _job_types) in FIXED_DETECTORS.items():
     OVERLAYS.add(_name, partial(_fixed_detector, _name, _detector, job_types=_job_types))
+del _name, _detector, _job_types
 
 
 @OVERLAYS.register("oracle")
