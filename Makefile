@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.evalstop-installed
 
-.PHONY: demo test lint bench reproduce clean setup
+.PHONY: demo test lint bench reproduce clean setup chromium
 
 setup: $(STAMP)
 
@@ -18,8 +18,14 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest -q
+
+# The dashboard's browser tests drive the Debian chromium through Playwright (Playwright's own
+# browser download does not work here); install it when it is missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium for the browser tests"; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq chromium' >/dev/null; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check evalstop_trl platform_sim tests scripts

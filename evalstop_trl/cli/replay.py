@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from .common import CLIError
 
@@ -28,6 +29,7 @@ def add_replay_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tolerance", type=float, help="loss_plateau: relative improvement threshold")
     p.add_argument("--planned-steps", type=int, dest="planned_steps", help="planned steps (for progress)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="OUT.png", help="also draw the curve with the best and stop steps (.png, .svg, .pdf)")
     p.set_defaults(func=_cmd_replay)
 
 
@@ -48,6 +50,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    if args.plot:
+        from ..analysis.plots import plot_replay
+
+        try:
+            written = plot_replay(args.plot, curve, result, detector=args.detector)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        print(f"plot written to {written}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

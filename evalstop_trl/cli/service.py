@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from .common import CLIError
 
@@ -120,13 +121,26 @@ def _cmd_status(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("EVALSTOP_TOKEN")
     if not token:
         raise CLIError("no token: pass --token or set EVALSTOP_TOKEN")
+    if args.plot and not args.job_id:
+        raise CLIError("--plot draws one job: evalstop status JOB_ID --plot OUT.png")
     client = EvalStopClient(url, token, retries=0)
     try:
         jobs = [client.status(args.job_id)] if args.job_id else client.list_jobs()
+        if args.plot:
+            reports = [r.to_dict() for r in client.reports(args.job_id)]
+            audit = [a for a in client.audit() if a.get("job_id") == args.job_id]
     except EvalStopError as exc:  # a refusal (4xx) or an unreachable coordinator
         raise CLIError(str(exc)) from None
     finally:
         client.close()
+    if args.plot:
+        from ..analysis.plots import plot_job
+
+        try:
+            written = plot_job(args.plot, jobs[0].to_dict(), reports, audit)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        print(f"plot written to {written}", file=sys.stderr)
     if args.json:
         print(json.dumps([j.to_dict() for j in jobs]))
         return 0
@@ -152,6 +166,7 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL or http://127.0.0.1:8765)")
     st.add_argument("--token", help="tenant token (default: $EVALSTOP_TOKEN)")
     st.add_argument("--json", action="store_true")
+    st.add_argument("--plot", metavar="OUT.png", help="draw JOB_ID's curves with its best and stop steps (.png, .svg, .pdf)")
     st.set_defaults(func=_cmd_status)
 
     t = sub.add_parser("tenants", help="manage tenants and their tokens")
