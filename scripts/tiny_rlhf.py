@@ -34,7 +34,6 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-stop", action="store_true", help="record a reference run (detector 'never')")
-    ap.add_argument("--enforce", action="store_true", help="let the service signal this process if it ignores a stop")
     ap.add_argument("--output-dir")
     ap.add_argument("--trace", help="write the eval trace as JSONL")
     args = ap.parse_args()
@@ -55,7 +54,7 @@ def main() -> int:
     run = run_tiny(args.trainer, args.preset, output_dir=out, coordinator=None if args.coordinator == "embedded"
                    else args.coordinator, token=args.token, job_id=job_id, max_steps=args.max_steps,
                    eval_every=args.eval_every, seed=args.seed, device=args.device, k=args.k,
-                   stop=not args.no_stop, enforce=args.enforce)
+                   stop=not args.no_stop)
     if args.trace:
         Path(args.trace).write_text("".join(json.dumps(t) + "\n" for t in run.trace))
     result = {"job_id": job_id, "trainer": run.trainer, "preset": run.preset, "steps_done": run.steps_done,

@@ -32,11 +32,11 @@ class Server:
 
         return json.loads(out)["token"]
 
-    def start(self, timeout: float = 30.0) -> Server:
+    def start(self, timeout: float = 30.0, args: tuple[str, ...] = (), log_level: str = "warning") -> Server:
         self.log = open(str(self.db) + f".{self.port}.log", "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evalstop_trl", "serve", "--db", str(self.db), "--port", str(self.port),
-             "--log-level", "warning"], stdout=self.log, stderr=subprocess.STDOUT,
+             "--log-level", log_level, *args], stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         if wait_until_healthy(self.url, timeout, self.proc):
             return self

@@ -22,7 +22,9 @@ ALLOWED = {
     "evalstop_trl.stores": {"evalstop_trl.core", "evalstop_trl.stores"},
     "evalstop_trl.clients": {"evalstop_trl.core", "evalstop_trl.clients"},
     "evalstop_trl.analysis": {"evalstop_trl.core", "evalstop_trl.analysis"},
-    "evalstop_trl.service": {"evalstop_trl.core", "evalstop_trl.service", "evalstop_trl.clients.local"},
+    "evalstop_trl.service": {"evalstop_trl.core", "evalstop_trl.stores", "evalstop_trl.service",
+                             "evalstop_trl.clients.local"},
+    "evalstop_trl.launcher": {"evalstop_trl.core", "evalstop_trl.launcher"},
     "evalstop_trl.train": {"evalstop_trl.core", "evalstop_trl.stores", "evalstop_trl.clients", "evalstop_trl.train"},
     "platform_sim": {"platform_sim", "evalstop_trl.core", "evalstop_trl.stores"},
 }
@@ -134,7 +136,8 @@ def test_layers_import_only_inner_layers(layer):
 
 
 @pytest.mark.parametrize("layer", ["evalstop_trl.core", "evalstop_trl.stores", "evalstop_trl.clients",
-                                   "evalstop_trl.service", "evalstop_trl.analysis", "platform_sim"])
+                                   "evalstop_trl.service", "evalstop_trl.analysis", "evalstop_trl.launcher",
+                                   "platform_sim"])
 def test_only_the_train_layer_imports_the_training_stack(layer):
     bad = [f"{m} imports {i}" for m, imports in _raw_imports().items() if _layer(m) == layer
            for i in imports if i.split(".")[0] in HEAVY]

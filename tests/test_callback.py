@@ -160,7 +160,8 @@ def test_metric_mode_and_missing_metric(tmp_path):
         ({"world_feedback": lambda m, t: 0.0}, "eval_every must be an integer >= 1"),
         ({"world_feedback": None}, "needs world_feedback"),
         ({"world_feedback": "eval_x", "detector": "nope"}, "valid detectors are"),
-        ({"world_feedback": "eval_x", "k": 0}, "k must be an integer >= 1"),
+        ({"world_feedback": "eval_x", "k": 0}, r"k must be an integer in \[1, 1000\]"),
+        ({"world_feedback": "eval_x", "enforce": True}, "enforce was removed.*evalstop run"),
         ({"world_feedback": 3}, "must be a callable or a metric name"),
     ],
 )

@@ -85,10 +85,13 @@ def test_registration_idempotent_and_conflicting(make):
         ({"job_type": "pretraining"}, "Unknown job_type 'pretraining'; valid job types are"),
         ({"planned_steps": 0}, "planned_steps must be a positive integer"),
         ({"policy": {"detector": "nope"}}, "valid detectors are"),
-        ({"policy": {"detector": "decline", "k": 0}}, "k must be an integer >= 1"),
-        ({"policy": {"detector": "decline", "grace_s": -1}}, "grace_s must be"),
-        ({"pid": 1}, "pid must be an integer > 1"),
+        ({"policy": {"detector": "decline", "k": 0}}, "k must be an integer in [1, 1000]"),
+        ({"policy": {"detector": "decline", "grace_s": 5}}, "policy.grace_s is no longer supported"),
+        ({"policy": {"detector": "decline", "enforce": True}}, "policy.enforce is no longer supported"),
+        ({"policy": {"detector": "decline", "k": 10**6}}, "k must be an integer in [1, 1000]"),
+        ({"policy": {"detector": "decline", "min_delta": 10**400}}, "min_delta must be a finite number"),
         ({"webhook": "ftp://x"}, "webhook must be an http(s) URL"),
+        ({"webhook": "http://user:secret@example.com/hook"}, "must not carry credentials"),
     ],
 )
 def test_bad_registrations(make, kwargs, message):

@@ -139,12 +139,12 @@ def test_never_tracks_best_but_never_stops():
     [
         ("nope", {}, "valid detectors are: decline, loss_plateau, never, patience, stop_at"),
         ("decline", {"kk": 2}, "Unknown parameter(s) kk for detector 'decline'; valid parameters are: k, min_delta, direction"),
-        ("decline", {"k": 0}, "k must be an integer >= 1, but got k=0."),
-        ("decline", {"k": 1.5}, "k must be an integer >= 1"),
-        ("patience", {"min_delta": -1}, "min_delta must be a finite number >= 0"),
+        ("decline", {"k": 0}, "k must be an integer in [1, 1000], but got k=0."),
+        ("decline", {"k": 1.5}, "k must be an integer in [1, 1000]"),
+        ("patience", {"min_delta": -1}, "min_delta must be a finite number in [0, 1e+06]"),
         ("decline", {"direction": "up"}, "direction must be 'max' or 'min'"),
         ("stop_at", {"fraction": 0}, "fraction must be in (0, 1]"),
-        ("loss_plateau", {"window": 0}, "window must be an integer >= 1"),
+        ("loss_plateau", {"window": 0}, "window must be an integer in [1, 1000]"),
         ("never", {"k": 2}, "Unknown parameter(s) k for detector 'never'"),
     ],
 )

@@ -103,7 +103,7 @@ def test_direction_min_and_other_detectors(tmp_path):
         ('{"step": 1, "s": "0.5"}\n', "c.jsonl", ["--metric", "s"], "not a number"),
         ('{"step": -1, "s": 0.5}\n', "c.jsonl", [], "steps must be non-negative integers"),
         ("step,a\n1,0.5\n", "c.csv", ["--detector", "nope"], "valid detectors are"),
-        ("step,a\n1,0.5\n", "c.csv", ["--k", "0"], "k must be an integer >= 1"),
+        ("step,a\n1,0.5\n", "c.csv", ["--k", "0"], "k must be an integer in [1, 1000]"),
         ("step,a\n1,0.5\n", "c.csv", ["--detector", "never", "--k", "2"], "Unknown parameter(s) k"),
         ("step,a\n1,0.5\n", "c.csv", ["--detector", "stop_at", "--planned-steps", "-5"], "--planned-steps must be"),
     ],

@@ -17,12 +17,6 @@ def _db_path(args: argparse.Namespace) -> str:
     return path
 
 
-def _open_coordinator(path: str):
-    from ..core.coordinator import Coordinator
-
-    return Coordinator(_open_store(path))
-
-
 def _open_store(path: str):
     from ..stores.sqlite import SQLiteStore
 
@@ -37,34 +31,94 @@ def _cmd_tenants(args: argparse.Namespace) -> int:
     from ..core.tenants import Tenants
 
     store = _open_store(_db_path(args))
-    tenants = Tenants(store)
+    tenants = Tenants(store, default_quotas=_quotas_from_env())
     try:
-        if args.action == "add":
-            try:
-                token = tenants.add(args.name)
-            except EvalStopError as exc:
-                raise CLIError(str(exc)) from None
-            if args.json:
-                print(json.dumps({"tenant": args.name, "token": token}))
-            else:
-                print(f"tenant {args.name} created; its token (shown once, keep it secret):\n{token}")
-        elif args.action == "list":
-            rows = [{"tenant": t.name, "created_at": t.created_at, "revoked": t.revoked}
-                    for t in tenants.list()]
-            if args.json:
-                print(json.dumps(rows))
-            else:
-                for r in rows:
-                    print(f"{r['tenant']}\t{'revoked' if r['revoked'] else 'active'}")
-        elif args.action == "revoke":
-            try:
-                tenants.revoke(args.name)
-            except EvalStopError as exc:
-                raise CLIError(str(exc)) from None
-            print(f"tenant {args.name} revoked")
+        try:
+            return _TENANT_ACTIONS[args.action](tenants, args)
+        except EvalStopError as exc:
+            raise CLIError(str(exc)) from None
     finally:
         store.close()
+
+
+def _tenant_add(tenants, args: argparse.Namespace) -> int:
+    token = tenants.add(args.name)
+    secret = tenants.webhook_secret(args.name)
+    if args.json:
+        print(json.dumps({"tenant": args.name, "token": token, "webhook_secret": secret}))
+    else:
+        print(f"tenant {args.name} created; its token (shown once, keep it secret):\n{token}\n"
+              f"its webhook secret (verifies X-EvalStop-Signature on webhook payloads):\n{secret}")
     return 0
+
+
+def _tenant_list(tenants, args: argparse.Namespace) -> int:
+    rows = [{"tenant": t.name, "created_at": t.created_at, "revoked": t.revoked,
+             "quotas": tenants.quotas(t.name).to_dict()} for t in tenants.list()]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'tenant':<20}{'state':<9}{'active jobs':>12}{'reports/job':>12}{'reports/s':>10}{'burst':>7}")
+    for r in rows:
+        q = r["quotas"]
+        print(f"{r['tenant']:<20}{'revoked' if r['revoked'] else 'active':<9}{q['max_active_jobs']:>12}"
+              f"{q['max_reports_per_job']:>12}{q['report_rate']:>10g}{q['report_burst']:>7}")
+    return 0
+
+
+def _tenant_revoke(tenants, args: argparse.Namespace) -> int:
+    tenants.revoke(args.name)
+    print(f"tenant {args.name} revoked")
+    return 0
+
+
+def _tenant_rotate(tenants, args: argparse.Namespace) -> int:
+    token = tenants.rotate(args.name)
+    if args.json:
+        print(json.dumps({"tenant": args.name, "token": token}))
+    else:
+        print(f"tenant {args.name}: new token (the old one no longer works; shown once):\n{token}")
+    return 0
+
+
+def _tenant_quota(tenants, args: argparse.Namespace) -> int:
+    overrides = {k: getattr(args, k) for k in ("max_active_jobs", "max_reports_per_job", "report_rate", "report_burst")
+                 if getattr(args, k) is not None}
+    quotas = tenants.set_quotas(args.name, overrides) if overrides else tenants.quotas(args.name)
+    print(json.dumps({"tenant": args.name, "quotas": quotas.to_dict()}) if args.json else
+          f"tenant {args.name}: " + ", ".join(f"{k}={v:g}" for k, v in quotas.to_dict().items()))
+    return 0
+
+
+_TENANT_ACTIONS = {"add": _tenant_add, "list": _tenant_list, "revoke": _tenant_revoke, "rotate": _tenant_rotate,
+                   "quota": _tenant_quota}
+
+
+def _env(name: str, cast, default, what: str):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return cast(raw)
+    except ValueError:
+        raise CLIError(f"{name} must be {what}, got {raw!r}") from None
+
+
+def _quotas_from_env(args: argparse.Namespace | None = None):
+    """Server-wide default quotas: flags, else EVALSTOP_* variables, else the built-in defaults."""
+    from ..core.errors import InvalidInput
+    from ..core.records import Quotas
+
+    d = Quotas()
+    values = {}
+    for field, cast, what in (("max_active_jobs", int, "an integer"), ("max_reports_per_job", int, "an integer"),
+                              ("report_rate", float, "a number"), ("report_burst", int, "an integer")):
+        flag = getattr(args, field, None) if args is not None else None
+        values[field] = flag if flag is not None else _env(f"EVALSTOP_{field.upper()}", cast, getattr(d, field), what)
+    try:
+        return Quotas(**values)
+    except InvalidInput as exc:
+        raise CLIError(str(exc)) from None
 
 
 def _env_int(name: str, default: int) -> int:
@@ -80,7 +134,7 @@ def _env_int(name: str, default: int) -> int:
 def _tune_gc() -> None:
     """Keep the cyclic garbage collector out of the report latency tail.
 
-    The coordinator keeps every job's reports in memory; with CPython's default thresholds the
+    The coordinator keeps every job's live state in memory; with CPython's default thresholds the
     collector runs every 700 allocations and its full passes over that state stalled the event loop:
     the p99 of paced reports in scripts/load_test.py fell from 102-155 ms to 30-61 ms with this.
     The state loaded at start-up is frozen (never scanned again) and young collections run 100x
@@ -92,23 +146,52 @@ def _tune_gc() -> None:
     gc.set_threshold(70_000, 50, 1000)
 
 
+def _raise_fd_limit(wanted: int) -> int:
+    """Raise the soft open-files limit towards ``wanted`` (never above the hard limit); returns it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(max(soft, wanted), hard if hard != resource.RLIM_INFINITY else wanted)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
     import uvicorn
 
-    from ..service.app import create_app
+    from ..core.coordinator import Coordinator
+    from ..service.app import ServiceSettings, create_app
+    from ..service.protocol import guarded_protocol
+    from ..service.webhooks import WebhookPolicy
 
     path = _db_path(args)
     host = args.host or os.environ.get("EVALSTOP_HOST", "127.0.0.1")
     port = args.port if args.port is not None else _env_int("EVALSTOP_PORT", 8765)
     if not 0 <= port <= 65535:
         raise CLIError(f"port must be in 0..65535, got {port}")
+    allow = tuple(args.webhook_allow or [p for p in os.environ.get("EVALSTOP_WEBHOOK_ALLOW", "").split(",") if p])
+    max_conn = args.max_connections or _env("EVALSTOP_MAX_CONNECTIONS", int, 1000, "an integer")
+    header_timeout = args.header_timeout_s or _env("EVALSTOP_HEADER_TIMEOUT_S", float, 10.0, "a number of seconds")
+    body_timeout = args.body_timeout_s or _env("EVALSTOP_BODY_TIMEOUT_S", float, 10.0, "a number of seconds")
+    if not 1 <= max_conn <= 100_000 or not 0 < header_timeout <= 600 or not 0 < body_timeout <= 600:
+        raise CLIError("--max-connections must be in [1, 100000] and the timeouts in (0, 600] seconds")
+    try:
+        settings = ServiceSettings(webhooks=WebhookPolicy(allow=allow), body_timeout_s=body_timeout,
+                                   metrics_token=args.metrics_token or os.environ.get("EVALSTOP_METRICS_TOKEN") or None)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    quotas = _quotas_from_env(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    coord = _open_coordinator(path)
+    coord = Coordinator(_open_store(path), quotas=quotas)
+    _raise_fd_limit(max_conn + 256)
     _tune_gc()
-    print(f"evalstop serving {path} on http://{host}:{port} (API under /v1, docs at /docs)", flush=True)
-    uvicorn.run(create_app(coord), host=host, port=port, log_level=args.log_level, access_log=False,
+    print(f"evalstop serving {path} on http://{host}:{port} (API under /v1, docs at /docs; webhooks allowed to: "
+          f"{', '.join(allow) or 'nowhere'})", flush=True)
+    uvicorn.run(create_app(coord, settings), host=host, port=port, log_level=args.log_level, access_log=False,
+                http=guarded_protocol(header_timeout, max_conn),
                 timeout_keep_alive=30)  # training jobs report every few seconds: keep their connections
     return 0
 
@@ -153,12 +236,29 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_quota_flags(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--max-active-jobs", type=int, help=f"{what}: jobs not yet stopped/finished/failed "
+                   "(env EVALSTOP_MAX_ACTIVE_JOBS; default 1000)")
+    p.add_argument("--max-reports-per-job", type=int, help=f"{what} (env EVALSTOP_MAX_REPORTS_PER_JOB; default 100000)")
+    p.add_argument("--report-rate", type=float, help=f"{what}: reports per second per tenant, beyond it 429 "
+                   "(env EVALSTOP_REPORT_RATE; default 1000)")
+    p.add_argument("--report-burst", type=int, help=f"{what} (env EVALSTOP_REPORT_BURST; default 2000)")
+
+
 def add_service_commands(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="run the coordinator service (FastAPI + uvicorn)")
     s.add_argument("--db", help="SQLite database (default: $EVALSTOP_DB)")
     s.add_argument("--host", help="bind address (default: $EVALSTOP_HOST or 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default: $EVALSTOP_PORT or 8765)")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    s.add_argument("--webhook-allow", action="append", metavar="PATTERN",
+                   help="where webhooks may go: a host, a host glob (*.example.com) or an address/network "
+                        "(10.0.0.0/8); repeatable (env EVALSTOP_WEBHOOK_ALLOW, comma-separated; default: nowhere)")
+    s.add_argument("--metrics-token", help="require this bearer token on /metrics (env EVALSTOP_METRICS_TOKEN)")
+    s.add_argument("--max-connections", type=int, help="open connections at most (env EVALSTOP_MAX_CONNECTIONS; 1000)")
+    s.add_argument("--header-timeout-s", type=float, help="seconds for a request head to arrive (10)")
+    s.add_argument("--body-timeout-s", type=float, help="seconds for a request body to arrive (10)")
+    _add_quota_flags(s, "default quota")
     s.set_defaults(func=_cmd_serve)
 
     st = sub.add_parser("status", help="show a tenant's jobs on a running coordinator")
@@ -169,13 +269,17 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--plot", metavar="OUT.png", help="draw JOB_ID's curves with its best and stop steps (.png, .svg, .pdf)")
     st.set_defaults(func=_cmd_status)
 
-    t = sub.add_parser("tenants", help="manage tenants and their tokens")
+    t = sub.add_parser("tenants", help="manage tenants, their tokens and quotas")
     tsub = t.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for name, help_ in (("add", "create a tenant and print its token once"),
-                        ("list", "list tenants"), ("revoke", "revoke a tenant's token")):
+    for name, help_ in (("add", "create a tenant and print its token (and webhook secret) once"),
+                        ("list", "list tenants with their quotas"), ("revoke", "revoke a tenant's token"),
+                        ("rotate", "give a tenant a new token (the old one stops working)"),
+                        ("quota", "show or set a tenant's quotas (overrides of the server's defaults)")):
         p = tsub.add_parser(name, help=help_)
         if name != "list":
             p.add_argument("name")
+        if name == "quota":
+            _add_quota_flags(p, "this tenant's quota")
         p.add_argument("--db", help="SQLite database (default: $EVALSTOP_DB)")
         p.add_argument("--json", action="store_true")
     t.set_defaults(func=_cmd_tenants)

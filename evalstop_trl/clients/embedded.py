@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..core.coordinator import Coordinator
 from ..core.detectors import Decision
-from ..core.records import JobView, Report
+from ..core.errors import InvalidInput
+from ..core.records import AuditKind, JobView, Report
 
 __all__ = ["EmbeddedClient"]
 
@@ -21,10 +23,8 @@ class EmbeddedClient:
         self.coordinator, self.tenant = coordinator, tenant
 
     def register_job(self, job_id: str, job_type: str = "rlhf", planned_steps: int | None = None,
-                     policy: dict[str, Any] | None = None, pid: int | None = None,
-                     pid_start_time: float | None = None, webhook: str | None = None) -> JobView:
-        return self.coordinator.register_job(self.tenant, job_id, job_type, planned_steps, policy, pid,
-                                             pid_start_time, webhook)[0]
+                     policy: dict[str, Any] | None = None, webhook: str | None = None) -> JobView:
+        return self.coordinator.register_job(self.tenant, job_id, job_type, planned_steps, policy, webhook)[0]
 
     def report(self, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
                proxy_reward: float | None = None, checkpoint: str | None = None) -> Decision:
@@ -39,8 +39,8 @@ class EmbeddedClient:
     def status(self, job_id: str) -> JobView:
         return self.coordinator.status(self.tenant, job_id)
 
-    def list_jobs(self) -> list[JobView]:
-        return self.coordinator.list_jobs(self.tenant)
+    def list_jobs(self, status: str | None = None) -> list[JobView]:
+        return self.coordinator.list_jobs(self.tenant, status)
 
     def stop(self, job_id: str, reason: str = "") -> JobView:
         return self.coordinator.stop(self.tenant, job_id, reason)
@@ -48,11 +48,28 @@ class EmbeddedClient:
     def fail(self, job_id: str, reason: str = "") -> JobView:
         return self.coordinator.fail(self.tenant, job_id, reason)
 
-    def reports(self, job_id: str) -> list[Report]:
-        return self.coordinator.reports(self.tenant, job_id)
+    def reports(self, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[Report]:
+        return self.coordinator.reports(self.tenant, job_id, after_step, limit)
 
-    def audit(self) -> list[dict[str, Any]]:
-        return [a.to_dict() for a in self.coordinator.audit(self.tenant)]
+    def wait_decision(self, job_id: str, wait_s: float = 30.0, stopped: bool = False) -> JobView:
+        """The job once it is no longer running (or stopped, with ``stopped``), or after ``wait_s``."""
+        deadline = time.monotonic() + min(max(wait_s, 0.0), 60.0)
+        while True:
+            view = self.coordinator.status(self.tenant, job_id)
+            done = view.status == "stopped" if stopped else view.status not in ("pending", "running")
+            if done or time.monotonic() >= deadline:
+                return view
+            time.sleep(0.05)
+
+    def record_event(self, job_id: str, kind: str, reason: str = "", exit_code: int | None = None) -> None:
+        event = AuditKind(kind)
+        if not event.from_launcher:
+            raise InvalidInput(f"kind must be a launcher event, but got {kind!r}.")
+        self.coordinator.record_event(self.tenant, job_id, event, reason or kind,
+                                      {} if exit_code is None else {"exit_code": exit_code}, actor="launcher")
+
+    def audit(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        return [a.to_dict() for a in self.coordinator.audit(self.tenant, job_id)]
 
     def flush(self) -> bool:
         return True

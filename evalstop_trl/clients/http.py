@@ -104,12 +104,20 @@ class EvalStopClient:
         return last
 
     def _fail_open(self, op: str, job_id: str, path: str, body: dict[str, Any] | None) -> Any:
+        """Send now, or keep in the outbox. Only a refusal (4xx: a contract error) raises; nothing else
+        that can go wrong here (network, outbox I/O, a bug) escapes into the training loop."""
         with self._lock:
             try:
                 if self.outbox:
                     self._replay()
                 return self.transport.call("POST", path, body)
+            except ClientError:
+                raise
             except Unreachable:
+                self.outbox.append(Operation(op, job_id, path, body))
+                return None
+            except Exception:  # noqa: BLE001 - fail open, loudly
+                log.exception("EvalStop client: unexpected error on %s %s; kept in the outbox (fail-open)", op, path)
                 self.outbox.append(Operation(op, job_id, path, body))
                 return None
 
@@ -125,11 +133,9 @@ class EvalStopClient:
 
     # ------------------------------------------------------------------ API
     def register_job(self, job_id: str, job_type: str = "rlhf", planned_steps: int | None = None,
-                     policy: dict[str, Any] | None = None, pid: int | None = None,
-                     pid_start_time: float | None = None, webhook: str | None = None) -> JobView | None:
+                     policy: dict[str, Any] | None = None, webhook: str | None = None) -> JobView | None:
         body = {k: v for k, v in {"job_id": job_id, "job_type": job_type, "planned_steps": planned_steps,
-                                  "policy": policy, "pid": pid, "pid_start_time": pid_start_time,
-                                  "webhook": webhook}.items() if v is not None}
+                                  "policy": policy, "webhook": webhook}.items() if v is not None}
         answer = self._fail_open("register", job_id, "/v1/jobs", body)
         return JobView.from_dict(answer) if answer else None
 
@@ -166,17 +172,48 @@ class EvalStopClient:
     def status(self, job_id: str) -> JobView:
         return JobView.from_dict(self._get("GET", f"/v1/jobs/{job_id}"))
 
-    def list_jobs(self) -> list[JobView]:
-        return [JobView.from_dict(d) for d in self._get("GET", "/v1/jobs")]
+    def list_jobs(self, status: str | None = None) -> list[JobView]:
+        """Every job of the tenant (paging through the service's limit)."""
+        out: list[JobView] = []
+        while True:
+            q = f"/v1/jobs?limit=1000&offset={len(out)}" + (f"&status={status}" if status else "")
+            page = [JobView.from_dict(d) for d in self._get("GET", q)]
+            out.extend(page)
+            if len(page) < 1000:
+                return out
 
     def stop(self, job_id: str, reason: str = "") -> JobView:
         return JobView.from_dict(self._get("POST", f"/v1/jobs/{job_id}/stop", {"reason": reason}))
 
-    def reports(self, job_id: str) -> list[Report]:
-        return [Report(**r) for r in self._get("GET", f"/v1/jobs/{job_id}/reports")]
+    def wait_decision(self, job_id: str, wait_s: float = 30.0, stopped: bool = False) -> JobView:
+        """Long poll: the job once it is no longer running (or stopped, with ``stopped``), or after ``wait_s``."""
+        wait_s = min(max(wait_s, 0.0), 60.0)
+        return JobView.from_dict(self.transport.send(
+            "GET", f"/v1/jobs/{job_id}/decision?wait={wait_s:g}&stopped={'true' if stopped else 'false'}",
+            timeout=wait_s + 10))
 
-    def audit(self) -> list[dict[str, Any]]:
-        return self._get("GET", "/v1/audit")
+    def record_event(self, job_id: str, kind: str, reason: str = "", exit_code: int | None = None) -> None:
+        """Append a launcher event (``launcher_sigterm``, ``launcher_sigkill``, ``launcher_exit``) to the audit log."""
+        body = {"kind": kind, "reason": reason}
+        if exit_code is not None:
+            body["exit_code"] = exit_code
+        self._get("POST", f"/v1/jobs/{job_id}/events", body)
+
+    def reports(self, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[Report]:
+        """Stored reports in step order; pages through the service's limit unless ``limit`` is given."""
+        out: list[Report] = []
+        while True:
+            q = [f"limit={min(limit - len(out), 1000) if limit else 1000}"]
+            if after_step is not None:
+                q.append(f"after_step={after_step}")
+            page = [Report(**r) for r in self._get("GET", f"/v1/jobs/{job_id}/reports?{'&'.join(q)}")]
+            out.extend(page)
+            if len(page) < 1000 or (limit is not None and len(out) >= limit):
+                return out
+            after_step = page[-1].step
+
+    def audit(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        return self._get("GET", "/v1/audit" + (f"?job_id={job_id}" if job_id else ""))
 
     def close(self) -> None:
         self.transport.close()

@@ -94,19 +94,21 @@ class Transport:
         self.unreachable = False
         self._next_probe = 0.0
 
-    def send(self, method: str, path: str, body: dict[str, Any] | None = None, retries: int | None = None) -> Any:
+    def send(self, method: str, path: str, body: dict[str, Any] | None = None, retries: int | None = None,
+             timeout: float | None = None) -> Any:
         httpx = self._httpx
         attempts = 1 + (self.retries if retries is None else retries)
         last = ""
         for attempt in range(attempts):
             try:
-                r = self._http.request(method, path, json=body)
+                r = self._http.request(method, path, json=body,
+                                       **({} if timeout is None else {"timeout": timeout}))
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 if r.status_code < 400:
                     return r.json()
-                if r.status_code < 500:
+                if r.status_code < 500 and r.status_code != 429:
                     try:
                         detail = r.json().get("detail", r.text)
                     except ValueError:

@@ -31,22 +31,26 @@ Example::
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .detectors import Action, Decision, Detector, Observation, all_finite_floats, check_finite
-from .errors import Conflict, InvalidInput, NotFound
+from .errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from .records import (
     MAX_STEP,
     AuditKind,
     AuditRecord,
+    Delivery,
     JobRecord,
     JobStatus,
     JobType,
     JobView,
     Policy,
+    Quotas,
     Registration,
     Report,
     check_checkpoint,
@@ -82,17 +86,24 @@ def _check_report(step: Any, eval_score: Any, train_loss: Any, proxy_reward: Any
 
 
 class _Live:
-    """In-memory state of one job: its record, its detector and its reports by step."""
+    """In-memory state of one job: its record and its detector, plus a few facts about its reports.
 
-    __slots__ = ("record", "detector", "reports", "last_step", "decision", "job_type", "planned", "ticket")
+    Memory per job is bounded (the detector's state, the first and last report, counters); the
+    reports themselves are in the store and read from it, paged."""
 
-    def __init__(self, record: JobRecord, detector: Detector) -> None:
+    __slots__ = ("record", "detector", "first", "last", "n_reports", "best_checkpoint", "decision", "job_type",
+                 "planned", "ticket", "max_reports")
+
+    def __init__(self, record: JobRecord, detector: Detector, max_reports: int = 10**9) -> None:
+        self.max_reports = max_reports  # the tenant's quota when the job was registered
         self.record = record
         self.job_type = record.job_type.value
         self.planned = record.planned_steps
         self.detector = detector
-        self.reports: dict[int, Report] = {}
-        self.last_step: int | None = None
+        self.first: Report | None = None
+        self.last: Report | None = None
+        self.n_reports = 0
+        self.best_checkpoint: str | None = None  # the checkpoint reported with the best step
         self.decision: Decision | None = None  # the detector's latest answer
         self.ticket: Future = DONE  # the job's latest write (stores apply writes in order)
 
@@ -103,9 +114,17 @@ class _Live:
                                               rep.step / planned if planned else None))
 
     def remember(self, rep: Report, decision: Decision) -> None:
-        self.reports[rep.step] = rep
-        self.last_step = rep.step
+        if self.first is None:
+            self.first = rep
+        self.last = rep
+        self.n_reports += 1
         self.decision = decision
+        if self.detector.best_step == rep.step:
+            self.best_checkpoint = rep.checkpoint
+
+    @property
+    def last_step(self) -> int | None:
+        return None if self.last is None else self.last.step
 
 
 StopListener = Callable[[JobRecord, Decision], None]
@@ -130,10 +149,11 @@ class Coordinator:
         store: where state lives (``SQLiteStore`` or ``MemoryStore``; a new MemoryStore if None).
         clock: a function returning the current time in seconds (virtual time in the simulator).
         default_policy: the policy of jobs registered without one (decline, k=2).
+        quotas: per-tenant limits (active jobs, reports per job); unlimited-ish defaults.
     """
 
     def __init__(self, store: Store | None = None, clock: Callable[[], float] = time.time,
-                 default_policy: Policy | None = None) -> None:
+                 default_policy: Policy | None = None, quotas: Quotas | None = None) -> None:
         if store is None:
             from ..stores.memory import MemoryStore  # the default: an outer layer, imported lazily
 
@@ -141,17 +161,23 @@ class Coordinator:
         self.store = store
         self.clock = clock
         self.default_policy = default_policy or Policy()
-        self.tenants = Tenants(store, clock)
+        self.tenants = Tenants(store, clock, quotas)
         self._lock = threading.RLock()
         self._jobs: dict[tuple[str, str], _Live] = {}
+        self._by_tenant: dict[str, dict[str, _Live]] = {}  # registration order, for listing
         self._stop_listeners: list[StopListener] = []
         for record in self.store.jobs():
-            self._jobs[(record.tenant, record.job_id)] = self._load(record)
+            self._put(self._load(record))
+
+    def _put(self, live: _Live) -> None:
+        r = live.record
+        self._jobs[(r.tenant, r.job_id)] = live
+        self._by_tenant.setdefault(r.tenant, {})[r.job_id] = live
 
     # ------------------------------------------------------------------ state
     def _load(self, record: JobRecord) -> _Live:
         """Rebuild a job's live state by replaying its stored reports through a fresh detector."""
-        live = _Live(record, record.policy.build())
+        live = _Live(record, record.policy.build(), self.tenants.quotas(record.tenant).max_reports_per_job)
         for rep in self.store.reports(record.tenant, record.job_id):
             live.remember(rep, live.observe(rep))
         return live
@@ -165,9 +191,10 @@ class Coordinator:
             with self._lock:
                 stored = [r for r in self.store.jobs() if (r.tenant, r.job_id) == (tenant, job_id)]
                 if stored:
-                    self._jobs[(tenant, job_id)] = self._load(stored[0])
+                    self._put(self._load(stored[0]))
                 else:
                     self._jobs.pop((tenant, job_id), None)
+                    self._by_tenant.get(tenant, {}).pop(job_id, None)
             raise
 
     def _get(self, tenant: str, job_id: str) -> _Live:
@@ -194,21 +221,25 @@ class Coordinator:
     def _transition(self, live: _Live, status: JobStatus, now: float, kind: AuditKind | None, actor: str,
                     reason: str, evidence: dict[str, Any], report: Report | None = None,
                     **changes: Any) -> Future:
-        """Move ``live``'s job to ``status`` and commit the new record, ``report`` and an audit line."""
+        """Move ``live``'s job to ``status`` and commit the new record, ``report``, an audit line and,
+        for a stop of a job with a webhook, its delivery (durably queued with the stop itself)."""
         record = live.record
         new = record.evolve(status=record.status.to(status), updated_at=now, **changes)
         audit = () if kind is None else (AuditRecord(record.tenant, record.job_id, now, kind, actor, reason, evidence),)
-        ticket = self.store.commit(new, report, audit)
+        deliveries = ()
+        if status is _STOPPED and record.status is not _STOPPED and record.webhook and new.decision is not None:
+            deliveries = (stop_delivery(new, now),)
+        ticket = self.store.commit(new, report, audit, deliveries)
         live.record = new
         return ticket
 
     # ------------------------------------------------------------------ jobs
     def register_job(self, tenant: str, job_id: str, job_type: str | JobType = JobType.RLHF,
-                     planned_steps: int | None = None, policy: Policy | dict | None = None, pid: int | None = None,
-                     pid_start_time: float | None = None, webhook: str | None = None) -> tuple[JobView, bool]:
+                     planned_steps: int | None = None, policy: Policy | dict | None = None,
+                     webhook: str | None = None) -> tuple[JobView, bool]:
         """Register a job. Returns ``(view, created)``; an identical re-registration returns
         ``created=False``; a different one for an existing id raises :class:`Conflict`."""
-        reg = Registration.parse(job_id, job_type, planned_steps, policy, pid, pid_start_time, webhook,
+        reg = Registration.parse(job_id, job_type, planned_steps, policy, webhook,
                                  default_policy=self.default_policy)
         record = JobRecord.new(tenant, reg, self.clock())
         with self._lock:
@@ -218,10 +249,17 @@ class Coordinator:
                     return self._view(existing), False
                 raise Conflict(
                     f"job {job_id!r} is already registered with a different job_type, planned_steps, "
-                    f"policy, pid or webhook; use a new job_id"
+                    f"policy or webhook; use a new job_id"
                 )
+            quotas = self.tenants.quotas(tenant)
+            active = sum(1 for v in self._by_tenant.get(tenant, {}).values() if not v.record.status.terminal)
+            if active >= quotas.max_active_jobs:
+                raise QuotaExceeded(
+                    f"tenant {tenant!r} has {active} active jobs, the most allowed "
+                    f"(max_active_jobs={quotas.max_active_jobs}); finish or stop some first")
             ticket = self.store.commit(record)
-            live = self._jobs[(tenant, job_id)] = _Live(record, reg.policy.build())
+            live = _Live(record, reg.policy.build(), quotas.max_reports_per_job)
+            self._put(live)
             view = self._view(live)
         self._settle(ticket, tenant, job_id)
         return view, True
@@ -255,8 +293,14 @@ class Coordinator:
         with self._lock:
             live = self._jobs.get((tenant, job_id)) or self._get(tenant, job_id)
             rep = _report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock())
-            stored = live.reports.get(step)
-            if stored is not None:
+            last = live.last
+            if last is not None and step <= last.step:
+                stored = last if step == last.step else self._stored_report(live, step)
+                if stored is None:
+                    raise Conflict(
+                        f"reports must come in step order: step {step} is before the last reported step "
+                        f"{last.step} of job {job_id!r}"
+                    )
                 if stored.payload() == rep.payload():
                     # an identical retry: answered once the original write is durable, never before
                     return PendingReport(tenant, job_id, self._current(live), live.ticket, None)
@@ -264,11 +308,10 @@ class Coordinator:
                     f"step {step} of job {job_id!r} already has a different report "
                     f"(stored {_payload_str(stored)}, got {_payload_str(rep)}); a step is reported once"
                 )
-            if live.last_step is not None and step < live.last_step:
-                raise Conflict(
-                    f"reports must come in step order: step {step} is before the last reported step "
-                    f"{live.last_step} of job {job_id!r}"
-                )
+            if live.n_reports >= live.max_reports:
+                raise QuotaExceeded(
+                    f"job {job_id!r} has {live.n_reports} reports, the most a job may have "
+                    f"(max_reports_per_job={live.max_reports}); start a new job")
             # decide
             planned = live.planned
             decision = live.detector.observe(_trusted(job_id, step, eval_score, train_loss, proxy_reward,
@@ -276,9 +319,11 @@ class Coordinator:
             status = live.record.status
             if status is _RUNNING and decision.action is _CONTINUE:  # the hot path: no transition
                 ticket = live.ticket = self.store.add_report(tenant, job_id, rep)
-                live.reports[step] = rep
-                live.last_step = step
+                live.last = rep
+                live.n_reports += 1
                 live.decision = decision
+                if live.detector.best_step == step:
+                    live.best_checkpoint = checkpoint
                 return PendingReport(tenant, job_id, decision, ticket, None)
             # transition, commit
             stopped = None
@@ -300,6 +345,12 @@ class Coordinator:
             live.ticket = ticket
             live.remember(rep, decision)
             return PendingReport(tenant, job_id, self._current(live), ticket, stopped)
+
+    def _stored_report(self, live: _Live, step: int) -> Report | None:
+        """The stored report of an earlier step (rare: a retry of an old step), once writes are durable."""
+        if not live.ticket.done():
+            wait_durable(live.ticket)
+        return self.store.report(live.record.tenant, live.record.job_id, step)
 
     def _current(self, live: _Live) -> Decision:
         """The decision a job's reports and status say now."""
@@ -381,7 +432,9 @@ class Coordinator:
 
     def record_event(self, tenant: str, job_id: str, kind: AuditKind, reason: str, evidence: dict,
                      actor: str = "coordinator") -> None:
-        """Append an enforcement or webhook event to the job's audit log."""
+        """Append a launcher or webhook event to the job's audit log."""
+        if not isinstance(reason, str) or len(reason) > 2000:
+            raise InvalidInput("reason must be a string of at most 2000 characters.")
         with self._lock:
             live = self._get(tenant, job_id)
             audit = AuditRecord(tenant, job_id, self.clock(), kind, actor, reason, evidence)
@@ -392,15 +445,12 @@ class Coordinator:
     def _view(self, live: _Live) -> JobView:
         r = live.record
         det = live.detector
-        best_ckpt = r.checkpoint
-        if best_ckpt is None and det.best_step is not None:
-            best_rep = live.reports.get(det.best_step)
-            best_ckpt = best_rep.checkpoint if best_rep else None
         return JobView(
             job_id=r.job_id, job_type=r.job_type.value, status=r.status.value, policy=r.policy.to_dict(),
-            decision=self._current(live) if live.reports or r.decision else None, best_step=det.best_step,
-            best_score=det.best_score, best_checkpoint=best_ckpt, n_reports=len(live.reports),
-            last_step=live.last_step, planned_steps=r.planned_steps, acked=r.acked_at is not None,
+            decision=self._current(live) if live.n_reports or r.decision else None, best_step=det.best_step,
+            best_score=det.best_score, best_checkpoint=r.checkpoint or live.best_checkpoint,
+            n_reports=live.n_reports, last_step=live.last_step, planned_steps=r.planned_steps,
+            acked=r.acked_at is not None,
         )
 
     def status(self, tenant: str, job_id: str) -> JobView:
@@ -411,22 +461,69 @@ class Coordinator:
         with self._lock:
             return self._get(tenant, job_id).record
 
-    def list_jobs(self, tenant: str) -> list[JobView]:
-        with self._lock:
-            return [self._view(v) for (t, _), v in self._jobs.items() if t == tenant]
+    def list_jobs(self, tenant: str, status: JobStatus | str | None = None, limit: int | None = None,
+                  offset: int = 0) -> list[JobView]:
+        """The tenant's jobs in registration order, optionally of one ``status``, paged."""
+        return self.page_jobs(tenant, status, limit, offset)[0]
 
-    def reports(self, tenant: str, job_id: str) -> list[Report]:
-        with self._lock:
-            live = self._get(tenant, job_id)
-            return [live.reports[s] for s in sorted(live.reports)]
+    def page_jobs(self, tenant: str, status: JobStatus | str | None = None, limit: int | None = None,
+                  offset: int = 0) -> tuple[list[JobView], int]:
+        """``(views, total)``: one page of the tenant's jobs (``total`` counts every match).
 
-    def audit(self, tenant: str) -> list[AuditRecord]:
-        with self._lock:
-            return self.store.audit(tenant)
+        Views are built without holding the coordinator's lock, so listing thousands of jobs never
+        holds up another tenant's reports."""
+        wanted = None if status is None else (status if isinstance(status, JobStatus) else _parse_status(status))
+        lives = list(self._by_tenant.get(tenant, {}).values())  # a snapshot (atomic under the GIL)
+        if wanted is not None:
+            lives = [v for v in lives if v.record.status is wanted]
+        end = len(lives) if limit is None else offset + limit
+        return [self._view(v) for v in lives[offset:end]], len(lives)
+
+    def report_span(self, tenant: str, job_id: str) -> tuple[Report | None, Report | None]:
+        """The job's first and last report (None before any)."""
+        live = self._get(tenant, job_id)
+        return live.first, live.last
+
+    def reports(self, tenant: str, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[Report]:
+        """The job's durable reports in step order: those after ``after_step``, at most ``limit``."""
+        live = self._get(tenant, job_id)
+        return self.store.reports(tenant, live.record.job_id, after_step, limit)
+
+    def audit(self, tenant: str, job_id: str | None = None, limit: int | None = None,
+              offset: int = 0) -> list[AuditRecord]:
+        """The tenant's audit records (of one job if ``job_id``), oldest first, paged."""
+        return self.store.audit(tenant, job_id, limit, offset)
 
     def close(self) -> None:
         with self._lock:
             self.store.close()
+
+
+def stop_delivery(job: JobRecord, now: float) -> Delivery:
+    """The webhook delivery of a job's stop: strict JSON (no NaN or infinity), one per job."""
+    decision = job.decision.to_dict() if job.decision else None
+    body = json.dumps({"event": "stop", "tenant": job.tenant, "job_id": job.job_id, "at": now,
+                       "decision": _json_safe(decision)}, allow_nan=False, sort_keys=True)
+    return Delivery(f"{job.tenant}/{job.job_id}/stop", job.tenant, job.job_id, job.webhook or "", body, now)
+
+
+def _json_safe(value: Any) -> Any:
+    """Non-finite floats become None, so the payload is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _parse_status(value: str) -> JobStatus:
+    try:
+        return JobStatus(value)
+    except ValueError:
+        raise InvalidInput(f"Unknown status {value!r}; valid statuses are: {', '.join(s.value for s in JobStatus)}.") \
+            from None
 
 
 def _payload_str(rep: Report) -> str:

@@ -251,18 +251,36 @@ class Detector(ABC):
         return _decision(Action.STOP, reason, self.best_step, self.best_score, MappingProxyType(evidence))
 
 
+#: Bounds of every detector parameter: no work or memory may grow with a number a caller sends.
+MAX_K = 1000
+MAX_WINDOW = 1000
+MAX_DELTA = 1e6
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], but got {name}={value!r}.")
+    return value
+
+
+def _check_number(name: str, value: Any, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], but got {name}={value!r}.")
+    try:
+        ok = math.isfinite(value) and low <= value <= high
+    except OverflowError:  # an int too large for a float
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a finite number in [{low:g}, {high:g}], but got {name}={value!r}.")
+    return float(value)
+
+
 def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, but got k={k!r}.")
-    return k
+    return _check_int("k", k, 1, MAX_K)
 
 
 def _check_delta(min_delta: Any) -> float:
-    if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)):
-        raise ValueError(f"min_delta must be a number >= 0, but got min_delta={min_delta!r}.")
-    if not math.isfinite(min_delta) or min_delta < 0:
-        raise ValueError(f"min_delta must be a finite number >= 0, but got min_delta={min_delta!r}.")
-    return float(min_delta)
+    return _check_number("min_delta", min_delta, 0.0, MAX_DELTA)
 
 
 class DeclineDetector(Detector):
@@ -349,9 +367,9 @@ class StopAtDetector(Detector):
 
     def __init__(self, fraction: float = 0.65, direction: str = "max") -> None:
         super().__init__(direction)
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], but got fraction={fraction!r}.")
-        self.fraction = float(fraction)
+        self.fraction = _check_number("fraction", fraction, 0.0, 1.0)
+        if self.fraction == 0:
+            raise ValueError("fraction must be in (0, 1], but got fraction=0.")
 
     def _observe(self, obs: Observation) -> Decision:
         if obs.progress is None:
@@ -378,13 +396,9 @@ class LossPlateauDetector(Detector):
 
     def __init__(self, window: int = 2, tolerance: float = 0.03, direction: str = "max") -> None:
         super().__init__(direction)
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be an integer >= 1, but got window={window!r}.")
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance):
-            raise ValueError(f"tolerance must be a finite number, but got tolerance={tolerance!r}.")
-        self.window = window
-        self.tolerance = float(tolerance)
-        self._losses: list[float] = []
+        self.window = _check_int("window", window, 1, MAX_WINDOW)
+        self.tolerance = _check_number("tolerance", tolerance, -MAX_DELTA, MAX_DELTA)
+        self._losses: deque[float] = deque(maxlen=self.window + 1)
 
     def _observe(self, obs: Observation) -> Decision:
         if obs.train_loss is None:

@@ -8,6 +8,8 @@ Every error the coordinator raises for something a caller did wrong derives from
 * :class:`NotFound` (404): no such job for this tenant (also answered for other tenants' jobs).
 * :class:`Conflict` (409): the request contradicts stored state (a different payload for a stored
   step, a different registration for an existing job id, ...).
+* :class:`QuotaExceeded` (429): a tenant's quota (active jobs, reports per job, report rate) is used
+  up; ``retry_after`` says when to try again, if waiting helps.
 """
 
 from __future__ import annotations
@@ -33,3 +35,11 @@ class NotFound(EvalStopError, LookupError):
 
 class Conflict(EvalStopError):
     status_code = 409
+
+
+class QuotaExceeded(EvalStopError):
+    status_code = 429
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -12,7 +12,6 @@ client needs nothing but this module, :mod:`.detectors` (Decision) and :mod:`.er
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -26,7 +25,7 @@ from .lifecycle import Lifecycle, transitions
 
 __all__ = [
     "AuditKind", "AuditRecord", "Escalation", "JobRecord", "JobStatus", "JobType", "JobView", "MAX_STEP", "NAME_PATTERN",
-    "Policy", "Registration", "Report", "TenantRecord", "check_name", "check_checkpoint",
+    "Delivery", "Policy", "Quotas", "Registration", "Report", "TenantRecord", "check_name", "check_checkpoint",
 ]
 
 #: tenant names and job ids: 1-128 characters of letters, digits and ``_ . : @ -``, starting with a
@@ -45,6 +44,28 @@ def check_name(kind: str, value: Any) -> str:
             f"or digit), but got {value!r}."
         )
     return value
+
+
+def check_webhook_url(url: Any) -> str:
+    """A webhook URL's form: http(s), a host, no credentials, at most 2048 characters. (Where it may
+    point is the operator's allowlist, checked at connect time by the service.)"""
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str) or len(url) > 2048 or not re.match(r"^https?://", url):
+        raise InvalidInput(f"webhook must be an http(s) URL of at most 2048 characters, but got {url!r}.")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as exc:
+        raise InvalidInput(f"webhook is not a valid URL ({exc}).") from None
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise InvalidInput("webhook must not carry credentials (user:password@); the service signs each payload "
+                           "with the tenant's webhook secret instead.")
+    if not parts.hostname:
+        raise InvalidInput(f"webhook needs a host name, but got {url!r}.")
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        raise InvalidInput("webhook must not contain spaces or control characters.")
+    return url
 
 
 def check_checkpoint(value: Any) -> str | None:
@@ -121,32 +142,26 @@ class Escalation(Lifecycle, str, Enum):
     DONE = "done"
 
 
-_POLICY_KEYS = ("detector", "enforce", "grace_s")
+# keys of policies stored by evalstop 0.1, when the service signalled processes itself; ignored now
+_LEGACY_POLICY_KEYS = ("enforce", "grace_s")
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """How a job is watched: a detector with its parameters, and whether stops are enforced.
+    """How a job is watched: a detector with its parameters.
 
     ``params`` is filled with the detector's defaults (so equal policies compare equal) and is
-    read-only. ``enforce=True`` lets the service escalate a STOP that was not acknowledged within
-    ``grace_s`` seconds."""
+    read-only. Every parameter is bounded (see each detector's docstring): no work or memory grows
+    with a number a caller sends."""
 
     detector: str = "decline"
     params: Mapping[str, Any] = field(default_factory=dict)
-    enforce: bool = False
-    grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         try:
             DETECTORS.create(self.detector, **dict(self.params))
-        except ValueError as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             raise InvalidInput(str(exc)) from None
-        if not isinstance(self.enforce, bool):
-            raise InvalidInput(f"enforce must be true or false, but got {self.enforce!r}.")
-        g = self.grace_s
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
-            raise InvalidInput(f"grace_s must be a finite number of seconds >= 0, but got {g!r}.")
         full = DETECTORS.params(self.detector)
         full.update(self.params)
         object.__setattr__(self, "params", MappingProxyType(full))
@@ -156,20 +171,26 @@ class Policy:
         return DETECTORS.create(self.detector, **self.params)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"detector": self.detector, **self.params, "enforce": self.enforce, "grace_s": self.grace_s}
+        return {"detector": self.detector, **self.params}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> Policy:
-        """``{"detector": "decline", "k": 2, "enforce": false, "grace_s": 30}``; missing keys take defaults."""
+    def from_dict(cls, data: Mapping[str, Any] | None, *, stored: bool = False) -> Policy:
+        """``{"detector": "decline", "k": 2}``; missing keys take defaults. ``stored=True`` reads a
+        policy written by an older evalstop (its ``enforce``/``grace_s`` keys are dropped)."""
         if data is None:
             return cls()
         if isinstance(data, Policy):
             return data
         if not isinstance(data, Mapping):
             raise InvalidInput(f"policy must be an object, but got {data!r}.")
-        params = {k: v for k, v in data.items() if k not in _POLICY_KEYS}
-        return cls(detector=data.get("detector", "decline"), params=params,
-                   enforce=data.get("enforce", False), grace_s=data.get("grace_s", 30.0))
+        skip = ("detector", *_LEGACY_POLICY_KEYS) if stored else ("detector",)
+        for key in _LEGACY_POLICY_KEYS:
+            if key in data and not stored:
+                raise InvalidInput(
+                    f"policy.{key} is no longer supported: the service never signals a process. Run the job under "
+                    "'evalstop run --grace-s S -- CMD', whose launcher stops a loop that ignores the stop flag.")
+        params = {k: v for k, v in data.items() if k not in skip}
+        return cls(detector=data.get("detector", "decline"), params=params)
 
 
 def _optional_int(value: Any, low: int, high: int, message: str) -> int | None:
@@ -186,31 +207,18 @@ class Registration:
     job_type: JobType = JobType.RLHF
     planned_steps: int | None = None
     policy: Policy = field(default_factory=Policy)
-    pid: int | None = None
-    pid_start_time: float | None = None
     webhook: str | None = None
 
     @classmethod
     def parse(cls, job_id: Any, job_type: Any = JobType.RLHF, planned_steps: Any = None, policy: Any = None,
-              pid: Any = None, pid_start_time: Any = None, webhook: Any = None,
-              default_policy: Policy | None = None) -> Registration:
+              webhook: Any = None, default_policy: Policy | None = None) -> Registration:
         """Validate raw values (raises :class:`InvalidInput` naming the field)."""
         check_name("job_id", job_id)
         _optional_int(planned_steps, 1, MAX_STEP, f"planned_steps must be a positive integer (at most {MAX_STEP})")
-        _optional_int(pid, 2, 2**31, "pid must be an integer > 1 (at most 2**31)")
-        if pid_start_time is not None:
-            ok = not isinstance(pid_start_time, bool) and isinstance(pid_start_time, (int, float))
-            try:
-                ok = ok and math.isfinite(pid_start_time)
-            except OverflowError:
-                ok = False
-            if not ok:
-                raise InvalidInput(f"pid_start_time must be a finite number, but got {pid_start_time!r}.")
-        if webhook is not None and (not isinstance(webhook, str) or len(webhook) > 2048
-                                    or not re.match(r"^https?://", webhook)):
-            raise InvalidInput(f"webhook must be an http(s) URL of at most 2048 characters, but got {webhook!r}.")
+        if webhook is not None:
+            check_webhook_url(webhook)
         pol = (default_policy or Policy()) if policy is None else Policy.from_dict(policy)
-        return cls(job_id, JobType.parse(job_type), planned_steps, pol, pid, pid_start_time, webhook)
+        return cls(job_id, JobType.parse(job_type), planned_steps, pol, webhook)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,10 +263,17 @@ class AuditKind(str, Enum):
     MANUAL_STOP = "manual_stop"
     ACK = "ack"
     FAILED = "failed"
-    SIGTERM = "sigterm"
-    SIGKILL = "sigkill"
+    LAUNCHER_SIGTERM = "launcher_sigterm"  # `evalstop run` escalated: SIGTERM to its child's process group
+    LAUNCHER_SIGKILL = "launcher_sigkill"
+    LAUNCHER_EXIT = "launcher_exit"  # the launcher's child exited (with its status)
     WEBHOOK = "webhook"
     WEBHOOK_FAILED = "webhook_failed"
+    SIGTERM = "sigterm"  # legacy: written by evalstop 0.1, whose service signalled processes itself
+    SIGKILL = "sigkill"
+
+    @property
+    def from_launcher(self) -> bool:
+        return self in (AuditKind.LAUNCHER_SIGTERM, AuditKind.LAUNCHER_SIGKILL, AuditKind.LAUNCHER_EXIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,8 +313,6 @@ class JobRecord:
     job_type: JobType
     planned_steps: int | None
     policy: Policy
-    pid: int | None = None
-    pid_start_time: float | None = None
     webhook: str | None = None
     status: JobStatus = JobStatus.PENDING
     created_at: float = 0.0
@@ -313,8 +326,8 @@ class JobRecord:
 
     @classmethod
     def new(cls, tenant: str, reg: Registration, now: float) -> JobRecord:
-        return cls(tenant, reg.job_id, reg.job_type, reg.planned_steps, reg.policy, reg.pid, reg.pid_start_time,
-                   reg.webhook, created_at=now, updated_at=now)
+        return cls(tenant, reg.job_id, reg.job_type, reg.planned_steps, reg.policy, reg.webhook,
+                   created_at=now, updated_at=now)
 
     def evolve(self, **changes: Any) -> JobRecord:
         """A copy with ``changes`` (a fast ``dataclasses.replace``)."""
@@ -325,8 +338,7 @@ class JobRecord:
 
     def registration(self) -> Registration:
         """What a re-registration must match to be accepted as identical."""
-        return Registration(self.job_id, self.job_type, self.planned_steps, self.policy, self.pid,
-                            self.pid_start_time, self.webhook)
+        return Registration(self.job_id, self.job_type, self.planned_steps, self.policy, self.webhook)
 
 
 _JOB_SETTERS = tuple((f.name, JobRecord.__dict__[f.name].__set__) for f in fields(JobRecord))
@@ -385,6 +397,38 @@ class JobView:
 
 
 @dataclass(frozen=True, slots=True)
+class Quotas:
+    """Per-tenant limits. Defaults suit a shared coordinator; the operator sets them with
+    ``evalstop serve`` flags (server-wide) or ``evalstop tenants quota NAME`` (one tenant)."""
+
+    max_active_jobs: int = 1000  # jobs not yet stopped, finished or failed
+    max_reports_per_job: int = 100_000
+    report_rate: float = 1000.0  # reports per second, per tenant (token bucket)
+    report_burst: int = 2000
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("max_active_jobs", 1, 10**7), ("max_reports_per_job", 1, 10**9),
+                                ("report_burst", 1, 10**7)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+                raise InvalidInput(f"{name} must be an integer in [{low}, {high}], but got {v!r}.")
+        r = self.report_rate
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not (0 < r <= 1e7):
+            raise InvalidInput(f"report_rate must be a number of reports per second in (0, 1e7], but got {r!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def with_overrides(self, overrides: Mapping[str, Any] | None) -> Quotas:
+        if not overrides:
+            return self
+        unknown = sorted(set(overrides) - set(self.to_dict()))
+        if unknown:
+            raise InvalidInput(f"Unknown quota(s) {', '.join(unknown)}; valid quotas are: {', '.join(self.to_dict())}.")
+        return Quotas(**{**self.to_dict(), **overrides})
+
+
+@dataclass(frozen=True, slots=True)
 class TenantRecord:
     """A tenant as the store keeps it: its name and the SHA-256 of its token (never the token)."""
 
@@ -392,3 +436,22 @@ class TenantRecord:
     token_hash: str
     created_at: float
     revoked: bool = False
+    quotas: Mapping[str, Any] = field(default_factory=dict)  # overrides of the server's defaults
+    webhook_secret: str = ""  # signs this tenant's webhook payloads (HMAC-SHA256)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A webhook delivery in the durable outbox: queued with the stop that caused it, retried with
+    backoff until delivered or out of attempts, resumed after a restart."""
+
+    id: str
+    tenant: str
+    job_id: str
+    url: str
+    body: str
+    created_at: float
+    attempts: int = 0
+    next_at: float = 0.0
+    done: bool = False
+    outcome: str = ""

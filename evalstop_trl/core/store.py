@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from .records import AuditRecord, JobRecord, Report, TenantRecord
+from .records import AuditRecord, Delivery, JobRecord, Report, TenantRecord
 
 __all__ = ["DONE", "Store", "StoreError", "TenantRecord", "Ticket", "wait_durable"]
 
@@ -54,20 +54,23 @@ class Store(ABC):
 
     # tenants
     @abstractmethod
-    def add_tenant(self, tenant: TenantRecord) -> None: ...
+    def add_tenant(self, tenant: TenantRecord) -> None:
+        """Insert a new tenant (:class:`Conflict` if the name exists)."""
     @abstractmethod
     def tenant_by_hash(self, token_hash: str) -> TenantRecord | None: ...
     @abstractmethod
+    def tenant(self, name: str) -> TenantRecord | None: ...
+    @abstractmethod
     def list_tenants(self) -> list[TenantRecord]: ...
     @abstractmethod
-    def revoke_tenant(self, name: str) -> bool: ...
+    def update_tenant(self, tenant: TenantRecord) -> bool:
+        """Replace the tenant of that name (revocation, rotation, quotas); False if there is none."""
 
-    # jobs, reports, audit
+    # jobs, reports, audit, webhook deliveries
     @abstractmethod
-    def commit(
-        self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()
-    ) -> Ticket:
-        """Atomically upsert ``job``, insert ``report`` (if any) and append ``audit``.
+    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = (),
+               deliveries: Sequence[Delivery] = ()) -> Ticket:
+        """Atomically upsert ``job``, insert ``report`` (if any), append ``audit`` and queue ``deliveries``.
 
         Writes are applied in call order; the returned :class:`Ticket` says when it is durable."""
 
@@ -78,12 +81,26 @@ class Store(ABC):
     @abstractmethod
     def jobs(self) -> list[JobRecord]: ...
     @abstractmethod
-    def reports(self, tenant: str, job_id: str) -> list[Report]:
-        """A job's reports in step order."""
+    def reports(self, tenant: str, job_id: str, after_step: int | None = None,
+                limit: int | None = None) -> list[Report]:
+        """A job's reports in step order: those after ``after_step`` (all if None), at most ``limit``."""
     @abstractmethod
-    def audit(self, tenant: str | None = None) -> list[AuditRecord]: ...
+    def report(self, tenant: str, job_id: str, step: int) -> Report | None:
+        """The job's report of ``step``, if stored."""
+    @abstractmethod
+    def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
+              offset: int = 0) -> list[AuditRecord]:
+        """Audit records, oldest first, of one tenant (and job) if given, paged."""
+
+    @abstractmethod
+    def pending_deliveries(self, now: float, limit: int) -> list[Delivery]:
+        """Undelivered webhook deliveries due at ``now`` (``next_at <= now``), oldest first."""
+    @abstractmethod
+    def update_delivery(self, delivery: Delivery) -> Ticket:
+        """Record an attempt's outcome (attempts, next_at, done, outcome)."""
+
+    def probe(self) -> None:  # noqa: B027 - stores that write at once are always ready
+        """Raise if the store cannot take a write now (readiness checks)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
-
-

@@ -1,8 +1,11 @@
-"""Tenants and their tokens: who may call the coordinator.
+"""Tenants and their tokens: who may call the coordinator, and how much.
 
-A token is shown once when a tenant is created; only its SHA-256 is stored. The service turns a
-bearer token into a tenant name with :meth:`Tenants.authenticate`; everything after that is
-namespaced by that name.
+A token is shown once when a tenant is created (or rotated); only its SHA-256 is stored. The
+service turns a bearer token into a tenant name with :meth:`Tenants.authenticate`; everything after
+that is namespaced by that name. A 401 never says which tenant a token belonged to.
+
+Each tenant also has a webhook secret (HMAC-SHA256 key for its webhook payloads) and optional
+quota overrides of the server's defaults (:class:`~evalstop_trl.core.records.Quotas`).
 
 Example::
 
@@ -15,54 +18,110 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .errors import NotFound, Unauthorized
-from .records import TenantRecord, check_name
+from .records import Quotas, TenantRecord, check_name
 
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["Tenants", "hash_token"]
+__all__ = ["Tenants", "hash_token", "new_token"]
+
+_QUOTA_TTL_S = 5.0  # how long a tenant's quotas are cached (another process may change them)
 
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class Tenants:
-    """Create, authenticate, list and revoke tenants over a store."""
+def new_token() -> str:
+    return "es_" + secrets.token_urlsafe(32)
 
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+
+class Tenants:
+    """Create, authenticate, rotate, revoke and limit tenants over a store.
+
+    Args:
+        store: where tenants are kept.
+        clock: wall clock (creation times, quota cache).
+        default_quotas: the server's quotas; a tenant's overrides apply on top.
+    """
+
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time,
+                 default_quotas: Quotas | None = None) -> None:
         self.store, self.clock = store, clock
+        self.default_quotas = default_quotas or Quotas()
+        self._quota_cache: dict[str, tuple[float, Quotas]] = {}
 
     def add(self, name: str) -> str:
         """Create a tenant and return its new token (shown once; only its hash is stored)."""
         check_name("tenant name", name)
-        token = "es_" + secrets.token_urlsafe(32)
-        self.store.add_tenant(TenantRecord(name, hash_token(token), self.clock()))
+        token = new_token()
+        self.store.add_tenant(TenantRecord(name, hash_token(token), self.clock(),
+                                           webhook_secret=secrets.token_urlsafe(32)))
         return token
 
     def authenticate(self, token: str | None) -> str:
-        """Return the tenant owning ``token`` or raise :class:`Unauthorized`."""
+        """Return the tenant owning ``token`` or raise :class:`Unauthorized` (naming no tenant)."""
         if not token:
             raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
         t = self.store.tenant_by_hash(hash_token(token))
         if t is None:
             raise Unauthorized("unknown token: create one with 'evalstop tenants add NAME'")
         if t.revoked:
-            raise Unauthorized(f"the token of tenant {t.name!r} was revoked")
+            raise Unauthorized("this token was revoked; ask the operator for a new one ('evalstop tenants rotate')")
         return t.name
+
+    def get(self, name: str) -> TenantRecord:
+        t = self.store.tenant(name)
+        if t is None:
+            raise NotFound(f"no tenant named {name!r}")
+        return t
 
     def list(self) -> list[TenantRecord]:
         return self.store.list_tenants()
 
+    def _update(self, name: str, **changes: Any) -> TenantRecord:
+        new = dataclasses.replace(self.get(name), **changes)
+        if not self.store.update_tenant(new):
+            raise NotFound(f"no tenant named {name!r}")
+        self._quota_cache.pop(name, None)
+        return new
+
     def revoke(self, name: str) -> None:
         """Revoke ``name``'s token (raises :class:`NotFound` for an unknown tenant)."""
-        if not self.store.revoke_tenant(name):
-            raise NotFound(f"no tenant named {name!r}")
+        self._update(name, revoked=True)
 
+    def rotate(self, name: str) -> str:
+        """Give ``name`` a new token (the old one stops working at once) and re-enable it."""
+        token = new_token()
+        self._update(name, token_hash=hash_token(token), revoked=False)
+        return token
+
+    def webhook_secret(self, name: str) -> str:
+        return self.get(name).webhook_secret
+
+    def set_quotas(self, name: str, overrides: Mapping[str, Any]) -> Quotas:
+        """Override some of the server's quotas for ``name`` (validated); returns its quotas now."""
+        current = dict(self.get(name).quotas)
+        current.update(overrides)
+        quotas = self.default_quotas.with_overrides(current)  # validates
+        self._update(name, quotas=current)
+        return quotas
+
+    def quotas(self, name: str) -> Quotas:
+        """The tenant's quotas: its overrides over the server's defaults (cached a few seconds)."""
+        now = self.clock()
+        hit = self._quota_cache.get(name)
+        if hit is not None and now - hit[0] < _QUOTA_TTL_S:
+            return hit[1]
+        t = self.store.tenant(name)
+        quotas = self.default_quotas.with_overrides(t.quotas if t is not None else None)
+        self._quota_cache[name] = (now, quotas)
+        return quotas

@@ -1,68 +1,85 @@
 """The coordinator service: a FastAPI app over one :class:`Coordinator`.
 
 Handlers are a few lines that call the core; one exception handler maps the
-:mod:`evalstop_trl.core.errors` hierarchy to ``{"detail": ...}`` with its status code. Request
-bodies are limited to 1 MiB (413). Every ``/v1`` route needs ``Authorization: Bearer <token>``.
-Background workers (enforcement, webhooks) start in the app's lifespan and stop with it.
+:mod:`evalstop_trl.core.errors` hierarchy to ``{"detail": ...}`` with its status code. Every
+``/v1`` route needs ``Authorization: Bearer <token>``, checked by :class:`~.middleware.Guard` before
+the body is read (which also limits bodies, their arrival time and each tenant's report rate).
+Background workers (webhook deliveries) start in the app's lifespan and stop with it. The service
+never signals a process: jobs whose loop ignores the stop flag run under ``evalstop run``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from ..core.coordinator import Coordinator
 from ..core.detectors import Decision
-from ..core.errors import EvalStopError, Unauthorized
-from ..core.records import JobRecord
+from ..core.errors import EvalStopError, InvalidInput, QuotaExceeded, Unauthorized
+from ..core.records import AuditKind, JobRecord
 from ..core.store import StoreError
 from .metrics import Metrics, reclaimed_seconds
-from .middleware import BodyLimit
-from .schemas import AckIn, FailIn, JobIn, ReportIn, ReportOut, StopIn, decision_dict, job_dict
-from .workers import Enforcer, WebhookSender, Worker
+from .middleware import Guard
+from .schemas import AckIn, EventIn, FailIn, JobIn, ReportIn, ReportOut, StopIn, decision_dict, job_dict
+from .webhooks import WebhookPolicy, WebhookSender
 
-__all__ = ["create_app", "MAX_BODY_BYTES"]
+__all__ = ["MAX_BODY_BYTES", "ServiceSettings", "create_app"]
 
 log = logging.getLogger("evalstop")
 MAX_BODY_BYTES = 1024 * 1024
+MAX_PAGE = 1000
+MAX_WAIT_S = 60.0
 
 
-async def _tenant(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
-    # async on purpose: a token check is one indexed read, cheaper than a hop to the thread pool
-    if not authorization or not authorization.startswith("Bearer "):
+@dataclass(frozen=True)
+class ServiceSettings:
+    """What the operator sets for one ``evalstop serve`` (flags / ``EVALSTOP_*`` variables)."""
+
+    webhooks: WebhookPolicy = WebhookPolicy()
+    metrics_token: str | None = None  # if set, /metrics needs "Authorization: Bearer <it>"
+    max_body_bytes: int = MAX_BODY_BYTES
+    body_timeout_s: float = 10.0
+    run_webhooks: bool = True
+
+
+def _log_safe(text: str) -> str:
+    """A tenant's text in a log line: control characters escaped, so no line can be forged."""
+    return text.encode("unicode_escape", "backslashreplace").decode("ascii")[:500]
+
+
+async def _tenant(request: Request) -> str:
+    tenant = request.scope.get("state", {}).get("tenant")  # authenticated by the Guard, before the body
+    if tenant is None:
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    return request.app.state.coordinator.tenants.authenticate(authorization[len("Bearer "):].strip())
+    return tenant
 
 
 Tenant = Annotated[str, Depends(_tenant)]
 
 
-def _workers(coordinator: Coordinator, metrics: Metrics, enforce: bool, webhooks: bool) -> list[Worker]:
-    workers: list[Worker] = []
-    if enforce:
-        workers.append(Enforcer(coordinator, on_signal=lambda s: metrics.signals.labels(s).inc()))
-    if webhooks:
-        workers.append(WebhookSender(coordinator))
-    return workers
-
-
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EvalStopError)
     async def _evalstop_error(request: Request, exc: EvalStopError):
-        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+        headers = None
+        if isinstance(exc, Unauthorized):
+            headers = {"WWW-Authenticate": "Bearer"}
+        elif isinstance(exc, QuotaExceeded) and exc.retry_after is not None:
+            headers = {"Retry-After": str(max(1, int(exc.retry_after + 0.999)))}
         return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(StoreError)
     async def _store_error(request: Request, exc: StoreError):
         log.error("store error: %s", exc)
-        return JSONResponse({"detail": f"the coordinator could not store this: {exc}; retry later"}, status_code=503)
+        return JSONResponse({"detail": "the coordinator could not store this; retry later"}, status_code=503)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -77,16 +94,20 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": "; ".join(parts)}, status_code=422)
 
 
-def create_app(coordinator: Coordinator, *, enforce: bool = True, webhooks: bool = True) -> FastAPI:
+_LAUNCHER_KINDS = {k.value: k for k in AuditKind if k.from_launcher}
+
+
+def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None) -> FastAPI:
     """Build the service around ``coordinator``. Nothing starts until the app's lifespan begins
     (uvicorn, or ``with TestClient(app)``); the coordinator is closed when it ends."""
+    settings = settings or ServiceSettings()
     metrics = Metrics()
 
     def on_stop(job: JobRecord, decision: Decision) -> None:
         kind = "manual" if decision.evidence.get("manual") else f"detector:{job.policy.detector}"
         metrics.stops.labels(kind).inc()
         metrics.reclaimed.inc(reclaimed_seconds(coordinator, job))
-        log.info("STOP %s/%s (%s): %s", job.tenant, job.job_id, kind, decision.reason)
+        log.info("STOP %s/%s (%s): %s", job.tenant, job.job_id, kind, _log_safe(decision.reason))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -94,7 +115,7 @@ def create_app(coordinator: Coordinator, *, enforce: bool = True, webhooks: bool
 
         anyio.to_thread.current_default_thread_limiter().total_tokens = 256  # many jobs report at once
         coordinator.add_stop_listener(on_stop)
-        workers = app.state.workers = _workers(coordinator, metrics, enforce, webhooks)
+        workers = app.state.workers = [WebhookSender(coordinator, settings.webhooks)] if settings.run_webhooks else []
         for w in workers:
             w.start()
         try:
@@ -107,7 +128,8 @@ def create_app(coordinator: Coordinator, *, enforce: bool = True, webhooks: bool
 
     app = FastAPI(title="EvalStop coordinator", version="1", lifespan=lifespan,
                   description="Stops reward-hacked RLHF jobs after consecutive declines of their world-feedback eval.")
-    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(Guard, tenants=lambda: coordinator.tenants, limit=settings.max_body_bytes,
+                       body_timeout_s=settings.body_timeout_s)
     app.state.coordinator = coordinator
     app.state.metrics = metrics
     app.state.workers = []
@@ -115,29 +137,64 @@ def create_app(coordinator: Coordinator, *, enforce: bool = True, webhooks: bool
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
+        """Alive (the process answers)."""
         return {"status": "ok"}
 
+    @app.get("/readyz")
+    def readyz() -> JSONResponse:
+        """Ready: the store takes writes and every background worker is alive (503 otherwise)."""
+        problems = [f"worker {type(w).__name__} is not running" for w in app.state.workers if not w.alive]
+        try:
+            coordinator.store.probe()
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+            problems.append(f"the store does not take writes ({type(exc).__name__})")
+        if problems:
+            return JSONResponse({"status": "not ready", "problems": problems}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
     @app.get("/metrics")
-    def prometheus() -> Response:
+    def prometheus(authorization: Annotated[str | None, Header()] = None) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+        if settings.metrics_token is not None:
+            given = (authorization or "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), settings.metrics_token.encode()):
+                raise Unauthorized("/metrics needs the operator's metrics token: 'Authorization: Bearer <token>'")
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/jobs", status_code=201)
     def register(body: JobIn, t: Tenant, response: Response) -> dict[str, Any]:
         view, created = coordinator.register_job(t, body.job_id, body.job_type, body.planned_steps, body.policy,
-                                                 body.pid, body.pid_start_time, body.webhook)
+                                                 body.webhook)
         if not created:
             response.status_code = 200
         return job_dict(view)
 
     @app.get("/v1/jobs")
-    def list_jobs(t: Tenant) -> list[dict[str, Any]]:
-        return [job_dict(v) for v in coordinator.list_jobs(t)]
+    def list_jobs(t: Tenant, response: Response, status: str | None = None,
+                  limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
+                  offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> list[dict[str, Any]]:
+        """The caller's jobs in registration order, paged (``X-Total-Count`` has the total)."""
+        views, total = coordinator.page_jobs(t, status, limit, offset)
+        response.headers["X-Total-Count"] = str(total)
+        return [job_dict(v) for v in views]
 
     @app.get("/v1/jobs/{job_id}")
     def get_job(job_id: str, t: Tenant) -> dict[str, Any]:
         return job_dict(coordinator.status(t, job_id))
+
+    @app.get("/v1/jobs/{job_id}/decision")
+    async def wait_decision(job_id: str, t: Tenant, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
+                            stopped: bool = False) -> dict[str, Any]:
+        """The job's status and decision. With ``wait``, a long poll: answers as soon as the job is no
+        longer running (or, with ``stopped=true``, once it is stopped), or after ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            view = coordinator.status(t, job_id)
+            done = view.status == "stopped" if stopped else view.status not in ("pending", "running")
+            if done or time.monotonic() >= deadline:
+                return job_dict(view)
+            await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
     @app.post("/v1/jobs/{job_id}/reports", response_model=ReportOut)
     async def report(job_id: str, body: ReportIn, t: Tenant) -> JSONResponse:
@@ -157,8 +214,10 @@ def create_app(coordinator: Coordinator, *, enforce: bool = True, webhooks: bool
         return JSONResponse({"decision": decision_dict(pending.decision)})  # skips re-validating our own output
 
     @app.get("/v1/jobs/{job_id}/reports")
-    def list_reports(job_id: str, t: Tenant) -> list[dict[str, Any]]:
-        return [r.to_dict() for r in coordinator.reports(t, job_id)]
+    def list_reports(job_id: str, t: Tenant, after_step: Annotated[int | None, Query(ge=-1, le=2**53)] = None,
+                     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE) -> list[dict[str, Any]]:
+        """Stored reports in step order, paged: those after ``after_step``, at most ``limit``."""
+        return [r.to_dict() for r in coordinator.reports(t, job_id, after_step, limit)]
 
     @app.post("/v1/jobs/{job_id}/stop")
     def stop(job_id: str, t: Tenant, body: StopIn | None = None) -> dict[str, Any]:
@@ -178,8 +237,32 @@ def create_app(coordinator: Coordinator, *, enforce: bool = True, webhooks: bool
     def fail(job_id: str, t: Tenant, body: FailIn | None = None) -> dict[str, Any]:
         return job_dict(coordinator.fail(t, job_id, (body or FailIn()).reason))
 
-    @app.get("/v1/audit")
-    def audit(t: Tenant) -> list[dict[str, Any]]:
-        return [a.to_dict() for a in coordinator.audit(t)]
+    @app.post("/v1/jobs/{job_id}/events", status_code=201)
+    def event(job_id: str, body: EventIn, t: Tenant) -> dict[str, str]:
+        """Record what the job's launcher (``evalstop run``) did: an escalation or the child's exit."""
+        kind = _LAUNCHER_KINDS.get(body.kind)
+        if kind is None:
+            raise InvalidInput(f"kind must be one of {', '.join(_LAUNCHER_KINDS)}, but got {body.kind!r}.")
+        evidence = {} if body.exit_code is None else {"exit_code": body.exit_code}
+        coordinator.record_event(t, job_id, kind, body.reason or kind.value, evidence, actor="launcher")
+        if kind is not AuditKind.LAUNCHER_EXIT:
+            metrics.signals.labels(kind.value.removeprefix("launcher_").upper()).inc()
+        return {"status": "recorded"}
 
+    @app.get("/v1/audit")
+    def audit(t: Tenant, job_id: str | None = None, limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
+              offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> list[dict[str, Any]]:
+        """The caller's audit records, oldest first (of one job with ``job_id``), paged."""
+        return [a.to_dict() for a in coordinator.audit(t, job_id, limit, offset)]
+
+    if _dashboard_available():
+        from .dashboard import mount_dashboard
+
+        mount_dashboard(app)
     return app
+
+
+def _dashboard_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(f"{__package__}.dashboard") is not None

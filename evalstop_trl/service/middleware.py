@@ -1,31 +1,98 @@
-"""ASGI middleware of the service."""
+"""ASGI middleware of the service: the guard in front of every request.
+
+:class:`Guard` runs before FastAPI reads a byte of the body:
+
+* ``/v1`` requests are authenticated from their headers first (401 without reading the body), and
+  the tenant is handed on in ``scope["state"]["tenant"]``;
+* reports are rate limited per tenant (token bucket, the tenant's ``report_rate``/``report_burst``
+  quota): 429 with ``Retry-After`` before the body is read;
+* bodies over the limit get 413 (declared or streamed), and a body that does not arrive within
+  ``body_timeout_s`` gets 408, so an unfinished upload cannot hold memory or a slot for long.
+"""
 
 from __future__ import annotations
 
-__all__ = ["BodyLimit"]
+import asyncio
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from ..core.errors import EvalStopError, Unauthorized
+from ..core.tenants import Tenants
+
+__all__ = ["Guard", "TokenBuckets"]
 
 
-class BodyLimit:
-    """Pure ASGI middleware: 413 for bodies over ``limit`` bytes (declared or streamed)."""
+class TokenBuckets:
+    """Per-key token buckets (rate per second, burst); thread-safe, memory bounded by ``max_keys``."""
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, clock: Callable[[], float] = time.monotonic, max_keys: int = 100_000) -> None:
+        self.clock, self.max_keys = clock, max_keys
+        self._state: dict[str, tuple[float, float]] = {}  # key -> (tokens, last time)
+        self._lock = threading.Lock()
+
+    def take(self, key: str, rate: float, burst: int) -> float:
+        """Take one token; returns 0 if granted, else the seconds until one is available."""
+        now = self.clock()
+        with self._lock:
+            tokens, last = self._state.get(key, (float(burst), now))
+            tokens = min(float(burst), tokens + (now - last) * rate)
+            if tokens >= 1.0:
+                if key not in self._state and len(self._state) >= self.max_keys:
+                    self._state.clear()  # tenants are few; never let this grow without bound
+                self._state[key] = (tokens - 1.0, now)
+                return 0.0
+            self._state[key] = (tokens, now)
+            return (1.0 - tokens) / rate
+
+
+def _is_report(method: str, path: str) -> bool:
+    return method == "POST" and path.startswith("/v1/jobs/") and path.endswith("/reports")
+
+
+class Guard:
+    """Pure ASGI middleware: authenticate, rate limit, bound the body (see the module docstring)."""
+
+    def __init__(self, app, tenants: Callable[[], Tenants], limit: int, body_timeout_s: float = 10.0,
+                 buckets: TokenBuckets | None = None) -> None:
+        self.app, self.tenants, self.limit, self.body_timeout_s = app, tenants, limit, body_timeout_s
+        self.buckets = buckets or TokenBuckets()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                return await self._reject(send)
+        headers = dict(scope.get("headers", ()))
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await _reply(send, 413, f"request body over the {_size(self.limit)} limit")
+        path, method = scope.get("path", ""), scope.get("method", "")
+        if path.startswith("/v1/"):
+            tenants = self.tenants()
+            try:
+                tenant = tenants.authenticate(_bearer(headers.get(b"authorization")))
+            except Unauthorized as exc:
+                return await _reply(send, 401, str(exc), [(b"www-authenticate", b"Bearer")])
+            scope.setdefault("state", {})["tenant"] = tenant
+            if _is_report(method, path):
+                quotas = tenants.quotas(tenant)
+                wait = self.buckets.take(tenant, quotas.report_rate, quotas.report_burst)
+                if wait > 0:
+                    return await _reply(send, 429, f"report rate over this tenant's quota of {quotas.report_rate:g}/s; "
+                                        f"retry after {wait:.2f} s", [(b"retry-after", str(math.ceil(wait)).encode())])
         chunks, size, more = [], 0, True
-        while more:  # buffer the body (at most `limit` bytes), then hand it on
-            message = await receive()
+        while more:  # read the body (bounded in size and time), then hand it on
+            try:
+                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+            except asyncio.TimeoutError:
+                return await _reply(send, 408, f"the request body did not arrive within {self.body_timeout_s:g} s")
             if message["type"] != "http.request":
                 break
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                return await self._reject(send)
+                return await _reply(send, 413, f"request body over the {_size(self.limit)} limit")
             chunks.append(chunk)
             more = message.get("more_body", False)
         body, replayed = b"".join(chunks), False
@@ -37,10 +104,26 @@ class BodyLimit:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        try:
+            await self.app(scope, replay, send)
+        except EvalStopError as exc:  # raised before routing (should not happen), answered all the same
+            await _reply(send, exc.status_code, str(exc))
 
-    async def _reject(self, send):
-        body = b'{"detail":"request body over the 1 MiB limit"}'
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n // 1024} KiB"
+
+
+def _bearer(value: bytes | None) -> str | None:
+    if not value:
+        return None
+    text = value.decode("latin-1")
+    return text[len("Bearer "):].strip() if text.startswith("Bearer ") else None
+
+
+async def _reply(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})

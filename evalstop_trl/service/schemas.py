@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from ..core.detectors import Decision
 from ..core.records import MAX_PATH, MAX_STEP, NAME_PATTERN, JobView
 
-__all__ = ["AckIn", "DecisionOut", "FailIn", "JobIn", "ReportIn", "ReportOut", "StopIn", "decision_dict", "job_dict"]
+__all__ = ["AckIn", "DecisionOut", "EventIn", "FailIn", "JobIn", "ReportIn", "ReportOut", "StopIn", "decision_dict", "job_dict"]
 
 _ID_PATTERN = rf"^{NAME_PATTERN}$"  # pydantic's (Rust) regex: $ is the very end of the text
 
@@ -24,9 +24,14 @@ def _number(v: Any) -> Any:
         return v
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"must be a number, got {type(v).__name__}")
-    if not math.isfinite(v):
-        raise ValueError("must be finite (NaN and infinity are not allowed; send null for a missing value)")
-    return v
+    try:
+        finite = math.isfinite(v)
+    except OverflowError:  # an integer too large for a float, e.g. 10**400
+        finite = False
+    if not finite or abs(v) > 1e300:
+        raise ValueError("must be a finite number of reasonable size (NaN, infinity and huge values are not allowed; "
+                         "send null for a missing value)")
+    return float(v) if isinstance(v, int) else v
 
 
 def _integer(v: Any) -> Any:
@@ -48,10 +53,11 @@ class JobIn(_In):
     job_type: str = Field("rlhf", max_length=32)
     planned_steps: Annotated[int | None, BeforeValidator(lambda v: v if v is None else _integer(v))] = Field(
         None, gt=0, le=MAX_STEP)
-    policy: dict[str, Any] | None = Field(None, description='e.g. {"detector": "decline", "k": 2, "enforce": true, "grace_s": 30}')
-    pid: Annotated[int | None, BeforeValidator(lambda v: v if v is None else _integer(v))] = Field(None, gt=1, le=2**31)
-    pid_start_time: Num = None
-    webhook: str | None = Field(None, max_length=2048)
+    policy: dict[str, Any] | None = Field(
+        None, description='e.g. {"detector": "decline", "k": 2, "min_delta": 0}; every parameter is bounded '
+                          '(k and window in [1, 1000], min_delta in [0, 1e6])')
+    webhook: str | None = Field(None, max_length=2048, description="http(s) URL notified on stop (signed; the "
+                                "operator's allowlist decides where webhooks may go)")
 
 
 class ReportIn(_In):
@@ -79,6 +85,13 @@ class StopIn(_In):
 
 class FailIn(_In):
     reason: str = Field("", max_length=2000)
+
+
+class EventIn(_In):
+    kind: str = Field(description='"launcher_sigterm", "launcher_sigkill" or "launcher_exit"')
+    reason: str = Field("", max_length=2000)
+    exit_code: Annotated[int | None, BeforeValidator(lambda v: v if v is None else _integer(v))] = Field(
+        None, ge=-255, le=255)
 
 
 class AckIn(_In):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 from ..core.errors import Conflict
-from ..core.records import AuditRecord, JobRecord, Report, TenantRecord
+from ..core.records import AuditRecord, Delivery, JobRecord, Report, TenantRecord
 from ..core.store import DONE, Store, Ticket
 
 __all__ = ["MemoryStore"]
@@ -17,9 +18,11 @@ class MemoryStore(Store):
     def __init__(self) -> None:
         self._tenants: dict[str, TenantRecord] = {}
         self._jobs: dict[tuple[str, str], JobRecord] = {}
-        self._reports: dict[tuple[str, str], list[Report]] = {}
+        self._reports: dict[tuple[str, str], list[Report]] = {}  # in step order (the coordinator's rule)
         self._audit: list[AuditRecord] = []
+        self._deliveries: dict[str, Delivery] = {}
 
+    # tenants
     def add_tenant(self, tenant: TenantRecord) -> None:
         if tenant.name in self._tenants:
             raise Conflict(f"tenant {tenant.name!r} already exists")
@@ -28,17 +31,21 @@ class MemoryStore(Store):
     def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
         return next((t for t in self._tenants.values() if t.token_hash == token_hash), None)
 
+    def tenant(self, name: str) -> TenantRecord | None:
+        return self._tenants.get(name)
+
     def list_tenants(self) -> list[TenantRecord]:
         return sorted(self._tenants.values(), key=lambda t: t.name)
 
-    def revoke_tenant(self, name: str) -> bool:
-        t = self._tenants.get(name)
-        if t is None:
+    def update_tenant(self, tenant: TenantRecord) -> bool:
+        if tenant.name not in self._tenants:
             return False
-        self._tenants[name] = TenantRecord(t.name, t.token_hash, t.created_at, True)
+        self._tenants[tenant.name] = tenant
         return True
 
-    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()) -> Ticket:
+    # jobs, reports, audit
+    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = (),
+               deliveries: Sequence[Delivery] = ()) -> Ticket:
         key = (job.tenant, job.job_id)
         self._jobs[key] = job
         reports = self._reports.setdefault(key, [])
@@ -46,6 +53,8 @@ class MemoryStore(Store):
             reports.append(report)
         if audit:
             self._audit.extend(audit)
+        for d in deliveries:
+            self._deliveries[d.id] = d
         return DONE
 
     def add_report(self, tenant: str, job_id: str, report: Report) -> Ticket:
@@ -55,8 +64,27 @@ class MemoryStore(Store):
     def jobs(self) -> list[JobRecord]:
         return list(self._jobs.values())
 
-    def reports(self, tenant: str, job_id: str) -> list[Report]:
-        return sorted(self._reports.get((tenant, job_id), ()), key=lambda r: r.step)
+    def reports(self, tenant: str, job_id: str, after_step: int | None = None,
+                limit: int | None = None) -> list[Report]:
+        reports = self._reports.get((tenant, job_id), [])
+        start = 0 if after_step is None else bisect.bisect_right(reports, after_step, key=lambda r: r.step)
+        return reports[start:] if limit is None else reports[start:start + limit]
 
-    def audit(self, tenant: str | None = None) -> list[AuditRecord]:
-        return [a for a in self._audit if tenant is None or a.tenant == tenant]
+    def report(self, tenant: str, job_id: str, step: int) -> Report | None:
+        reports = self._reports.get((tenant, job_id), [])
+        i = bisect.bisect_left(reports, step, key=lambda r: r.step)
+        return reports[i] if i < len(reports) and reports[i].step == step else None
+
+    def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
+              offset: int = 0) -> list[AuditRecord]:
+        rows = [a for a in self._audit if (tenant is None or a.tenant == tenant) and (job_id is None or a.job_id == job_id)]
+        return rows[offset:] if limit is None else rows[offset:offset + limit]
+
+    # webhook deliveries
+    def pending_deliveries(self, now: float, limit: int) -> list[Delivery]:
+        due = [d for d in self._deliveries.values() if not d.done and d.next_at <= now]
+        return sorted(due, key=lambda d: (d.created_at, d.id))[:limit]
+
+    def update_delivery(self, delivery: Delivery) -> Ticket:
+        self._deliveries[delivery.id] = delivery
+        return DONE

@@ -16,18 +16,29 @@ from pathlib import Path
 
 from ..core.detectors import Decision
 from ..core.errors import Conflict
-from ..core.records import AuditKind, AuditRecord, JobRecord, JobStatus, JobType, Policy, Report, TenantRecord
+from ..core.records import (
+    AuditKind,
+    AuditRecord,
+    Delivery,
+    JobRecord,
+    JobStatus,
+    JobType,
+    Policy,
+    Report,
+    TenantRecord,
+)
 from ..core.store import Store, StoreError, Ticket, wait_durable
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS tenants (
     name TEXT PRIMARY KEY, token_hash TEXT NOT NULL UNIQUE, created_at REAL NOT NULL,
-    revoked INTEGER NOT NULL DEFAULT 0);
+    revoked INTEGER NOT NULL DEFAULT 0, quotas TEXT NOT NULL DEFAULT '{}',
+    webhook_secret TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS jobs (
     tenant TEXT NOT NULL, job_id TEXT NOT NULL, job_type TEXT NOT NULL, planned_steps INTEGER,
     policy TEXT NOT NULL, pid INTEGER, pid_start_time REAL, webhook TEXT, status TEXT NOT NULL,
@@ -46,7 +57,21 @@ CREATE TRIGGER IF NOT EXISTS audit_append_only_u BEFORE UPDATE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS audit_append_only_d BEFORE DELETE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE INDEX IF NOT EXISTS audit_by_job ON audit (tenant, job_id, seq);
+CREATE TABLE IF NOT EXISTS deliveries (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, job_id TEXT NOT NULL, url TEXT NOT NULL, body TEXT NOT NULL,
+    created_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL DEFAULT 0,
+    done INTEGER NOT NULL DEFAULT 0, outcome TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (done, next_at);
 """
+
+# version -> statements that bring a database of that version to the next one
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("ALTER TABLE tenants ADD COLUMN quotas TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE tenants ADD COLUMN webhook_secret TEXT NOT NULL DEFAULT ''"),
+}
+_TENANT_COLS = "name, token_hash, created_at, revoked, quotas, webhook_secret"
+_DELIVERY_COLS = "id, tenant, job_id, url, body, created_at, attempts, next_at, done, outcome"
 
 _JOB_COLS = (
     "tenant, job_id, job_type, planned_steps, policy, pid, pid_start_time, webhook, status, "
@@ -56,17 +81,29 @@ _JOB_COLS = (
 
 def _job_row(j: JobRecord) -> tuple:
     return (
-        j.tenant, j.job_id, j.job_type.value, j.planned_steps, json.dumps(j.policy.to_dict()), j.pid,
-        j.pid_start_time, j.webhook, j.status.value, j.created_at, j.updated_at,
+        j.tenant, j.job_id, j.job_type.value, j.planned_steps, json.dumps(j.policy.to_dict()), None,
+        None, j.webhook, j.status.value, j.created_at, j.updated_at,
         json.dumps(j.decision.to_dict()) if j.decision else None, j.stopped_by, j.stopped_at,
         j.acked_at, j.checkpoint, j.finished_at,
     )
 
 
+def _delivery_row(d: Delivery) -> tuple:
+    return (d.id, d.tenant, d.job_id, d.url, d.body, d.created_at, d.attempts, d.next_at, int(d.done), d.outcome)
+
+
+def _tenant_from_row(r: tuple) -> TenantRecord:
+    return TenantRecord(r[0], r[1], r[2], bool(r[3]), json.loads(r[4]), r[5])
+
+
+def _delivery_from_row(r: tuple) -> Delivery:
+    return Delivery(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9])
+
+
 def _job_from_row(r: tuple) -> JobRecord:
     return JobRecord(
         tenant=r[0], job_id=r[1], job_type=JobType(r[2]), planned_steps=r[3],
-        policy=Policy.from_dict(json.loads(r[4])), pid=r[5], pid_start_time=r[6], webhook=r[7],
+        policy=Policy.from_dict(json.loads(r[4]), stored=True), webhook=r[7],
         status=JobStatus(r[8]), created_at=r[9], updated_at=r[10],
         decision=Decision.from_dict(json.loads(r[11])) if r[11] else None, stopped_by=r[12],
         stopped_at=r[13], acked_at=r[14], checkpoint=r[15], finished_at=r[16],
@@ -106,14 +143,28 @@ class SQLiteStore(Store):
         return db
 
     def _init_schema(self) -> None:
-        self._db.executescript(_SCHEMA)
-        row = self._db.execute("SELECT version FROM schema_version").fetchone()
-        if row is None:
-            self._db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-        elif row[0] != SCHEMA_VERSION:
-            raise ValueError(
-                f"Database {self.path} has schema version {row[0]}, this evalstop needs {SCHEMA_VERSION}."
-            )
+        db = self._db
+        fresh = not db.execute("SELECT 1 FROM sqlite_master WHERE name='schema_version'").fetchone()
+        if not fresh:
+            row = db.execute("SELECT version FROM schema_version").fetchone()
+            version = row[0] if row else SCHEMA_VERSION
+            if version > SCHEMA_VERSION:
+                raise ValueError(f"Database {self.path} has schema version {version}, newer than this evalstop's "
+                                 f"{SCHEMA_VERSION}: upgrade evalstop.")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                while version < SCHEMA_VERSION:  # migrate, one version at a time, in one transaction
+                    for statement in _MIGRATIONS[version]:
+                        db.execute(statement)
+                    version += 1
+                db.execute("UPDATE schema_version SET version=?", (version,))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        db.executescript(_SCHEMA)
+        if db.execute("SELECT version FROM schema_version").fetchone() is None:
+            db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
 
     # ------------------------------------------------------------------ the writer
     def _submit(self, op: Callable[[sqlite3.Connection], None]) -> Ticket:
@@ -169,35 +220,45 @@ class SQLiteStore(Store):
     def add_tenant(self, tenant: TenantRecord) -> None:
         if self._read("SELECT 1 FROM tenants WHERE name=?", (tenant.name,)):
             raise Conflict(f"tenant {tenant.name!r} already exists")
-        self._write(lambda db: db.execute(
-            "INSERT INTO tenants (name, token_hash, created_at, revoked) VALUES (?, ?, ?, ?)",
-            (tenant.name, tenant.token_hash, tenant.created_at, int(tenant.revoked)),
-        ))
+        row = (tenant.name, tenant.token_hash, tenant.created_at, int(tenant.revoked), json.dumps(dict(tenant.quotas)),
+               tenant.webhook_secret)
+        self._write(lambda db: db.execute(f"INSERT INTO tenants ({_TENANT_COLS}) VALUES (?, ?, ?, ?, ?, ?)", row))
 
     def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
-        rows = self._read("SELECT name, token_hash, created_at, revoked FROM tenants WHERE token_hash=?", (token_hash,))
-        return TenantRecord(rows[0][0], rows[0][1], rows[0][2], bool(rows[0][3])) if rows else None
+        rows = self._read(f"SELECT {_TENANT_COLS} FROM tenants WHERE token_hash=?", (token_hash,))
+        return _tenant_from_row(rows[0]) if rows else None
+
+    def tenant(self, name: str) -> TenantRecord | None:
+        rows = self._read(f"SELECT {_TENANT_COLS} FROM tenants WHERE name=?", (name,))
+        return _tenant_from_row(rows[0]) if rows else None
 
     def list_tenants(self) -> list[TenantRecord]:
-        rows = self._read("SELECT name, token_hash, created_at, revoked FROM tenants ORDER BY name")
-        return [TenantRecord(r[0], r[1], r[2], bool(r[3])) for r in rows]
+        return [_tenant_from_row(r) for r in self._read(f"SELECT {_TENANT_COLS} FROM tenants ORDER BY name")]
 
-    def revoke_tenant(self, name: str) -> bool:
-        if not self._read("SELECT 1 FROM tenants WHERE name=?", (name,)):
+    def update_tenant(self, tenant: TenantRecord) -> bool:
+        if not self._read("SELECT 1 FROM tenants WHERE name=?", (tenant.name,)):
             return False
-        self._write(lambda db: db.execute("UPDATE tenants SET revoked=1 WHERE name=?", (name,)))
+        row = (tenant.token_hash, tenant.created_at, int(tenant.revoked), json.dumps(dict(tenant.quotas)),
+               tenant.webhook_secret, tenant.name)
+        self._write(lambda db: db.execute(
+            "UPDATE tenants SET token_hash=?, created_at=?, revoked=?, quotas=?, webhook_secret=? WHERE name=?", row))
         return True
 
     # ------------------------------------------------------------------ jobs, reports, audit
-    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = ()) -> Ticket:
+    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = (),
+               deliveries: Sequence[Delivery] = ()) -> Ticket:
         row = _job_row(job)
         audit = tuple(audit)
+        deliveries = tuple(deliveries)
 
         def op(db: sqlite3.Connection) -> None:
             db.execute(f"INSERT OR REPLACE INTO jobs ({_JOB_COLS}) VALUES ({','.join('?' * 17)})", row)
             if report is not None:
                 self._insert_report(db, job.tenant, job.job_id, report)
             self._insert_audit(db, audit)
+            if deliveries:
+                db.executemany(f"INSERT OR REPLACE INTO deliveries ({_DELIVERY_COLS}) VALUES ({','.join('?' * 10)})",
+                               [_delivery_row(d) for d in deliveries])
 
         return self._submit(op)
 
@@ -223,22 +284,49 @@ class SQLiteStore(Store):
     def jobs(self) -> list[JobRecord]:
         return [_job_from_row(r) for r in self._read(f"SELECT {_JOB_COLS} FROM jobs ORDER BY created_at, tenant, job_id")]
 
-    def reports(self, tenant: str, job_id: str) -> list[Report]:
+    def reports(self, tenant: str, job_id: str, after_step: int | None = None,
+                limit: int | None = None) -> list[Report]:
         rows = self._read(
             "SELECT step, eval_score, train_loss, proxy_reward, checkpoint, received_at FROM reports "
-            "WHERE tenant=? AND job_id=? ORDER BY step",
-            (tenant, job_id),
+            "WHERE tenant=? AND job_id=? AND step>? ORDER BY step LIMIT ?",
+            (tenant, job_id, -1 if after_step is None else after_step, -1 if limit is None else limit),
         )
         return [Report(*r) for r in rows]
 
-    def audit(self, tenant: str | None = None) -> list[AuditRecord]:
-        q = "SELECT tenant, job_id, at, kind, actor, reason, evidence FROM audit"
-        args: tuple = ()
+    def report(self, tenant: str, job_id: str, step: int) -> Report | None:
+        rows = self._read(
+            "SELECT step, eval_score, train_loss, proxy_reward, checkpoint, received_at FROM reports "
+            "WHERE tenant=? AND job_id=? AND step=?", (tenant, job_id, step))
+        return Report(*rows[0]) if rows else None
+
+    def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
+              offset: int = 0) -> list[AuditRecord]:
+        where, args = [], []
         if tenant is not None:
-            q += " WHERE tenant=?"
-            args = (tenant,)
-        rows = self._read(q + " ORDER BY seq", args)
+            where.append("tenant=?")
+            args.append(tenant)
+        if job_id is not None:
+            where.append("job_id=?")
+            args.append(job_id)
+        q = "SELECT tenant, job_id, at, kind, actor, reason, evidence FROM audit"
+        if where:
+            q += " WHERE " + " AND ".join(where)
+        rows = self._read(q + " ORDER BY seq LIMIT ? OFFSET ?", (*args, -1 if limit is None else limit, offset))
         return [AuditRecord(r[0], r[1], r[2], AuditKind(r[3]), r[4], r[5], json.loads(r[6])) for r in rows]
+
+    def pending_deliveries(self, now: float, limit: int) -> list[Delivery]:
+        rows = self._read(f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE done=0 AND next_at<=? "
+                          "ORDER BY created_at, id LIMIT ?", (now, limit))
+        return [_delivery_from_row(r) for r in rows]
+
+    def update_delivery(self, delivery: Delivery) -> Ticket:
+        row = _delivery_row(delivery)
+        return self._submit(lambda db: db.execute(
+            f"INSERT OR REPLACE INTO deliveries ({_DELIVERY_COLS}) VALUES ({','.join('?' * 10)})", row))
+
+    def probe(self) -> None:
+        """A write transaction through the writer thread (raises StoreError if it cannot commit)."""
+        self._write(lambda db: db.execute("UPDATE schema_version SET version=version"))
 
     def close(self) -> None:
         """Finish queued writes, stop the writer, close the connections (idempotent)."""

@@ -28,9 +28,10 @@ What it does:
 * it is an ``ExportableState``: resuming from a checkpoint keeps its history (and so the decline
   count, which is replayed into a coordinator that lacks it).
 
-Trainers that ignore ``should_training_stop`` (e.g. the old experimental PPO loop) are stopped by
-the coordinator's enforced stop instead: ``enforce=True`` registers this process's pid, and the
-service sends SIGTERM after ``grace_s`` without an acknowledgement, then SIGKILL.
+Trainers that ignore ``should_training_stop`` (e.g. the old experimental PPO loop, custom loops)
+run under ``evalstop run -- CMD``: the launcher owns the process group and escalates SIGTERM, then
+SIGKILL, when a stop is not acknowledged in time. Under the launcher the callback reports to the
+launcher's coordinator and job (``EVALSTOP_URL``, ``EVALSTOP_TOKEN``, ``EVALSTOP_JOB_ID``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from ..clients.local import process_start_time
 from ..core.detectors import DETECTORS, Action, Decision
 from ..core.errors import Conflict, EvalStopError
 from .checkpoints import save_atomically
@@ -73,15 +73,14 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         world_feedback: ``(model, tokenizer) -> float`` run every ``eval_every`` steps, or the name
             of a metric of the trainer's own evaluation (e.g. ``"eval_reward"``).
         eval_every: optimizer steps between world-feedback evals (required with a callable).
-        coordinator: None (embedded, SQLite under ``output_dir``), an ``http(s)://`` URL of
+        coordinator: None (``$EVALSTOP_URL`` if set, else embedded SQLite under ``output_dir``), an ``http(s)://`` URL of
             ``evalstop serve``, an ``EvalStopClient``/``EmbeddedClient`` or a ``Coordinator``.
         token: the tenant token for a URL (default: ``$EVALSTOP_TOKEN``).
-        job_id: the job's id (default: the name of ``output_dir``).
+        job_id: the job's id (default: ``$EVALSTOP_JOB_ID``, else the name of ``output_dir``).
         job_type: ``rlhf``, ``grpo``, ``rloo``, ``dpo``, ``online_dpo``, ``sft``, ...
         detector, k, min_delta, **detector_params: the stop rule (see ``create_detector``).
         save_best: save the best checkpoint to ``<output_dir>/evalstop-best``.
         direction: ``"max"`` (default) or ``"min"`` for a loss-like metric.
-        enforce, grace_s: let the service signal this process if it ignores a stop.
     """
 
     def __init__(
@@ -97,8 +96,6 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         k: int = 2,
         min_delta: float = 0.0,
         save_best: bool = True,
-        enforce: bool = False,
-        grace_s: float = 30.0,
         _restored: bool = False,
         **detector_params: Any,
     ) -> None:
@@ -119,6 +116,14 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         elif not isinstance(world_feedback, str) or not world_feedback:
             raise ValueError(f"EvalStopCallback: world_feedback must be a callable or a metric name, "
                              f"but got {world_feedback!r}.")
+        for gone in ("enforce", "grace_s"):
+            if gone in detector_params:
+                if _restored:  # a checkpoint written by evalstop 0.1
+                    detector_params.pop(gone)
+                    continue
+                raise ValueError(f"EvalStopCallback: {gone} was removed (the service never signals a process); run "
+                                 "the training under 'evalstop run --grace-s S -- CMD' to stop a loop that ignores "
+                                 "the stop flag.")
         accepted = DETECTORS.params(detector)  # ValueError listing the valid names
         # k and min_delta are this signature's conveniences: passed on to detectors that take them
         params = {name: v for name, v in (("k", k), ("min_delta", min_delta)) if name in accepted}
@@ -131,7 +136,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         self.job_id = job_id
         self.job_type = job_type
         self.detector, self.params = detector, params
-        self.save_best, self.enforce, self.grace_s = save_best, enforce, grace_s
+        self.save_best = save_best
         self.client: Any = None
         self.decision: Decision | None = None
         self.best_step: int | None = None
@@ -149,8 +154,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
     def state(self) -> dict[str, Any]:
         return {
             "args": {"job_id": self.job_id, "eval_every": self.eval_every, "job_type": self.job_type,
-                     "detector": self.detector, "save_best": self.save_best, "enforce": self.enforce,
-                     "grace_s": self.grace_s, "_restored": True, **self.params},
+                     "detector": self.detector, "save_best": self.save_best, "_restored": True, **self.params},
             "attributes": {"history": self.history, "best_step": self.best_step, "best_score": self.best_score,
                            "best_checkpoint": self.best_checkpoint},
         }
@@ -159,13 +163,12 @@ class EvalStopCallback(TrainerCallback, ExportableState):
     def on_train_begin(self, args, state, control, **kwargs):
         self._is_main = state.is_world_process_zero
         if self.job_id is None:
-            self.job_id = Path(args.output_dir).resolve().name or "job"
+            self.job_id = os.environ.get("EVALSTOP_JOB_ID") or Path(args.output_dir).resolve().name or "job"
         if not self._is_main or self.client is not None:
             return
         self.client = connect(self._coordinator_arg, self.token, args.output_dir)
-        policy = {"detector": self.detector, **self.params, "enforce": self.enforce, "grace_s": self.grace_s}
-        self.client.register_job(self.job_id, self.job_type, planned_steps=state.max_steps or None, policy=policy,
-                                 pid=os.getpid(), pid_start_time=process_start_time(os.getpid()))
+        policy = {"detector": self.detector, **self.params}
+        self.client.register_job(self.job_id, self.job_type, planned_steps=state.max_steps or None, policy=policy)
         for h in self.history:  # after a resume: make sure the coordinator has the whole history
             self._send(h)
 

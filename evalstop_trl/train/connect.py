@@ -17,11 +17,14 @@ __all__ = ["connect"]
 def connect(coordinator: Any, token: str | None, output_dir: str | os.PathLike) -> Any:
     """A client for ``coordinator``:
 
-    * None: an embedded coordinator over ``<output_dir>/evalstop.db``;
+    * None: ``$EVALSTOP_URL`` if set (e.g. by ``evalstop run``), else an embedded coordinator over
+      ``<output_dir>/evalstop.db``;
     * an ``http(s)://`` URL: :class:`EvalStopClient` with ``token`` (or ``$EVALSTOP_TOKEN``) and a
       durable outbox at ``<output_dir>/evalstop-outbox.jsonl``;
     * a :class:`Coordinator`: an embedded client over it; a client object: itself.
     """
+    if coordinator is None and os.environ.get("EVALSTOP_URL"):
+        coordinator = os.environ["EVALSTOP_URL"]
     if coordinator is None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -211,7 +211,6 @@ def run_tiny(
     k: int = 2,
     min_delta: float = 0.0,
     stop: bool = True,
-    enforce: bool = False,
     peft: bool = False,
     callbacks: list | None = None,
     with_evalstop: bool = True,
@@ -245,7 +244,7 @@ def run_tiny(
     if with_evalstop:
         cb = EvalStopCallback(gold, eval_every=eval_every, coordinator=coordinator, token=token, job_id=job_id,
                               job_type=trainer if trainer in ("grpo", "rloo", "dpo", "online_dpo") else "sft",
-                              detector=detector if stop else "never", k=k, min_delta=min_delta, enforce=enforce,
+                              detector=detector if stop else "never", k=k, min_delta=min_delta,
                               save_best=save_best, **(detector_params if stop else {}))
         cbs.append(cb)
     batch = 32 if device == "cuda" else 16

@@ -93,7 +93,14 @@ function handleError(err) {
     : `Error: ${err.message}`);
 }
 
+// performance marks for scripts/bench_dashboard.py (one of each name is kept)
+function mark(name) {
+  performance.clearMarks(name);
+  performance.mark(name);
+}
+
 function navigate({ signinMessage = "" } = {}) {
+  mark("evalstop:navigate");
   generation++;
   clearTimeout(timer);
   if (view) view.leave();
@@ -119,6 +126,7 @@ function setupSignin() {
     e.preventDefault();
     const value = $("token").value.trim();
     if (!value) return;
+    mark("evalstop:signin");
     $("signin-error").textContent = "";
     token.set(value);
     try {
@@ -151,7 +159,6 @@ function statusBadge(node, status) {
 
 function jobsView(status, page) {
   const rows = new Map(); // job_id -> row element
-  let gen0 = generation;
   $("status-filter").value = status;
   $("jobs-body").replaceChildren();
   $("jobs-summary").textContent = "Loading\u2026";
@@ -220,8 +227,7 @@ function jobsView(status, page) {
   }
 
   return {
-    async refresh(gen) {
-      gen0 = gen;
+    async refresh(gen, first = false) {
       const { jobs, total } = await listJobs({ status, offset: page * PAGE_SIZE, limit: PAGE_SIZE });
       if (gen !== generation) return;
       const body = $("jobs-body");
@@ -231,10 +237,10 @@ function jobsView(status, page) {
       const keep = new Set(jobs.map((j) => j.job_id));
       for (const id of rows.keys()) if (!keep.has(id)) rows.delete(id);
       const pages = Math.max(1, Math.ceil(total / PAGE_SIZE));
-      const first = total ? page * PAGE_SIZE + 1 : 0;
+      const from = total ? page * PAGE_SIZE + 1 : 0;
       const last = page * PAGE_SIZE + jobs.length;
       $("jobs-summary").textContent = total
-        ? `${first.toLocaleString("en-US")}\u2013${last.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} ${status || ""} job${total === 1 ? "" : "s"}`.replace("  ", " ")
+        ? `${from.toLocaleString("en-US")}\u2013${last.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} ${status || ""} job${total === 1 ? "" : "s"}`.replace("  ", " ")
         : "";
       $("jobs-table").hidden = total === 0;
       $("jobs-empty").hidden = total !== 0;
@@ -242,14 +248,15 @@ function jobsView(status, page) {
       $("prev-page").disabled = page === 0;
       $("next-page").disabled = page + 1 >= pages;
       $("view-jobs").dataset.ready = "true";
-      loadSparks(jobs, gen).catch((err) => { if (gen === generation) handleError(err); });
+      if (first) mark("evalstop:list-rendered");
+      loadSparks(jobs, gen).then(() => { if (first && gen === generation) mark("evalstop:sparklines-rendered"); })
+        .catch((err) => { if (gen === generation) handleError(err); });
     },
     leave() {
       $("status-filter").removeEventListener("change", onFilter);
       $("prev-page").removeEventListener("click", onPrev);
       $("next-page").removeEventListener("click", onNext);
       delete $("view-jobs").dataset.ready;
-      void gen0;
     },
   };
 }
@@ -417,7 +424,7 @@ function jobView(id) {
   return {
     jobId: id,
     applyJob,
-    async refresh(gen) {
+    async refresh(gen, first = false) {
       let j;
       try {
         j = await getJob(id);
@@ -442,6 +449,7 @@ function jobView(id) {
       renderAudit();
       renderChart();
       $("view-job").dataset.ready = "true";
+      if (first) mark("evalstop:job-rendered");
     },
     leave() {
       $("stop-button").removeEventListener("click", onStop);

@@ -6,7 +6,8 @@ export function fmtNum(v, digits = 4) {
   if (v === null || v === undefined || Number.isNaN(v)) return "\u2014";
   if (Number.isInteger(v)) return v.toLocaleString("en-US");
   const a = Math.abs(v);
-  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(2);
+  if (a !== 0 && (a >= 1e7 || a < 1e-3)) return v.toExponential(2);
+  if (a >= 1000) return v.toLocaleString("en-US", { maximumFractionDigits: 1 });
   return String(Number(v.toPrecision(digits)));
 }
 

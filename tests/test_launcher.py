@@ -1,0 +1,134 @@
+"""``evalstop run``: the launcher owns its child's process group and delivers the stop itself.
+
+Real processes, real signals, a real ``evalstop serve`` on loopback (and the embedded default).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from evalstop_trl.clients.http import EvalStopClient
+from evalstop_trl.launcher import child_exit_status
+
+pytestmark = pytest.mark.slow
+
+# A training loop that reports a hacked curve and IGNORES the stop decision (like old PPO loops).
+STUBBORN = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from evalstop_trl.clients.http import EvalStopClient
+    mode = sys.argv[1]
+    if mode == "ignore_term":
+        signal.signal(signal.SIGTERM, lambda *a: print("got SIGTERM, ignoring", flush=True))
+    elif mode == "term_exits":
+        signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM, exiting", flush=True), sys.exit(0)))
+    c = EvalStopClient(os.environ["EVALSTOP_URL"], os.environ["EVALSTOP_TOKEN"])
+    job = os.environ["EVALSTOP_JOB_ID"]
+    for i, s in enumerate([0.2, 0.5, 0.4, 0.3]):
+        d = c.report(job, i, eval_score=s)
+    print("decision", d.action.value, flush=True)
+    if mode == "cooperative":
+        c.ack(job)
+        sys.exit(0)
+    if mode == "crash":
+        sys.exit(3)
+    while True:   # ignores the cooperative stop flag
+        time.sleep(0.05)
+    """
+)
+
+
+def _run(url: str | None, token: str | None, job: str, mode: str, tmp_path, grace: float = 1.0,
+         timeout: float = 60) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "evalstop_trl", "run", "--job-id", job, "--job-type", "grpo", "--grace-s", str(grace)]
+    cmd += ["--url", url, "--token", token] if url else ["--db", str(tmp_path / "embedded.db")]
+    cmd += ["--", sys.executable, "-c", STUBBORN, mode]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("mode, status, kinds", [
+    ("term_exits", 0, ["stop", "launcher_sigterm", "launcher_exit"]),
+    ("ignore_term", 137, ["stop", "launcher_sigterm", "launcher_sigkill", "launcher_exit"]),
+    ("cooperative", 0, ["stop", "ack", "launcher_exit"]),
+])
+def test_the_launcher_stops_a_loop_that_ignores_the_stop_flag(server, tmp_path, mode, status, kinds):
+    token = server.add_tenant("acme")
+    server.start()
+    done = _run(server.url, token, "stubborn", mode, tmp_path)
+    assert "decision stop" in done.stdout
+    assert done.returncode == status, done.stderr
+    with EvalStopClient(server.url, token) as c:
+        audit = c.audit("stubborn")
+        job = c.status("stubborn")
+    assert [a["kind"] for a in audit] == kinds
+    assert all(a["actor"] == "launcher" for a in audit if a["kind"].startswith("launcher_"))
+    assert job.status == "stopped"  # the launcher never turns a stop into anything else
+    assert audit[-1]["evidence"]["exit_code"] == status
+
+
+def test_a_crashing_command_marks_its_job_failed(server, tmp_path):
+    token = server.add_tenant("acme")
+    server.start()
+    # k=3: the three-eval curve never stops, the child exits 3 while the job is running
+    cmd = [sys.executable, "-m", "evalstop_trl", "run", "--url", server.url, "--token", token, "--job-id", "crashy",
+           "--k", "5", "--", sys.executable, "-c", STUBBORN, "crash"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    with EvalStopClient(server.url, token) as c:
+        assert c.status("crashy").status == "failed"
+        assert [a["kind"] for a in c.audit("crashy")] == ["launcher_exit", "failed"]
+
+
+def test_the_embedded_default_needs_no_server(tmp_path):
+    done = _run(None, None, "alone", "ignore_term", tmp_path, grace=0.5)
+    assert done.returncode == 137, done.stderr
+    assert "stopped by its launcher (sigterm then sigkill)" in done.stderr
+
+
+def test_signals_to_the_launcher_reach_the_whole_process_group(server, tmp_path):
+    token = server.add_tenant("acme")
+    server.start()
+    marker = tmp_path / "grandchild.txt"
+    child = textwrap.dedent(f"""
+        import signal, subprocess, sys, time
+        gc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        open({str(marker)!r}, "w").write(str(gc.pid))
+        while True:
+            time.sleep(0.05)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-m", "evalstop_trl", "run", "--url", server.url, "--token", token,
+                                 "--job-id", "forwarded", "--", sys.executable, "-c", child])
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(marker.read_text())
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(grandchild, 0)  # the grandchild, in the child's process group, got the signal too
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "no command"),
+    (["--grace-s", "1e10", "--", "true"], "--grace-s must be in [0, 86400]"),
+    (["--job-id", "bad id", "--", "true"], "--job-id must be"),
+    (["--url", "http://127.0.0.1:9", "--", "true"], "no token"),
+])
+def test_bad_launcher_input_is_a_one_line_error(argv, message, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVALSTOP_")}
+    done = subprocess.run([sys.executable, "-m", "evalstop_trl", "run", "--db", str(tmp_path / "x.db"), *argv],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("code, status", [(0, 0), (3, 3), (-9, 137), (-15, 143)])
+def test_child_exit_status(code, status):
+    assert child_exit_status(code) == status
