@@ -13,6 +13,7 @@ Needs the Debian ``chromium`` package (``apt-get install -y chromium``) and ``pi
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
@@ -91,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "coord.db"
-        token = subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "add", "acme", "--db", str(db)],
-                               check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        token = json.loads(subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "add", "acme", "--db", str(db),
+                                           "--json"], check=True, capture_output=True, text=True).stdout)["token"]
         port = free_loopback_port()
         url = f"http://127.0.0.1:{port}"
         proc = subprocess.Popen([sys.executable, "-m", "evalstop_trl", "serve", "--db", str(db), "--port", str(port),

@@ -45,7 +45,7 @@ MANUAL = {"kind": "manual_stop", "at": 25.0, "evidence": {"best_step": 10}}
 REPORTS = [{"step": s, "received_at": t} for s, t in ((10, 10.0), (20, 20.0), (30, 30.0))]
 
 
-@pytest.mark.parametrize("job, reports, audit, expected", [
+STOP_CASES = [  # (job, reports, audit, expected); the dashboard's stopStep is checked on it too (test_dashboard.py)
     ({"status": "running", "last_step": 30}, REPORTS, [STOP], None),            # only a stopped job has a stop step
     ({"status": "finished", "last_step": 30}, REPORTS, [], None),
     ({"status": "stopped", "last_step": 140}, REPORTS, [STOP], 120),            # detector: the step in the evidence
@@ -53,8 +53,11 @@ REPORTS = [{"step": s, "received_at": t} for s, t in ((10, 10.0), (20, 20.0), (3
     ({"status": "stopped", "last_step": 30}, REPORTS, [{"kind": "ack", "at": 1.0, "evidence": {}}, MANUAL], 20),
     ({"status": "stopped", "last_step": None}, [], [MANUAL], None),             # stopped before any report
     ({"status": "stopped", "last_step": 30}, REPORTS, [], 30),                  # no audit record: the last step
-    ({"status": "stopped", "last_step": 30}, REPORTS, [{**STOP, "evidence": {"step": True}}, ], 30),  # bool is no step
-])
+    ({"status": "stopped", "last_step": 30}, REPORTS, [{**STOP, "evidence": {"step": True}}], 30),  # bool is no step
+]
+
+
+@pytest.mark.parametrize("job, reports, audit, expected", STOP_CASES)
 def test_stop_step(job, reports, audit, expected):
     assert stop_step(job, reports, audit) == expected
 
