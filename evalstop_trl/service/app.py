@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -170,14 +171,13 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
             response.status_code = 200
         return job_dict(view)
 
-    @app.get("/v1/jobs")
-    def list_jobs(t: Tenant, response: Response, status: str | None = None,
-                  limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
-                  offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> list[dict[str, Any]]:
+    @app.get("/v1/jobs", response_model=list[dict[str, Any]])
+    def list_jobs(t: Tenant, status: str | None = None, limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
+                  offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Response:
         """The caller's jobs in registration order, paged (``X-Total-Count`` has the total)."""
         views, total = coordinator.page_jobs(t, status, limit, offset)
-        response.headers["X-Total-Count"] = str(total)
-        return [job_dict(v) for v in views]
+        # serialised here, in the worker thread: FastAPI's encoder would run on the event loop
+        return _json([job_dict(v) for v in views], {"X-Total-Count": str(total)})
 
     @app.get("/v1/jobs/{job_id}")
     def get_job(job_id: str, t: Tenant) -> dict[str, Any]:
@@ -213,11 +213,11 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
         metrics.latency.observe(time.perf_counter() - t0)
         return JSONResponse({"decision": decision_dict(pending.decision)})  # skips re-validating our own output
 
-    @app.get("/v1/jobs/{job_id}/reports")
+    @app.get("/v1/jobs/{job_id}/reports", response_model=list[dict[str, Any]])
     def list_reports(job_id: str, t: Tenant, after_step: Annotated[int | None, Query(ge=-1, le=2**53)] = None,
-                     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE) -> list[dict[str, Any]]:
+                     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE) -> Response:
         """Stored reports in step order, paged: those after ``after_step``, at most ``limit``."""
-        return [r.to_dict() for r in coordinator.reports(t, job_id, after_step, limit)]
+        return _json([r.to_dict() for r in coordinator.reports(t, job_id, after_step, limit)])
 
     @app.post("/v1/jobs/{job_id}/stop")
     def stop(job_id: str, t: Tenant, body: StopIn | None = None) -> dict[str, Any]:
@@ -249,17 +249,22 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
             metrics.signals.labels(kind.value.removeprefix("launcher_").upper()).inc()
         return {"status": "recorded"}
 
-    @app.get("/v1/audit")
+    @app.get("/v1/audit", response_model=list[dict[str, Any]])
     def audit(t: Tenant, job_id: str | None = None, limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
-              offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> list[dict[str, Any]]:
+              offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Response:
         """The caller's audit records, oldest first (of one job with ``job_id``), paged."""
-        return [a.to_dict() for a in coordinator.audit(t, job_id, limit, offset)]
+        return _json([a.to_dict() for a in coordinator.audit(t, job_id, limit, offset)])
 
     if _dashboard_available():
         from .dashboard import mount_dashboard
 
         mount_dashboard(app)
     return app
+
+
+def _json(data: Any, headers: dict[str, str] | None = None) -> Response:
+    """JSON built in the handler's worker thread (FastAPI's encoder would run it on the event loop)."""
+    return Response(json.dumps(data), media_type="application/json", headers=headers)
 
 
 def _dashboard_available() -> bool:
