@@ -3,8 +3,11 @@
 1. `evalstop replay` on a shipped trainer_state.json of a hacked run;
 2. a live multi-tenant platform: `evalstop serve` on a free loopback port with a fresh SQLite file,
    two tenants, four tiny *real* GRPO jobs (hacked and healthy, both tenants) as separate processes;
-   the coordinator stops the hacked ones and the healthy ones finish. A table compares each job
-   with its recorded no-stop reference (configs/traces/), and a PNG shows the curves;
+   the coordinator stops the hacked ones and the healthy ones finish. A fifth job is a loop that
+   ignores the stop flag, run under `evalstop run`: its launcher stops it (SIGTERM, then SIGKILL).
+   A table compares each job with its recorded no-stop reference (configs/traces/), a PNG shows the
+   curves, and the dashboard's URL and a token are printed (in a terminal the platform stays up
+   until you press Enter; `--no-wait` or no terminal: it does not wait);
 3. the simulator's headline: SRTF-Est alone vs with EvalStop, 200 jobs on 64 virtual GPUs.
 """
 
@@ -23,6 +26,7 @@ OUT = ROOT / "demo-out"
 PY = sys.executable
 JOBS = [("acme", "hacked", 0), ("acme", "healthy", 0), ("globex", "hacked", 1), ("globex", "healthy", 1)]
 MAX_STEPS, EVAL_EVERY = 300, 15
+WAIT = True  # in a terminal, keep the platform up until Enter (--no-wait: never)
 
 
 def banner(text: str) -> None:
@@ -64,6 +68,10 @@ def live_platform() -> None:
             log = open(OUT / f"{job_id}.log", "w")
             procs.append((tenant, preset, seed, job_id, subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})))
+        stubborn = subprocess.Popen(
+            [PY, "-m", "evalstop_trl", "run", "--url", url, "--token", tokens["globex"], "--job-id", "globex-stubborn",
+             "--job-type", "grpo", "--grace-s", "2", "--", PY, str(ROOT / "scripts" / "stubborn_loop.py")],
+            stdout=open(OUT / "globex-stubborn.log", "w"), stderr=subprocess.STDOUT)
         results = []
         for tenant, _preset, seed, job_id, p in procs:
             out, _ = p.communicate(timeout=600)
@@ -72,10 +80,21 @@ def live_platform() -> None:
                 raise SystemExit(f"job {job_id} failed; see {OUT / (job_id + '.log')}")
             results.append({**json.loads(line[7:]), "tenant": tenant, "seed": seed})
         print(f"all jobs done in {time.time() - t0:.0f} s", flush=True)
+        code = stubborn.wait(timeout=300)
+        print(f"\nglobex-stubborn (a loop that ignores the stop flag, under `evalstop run --grace-s 2`): "
+              f"launcher exit status {code}; its audit trail:")
+        from evalstop_trl.clients.http import EvalStopClient
+
+        with EvalStopClient(url, tokens["globex"]) as c:
+            for a in c.audit("globex-stubborn"):
+                print(f"  {a['kind']:<18} by {a['actor']:<18} {a['reason']}")
         # what the coordinator says, per tenant (each token sees only its own jobs)
         for tenant in tokens:
             print(f"\n$ evalstop status --token <{tenant}>")
             print(evalstop("status", "--url", url, "--token", tokens[tenant]).rstrip())
+        print(f"\ndashboard: {url}/  (sign in with acme's token: {tokens['acme']})", flush=True)
+        if WAIT and sys.stdin.isatty():
+            input("the platform stays up for you to look; press Enter to tear it down ... ")
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -128,6 +147,8 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main() -> int:
+    global WAIT
+    WAIT = "--no-wait" not in sys.argv[1:]
     if OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir()
