@@ -215,3 +215,26 @@ def test_thread_safety_many_writers(tmp_path):
     assert errors == []
     for j in range(n_jobs):
         assert [r.step for r in c.store.reports("a", f"j{j}")] == list(range(n_steps))
+
+
+def test_memory_per_job_is_bounded_reports_live_in_the_store():
+    import tracemalloc
+
+    from evalstop_trl.core.store import DONE
+
+    class Forgetful(MemoryStore):  # keeps no reports, so only the coordinator's memory is measured
+        def add_report(self, tenant, job_id, report):
+            return DONE
+
+    c = Coordinator(Forgetful(), clock=FakeClock())
+    c.register_job("a", "j", "grpo")
+    for step in range(200):
+        c.report("a", "j", step, eval_score=0.5 + 0.001 * step)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for step in range(200, 20_200):
+        c.report("a", "j", step, eval_score=0.5 + 0.001 * (step % 7), train_loss=0.1, proxy_reward=1.0)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 64 * 1024, f"the coordinator grew {grown} bytes over 20,000 reports of one job"
+    assert c.status("a", "j").n_reports == 20_200

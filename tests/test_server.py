@@ -165,3 +165,24 @@ def test_metrics(api):
 def test_openapi_is_served(api):
     spec = api.get("/openapi.json").json()
     assert "/v1/jobs/{job_id}/reports" in spec["paths"]
+
+
+def test_readyz_is_503_when_the_store_cannot_write_or_a_worker_died(tmp_path):
+    from evalstop_trl.core.store import StoreError
+
+    coord = Coordinator(SQLiteStore(tmp_path / "r.db"))
+    with TestClient(create_app(coord)) as tc:
+        assert tc.get("/readyz").status_code == 200
+        for worker in tc.app.state.workers:
+            worker.close()  # a background worker that died
+        r = tc.get("/readyz")
+        assert r.status_code == 503 and "WebhookSender is not running" in r.json()["problems"][0]
+
+    class Broken(SQLiteStore):
+        def probe(self):
+            raise StoreError("disk full")
+
+    with TestClient(create_app(Coordinator(Broken(tmp_path / "b.db")))) as tc:
+        r = tc.get("/readyz")
+        assert r.status_code == 503 and "the store does not take writes" in r.json()["problems"][0]
+        assert tc.get("/healthz").status_code == 200  # alive, but not ready
