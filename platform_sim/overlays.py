@@ -30,7 +30,7 @@ from typing import Any
 
 from evalstop_trl.core.coordinator import Coordinator
 from evalstop_trl.core.detectors import DETECTORS, Action
-from evalstop_trl.core.records import JobType, Policy
+from evalstop_trl.core.records import JobType, Policy, Quotas
 from evalstop_trl.core.registry import Registry
 from evalstop_trl.stores.memory import MemoryStore
 
@@ -44,6 +44,9 @@ TENANT = "platform"
 _JOB_TYPES = {"lora_sft": JobType.LORA_SFT, "dpo": JobType.DPO, "rlhf_ppo": JobType.PPO, "rlhf_grpo": JobType.GRPO}
 _STOP = Action.STOP
 
+
+# The simulated platform is one tenant with every job: a service's per-tenant quotas do not apply.
+_PLATFORM_QUOTAS = Quotas(max_active_jobs=10**7, max_reports_per_job=10**9)
 
 class Overlay:
     """Watches jobs' evals and may stop them. The default does nothing (the base scheduler alone)."""
@@ -90,7 +93,7 @@ class DetectorOverlay(Overlay):
         self._watched: dict[int, str] = {}  # job id -> the coordinator's job id
 
     def attach(self, clock, n_evals):
-        self.coordinator = Coordinator(MemoryStore(), clock=clock, default_policy=self.policy)
+        self.coordinator = Coordinator(MemoryStore(), clock=clock, default_policy=self.policy, quotas=_PLATFORM_QUOTAS)
         self.n_evals = n_evals
 
     def on_arrival(self, job):

@@ -56,3 +56,22 @@ def server(tmp_path):
     srv = Server(tmp_path / "coord.db")
     yield srv
     srv.kill()
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """One PostgreSQL cluster for the whole session (each test gets a database of its own)."""
+    from .postgres_server import PostgresCluster
+
+    cluster = PostgresCluster().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def pg_dsn(postgres_cluster, request):
+    """A fresh, empty database on the session's PostgreSQL cluster."""
+    import re
+
+    name = "t_" + re.sub(r"[^a-z0-9]", "_", request.node.name.lower())[:40] + f"_{id(request) % 100000}"
+    return postgres_cluster.create_database(name)

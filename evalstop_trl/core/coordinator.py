@@ -92,7 +92,7 @@ class _Live:
     reports themselves are in the store and read from it, paged."""
 
     __slots__ = ("record", "detector", "first", "last", "n_reports", "best_checkpoint", "decision", "job_type",
-                 "planned", "ticket", "max_reports")
+                 "planned", "ticket", "max_reports", "version")
 
     def __init__(self, record: JobRecord, detector: Detector, max_reports: int = 10**9) -> None:
         self.max_reports = max_reports  # the tenant's quota when the job was registered
@@ -106,6 +106,12 @@ class _Live:
         self.best_checkpoint: str | None = None  # the checkpoint reported with the best step
         self.decision: Decision | None = None  # the detector's latest answer
         self.ticket: Future = DONE  # the job's latest write (stores apply writes in order)
+        self.version = record.version  # the job's writes so far, this one's included (shared stores)
+
+    def next_version(self) -> int:
+        """The version the next write replaces (and moves on by one)."""
+        self.version += 1
+        return self.version - 1
 
     def observe(self, rep: Report) -> Decision:
         planned = self.planned
@@ -165,12 +171,18 @@ class Coordinator:
         self._lock = threading.RLock()
         self._jobs: dict[tuple[str, str], _Live] = {}
         self._by_tenant: dict[str, dict[str, _Live]] = {}  # registration order, for listing
+        self._active: dict[str, int] = {}  # tenant -> jobs not yet stopped, finished or failed
         self._stop_listeners: list[StopListener] = []
         for record in self.store.jobs():
             self._put(self._load(record))
 
     def _put(self, live: _Live) -> None:
         r = live.record
+        old = self._jobs.get((r.tenant, r.job_id))
+        if old is not None and not old.record.status.terminal:
+            self._active[r.tenant] -= 1
+        if not r.status.terminal:
+            self._active[r.tenant] = self._active.get(r.tenant, 0) + 1
         self._jobs[(r.tenant, r.job_id)] = live
         self._by_tenant.setdefault(r.tenant, {})[r.job_id] = live
 
@@ -189,18 +201,41 @@ class Coordinator:
             wait_durable(ticket)
         except StoreError:
             with self._lock:
-                stored = [r for r in self.store.jobs() if (r.tenant, r.job_id) == (tenant, job_id)]
-                if stored:
-                    self._put(self._load(stored[0]))
-                else:
-                    self._jobs.pop((tenant, job_id), None)
-                    self._by_tenant.get(tenant, {}).pop(job_id, None)
+                try:
+                    self._reload(tenant, job_id)
+                except NotFound:
+                    pass
             raise
 
     def _get(self, tenant: str, job_id: str) -> _Live:
         live = self._jobs.get((tenant, job_id))
         if live is None:
+            record = self.store.job(tenant, job_id) if self.store.shared else None  # another replica's job
+            if record is None:
+                raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+            live = self._load(record)
+            self._put(live)
+        return live
+
+    def _fresh(self, tenant: str, job_id: str) -> _Live:
+        """The job's live state; with a shared store, re-read if another replica wrote it since."""
+        live = self._get(tenant, job_id)
+        if self.store.shared:
+            stored = self.store.job_versions(tenant, [job_id]).get(job_id, 0)
+            if stored > live.version:
+                live = self._reload(tenant, job_id)
+        return live
+
+    def _reload(self, tenant: str, job_id: str) -> _Live:
+        record = self.store.job(tenant, job_id)
+        if record is None:
+            old = self._jobs.pop((tenant, job_id), None)
+            if old is not None and not old.record.status.terminal:
+                self._active[tenant] -= 1
+            self._by_tenant.get(tenant, {}).pop(job_id, None)
             raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+        live = self._load(record)
+        self._put(live)
         return live
 
     def add_stop_listener(self, listener: StopListener) -> None:
@@ -229,7 +264,9 @@ class Coordinator:
         deliveries = ()
         if status is _STOPPED and record.status is not _STOPPED and record.webhook and new.decision is not None:
             deliveries = (stop_delivery(new, now),)
-        ticket = self.store.commit(new, report, audit, deliveries)
+        ticket = self.store.commit(new, report, audit, deliveries, expect=live.next_version())
+        if new.status.terminal and not record.status.terminal:
+            self._active[record.tenant] -= 1
         live.record = new
         return ticket
 
@@ -244,6 +281,11 @@ class Coordinator:
         record = JobRecord.new(tenant, reg, self.clock())
         with self._lock:
             existing = self._jobs.get((tenant, job_id))
+            if existing is None and self.store.shared:
+                try:
+                    existing = self._fresh(tenant, job_id)
+                except NotFound:
+                    existing = None
             if existing is not None:
                 if existing.record.registration() == reg:
                     return self._view(existing), False
@@ -252,13 +294,14 @@ class Coordinator:
                     f"policy or webhook; use a new job_id"
                 )
             quotas = self.tenants.quotas(tenant)
-            active = sum(1 for v in self._by_tenant.get(tenant, {}).values() if not v.record.status.terminal)
+            active = self.store.count_active(tenant) if self.store.shared else self._active.get(tenant, 0)
             if active >= quotas.max_active_jobs:
                 raise QuotaExceeded(
                     f"tenant {tenant!r} has {active} active jobs, the most allowed "
                     f"(max_active_jobs={quotas.max_active_jobs}); finish or stop some first")
-            ticket = self.store.commit(record)
+            ticket = self.store.commit(record, expect=0)
             live = _Live(record, reg.policy.build(), quotas.max_reports_per_job)
+            live.version = 1
             self._put(live)
             view = self._view(live)
         self._settle(ticket, tenant, job_id)
@@ -291,7 +334,7 @@ class Coordinator:
         if checkpoint is not None:
             check_checkpoint(checkpoint)
         with self._lock:
-            live = self._jobs.get((tenant, job_id)) or self._get(tenant, job_id)
+            live = (self._jobs.get((tenant, job_id)) if not self.store.shared else None) or self._fresh(tenant, job_id)
             rep = _report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock())
             last = live.last
             if last is not None and step <= last.step:
@@ -318,7 +361,7 @@ class Coordinator:
                                                       live.job_type, step / planned if planned else None))
             status = live.record.status
             if status is _RUNNING and decision.action is _CONTINUE:  # the hot path: no transition
-                ticket = live.ticket = self.store.add_report(tenant, job_id, rep)
+                ticket = live.ticket = self.store.add_report(tenant, job_id, rep, live.next_version())
                 live.last = rep
                 live.n_reports += 1
                 live.decision = decision
@@ -329,7 +372,7 @@ class Coordinator:
             stopped = None
             now = rep.received_at
             if status.terminal:
-                ticket = self.store.add_report(tenant, job_id, rep)  # recorded, changes nothing
+                ticket = self.store.add_report(tenant, job_id, rep, live.next_version())  # recorded, changes nothing
             elif decision.action is Action.STOP:
                 actor = f"detector:{live.record.policy.detector}"
                 ticket = self._transition(
@@ -341,7 +384,7 @@ class Coordinator:
             elif status is _PENDING:
                 ticket = self._transition(live, _RUNNING, now, None, "", "", {}, rep)
             else:
-                ticket = self.store.add_report(tenant, job_id, rep)
+                ticket = self.store.add_report(tenant, job_id, rep, live.next_version())
             live.ticket = ticket
             live.remember(rep, decision)
             return PendingReport(tenant, job_id, self._current(live), ticket, stopped)
@@ -368,7 +411,7 @@ class Coordinator:
         if not isinstance(reason, str) or len(reason) > 2000:
             raise InvalidInput("reason must be a string of at most 2000 characters.")
         with self._lock:
-            live = self._get(tenant, job_id)
+            live = self._fresh(tenant, job_id)
             if live.record.status is _STOPPED:
                 return self._view(live)
             now = self.clock()
@@ -388,7 +431,7 @@ class Coordinator:
         """The job confirms it has its best checkpoint safe and is stopping."""
         check_checkpoint(checkpoint)
         with self._lock:
-            live = self._get(tenant, job_id)
+            live = self._fresh(tenant, job_id)
             record = live.record
             if record.status is not _STOPPED:
                 raise Conflict(f"job {job_id!r} is {record.status.value}: there is no stop to acknowledge")
@@ -405,7 +448,7 @@ class Coordinator:
     def finish(self, tenant: str, job_id: str) -> JobView:
         """Mark a job finished (it ran to its end). A stopped or failed job stays as it is."""
         with self._lock:
-            live = self._get(tenant, job_id)
+            live = self._fresh(tenant, job_id)
             if live.record.status.terminal:
                 return self._view(live)
             now = self.clock()
@@ -420,7 +463,7 @@ class Coordinator:
         if not isinstance(reason, str) or len(reason) > 2000:
             raise InvalidInput("reason must be a string of at most 2000 characters.")
         with self._lock:
-            live = self._get(tenant, job_id)
+            live = self._fresh(tenant, job_id)
             if live.record.status.terminal:
                 return self._view(live)
             now = self.clock()
@@ -436,9 +479,9 @@ class Coordinator:
         if not isinstance(reason, str) or len(reason) > 2000:
             raise InvalidInput("reason must be a string of at most 2000 characters.")
         with self._lock:
-            live = self._get(tenant, job_id)
+            live = self._fresh(tenant, job_id)
             audit = AuditRecord(tenant, job_id, self.clock(), kind, actor, reason, evidence)
-            ticket = self.store.commit(live.record, None, (audit,))
+            ticket = self.store.commit(live.record, None, (audit,), expect=live.next_version())
         self._settle(ticket, tenant, job_id)
 
     # ------------------------------------------------------------------ reads
@@ -455,11 +498,11 @@ class Coordinator:
 
     def status(self, tenant: str, job_id: str) -> JobView:
         with self._lock:
-            return self._view(self._get(tenant, job_id))
+            return self._view(self._fresh(tenant, job_id))
 
     def record(self, tenant: str, job_id: str) -> JobRecord:
         with self._lock:
-            return self._get(tenant, job_id).record
+            return self._fresh(tenant, job_id).record
 
     def list_jobs(self, tenant: str, status: JobStatus | str | None = None, limit: int | None = None,
                   offset: int = 0) -> list[JobView]:
@@ -473,6 +516,20 @@ class Coordinator:
         Views are built without holding the coordinator's lock, so listing thousands of jobs never
         holds up another tenant's reports."""
         wanted = None if status is None else (status if isinstance(status, JobStatus) else _parse_status(status))
+        if self.store.shared:  # the store knows every replica's jobs
+            ids, total = self.store.job_page(tenant, None if wanted is None else wanted.value, limit, offset)
+            versions = self.store.job_versions(tenant, ids)
+            views = []
+            for job_id in ids:
+                with self._lock:
+                    try:
+                        live = self._get(tenant, job_id)
+                        if versions.get(job_id, 0) > live.version:
+                            live = self._reload(tenant, job_id)
+                    except NotFound:
+                        continue
+                views.append(self._view(live))
+            return views, total
         lives = list(self._by_tenant.get(tenant, {}).values())  # a snapshot (atomic under the GIL)
         if wanted is not None:
             lives = [v for v in lives if v.record.status is wanted]
@@ -481,12 +538,12 @@ class Coordinator:
 
     def report_span(self, tenant: str, job_id: str) -> tuple[Report | None, Report | None]:
         """The job's first and last report (None before any)."""
-        live = self._get(tenant, job_id)
+        live = self._fresh(tenant, job_id)
         return live.first, live.last
 
     def reports(self, tenant: str, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[Report]:
         """The job's durable reports in step order: those after ``after_step``, at most ``limit``."""
-        live = self._get(tenant, job_id)
+        live = self._fresh(tenant, job_id)
         return self.store.reports(tenant, live.record.job_id, after_step, limit)
 
     def audit(self, tenant: str, job_id: str | None = None, limit: int | None = None,

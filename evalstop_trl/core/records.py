@@ -323,6 +323,7 @@ class JobRecord:
     acked_at: float | None = None
     checkpoint: str | None = None
     finished_at: float | None = None
+    version: int = 0  # writes to the job so far, as a shared store counts them (0 elsewhere)
 
     @classmethod
     def new(cls, tenant: str, reg: Registration, now: float) -> JobRecord:

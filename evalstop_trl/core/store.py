@@ -20,7 +20,7 @@ from concurrent.futures import Future
 
 from .records import AuditRecord, Delivery, JobRecord, Report, TenantRecord
 
-__all__ = ["DONE", "Store", "StoreError", "TenantRecord", "Ticket", "wait_durable"]
+__all__ = ["DONE", "StaleState", "Store", "StoreError", "TenantRecord", "Ticket", "wait_durable"]
 
 #: A pending durable write: resolves to None when on disk, or fails with StoreError.
 Ticket = Future
@@ -28,6 +28,11 @@ Ticket = Future
 
 class StoreError(RuntimeError):
     """A write could not be made durable (disk full, I/O error, store closed)."""
+
+
+class StaleState(StoreError):
+    """A shared store refused a write made on stale state: another coordinator (replica) wrote the
+    job since this one last read it. The coordinator reloads the job; the caller retries (503)."""
 
 
 def _done() -> Future:
@@ -50,7 +55,16 @@ def wait_durable(ticket: Future) -> None:
 
 
 class Store(ABC):
-    """Interface shared by all stores."""
+    """Interface shared by all stores.
+
+    A *shared* store (``shared = True``, e.g. PostgreSQL) may be used by several coordinators at
+    once (replicas). Each job then has a version (its number of writes): a write passes the version
+    it expects to replace (``expect``) and fails with :class:`StaleState` if another coordinator got
+    there first; coordinators re-read a job whose stored version moved. Stores used by one process
+    only ignore versions.
+    """
+
+    shared: bool = False
 
     # tenants
     @abstractmethod
@@ -69,17 +83,34 @@ class Store(ABC):
     # jobs, reports, audit, webhook deliveries
     @abstractmethod
     def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = (),
-               deliveries: Sequence[Delivery] = ()) -> Ticket:
+               deliveries: Sequence[Delivery] = (), expect: int | None = None) -> Ticket:
         """Atomically upsert ``job``, insert ``report`` (if any), append ``audit`` and queue ``deliveries``.
 
-        Writes are applied in call order; the returned :class:`Ticket` says when it is durable."""
+        Writes are applied in call order; the returned :class:`Ticket` says when it is durable.
+        ``expect``: the job's version this write replaces (shared stores; 0 for a new job)."""
 
     @abstractmethod
-    def add_report(self, tenant: str, job_id: str, report: Report) -> Ticket:
+    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
         """Insert one report of a job whose record does not change (the common case)."""
 
     @abstractmethod
     def jobs(self) -> list[JobRecord]: ...
+
+    def job(self, tenant: str, job_id: str) -> JobRecord | None:
+        """One job (shared stores override this with a query)."""
+        return next((j for j in self.jobs() if (j.tenant, j.job_id) == (tenant, job_id)), None)
+
+    def job_versions(self, tenant: str, job_ids: Sequence[str]) -> dict[str, int]:
+        """The stored version of each job (shared stores only)."""
+        raise NotImplementedError
+
+    def job_page(self, tenant: str, status: str | None, limit: int | None, offset: int) -> tuple[list[str], int]:
+        """One page of a tenant's job ids in registration order, and the total (shared stores only)."""
+        raise NotImplementedError
+
+    def count_active(self, tenant: str) -> int:
+        """The tenant's jobs that are not stopped, finished or failed (shared stores only)."""
+        raise NotImplementedError
     @abstractmethod
     def reports(self, tenant: str, job_id: str, after_step: int | None = None,
                 limit: int | None = None) -> list[Report]:
@@ -93,8 +124,10 @@ class Store(ABC):
         """Audit records, oldest first, of one tenant (and job) if given, paged."""
 
     @abstractmethod
-    def pending_deliveries(self, now: float, limit: int) -> list[Delivery]:
-        """Undelivered webhook deliveries due at ``now`` (``next_at <= now``), oldest first."""
+    def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
+        """Claim undelivered webhook deliveries due at ``now`` (``next_at <= now``), oldest first: each is
+        leased for ``lease_s`` (its ``next_at`` moves on), so no other sender takes it meanwhile, and
+        a sender that dies only delays it."""
     @abstractmethod
     def update_delivery(self, delivery: Delivery) -> Ticket:
         """Record an attempt's outcome (attempts, next_at, done, outcome)."""

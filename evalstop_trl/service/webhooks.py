@@ -201,11 +201,16 @@ class WebhookSender:
 
     def dispatch(self) -> int:
         """Hand every due delivery not already in flight to the pool; returns how many."""
-        due = self.coordinator.store.pending_deliveries(self.clock(), self.policy.workers * 4)
+        with self._lock:
+            room = self.policy.workers * 2 - len(self._busy)
+        if room <= 0:
+            return 0
+        # leased past every attempt's deadline: no other replica takes them meanwhile
+        due = self.coordinator.store.claim_deliveries(self.clock(), room, self.policy.timeout_s * 4 + 30)
         n = 0
         for d in due:
             with self._lock:
-                if d.id in self._busy or len(self._busy) >= self.policy.workers * 2:
+                if d.id in self._busy:
                     continue
                 self._busy.add(d.id)
             self._pool.submit(self._attempt, d)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..core.errors import Conflict
 from ..core.records import AuditRecord, Delivery, JobRecord, Report, TenantRecord
@@ -45,7 +46,7 @@ class MemoryStore(Store):
 
     # jobs, reports, audit
     def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = (),
-               deliveries: Sequence[Delivery] = ()) -> Ticket:
+               deliveries: Sequence[Delivery] = (), expect: int | None = None) -> Ticket:
         key = (job.tenant, job.job_id)
         self._jobs[key] = job
         reports = self._reports.setdefault(key, [])
@@ -57,7 +58,7 @@ class MemoryStore(Store):
             self._deliveries[d.id] = d
         return DONE
 
-    def add_report(self, tenant: str, job_id: str, report: Report) -> Ticket:
+    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
         self._reports[(tenant, job_id)].append(report)
         return DONE
 
@@ -81,9 +82,15 @@ class MemoryStore(Store):
         return rows[offset:] if limit is None else rows[offset:offset + limit]
 
     # webhook deliveries
-    def pending_deliveries(self, now: float, limit: int) -> list[Delivery]:
-        due = [d for d in self._deliveries.values() if not d.done and d.next_at <= now]
-        return sorted(due, key=lambda d: (d.created_at, d.id))[:limit]
+    def job(self, tenant: str, job_id: str) -> JobRecord | None:
+        return self._jobs.get((tenant, job_id))
+
+    def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
+        due = sorted((d for d in self._deliveries.values() if not d.done and d.next_at <= now),
+                     key=lambda d: (d.created_at, d.id))[:limit]
+        for d in due:
+            self._deliveries[d.id] = replace(d, next_at=now + lease_s)
+        return due
 
     def update_delivery(self, delivery: Delivery) -> Ticket:
         self._deliveries[delivery.id] = delivery

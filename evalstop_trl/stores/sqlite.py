@@ -246,7 +246,7 @@ class SQLiteStore(Store):
 
     # ------------------------------------------------------------------ jobs, reports, audit
     def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = (),
-               deliveries: Sequence[Delivery] = ()) -> Ticket:
+               deliveries: Sequence[Delivery] = (), expect: int | None = None) -> Ticket:
         row = _job_row(job)
         audit = tuple(audit)
         deliveries = tuple(deliveries)
@@ -262,7 +262,7 @@ class SQLiteStore(Store):
 
         return self._submit(op)
 
-    def add_report(self, tenant: str, job_id: str, report: Report) -> Ticket:
+    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
         return self._submit(lambda db: self._insert_report(db, tenant, job_id, report))
 
     @staticmethod
@@ -314,10 +314,18 @@ class SQLiteStore(Store):
         rows = self._read(q + " ORDER BY seq LIMIT ? OFFSET ?", (*args, -1 if limit is None else limit, offset))
         return [AuditRecord(r[0], r[1], r[2], AuditKind(r[3]), r[4], r[5], json.loads(r[6])) for r in rows]
 
-    def pending_deliveries(self, now: float, limit: int) -> list[Delivery]:
+    def job(self, tenant: str, job_id: str) -> JobRecord | None:
+        rows = self._read(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant=? AND job_id=?", (tenant, job_id))
+        return _job_from_row(rows[0]) if rows else None
+
+    def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
         rows = self._read(f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE done=0 AND next_at<=? "
                           "ORDER BY created_at, id LIMIT ?", (now, limit))
-        return [_delivery_from_row(r) for r in rows]
+        due = [_delivery_from_row(r) for r in rows]
+        if due:  # one process uses this file: the lease only guards against a crash mid-delivery
+            ids = [(now + lease_s, d.id) for d in due]
+            self._write(lambda db: db.executemany("UPDATE deliveries SET next_at=? WHERE id=?", ids))
+        return due
 
     def update_delivery(self, delivery: Delivery) -> Ticket:
         row = _delivery_row(delivery)
