@@ -19,13 +19,26 @@ class FakeClock:
         return self.t
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make(request, tmp_path):
+    """Coordinators over each store; calling it again reopens the same database."""
+    opened = []
+
     def factory():
-        store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "c.db")
+        if request.param == "memory":
+            store = MemoryStore()
+        elif request.param == "sqlite":
+            store = SQLiteStore(tmp_path / "c.db")
+        else:
+            from evalstop_trl.stores.postgres import PostgresStore
+
+            store = PostgresStore(request.getfixturevalue("pg_dsn"))
+        opened.append(store)
         return Coordinator(store, clock=FakeClock())
 
-    return factory
+    yield factory
+    for store in opened:
+        store.close()
 
 
 HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3)]

@@ -13,15 +13,15 @@ from .common import CLIError
 def _db_path(args: argparse.Namespace) -> str:
     path = args.db or os.environ.get("EVALSTOP_DB")
     if not path:
-        raise CLIError("no database: pass --db PATH or set EVALSTOP_DB")
+        raise CLIError("no database: pass --db PATH (SQLite) or --db postgresql://... , or set EVALSTOP_DB")
     return path
 
 
 def _open_store(path: str):
-    from ..stores.sqlite import SQLiteStore
+    from ..stores import open_store
 
     try:
-        return SQLiteStore(path)
+        return open_store(path)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
 
@@ -257,7 +257,7 @@ def _add_quota_flags(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_service_commands(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="run the coordinator service (FastAPI + uvicorn)")
-    s.add_argument("--db", help="SQLite database (default: $EVALSTOP_DB)")
+    s.add_argument("--db", help="a SQLite file or a postgresql://user@host/db URL (default: $EVALSTOP_DB)")
     s.add_argument("--host", help="bind address (default: $EVALSTOP_HOST or 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default: $EVALSTOP_PORT or 8765)")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))

@@ -1,0 +1,407 @@
+"""PostgresStore: the store interface on PostgreSQL (psycopg 3), for several ``evalstop serve``
+replicas sharing one database.
+
+* **Shared**: each job has a version (its writes so far); every write names the version it replaces
+  and is refused with :class:`~evalstop_trl.core.store.StaleState` if another replica got there
+  first, so no replica ever decides on stale state (the coordinator re-reads the job and the client
+  retries). Webhook deliveries are claimed with ``FOR UPDATE SKIP LOCKED`` and a lease, so exactly
+  one replica sends each and a dead replica's claims return to the queue.
+* **Durable**: a write's future resolves after PostgreSQL's COMMIT (``synchronous_commit`` as the
+  server sets it; on by default). One writer thread group-commits whatever is queued, each write in
+  its own savepoint, so one refused write never sinks the others.
+* **Pooled** reads (``psycopg_pool``), a versioned schema with migrations (created under an
+  advisory lock, so replicas starting together do not race), an append-only audit table (a trigger).
+
+Select it with ``evalstop serve --db postgresql://user@host/dbname`` (or ``EVALSTOP_DB``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from ..core.detectors import Decision
+from ..core.errors import Conflict
+from ..core.records import (
+    AuditKind,
+    AuditRecord,
+    Delivery,
+    JobRecord,
+    JobStatus,
+    JobType,
+    Policy,
+    Report,
+    TenantRecord,
+)
+from ..core.store import StaleState, Store, StoreError, Ticket, wait_durable
+
+__all__ = ["SCHEMA_VERSION", "PostgresStore"]
+
+SCHEMA_VERSION = 1
+_LOCK_KEY = 0x45564C53  # "EVLS": the advisory lock that serialises schema creation and migrations
+
+_SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS tenants (
+        name TEXT PRIMARY KEY, token_hash TEXT NOT NULL UNIQUE, created_at DOUBLE PRECISION NOT NULL,
+        revoked BOOLEAN NOT NULL DEFAULT FALSE, quotas TEXT NOT NULL DEFAULT '{}',
+        webhook_secret TEXT NOT NULL DEFAULT '')""",
+    """CREATE TABLE IF NOT EXISTS jobs (
+        tenant TEXT NOT NULL, job_id TEXT NOT NULL, seq BIGSERIAL, job_type TEXT NOT NULL, planned_steps BIGINT,
+        policy TEXT NOT NULL, webhook TEXT, status TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL, decision TEXT, stopped_by TEXT, stopped_at DOUBLE PRECISION,
+        acked_at DOUBLE PRECISION, checkpoint TEXT, finished_at DOUBLE PRECISION, version BIGINT NOT NULL,
+        PRIMARY KEY (tenant, job_id))""",
+    "CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, seq)",
+    """CREATE TABLE IF NOT EXISTS reports (
+        tenant TEXT NOT NULL, job_id TEXT NOT NULL, step BIGINT NOT NULL, eval_score DOUBLE PRECISION,
+        train_loss DOUBLE PRECISION, proxy_reward DOUBLE PRECISION, checkpoint TEXT,
+        received_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (tenant, job_id, step))""",
+    """CREATE TABLE IF NOT EXISTS audit (
+        seq BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, job_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,
+        kind TEXT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL, evidence TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS audit_by_job ON audit (tenant, job_id, seq)",
+    """CREATE OR REPLACE FUNCTION evalstop_audit_append_only() RETURNS trigger AS $$
+        BEGIN RAISE EXCEPTION 'the audit log is append-only'; END; $$ LANGUAGE plpgsql""",
+    "DROP TRIGGER IF EXISTS audit_append_only ON audit",
+    """CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON audit
+        FOR EACH ROW EXECUTE FUNCTION evalstop_audit_append_only()""",
+    """CREATE TABLE IF NOT EXISTS deliveries (
+        id TEXT PRIMARY KEY, tenant TEXT NOT NULL, job_id TEXT NOT NULL, url TEXT NOT NULL, body TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+        next_at DOUBLE PRECISION NOT NULL DEFAULT 0, done BOOLEAN NOT NULL DEFAULT FALSE,
+        outcome TEXT NOT NULL DEFAULT '')""",
+    "CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (done, next_at)",
+]
+# version -> statements that bring a database of that version to the next one (none yet)
+_MIGRATIONS: dict[int, tuple[str, ...]] = {}
+
+_JOB_COLS = ("tenant, job_id, job_type, planned_steps, policy, webhook, status, created_at, updated_at, decision, "
+             "stopped_by, stopped_at, acked_at, checkpoint, finished_at, version")
+_TENANT_COLS = "name, token_hash, created_at, revoked, quotas, webhook_secret"
+_DELIVERY_COLS = "id, tenant, job_id, url, body, created_at, attempts, next_at, done, outcome"
+_REPORT_COLS = "step, eval_score, train_loss, proxy_reward, checkpoint, received_at"
+
+
+def _job_values(j: JobRecord) -> tuple:
+    return (j.job_type.value, j.planned_steps, json.dumps(j.policy.to_dict()), j.webhook, j.status.value,
+            j.created_at, j.updated_at, json.dumps(j.decision.to_dict()) if j.decision else None, j.stopped_by,
+            j.stopped_at, j.acked_at, j.checkpoint, j.finished_at)
+
+
+def _job_from_row(r: tuple) -> JobRecord:
+    return JobRecord(
+        tenant=r[0], job_id=r[1], job_type=JobType(r[2]), planned_steps=r[3],
+        policy=Policy.from_dict(json.loads(r[4]), stored=True), webhook=r[5], status=JobStatus(r[6]),
+        created_at=r[7], updated_at=r[8], decision=Decision.from_dict(json.loads(r[9])) if r[9] else None,
+        stopped_by=r[10], stopped_at=r[11], acked_at=r[12], checkpoint=r[13], finished_at=r[14], version=r[15],
+    )
+
+
+def _tenant_from_row(r: tuple) -> TenantRecord:
+    return TenantRecord(r[0], r[1], r[2], bool(r[3]), json.loads(r[4]), r[5])
+
+
+def _delivery_row(d: Delivery) -> tuple:
+    return (d.id, d.tenant, d.job_id, d.url, d.body, d.created_at, d.attempts, d.next_at, d.done, d.outcome)
+
+
+def _delivery_from_row(r: tuple) -> Delivery:
+    return Delivery(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9])
+
+
+class PostgresStore(Store):
+    """A shared, durable store in one PostgreSQL database (see the module docstring).
+
+    Args:
+        dsn: a libpq connection string or URL, e.g. ``postgresql://evalstop@db.internal/evalstop``.
+        pool_size: connections for reads (the writer has one of its own).
+    """
+
+    shared = True
+
+    def __init__(self, dsn: str, pool_size: int = 4) -> None:
+        try:
+            import psycopg
+            from psycopg_pool import ConnectionPool
+        except ImportError:
+            raise ValueError("the PostgreSQL store needs psycopg: pip install 'evalstop[postgres]'") from None
+        self._psycopg = psycopg
+        self.dsn = dsn
+        try:
+            self._db = psycopg.connect(dsn, autocommit=True)
+            self._init_schema()
+            self._pool = ConnectionPool(dsn, min_size=1, max_size=pool_size, kwargs={"autocommit": True},
+                                        open=True, timeout=30)
+        except psycopg.Error as exc:
+            raise ValueError(f"Cannot open the PostgreSQL database {_safe(dsn)}: {exc}") from None
+        self._cv = threading.Condition()
+        self._queue: list[tuple[Callable, Future]] = []
+        self._closing = False
+        self._writer = threading.Thread(target=self._write_loop, name="evalstop-pg-writer", daemon=True)
+        self._writer.start()
+
+    def _init_schema(self) -> None:
+        with self._db.transaction():
+            self._db.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            exists = self._db.execute("SELECT to_regclass('schema_version')").fetchone()[0]
+            if exists:
+                row = self._db.execute("SELECT version FROM schema_version").fetchone()
+                version = row[0] if row else SCHEMA_VERSION
+                if version > SCHEMA_VERSION:
+                    raise ValueError(f"database {_safe(self.dsn)} has schema version {version}, newer than this "
+                                     f"evalstop's {SCHEMA_VERSION}: upgrade evalstop.")
+                while version < SCHEMA_VERSION:
+                    for statement in _MIGRATIONS[version]:
+                        self._db.execute(statement)
+                    version += 1
+            for statement in _SCHEMA:
+                self._db.execute(statement)
+            if self._db.execute("SELECT count(*) FROM schema_version").fetchone()[0] == 0:
+                self._db.execute("INSERT INTO schema_version (version) VALUES (%s)", (SCHEMA_VERSION,))
+            else:
+                self._db.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))
+
+    # ------------------------------------------------------------------ the writer
+    def _submit(self, op: Callable) -> Ticket:
+        ticket: Future = Future()
+        with self._cv:
+            if self._closing:
+                raise StoreError("the PostgreSQL store is closed")
+            self._queue.append((op, ticket))
+            self._cv.notify()
+        return ticket
+
+    def _write_loop(self) -> None:
+        psycopg = self._psycopg
+        while True:
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                batch, self._queue = self._queue, []
+                if not batch and self._closing:
+                    return
+            done: list[tuple[Future, BaseException | None]] = []
+            try:
+                with self._db.transaction():
+                    for op, ticket in batch:
+                        try:
+                            with self._db.transaction():  # a savepoint: one refused write sinks nothing else
+                                op(self._db)
+                            done.append((ticket, None))
+                        except StaleState as exc:
+                            done.append((ticket, exc))
+                        except psycopg.Error as exc:
+                            error = StoreError(f"write not stored: {exc}")
+                            error.__cause__ = exc
+                            done.append((ticket, error))
+            except Exception as exc:  # noqa: BLE001 - the COMMIT (or the connection) failed: nothing is stored
+                error = StoreError(f"write not stored: {exc}")
+                for _, ticket in batch:
+                    ticket.set_exception(error)
+                self._reconnect()
+                continue
+            for ticket, exc in done:
+                if exc is None:
+                    ticket.set_result(None)
+                else:
+                    ticket.set_exception(exc)
+
+    def _reconnect(self) -> None:
+        try:
+            self._db.close()
+            self._db = self._psycopg.connect(self.dsn, autocommit=True)
+        except self._psycopg.Error:
+            pass  # the next batch fails too, and tries again
+
+    def _write(self, op: Callable) -> None:
+        wait_durable(self._submit(op))
+
+    def _read(self, query: str, args: tuple = ()) -> list[tuple]:
+        try:
+            with self._pool.connection() as conn:
+                return conn.execute(query, args).fetchall()
+        except self._psycopg.Error as exc:
+            raise StoreError(f"read failed: {exc}") from exc
+
+    # ------------------------------------------------------------------ tenants (rare: written at once)
+    def add_tenant(self, tenant: TenantRecord) -> None:
+        row = (tenant.name, tenant.token_hash, tenant.created_at, tenant.revoked, json.dumps(dict(tenant.quotas)),
+               tenant.webhook_secret)
+
+        def op(db):
+            cur = db.execute(f"INSERT INTO tenants ({_TENANT_COLS}) VALUES (%s, %s, %s, %s, %s, %s) "
+                             "ON CONFLICT (name) DO NOTHING", row)
+            if cur.rowcount == 0:
+                raise StaleState(f"tenant {tenant.name!r} already exists")
+
+        try:
+            self._write(op)
+        except StaleState as exc:
+            raise Conflict(str(exc)) from None
+
+    def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
+        rows = self._read(f"SELECT {_TENANT_COLS} FROM tenants WHERE token_hash = %s", (token_hash,))
+        return _tenant_from_row(rows[0]) if rows else None
+
+    def tenant(self, name: str) -> TenantRecord | None:
+        rows = self._read(f"SELECT {_TENANT_COLS} FROM tenants WHERE name = %s", (name,))
+        return _tenant_from_row(rows[0]) if rows else None
+
+    def list_tenants(self) -> list[TenantRecord]:
+        return [_tenant_from_row(r) for r in self._read(f"SELECT {_TENANT_COLS} FROM tenants ORDER BY name")]
+
+    def update_tenant(self, tenant: TenantRecord) -> bool:
+        found = []
+        row = (tenant.token_hash, tenant.created_at, tenant.revoked, json.dumps(dict(tenant.quotas)),
+               tenant.webhook_secret, tenant.name)
+        self._write(lambda db: found.append(db.execute(
+            "UPDATE tenants SET token_hash=%s, created_at=%s, revoked=%s, quotas=%s, webhook_secret=%s "
+            "WHERE name=%s", row).rowcount))
+        return bool(found and found[0])
+
+    # ------------------------------------------------------------------ jobs, reports, audit
+    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = (),
+               deliveries: Sequence[Delivery] = (), expect: int | None = None) -> Ticket:
+        key, values = (job.tenant, job.job_id), _job_values(job)
+        audit, deliveries = tuple(audit), tuple(deliveries)
+
+        def op(db) -> None:
+            if expect == 0:
+                cur = db.execute(f"INSERT INTO jobs ({_JOB_COLS}) VALUES ({', '.join(['%s'] * 16)}) "
+                                 "ON CONFLICT (tenant, job_id) DO NOTHING", (*key, *values, 1))
+            elif expect is None:
+                cur = db.execute(
+                    f"INSERT INTO jobs ({_JOB_COLS}) VALUES ({', '.join(['%s'] * 16)}) ON CONFLICT (tenant, job_id) "
+                    "DO UPDATE SET job_type=EXCLUDED.job_type, planned_steps=EXCLUDED.planned_steps, "
+                    "policy=EXCLUDED.policy, webhook=EXCLUDED.webhook, status=EXCLUDED.status, "
+                    "updated_at=EXCLUDED.updated_at, decision=EXCLUDED.decision, stopped_by=EXCLUDED.stopped_by, "
+                    "stopped_at=EXCLUDED.stopped_at, acked_at=EXCLUDED.acked_at, checkpoint=EXCLUDED.checkpoint, "
+                    "finished_at=EXCLUDED.finished_at, version=jobs.version + 1", (*key, *values, 1))
+            else:
+                cur = db.execute(
+                    "UPDATE jobs SET job_type=%s, planned_steps=%s, policy=%s, webhook=%s, status=%s, created_at=%s, "
+                    "updated_at=%s, decision=%s, stopped_by=%s, stopped_at=%s, acked_at=%s, checkpoint=%s, "
+                    "finished_at=%s, version=version + 1 WHERE tenant=%s AND job_id=%s AND version=%s",
+                    (*values, *key, expect))
+            if cur.rowcount == 0:
+                raise StaleState(f"job {job.job_id!r} was changed by another coordinator; retry")
+            if report is not None:
+                _insert_report(db, job.tenant, job.job_id, report)
+            if audit:
+                db.cursor().executemany(
+                    "INSERT INTO audit (tenant, job_id, at, kind, actor, reason, evidence) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    [(a.tenant, a.job_id, a.at, a.kind.value, a.actor, a.reason, json.dumps(dict(a.evidence)))
+                     for a in audit])
+            if deliveries:
+                db.cursor().executemany(
+                    f"INSERT INTO deliveries ({_DELIVERY_COLS}) VALUES ({', '.join(['%s'] * 10)}) "
+                    "ON CONFLICT (id) DO NOTHING", [_delivery_row(d) for d in deliveries])
+
+        return self._submit(op)
+
+    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
+        def op(db) -> None:
+            if expect is None:
+                db.execute("UPDATE jobs SET version = version + 1 WHERE tenant=%s AND job_id=%s", (tenant, job_id))
+            elif db.execute("UPDATE jobs SET version = version + 1 WHERE tenant=%s AND job_id=%s AND version=%s",
+                            (tenant, job_id, expect)).rowcount == 0:
+                raise StaleState(f"job {job_id!r} was changed by another coordinator; retry")
+            _insert_report(db, tenant, job_id, report)
+
+        return self._submit(op)
+
+    def jobs(self) -> list[JobRecord]:
+        return [_job_from_row(r) for r in self._read(f"SELECT {_JOB_COLS} FROM jobs ORDER BY seq")]
+
+    def job(self, tenant: str, job_id: str) -> JobRecord | None:
+        rows = self._read(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant=%s AND job_id=%s", (tenant, job_id))
+        return _job_from_row(rows[0]) if rows else None
+
+    def job_versions(self, tenant: str, job_ids: Sequence[str]) -> dict[str, int]:
+        rows = self._read("SELECT job_id, version FROM jobs WHERE tenant=%s AND job_id = ANY(%s)",
+                          (tenant, list(job_ids)))
+        return dict(rows)
+
+    def job_page(self, tenant: str, status: str | None, limit: int | None, offset: int) -> tuple[list[str], int]:
+        where, args = "tenant=%s", [tenant]
+        if status is not None:
+            where += " AND status=%s"
+            args.append(status)
+        total = self._read(f"SELECT count(*) FROM jobs WHERE {where}", tuple(args))[0][0]
+        rows = self._read(f"SELECT job_id FROM jobs WHERE {where} ORDER BY seq LIMIT %s OFFSET %s",
+                          (*args, limit, offset))
+        return [r[0] for r in rows], total
+
+    def count_active(self, tenant: str) -> int:
+        return self._read("SELECT count(*) FROM jobs WHERE tenant=%s AND status IN ('pending', 'running')",
+                          (tenant,))[0][0]
+
+    def reports(self, tenant: str, job_id: str, after_step: int | None = None,
+                limit: int | None = None) -> list[Report]:
+        rows = self._read(f"SELECT {_REPORT_COLS} FROM reports WHERE tenant=%s AND job_id=%s AND step > %s "
+                          "ORDER BY step LIMIT %s", (tenant, job_id, -1 if after_step is None else after_step, limit))
+        return [Report(*r) for r in rows]
+
+    def report(self, tenant: str, job_id: str, step: int) -> Report | None:
+        rows = self._read(f"SELECT {_REPORT_COLS} FROM reports WHERE tenant=%s AND job_id=%s AND step=%s",
+                          (tenant, job_id, step))
+        return Report(*rows[0]) if rows else None
+
+    def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
+              offset: int = 0) -> list[AuditRecord]:
+        where, args = [], []
+        if tenant is not None:
+            where.append("tenant=%s")
+            args.append(tenant)
+        if job_id is not None:
+            where.append("job_id=%s")
+            args.append(job_id)
+        q = "SELECT tenant, job_id, at, kind, actor, reason, evidence FROM audit"
+        if where:
+            q += " WHERE " + " AND ".join(where)
+        rows = self._read(q + " ORDER BY seq LIMIT %s OFFSET %s", (*args, limit, offset))
+        return [AuditRecord(r[0], r[1], r[2], AuditKind(r[3]), r[4], r[5], json.loads(r[6])) for r in rows]
+
+    # ------------------------------------------------------------------ webhook deliveries
+    def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
+        rows = self._read(
+            f"UPDATE deliveries SET next_at = %s WHERE id IN (SELECT id FROM deliveries WHERE NOT done AND next_at <= %s "
+            f"ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING {_DELIVERY_COLS}",
+            (now + lease_s, now, limit))
+        return sorted((_delivery_from_row(r) for r in rows), key=lambda d: (d.created_at, d.id))
+
+    def update_delivery(self, delivery: Delivery) -> Ticket:
+        row = _delivery_row(delivery)
+        return self._submit(lambda db: db.execute(
+            f"INSERT INTO deliveries ({_DELIVERY_COLS}) VALUES ({', '.join(['%s'] * 10)}) ON CONFLICT (id) DO UPDATE "
+            "SET attempts=EXCLUDED.attempts, next_at=EXCLUDED.next_at, done=EXCLUDED.done, outcome=EXCLUDED.outcome",
+            row))
+
+    def probe(self) -> None:
+        self._write(lambda db: db.execute("SELECT 1"))
+
+    def close(self) -> None:
+        with self._cv:
+            if self._closing:
+                return
+            self._closing = True
+            self._cv.notify()
+        self._writer.join()
+        self._pool.close()
+        self._db.close()
+
+
+def _insert_report(db, tenant: str, job_id: str, r: Report) -> None:
+    db.execute(f"INSERT INTO reports (tenant, job_id, {_REPORT_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+               (tenant, job_id, r.step, r.eval_score, r.train_loss, r.proxy_reward, r.checkpoint, r.received_at))
+
+
+def _safe(dsn: str) -> str:
+    """A DSN for messages, without its password."""
+    import re
+
+    return re.sub(r"(//[^:/@]+):[^@]*@", r"\1:***@", re.sub(r"password=\S+", "password=***", dsn))
