@@ -50,7 +50,8 @@ class EvalStopClient:
     """HTTP client of ``evalstop serve``.
 
     Args:
-        url: the coordinator, e.g. ``http://127.0.0.1:8765``.
+        url: the coordinator, e.g. ``http://127.0.0.1:8765``, or its replicas separated by commas
+            (a replica that does not answer is skipped).
         token: the tenant's bearer token.
         outbox: JSONL file for reports sent while the coordinator is unreachable (default: in memory
             only; pass a path next to the run's output to survive a crash of the training process).

@@ -64,10 +64,13 @@ class Unreachable(Exception):
 
 
 class Transport:
-    """Requests to one coordinator with one bearer token.
+    """Requests to one coordinator (or to replicas of it) with one bearer token.
 
     Args:
-        url: the coordinator, e.g. ``http://127.0.0.1:8765``; token: the tenant's bearer token.
+        url: the coordinator, e.g. ``http://127.0.0.1:8765``, or replicas of one coordinator separated
+            by commas (``http://a:8765,http://b:8765``): a request that gets no answer from one
+            replica (connection error, 5xx) is retried on the next.
+        token: the tenant's bearer token.
         timeout_s: per-request timeout; connect_timeout_s: connection timeout.
         retries: retries per call on connection errors and 5xx; backoff_s: first backoff (doubles).
         probe_interval_s: during an outage, contact the coordinator at most this often.
@@ -79,13 +82,17 @@ class Transport:
                  on_outage: str = "memory") -> None:
         import httpx
 
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, but got {url!r}.")
+        urls = [u.strip().rstrip("/") for u in url.split(",")] if isinstance(url, str) else [url]
+        for u in urls:
+            if not isinstance(u, str) or not u.startswith(("http://", "https://")):
+                raise ValueError(f"url must start with http:// or https://, but got {u!r}.")
         if not token:
             raise ValueError("token is empty; create one with 'evalstop tenants add NAME'.")
-        self.url = url.rstrip("/")
+        self.urls = urls
+        self._current = 0  # the replica that answered last
+        self.url = ",".join(urls)
         self._http = httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"},
+            headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), transport=transport,
         )
         self._httpx = httpx
@@ -98,10 +105,12 @@ class Transport:
              timeout: float | None = None) -> Any:
         httpx = self._httpx
         attempts = 1 + (self.retries if retries is None else retries)
+        attempts = max(attempts, len(self.urls))  # every replica gets one try at least
         last = ""
         for attempt in range(attempts):
+            base = self.urls[self._current]
             try:
-                r = self._http.request(method, path, json=body,
+                r = self._http.request(method, base + path, json=body,
                                        **({} if timeout is None else {"timeout": timeout}))
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
@@ -113,8 +122,10 @@ class Transport:
                         detail = r.json().get("detail", r.text)
                     except ValueError:
                         detail = r.text
-                    raise ClientError.of(method, f"{self.url}{path}", r.status_code, str(detail))
+                    raise ClientError.of(method, f"{base}{path}", r.status_code, str(detail))
                 last = f"HTTP {r.status_code}"
+            if len(self.urls) > 1:
+                self._current = (self._current + 1) % len(self.urls)  # the next replica
             if attempt + 1 < attempts:
                 time.sleep(self.backoff_s * 2**attempt)
         raise Unreachable(last)

@@ -22,6 +22,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from ..core.coordinator import Coordinator
 from ..core.detectors import Decision
@@ -190,7 +191,7 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
         longer running (or, with ``stopped=true``, once it is stopped), or after ``wait`` seconds."""
         deadline = time.monotonic() + wait
         while True:
-            view = coordinator.status(t, job_id)
+            view = await run_in_threadpool(coordinator.status, t, job_id)
             done = view.status == "stopped" if stopped else view.status not in ("pending", "running")
             if done or time.monotonic() >= deadline:
                 return job_dict(view)
@@ -201,8 +202,11 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
         # The decision is in-memory work (microseconds); only durability waits, and it is awaited
         # rather than blocking a thread, so one group commit serves many concurrent reports.
         t0 = time.perf_counter()
-        pending = coordinator.submit_report(t, job_id, body.step, body.eval_score, body.train_loss,
-                                            body.proxy_reward, body.checkpoint)
+        args = (t, job_id, body.step, body.eval_score, body.train_loss, body.proxy_reward, body.checkpoint)
+        if coordinator.store.shared:  # a shared store is read (the job's version) before deciding: not on the loop
+            pending = await run_in_threadpool(coordinator.submit_report, *args)
+        else:
+            pending = coordinator.submit_report(*args)
         if not pending.ticket.done():
             try:
                 await asyncio.wrap_future(pending.ticket)
