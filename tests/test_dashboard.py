@@ -7,6 +7,7 @@ These tests never skip: `make test` installs chromium when it is missing, and `p
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import struct
@@ -205,6 +206,24 @@ def test_pages_of_thousands_of_jobs(page, site):
     page.get_by_role("button", name="Next").click()
     expect(summary).to_have_text(re.compile(r"^101\u2013120 of 120"))
     assert page.locator("#jobs-body tr").count() == 20 and page.locator("#next-page").is_disabled()
+
+
+def test_an_older_server_without_paging_is_paged_in_the_browser(page, site):
+    """A server that ignores ?status/?limit/?offset and sends no X-Total-Count: the page pages itself."""
+    fake = [{"job_id": f"old-{i:03d}", "job_type": "grpo", "status": "stopped" if i % 4 == 0 else "running",
+             "policy": {"detector": "decline", "k": 2}, "decision": None, "best_step": None, "best_score": None,
+             "best_checkpoint": None, "n_reports": 0, "last_step": None, "planned_steps": None, "acked": False}
+            for i in range(120)]
+    page.route(re.compile(r"/v1/jobs\?"), lambda route: route.fulfill(
+        status=200, content_type="application/json", body=json.dumps(fake)))
+    sign_in(page, site, "alice")
+    expect(page.locator("#jobs-summary")).to_have_text("1\u201350 of 120 jobs")
+    page.get_by_role("button", name="Next").click()
+    expect(page.locator("#jobs-summary")).to_have_text("51\u2013100 of 120 jobs")
+    assert row(page, "old-050").count() == 1
+    page.get_by_label("Status").select_option("stopped")
+    expect(page.locator("#jobs-summary")).to_have_text("1\u201330 of 30 stopped jobs")
+    expect(page.locator("#jobs-body tr")).to_have_count(30)
 
 
 def test_job_page_shows_curves_markers_decision_audit_and_checkpoint(page, site, tmp_path):
