@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.evalstop-installed
 
-.PHONY: demo test lint bench reproduce clean setup chromium
+.PHONY: demo test lint bench reproduce clean setup chromium postgres
 
 setup: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium postgres
 	$(PY) -m pytest -q
 
 # The dashboard's browser tests drive the Debian chromium through Playwright (Playwright's own
@@ -26,6 +26,13 @@ test: $(STAMP) chromium
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium for the browser tests"; \
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq chromium' >/dev/null; }
+
+# The store and replica tests start a throwaway PostgreSQL cluster (initdb + pg_ctl, as the postgres
+# user when root); install the server binaries when they are missing.
+postgres:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  echo "installing postgresql for the store tests"; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq postgresql' >/dev/null; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check evalstop_trl platform_sim tests scripts

@@ -1,12 +1,14 @@
 """Load test of `evalstop serve` on loopback, with Optuna's RDBStorage as the anchor.
 
-Starts a real server (fresh SQLite file, free loopback port), registers N jobs that report
-concurrently (each job sends its reports one after another, like a training loop), and measures
-reports/s and latency. Then sends the same report stream through Optuna's RDBStorage on SQLite
-(`trial.report` + `trial.should_prune` with a PatientPruner), N threads. Bounded in count and time;
-stops by itself; loopback only.
+In one run, on the same report stream: `evalstop serve` on SQLite (one process), on PostgreSQL with
+one replica and with two replicas (a throwaway cluster started here, fsync on; the jobs split across
+the replicas as a load balancer would), and Optuna's RDBStorage on SQLite (`trial.report` +
+`trial.should_prune` with a PatientPruner, one thread per job). Each evalstop backend gets N jobs
+that report concurrently (each job sends its reports one after another, like a training loop):
+first as fast as it can (saturation), then paced (one report per job per --interval). Bounded in
+count and time; stops by itself; loopback only.
 
-    python scripts/load_test.py [--jobs 200] [--reports 25] [--max-seconds 120] [--json OUT]
+    python scripts/load_test.py [--jobs 200] [--reports 25] [--backends sqlite,pg1,pg2] [--json OUT]
 """
 
 from __future__ import annotations
@@ -65,14 +67,14 @@ class RawHTTP:
         self.writer.close()
 
 
-async def evalstop_stream(host: str, port: int, token: str, jobs: int, reports: int, deadline: float,
+async def evalstop_stream(host: str, ports: list[int], token: str, jobs: int, reports: int, deadline: float,
                           interval: float = 0.0, prefix: str = "job") -> dict:
     latencies: list[float] = []
     errors = 0
 
     async def job(j: int) -> None:
         nonlocal errors
-        conn = RawHTTP(host, port, token)
+        conn = RawHTTP(host, ports[j % len(ports)], token)  # jobs spread over the replicas
         await conn.connect()
         await asyncio.sleep(interval * j / jobs)  # paced jobs start spread over one interval
         status, _ = await conn.post("/v1/jobs", {"job_id": f"{prefix}-{j}", "job_type": "grpo", "planned_steps": reports,
@@ -153,6 +155,32 @@ def optuna_stream(db: Path, jobs: int, reports: int, deadline: float, interval: 
             "p50_ms": 1000 * pct(latencies, 0.5), "p99_ms": 1000 * pct(latencies, 0.99), "errors": errors}
 
 
+def run_backend(db: str, replicas: int, args: argparse.Namespace) -> dict:
+    """Start ``replicas`` servers over ``db``, run the saturation and the paced stream, stop them."""
+    token = json.loads(subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "add", "load", "--db", db,
+                                       "--json"], check=True, capture_output=True, text=True).stdout)["token"]
+    ports = [free_loopback_port() for _ in range(replicas)]
+    # one tenant sends the whole stream: lift its report-rate quota (1,000/s by default) out of the way,
+    # this measures the server, not the quota (tests/test_security.py tests the quota)
+    servers = [subprocess.Popen([sys.executable, "-m", "evalstop_trl", "serve", "--db", db, "--port", str(port),
+                                 "--log-level", "warning", "--report-rate", "1000000", "--report-burst", "1000000",
+                                 "--max-active-jobs", "100000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for port in ports]
+    try:
+        for port, server in zip(ports, servers, strict=True):
+            if not wait_until_healthy(f"http://127.0.0.1:{port}", 60, server):
+                raise SystemExit(f"evalstop serve over {db} did not start")
+        ours = asyncio.run(evalstop_stream("127.0.0.1", ports, token, args.jobs, args.reports,
+                                           time.monotonic() + args.max_seconds))
+        paced = asyncio.run(evalstop_stream("127.0.0.1", ports, token, args.jobs, args.reports,
+                                            time.monotonic() + args.max_seconds, args.interval, "paced"))
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=30)
+    return {"replicas": replicas, "evalstop": ours, "evalstop_paced": paced}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=200)
@@ -161,51 +189,58 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=1.0,
                     help="paced phase: seconds each job trains between reports (offered load = jobs / interval)")
     ap.add_argument("--skip-optuna", action="store_true")
+    ap.add_argument("--backends", default="sqlite,pg1,pg2", help="sqlite, pg1 (PostgreSQL, one replica), pg2 (two)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if not 1 <= args.jobs <= 2000 or not 1 <= args.reports <= 10_000:
         ap.error("--jobs must be in 1..2000 and --reports in 1..10000")
 
     tmp = Path(tempfile.mkdtemp(prefix="evalstop-load-"))
-    db, port = tmp / "coord.db", free_loopback_port()
-    token = json.loads(subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "add", "load", "--db", str(db),
-                                       "--json"], check=True, capture_output=True, text=True).stdout)["token"]
-    # one tenant sends the whole stream: lift its report-rate quota (1,000/s by default) out of the way,
-    # this measures the server, not the quota (tests/test_security.py tests the quota)
-    server = subprocess.Popen([sys.executable, "-m", "evalstop_trl", "serve", "--db", str(db), "--port", str(port),
-                               "--log-level", "warning", "--report-rate", "1000000", "--report-burst", "1000000",
-                               "--max-active-jobs", "100000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        if not wait_until_healthy(url, 30, server):
-            print("evalstop serve did not start", file=sys.stderr)
-            return 1
-        ours = asyncio.run(evalstop_stream("127.0.0.1", port, token, args.jobs, args.reports,
-                                           time.monotonic() + args.max_seconds))
-        paced = asyncio.run(evalstop_stream("127.0.0.1", port, token, args.jobs, args.reports,
-                                            time.monotonic() + args.max_seconds, args.interval, "paced"))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     results = {"date": date.today().isoformat(),
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-               "jobs": args.jobs, "reports_per_job": args.reports, "interval_s": args.interval,
-               "evalstop": ours, "evalstop_paced": paced}
+               "jobs": args.jobs, "reports_per_job": args.reports, "interval_s": args.interval}
+    backends = [b for b in args.backends.split(",") if b]
+    unknown = set(backends) - {"sqlite", "pg1", "pg2"}
+    if unknown:
+        ap.error(f"unknown backend(s) {', '.join(sorted(unknown))}; valid: sqlite, pg1, pg2")
+    cluster = None
+    try:
+        for backend in backends:
+            if backend == "sqlite":
+                db = str(tmp / "coord.db")
+            else:
+                if cluster is None:
+                    from tests.postgres_server import PostgresCluster
+
+                    cluster = PostgresCluster(fsync=True).start()
+                db = cluster.create_database(f"load_{backend}")
+            replicas = 2 if backend == "pg2" else 1
+            print(f"{backend}: {replicas} replica(s) over {db.split('@')[-1]}", file=sys.stderr, flush=True)
+            results[backend] = run_backend(db, replicas, args)
+    finally:
+        if cluster is not None:
+            cluster.stop()
     if not args.skip_optuna:
         results["optuna_rdb_sqlite"] = optuna_stream(tmp / "optuna.db", args.jobs, args.reports,
                                                      time.monotonic() + args.max_seconds)
         results["optuna_rdb_sqlite_paced"] = optuna_stream(tmp / "optuna.db", args.jobs, args.reports,
                                                            time.monotonic() + args.max_seconds, args.interval, "paced")
-        results["ratio"] = ours["rate"] / results["optuna_rdb_sqlite"]["rate"]
+        if "sqlite" in results:
+            results["ratio"] = results["sqlite"]["evalstop"]["rate"] / results["optuna_rdb_sqlite"]["rate"]
     print(f"{args.jobs} jobs x {args.reports} reports; saturation = no pause between reports, "
           f"paced = one report per job every {args.interval:g} s")
-    print(f"{'system':<44}{'reports':>8}{'seconds':>9}{'reports/s':>11}{'p50 ms':>8}{'p99 ms':>8}{'errors':>7}")
-    for name, key in (("evalstop serve, saturation", "evalstop"), ("Optuna RDBStorage (SQLite), saturation", "optuna_rdb_sqlite"),
-                      ("evalstop serve, paced", "evalstop_paced"), ("Optuna RDBStorage (SQLite), paced", "optuna_rdb_sqlite_paced")):
-        if key in results:
-            r = results[key]
-            print(f"{name:<44}{r['reports']:>8}{r['seconds']:>9.1f}{r['rate']:>11.0f}{r['p50_ms']:>8.1f}"
-                  f"{r['p99_ms']:>8.1f}{r['errors']:>7}")
+    print(f"{'system':<52}{'reports':>8}{'seconds':>9}{'reports/s':>11}{'p50 ms':>8}{'p99 ms':>8}{'errors':>7}")
+    rows = []
+    for phase, suffix in (("saturation", ""), ("paced", "_paced")):
+        for backend, label in (("sqlite", "evalstop serve, SQLite"), ("pg1", "evalstop serve, PostgreSQL, 1 replica"),
+                               ("pg2", "evalstop serve, PostgreSQL, 2 replicas")):
+            if backend in results:
+                rows.append((f"{label}, {phase}", results[backend]["evalstop" + suffix]))
+        if "optuna_rdb_sqlite" + suffix in results:
+            rows.append((f"Optuna RDBStorage (SQLite), {phase}", results["optuna_rdb_sqlite" + suffix]))
+    for name, r in rows:
+        print(f"{name:<52}{r['reports']:>8}{r['seconds']:>9.1f}{r['rate']:>11.0f}{r['p50_ms']:>8.1f}"
+              f"{r['p99_ms']:>8.1f}{r['errors']:>7}")
     if "ratio" in results:
         print(f"saturation throughput, evalstop / optuna: {results['ratio']:.1f}x")
     if args.json:

@@ -25,7 +25,8 @@ def find_bin(name: str) -> str:
 
 
 class PostgresCluster:
-    def __init__(self) -> None:
+    def __init__(self, fsync: bool = False) -> None:
+        self.fsync = fsync  # off for tests (speed); on for benchmarks (honest durability)
         self.root = Path(tempfile.mkdtemp(prefix="evalstop-pg-"))
         self.data = self.root / "data"
         self.port = free_loopback_port()
@@ -40,7 +41,7 @@ class PostgresCluster:
         if self.as_root:
             shutil.chown(self.root, "postgres", "postgres")
         self._run(find_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
-        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync={'on' if self.fsync else 'off'} "
                 "-c max_connections=200 -c shared_buffers=64MB")
         self._run(find_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"), "-o", opts, "-w", "start")
         return self
