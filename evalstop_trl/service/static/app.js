@@ -196,7 +196,9 @@ function jobsView(status, page) {
     cells[5].textContent = fmtStep(job.best_step);
     cells[6].textContent = fmtNum(job.best_score);
     const reason = job.status === "stopped" && job.decision ? job.decision.reason : "";
-    cells[7].textContent = reason;
+    let clip = cells[7].firstChild;
+    if (!clip) { clip = h("span", { class: "clip" }); cells[7].appendChild(clip); }
+    clip.textContent = reason;
     cells[7].title = reason;
     return tr;
   }
