@@ -21,15 +21,23 @@ Example::
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+
 from .config import ClusterConfig
 
 __all__ = ["Cluster"]
 
 
 class Cluster:
-    """Free GPUs per node and which node GPUs each running job holds."""
+    """Free GPUs per node and which node GPUs each running job holds.
 
-    __slots__ = ("total_gpus", "free", "node_free", "gpus_per_node", "pack_small_jobs", "_alloc")
+    Nodes are kept in buckets by their free GPUs (``_level[f]``: the nodes with exactly ``f`` free GPUs,
+    in index order; full nodes are in no bucket), so a placement touches only the buckets it takes
+    from instead of sorting every node: O(gpus_per_node + parts) per job, whatever the cluster's size.
+    """
+
+    __slots__ = ("total_gpus", "free", "node_free", "gpus_per_node", "pack_small_jobs", "_alloc", "_level",
+                 "_pack_max")
 
     def __init__(self, nodes: int, gpus_per_node: int, pack_small_jobs: bool = False) -> None:
         self.total_gpus = nodes * gpus_per_node
@@ -38,6 +46,11 @@ class Cluster:
         self.gpus_per_node = gpus_per_node
         self.pack_small_jobs = pack_small_jobs
         self._alloc: dict[int, list[tuple[int, int]]] = {}  # job id -> [(node, GPUs), ...]
+        self._level: list[list[int]] = [[] for _ in range(gpus_per_node + 1)]
+        self._level[gpus_per_node] = list(range(nodes))
+        # ``g <= nodes`` (GPUs vs the number of nodes) is how packing has always been decided; the
+        # recorded results depend on it, so it is kept.
+        self._pack_max = min(nodes, gpus_per_node) if pack_small_jobs else 0
 
     @classmethod
     def from_config(cls, cfg: ClusterConfig) -> Cluster:
@@ -52,24 +65,37 @@ class Cluster:
         g = gpus
         if g > self.free:
             return False
-        node_free = self.node_free
-        # ``g <= len(node_free)`` (GPUs vs the number of nodes) is how packing has always been decided;
-        # the recorded results depend on it, so it is kept.
-        if self.pack_small_jobs and g <= len(node_free) and g <= self.gpus_per_node:
-            fitting = [i for i, f in enumerate(node_free) if f >= g]
-            if not fitting:
+        node_free, level = self.node_free, self._level
+        if g <= self._pack_max:  # best fit: the fullest node that has room, the lowest index first
+            for f in range(g, self.gpus_per_node + 1):
+                if level[f]:
+                    node = level[f].pop(0)
+                    if f > g:
+                        insort(level[f - g], node)
+                    node_free[node] = f - g
+                    self._alloc[job_id] = [(node, g)]
+                    break
+            else:
                 return False
-            node = min(fitting, key=lambda i: (node_free[i], i))  # best fit
-            node_free[node] -= g
-            self._alloc[job_id] = [(node, g)]
-        else:
+        else:  # spread: the emptiest nodes first (the lowest index first among equals)
             parts, need = [], g
-            for i in sorted(range(len(node_free)), key=lambda i: -node_free[i]):
-                take = min(need, node_free[i])
-                if take:
-                    node_free[i] -= take
-                    parts.append((i, take))
-                    need -= take
+            for f in range(self.gpus_per_node, 0, -1):
+                nodes = level[f]
+                if not nodes:
+                    continue
+                whole = min(len(nodes), need // f)  # nodes drained completely
+                if whole:
+                    for node in nodes[:whole]:
+                        node_free[node] = 0
+                        parts.append((node, f))
+                    del nodes[:whole]
+                    need -= whole * f
+                if need and nodes:  # the last part: less than this node has free
+                    node = nodes.pop(0)
+                    node_free[node] = f - need
+                    insort(level[f - need], node)
+                    parts.append((node, need))
+                    need = 0
                 if not need:
                     break
             self._alloc[job_id] = parts
@@ -78,7 +104,12 @@ class Cluster:
 
     def release(self, job_id: int, gpus: int) -> None:
         """Give back every GPU ``job_id`` holds."""
-        node_free = self.node_free
+        node_free, level = self.node_free, self._level
         for node, g in self._alloc.pop(job_id):
-            node_free[node] += g
+            f = node_free[node]
+            if f:
+                nodes = level[f]
+                del nodes[bisect_left(nodes, node)]
+            node_free[node] = f + g
+            insort(level[f + g], node)
         self.free += gpus

@@ -23,14 +23,18 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from heapq import heapify
+from heapq import heappop as _heappop
+from heapq import heappush as _heappush
 
 from .cluster import Cluster
 from .config import SimConfig
 from .events import Event, EventQueue
 from .jobs import Phase, SimJob, Timing
 from .overlays import Overlay
-from .schedulers import Scheduler
-from .views import JobView
+from .planning import WaitingLine, greedy_cut
+from .schedulers import Scheduler, uses_priority
+from .views import VirtualClock
 from .workload import Workload
 
 __all__ = ["JobOutcome", "RunResult", "Simulation"]
@@ -81,16 +85,24 @@ class Simulation:
     def __init__(self, workload: Workload, cfg: SimConfig, scheduler: Scheduler, overlay: Overlay) -> None:
         self.workload, self.cfg, self.scheduler, self.overlay = workload, cfg, scheduler, overlay
         self.queue = EventQueue()
+        self.clock = VirtualClock()  # the overlays' copy of the time, set at every instant
         self.cluster = Cluster.from_config(cfg.cluster)
         self.restart_s = cfg.workload.restart_overhead_s
         n = workload.n_evals
         self.jobs = [SimJob(s, t, Timing.of(t.duration_s, cfg, n)) for s, t in zip(workload.jobs, workload.truths, strict=True)]
-        for j in self.jobs:
-            j.view = JobView(j, self.queue)  # a view reads the clock's ``now``
         self.waiting: dict[int, SimJob] = {}
         self.running: dict[int, SimJob] = {}
         self.events = 0
         self.departed = 0
+        # a priority scheduler's jobs stay sorted (planning.py); other schedulers order snapshots
+        self._line = WaitingLine() if uses_priority(scheduler) else None
+        self._bounds: list[tuple[float, int, int]] = []  # running jobs' (-priority bound, id, token), a heap
+        self._running_gpus = 0
+        # overlays that do not override a hook are not called (no snapshot is built for them)
+        kind = type(overlay)
+        self._watch_arrivals = kind.on_arrival is not Overlay.on_arrival
+        self._watch_evals = kind.on_eval is not Overlay.on_eval
+        self._cuts = kind.cut_progress is not Overlay.cut_progress
 
     @property
     def now(self) -> float:
@@ -99,7 +111,7 @@ class Simulation:
     # ------------------------------------------------------------------ the loop
     def run(self) -> RunResult:
         queue = self.queue
-        self.overlay.attach(lambda: queue.now, self.workload.n_evals)
+        self.overlay.attach(self.clock, self.workload.n_evals)
         for j in self.jobs:
             queue.push(j.spec.arrival_s, _ARRIVAL, j.spec.job_id)
         if self.scheduler.round_s:
@@ -112,14 +124,16 @@ class Simulation:
     def step(self) -> None:
         """One instant: apply every event due now, then plan once if anything changed."""
         jobs, replan, round_now = self.jobs, False, False
-        for t, kind, _, jid, version in self.queue.pop_due():
+        queue = self.queue
+        self.clock.now = queue.peek()
+        for t, kind, _, jid, version in queue.pop_due():
             self.events += 1
             if kind is _ARRIVAL:
                 self._on_arrival(jobs[jid])
                 replan = True
             elif kind is _SCHED_ROUND:
                 round_now = replan = True
-                self.queue.push(t + self.scheduler.round_s, _SCHED_ROUND)
+                queue.push(t + self.scheduler.round_s, _SCHED_ROUND)
             else:
                 job = jobs[jid]
                 if version != job.version or job.phase is not _RUNNING:
@@ -135,28 +149,31 @@ class Simulation:
     # ------------------------------------------------------------------ events
     def _on_arrival(self, job: SimJob) -> None:
         job.arrive()
-        self.waiting[job.spec.job_id] = job
-        self.overlay.on_arrival(job.view)
-        cut = self.overlay.cut_progress(job.spec.job_id)
-        if cut is not None and cut < 1.0:
-            job.end_work = job.timing.work_at(cut)
+        self._wait(job)
+        if self._watch_arrivals:
+            self.overlay.on_arrival(job.snapshot(self.queue.now))
+        if self._cuts:
+            cut = self.overlay.cut_progress(job.spec.job_id)
+            if cut is not None and cut < 1.0:
+                job.end_work = job.timing.work_at(cut)
 
     def _on_eval(self, job: SimJob) -> bool:
         """Returns True if the job left the cluster."""
         now = self.queue.now
         i = job.next_eval
-        job.work = i * job.timing.seg_len
+        timing = job.timing
+        job.work = i * timing.seg_len
         job.run_since = now  # work is exact at this instant
         job.evals_done = i
         job.next_eval = i + 1
         truth = job.truth
-        score, loss, proxy = truth.scores[i - 1], truth.losses[i - 1], truth.proxies[i - 1]
+        score, loss = truth.scores[i - 1], truth.losses[i - 1]
         job.scores_seen.append(score)
-        job.loss_history.append((job.gpu_seconds_at(now) / 3600.0, loss))
+        job.loss_history.append(((job.gpu_seconds + (now - job.started_at) * job.spec.gpus) / 3600.0, loss))
         if score > job.best_score:
             job.best_score, job.best_eval = score, i
-        stop = self.overlay.on_eval(job.view, i, score, loss, proxy)
-        if i >= job.timing.n:
+        stop = self._watch_evals and self.overlay.on_eval(job.snapshot(now), i, score, loss, truth.proxies[i - 1])
+        if i >= timing.n:
             self._depart(job, stopped=False)
             return True
         if stop or job.work >= job.end_work - 1e-9:
@@ -167,9 +184,17 @@ class Simulation:
 
     # ------------------------------------------------------------------ plan -> place -> apply
     def _plan(self, allow_preempt: bool) -> None:
-        sched, now = self.scheduler, self.queue.now
-        if sched.preemptive and allow_preempt:
-            active = [j.view for j in self.running.values()] + [j.view for j in self.waiting.values()]
+        sched = self.scheduler
+        preempt = sched.preemptive and allow_preempt
+        if self._line is not None:
+            if preempt:
+                self._plan_cut()
+            else:
+                self._plan_line()
+            return
+        now = self.queue.now
+        if preempt:
+            active = [j.snapshot(now) for j in self.running.values()] + [j.snapshot(now) for j in self.waiting.values()]
             order = sched.order(active, now)
             free, chosen = self.cluster.total_gpus, []
             for v in order:  # the GPUs go down the order by count; placement may still refuse one
@@ -186,35 +211,114 @@ class Simulation:
             cluster = self.cluster
             if not self.waiting or cluster.free == 0:
                 return
-            order = sched.order([j.view for j in self.waiting.values()], now)
+            order = sched.order([j.snapshot(now) for j in self.waiting.values()], now)
             for v in order:
                 if cluster.free == 0:
                     break
                 if not self._start(self.jobs[v.job_id]) and not sched.backfill:
                     break
 
-    def _start(self, job: SimJob) -> bool:
+    def _plan_line(self) -> None:
+        """Non-preemptive: start waiting jobs in priority order while GPUs are free."""
+        line, cluster, jobs = self._line, self.cluster, self.jobs
+        backfill = self.scheduler.backfill
+        blocked: set[int] = set()  # sizes placement refused in this plan (packing): it refuses them all
+        while cluster.free and line.n:
+            entry = line.first_fitting(cluster.free, blocked) if backfill else line.first()
+            if entry is None:
+                break
+            if not self._start(jobs[entry[1]]):
+                if not backfill:
+                    break
+                blocked.add(entry[2])
+
+    def _plan_cut(self) -> None:
+        """Preemptive: the plan a sort of every active job by priority gives, from the jobs that matter."""
+        line, cluster, jobs = self._line, self.cluster, self.jobs
+        if not line.n:
+            return  # every running job keeps its GPUs
+        if line.gpus <= cluster.free:  # every waiting job fits: nobody is preempted, all start in order
+            for _, jid, _ in line.in_order():
+                self._start(jobs[jid])
+            return
+        first = line.first()
+        late = self._late_running(first)
+        start, preempt = greedy_cut(cluster.total_gpus, self._running_gpus - sum(e[2] for e in late), late, line)
+        for jid in preempt:
+            self._preempt(jobs[jid])
+        for jid in start:
+            self._start(jobs[jid])
+
+    def _late_running(self, first: tuple[float, int, int]) -> list[tuple[float, int, int]]:
+        """Running jobs whose priority now is at or above the first waiting job's, sorted.
+
+        Running priorities only fall, so each job's last computed priority bounds it from above; only
+        jobs whose bound reaches ``first`` (less a margin for rounding) are re-evaluated."""
+        bounds, jobs, now, priority = self._bounds, self.jobs, self.queue.now, self.scheduler.priority
+        threshold = first[0] - 1e-9 * (abs(first[0]) + 1.0)
+        late, checked = [], []
+        while bounds:
+            neg, jid, token = bounds[0]
+            job = jobs[jid]
+            if token != job.token:
+                _heappop(bounds)  # the job left its GPUs or was re-evaluated since
+                continue
+            if -neg < threshold:
+                break  # this job and all below it come before every waiting job
+            _heappop(bounds)
+            p = job.priority = priority(job.snapshot(now))
+            checked.append(job)
+            entry = (p, jid, job.spec.gpus)
+            if entry >= first:
+                late.append(entry)
+        for job in checked:
+            job.token += 1
+            _heappush(bounds, (-job.priority, job.spec.job_id, job.token))
+        if len(bounds) > 2 * len(self.running) + 64:  # drop stale entries now and then
+            self._bounds = [(-j.priority, jid, j.token) for jid, j in self.running.items()]
+            heapify(self._bounds)
+        late.sort()
+        return late
+
+    def _wait(self, job: SimJob) -> None:
         jid = job.spec.job_id
-        if not self.cluster.place(jid, job.spec.gpus):
+        self.waiting[jid] = job
+        if self._line is not None:
+            job.priority = p = self.scheduler.priority(job.snapshot(self.queue.now))
+            self._line.add(p, jid, job.spec.gpus)
+
+    def _start(self, job: SimJob) -> bool:
+        jid, gpus = job.spec.job_id, job.spec.gpus
+        if not self.cluster.place(jid, gpus):
             return False
         del self.waiting[jid]
         self.running[jid] = job
+        self._running_gpus += gpus
+        if self._line is not None:
+            self._line.remove(job.priority, jid, gpus)
+            if self.scheduler.preemptive:  # its waiting priority bounds its priority while it runs
+                job.token += 1
+                _heappush(self._bounds, (-job.priority, jid, job.token))
         job.start(self.queue.now, self.restart_s)
         self._schedule_next(job)
         return True
 
     def _preempt(self, job: SimJob) -> None:
-        jid = job.spec.job_id
-        self.cluster.release(jid, job.spec.gpus)
+        self._leave(job)
         job.preempt(self.queue.now)
-        del self.running[jid]
-        self.waiting[jid] = job
+        self._wait(job)
 
     def _depart(self, job: SimJob, stopped: bool) -> None:
-        self.cluster.release(job.spec.job_id, job.spec.gpus)
+        self._leave(job)
         job.depart(self.queue.now, stopped)
-        del self.running[job.spec.job_id]
         self.departed += 1
+
+    def _leave(self, job: SimJob) -> None:
+        jid, gpus = job.spec.job_id, job.spec.gpus
+        self.cluster.release(jid, gpus)
+        del self.running[jid]
+        self._running_gpus -= gpus
+        job.token += 1
 
     def _schedule_next(self, job: SimJob) -> None:
         eval_work = job.next_eval * job.timing.seg_len

@@ -29,6 +29,7 @@ from enum import Enum
 from evalstop_trl.core.lifecycle import Lifecycle, transitions
 
 from .config import SimConfig
+from .views import JobSnapshot
 from .workload import JobSpec, JobTruth
 
 __all__ = ["PHASE_MOVES", "Phase", "SimJob", "Timing"]
@@ -58,6 +59,7 @@ class Phase(Lifecycle, str, Enum):
 
 # bound once: Enum member lookups are slow on the hot path
 _UPCOMING, _PENDING, _RUNNING, _PREEMPTED, _COMPLETED, _STOPPED = Phase
+_new_snapshot = tuple.__new__  # JobSnapshot's fields in one tuple, without NamedTuple's keyword __new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +98,12 @@ class Timing:
 
 
 class SimJob:
-    """The engine's record of one job. Policies never see it: they get its ``view``."""
+    """The engine's record of one job. Policies never see it: they get a :meth:`snapshot`."""
 
     __slots__ = (
         "spec", "truth", "timing", "phase", "end_work", "work", "run_since", "started_at", "restart_until",
         "version", "next_eval", "evals_done", "scores_seen", "loss_history", "gpu_seconds", "ovh_seconds",
-        "waiting_since", "first_start", "departure", "best_eval", "best_score", "restarts", "view",
+        "waiting_since", "first_start", "departure", "best_eval", "best_score", "restarts", "priority", "token",
     )
 
     def __init__(self, spec: JobSpec, truth: JobTruth, timing: Timing) -> None:
@@ -122,6 +124,10 @@ class SimJob:
         self.best_eval = 0
         self.best_score = -math.inf
         self.restarts = 0
+        # the engine's planning bookkeeping: the scheduler's priority while waiting (an upper bound of
+        # it while running), and a counter that invalidates the job's older entries in the planner's heap
+        self.priority = math.inf
+        self.token = 0
 
     # ------------------------------------------------------------------ derived state
     @property
@@ -147,6 +153,21 @@ class SimJob:
     def gpu_seconds_at(self, t: float) -> float:
         held = (t - self.started_at) if self.phase is _RUNNING else 0.0
         return self.gpu_seconds + held * self.spec.gpus
+
+    def snapshot(self, t: float) -> JobSnapshot:
+        """What a policy may see of this job at time ``t``: values copied out, no reference back."""
+        spec = self.spec
+        if self.phase is _RUNNING:
+            work = self.work + (t - self.run_since if t > self.run_since else 0.0)
+            held = t - self.started_at
+            running = True
+        else:
+            work, held, running = self.work, 0.0, False
+        return _new_snapshot(JobSnapshot, (
+            spec.job_id, spec.job_type, spec.rlhf, spec.gpus, spec.arrival_s, spec.est_duration_s,
+            self.timing.progress_of(work), running, self.waiting_since, self.evals_done,
+            tuple(self.scores_seen), tuple(self.loss_history), (self.gpu_seconds + held * spec.gpus) / 3600.0,
+        ))
 
     # ------------------------------------------------------------------ transitions
     def arrive(self) -> None:

@@ -34,7 +34,7 @@ from evalstop_trl.core.records import JobType, Policy, Quotas
 from evalstop_trl.core.registry import Registry
 from evalstop_trl.stores.memory import MemoryStore
 
-from .views import JobView
+from .views import JobSnapshot
 from .workload import Workload
 
 __all__ = ["OVERLAYS", "DetectorOverlay", "Overlay", "OracleOverlay", "create_overlay", "overlay_block_keys"]
@@ -55,12 +55,13 @@ class Overlay:
     is_oracle = False
 
     def attach(self, clock: Callable[[], float], n_evals: int) -> None:
-        """Called once by the engine before the run."""
+        """Called once by the engine before the run. ``clock()`` is the simulated time (a
+        :class:`~platform_sim.views.VirtualClock`: one float the engine sets, nothing else)."""
 
-    def on_arrival(self, job: JobView) -> None:
+    def on_arrival(self, job: JobSnapshot) -> None:
         """A job arrived."""
 
-    def on_eval(self, job: JobView, step: int, score: float, loss: float, proxy: float) -> bool:
+    def on_eval(self, job: JobSnapshot, step: int, score: float, loss: float, proxy: float) -> bool:
         """An eval finished (``step`` = eval index, 1-based). Return True to stop the job now."""
         return False
 

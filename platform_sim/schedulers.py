@@ -1,5 +1,14 @@
-"""Base schedulers (policies). Each returns a priority order over job views; the engine's
-mechanism places jobs in that order. Policies never advance time or touch shared state.
+"""Base schedulers (policies). Each puts jobs in line for the GPUs; the engine's mechanism places
+them in that order. Policies see only :class:`~platform_sim.views.JobSnapshot` records, never
+advance time and never touch shared state.
+
+A scheduler puts jobs in line in one of two ways:
+
+* a **priority** (:meth:`Scheduler.priority`: a number per job, lower first, ties by job id) that the
+  engine keeps jobs sorted by and updates only when a job changes, so planning costs O(changes)
+  instead of a sort of every active job (FIFO, SJF-Est, SRTF-Est);
+* an **order** (:meth:`Scheduler.order`) over snapshots of every job it plans for, for rules that
+  rank jobs against each other or against the clock (LossAware).
 
 Schedulers are registered in :data:`SCHEDULERS` and take their own parameters, checked against
 their constructor's signature (a config names them as ``scheduler.<name>.<parameter>``)::
@@ -15,19 +24,18 @@ their constructor's signature (a config names them as ``scheduler.<name>.<parame
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
 from evalstop_trl.core.registry import Registry
 
-from .views import JobView
+from .views import JobSnapshot
 
-__all__ = ["SCHEDULERS", "Scheduler", "create_scheduler"]
+__all__ = ["SCHEDULERS", "Scheduler", "create_scheduler", "uses_priority"]
 
 
-class Scheduler(ABC):
-    """A base scheduling policy.
+class Scheduler:
+    """A base scheduling policy: override :meth:`priority` or :meth:`order`.
 
     Attributes:
         preemptive: may take GPUs from running jobs (the engine then re-plans over all active jobs).
@@ -40,9 +48,25 @@ class Scheduler(ABC):
     backfill = True
     round_s: float | None = None
 
-    @abstractmethod
-    def order(self, jobs: Sequence[JobView], now: float) -> list[JobView]:
-        """Jobs in the order they should get GPUs."""
+    def priority(self, job: JobSnapshot) -> float:
+        """The job's place in line: lower goes first, ties go to the lower job id.
+
+        The engine asks once when a job starts waiting (a waiting job's snapshot does not change) and,
+        for a preemptive scheduler, again for running jobs near the cut-off. So a running job's
+        priority must never grow while it runs (SRTF's remaining time only shrinks); the engine
+        re-evaluates a running job only when its last priority could still change the plan.
+        """
+        raise NotImplementedError(f"scheduler {self.name!r} orders jobs with order(), not priority()")
+
+    def order(self, jobs: Sequence[JobSnapshot], now: float) -> list[JobSnapshot]:
+        """Jobs in the order they should get GPUs (by default: by :meth:`priority`, then job id)."""
+        priority = self.priority
+        return sorted(jobs, key=lambda j: (priority(j), j.job_id))
+
+
+def uses_priority(scheduler: Scheduler) -> bool:
+    """True if ``scheduler`` ranks jobs by :meth:`Scheduler.priority` (the engine plans incrementally)."""
+    return type(scheduler).priority is not Scheduler.priority
 
 
 def _number(name: str, value: Any) -> float:
@@ -71,8 +95,8 @@ class FIFO(Scheduler):
             raise ValueError(f"backfill must be true or false, but got backfill={backfill!r}.")
         self.backfill = backfill
 
-    def order(self, jobs, now):
-        return sorted(jobs, key=lambda v: (v.arrival_s, v.job_id))
+    def priority(self, job):
+        return job.arrival_s
 
 
 @SCHEDULERS.register()
@@ -81,8 +105,8 @@ class SJFEst(Scheduler):
 
     name = "sjf_est"
 
-    def order(self, jobs, now):
-        return sorted(jobs, key=lambda v: (v.est_duration_s, v.job_id))
+    def priority(self, job):
+        return job.est_duration_s
 
 
 @SCHEDULERS.register()
@@ -92,8 +116,8 @@ class SRTFEst(Scheduler):
     name = "srtf_est"
     preemptive = True
 
-    def order(self, jobs, now):
-        return sorted(jobs, key=lambda v: (v.est_duration_s * (1.0 - v.progress), v.job_id))
+    def priority(self, job):
+        return job.est_duration_s * (1.0 - job.progress)
 
 
 def predicted_gain_per_gpu_hour(history: Sequence[tuple[float, float]]) -> float:
@@ -129,7 +153,7 @@ class LossAware(Scheduler):
         self._promoted: dict[int, tuple[int, float]] = {}
 
     def order(self, jobs, now):
-        def key(v: JobView):
+        def key(v: JobSnapshot):
             history = v.loss_history
             if len(history) < 2:
                 return (0, v.arrival_s, 0.0, v.job_id)

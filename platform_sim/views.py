@@ -1,91 +1,67 @@
-"""The information boundary: read-only job views with whitelisted fields.
+"""The information boundary: what schedulers and overlays may know about a job, copied out.
 
-Schedulers and overlays get :class:`JobView` objects. A view exposes only what a real platform
-knows (type, GPUs, arrival, the duration *estimate*, progress, eval scores and loss history); asking
-for anything else, such as the true duration or the hacking label, raises
-:class:`InformationBoundaryError`, and views cannot be modified.
+Schedulers and overlays receive :class:`JobSnapshot` records: plain, immutable values copied out of
+the engine's state at one instant (the fields in :data:`VISIBLE_FIELDS`: what a real platform knows —
+type, GPUs, arrival, the duration *estimate*, progress, eval scores and loss history). A snapshot
+holds no reference to the job, the simulation, the workload or the ground truth, so nothing reachable
+from it (attributes, ``__slots__``, ``gc.get_referents``) leads there; asking for a hidden field such
+as the true duration or the hacking label raises :class:`InformationBoundaryError`. Overlays read
+the simulated time from a :class:`VirtualClock`, an object holding one float that the engine sets at
+each instant (not a closure over the simulation).
+
+This is a wall of references, not a sandbox: code in the same interpreter can still walk the call
+stack (``sys._getframe``) or scan every live object (``gc.get_objects``); only a process boundary
+stops that (``tests/test_sim_wall.py`` lists what is and is not defended).
+
+Example::
+
+    >>> s = JobSnapshot(3, "rlhf_grpo", True, 8, 0.0, 7200.0, 0.25, True, 0.0, 2, (0.1, 0.3),
+    ...                 ((1.0, 0.9), (2.0, 0.8)), 2.5)
+    >>> s.est_duration_s * (1 - s.progress), s.eval_scores[-1]
+    (5400.0, 0.3)
+    >>> s.duration_s
+    Traceback (most recent call last):
+    ...
+    platform_sim.views.InformationBoundaryError: 'duration_s' is not visible to scheduling policies; visible fields: job_id, job_type, rlhf, gpus, arrival_s, est_duration_s, progress, running, waiting_since, evals_done, eval_scores, loss_history, gpu_hours
+    >>> clock = VirtualClock(60.0)
+    >>> clock()
+    60.0
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["InformationBoundaryError", "JobView", "VISIBLE_FIELDS"]
-
-VISIBLE_FIELDS = (
-    "job_id", "job_type", "rlhf", "gpus", "arrival_s", "est_duration_s", "progress", "running",
-    "waiting_since", "evals_done", "eval_scores", "loss_history", "gpu_hours",
-)
+__all__ = ["InformationBoundaryError", "JobSnapshot", "VirtualClock", "VISIBLE_FIELDS"]
 
 
 class InformationBoundaryError(AttributeError):
-    """A policy tried to read a field it may not see."""
+    """A policy tried to read a field it may not see, or to change a snapshot."""
 
 
-class JobView:
-    """Read-only view of one simulated job for schedulers and overlays."""
+class _Visible(NamedTuple):
+    job_id: int
+    job_type: str
+    rlhf: bool
+    gpus: int
+    arrival_s: float
+    est_duration_s: float
+    progress: float  # training steps done / planned steps, in [0, 1]
+    running: bool
+    waiting_since: float
+    evals_done: int
+    eval_scores: tuple[float, ...]
+    loss_history: tuple[tuple[float, float], ...]  # (GPU-hours used so far, train loss) at each eval
+    gpu_hours: float
 
-    __slots__ = ("_JobView__job", "_JobView__sim")
 
-    def __init__(self, job: Any, sim: Any) -> None:
-        object.__setattr__(self, "_JobView__job", job)
-        object.__setattr__(self, "_JobView__sim", sim)
+VISIBLE_FIELDS: tuple[str, ...] = _Visible._fields
 
-    # visible, static
-    @property
-    def job_id(self) -> int:
-        return self.__job.spec.job_id
 
-    @property
-    def job_type(self) -> str:
-        return self.__job.spec.job_type
+class JobSnapshot(_Visible):
+    """One job as a policy may see it at one instant: frozen values, no references into the engine."""
 
-    @property
-    def rlhf(self) -> bool:
-        return self.__job.spec.rlhf
-
-    @property
-    def gpus(self) -> int:
-        return self.__job.spec.gpus
-
-    @property
-    def arrival_s(self) -> float:
-        return self.__job.spec.arrival_s
-
-    @property
-    def est_duration_s(self) -> float:
-        return self.__job.spec.est_duration_s
-
-    # visible, dynamic
-    @property
-    def progress(self) -> float:
-        """Training steps done / planned steps, in [0, 1]."""
-        return self.__job.progress(self.__sim.now)
-
-    @property
-    def running(self) -> bool:
-        return self.__job.running
-
-    @property
-    def waiting_since(self) -> float:
-        return self.__job.waiting_since
-
-    @property
-    def evals_done(self) -> int:
-        return self.__job.evals_done
-
-    @property
-    def eval_scores(self) -> tuple[float, ...]:
-        return tuple(self.__job.scores_seen)
-
-    @property
-    def loss_history(self) -> tuple[tuple[float, float], ...]:
-        """(GPU-hours used so far, train loss) at each eval."""
-        return tuple(self.__job.loss_history)
-
-    @property
-    def gpu_hours(self) -> float:
-        return self.__job.gpu_seconds_at(self.__sim.now) / 3600.0
+    __slots__ = ()
 
     def __getattr__(self, name: str) -> Any:
         raise InformationBoundaryError(
@@ -93,7 +69,24 @@ class JobView:
         )
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise InformationBoundaryError(f"job views are read-only (tried to set {name!r})")
+        raise InformationBoundaryError(f"job snapshots are read-only (tried to set {name!r})")
 
     def __repr__(self) -> str:
-        return f"JobView(job_id={self.job_id}, job_type={self.job_type!r}, gpus={self.gpus})"
+        return f"JobSnapshot(job_id={self.job_id}, job_type={self.job_type!r}, gpus={self.gpus}, progress={self.progress:.3f})"
+
+
+class VirtualClock:
+    """The simulated time in seconds, as an overlay's Coordinator reads it (``clock()``).
+
+    It holds one float, set by the engine at every instant; it knows nothing else about the run."""
+
+    __slots__ = ("now",)
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def __repr__(self) -> str:
+        return f"VirtualClock(now={self.now!r})"

@@ -14,7 +14,7 @@ from platform_sim.experiments import simulate
 from platform_sim.jobs import Timing
 from platform_sim.policies import build_overlay, build_scheduler
 from platform_sim.schedulers import SCHEDULERS
-from platform_sim.views import InformationBoundaryError
+from platform_sim.views import VISIBLE_FIELDS, InformationBoundaryError
 from platform_sim.workload import generate_workload
 
 from .sim_helpers import job, small_config, workload
@@ -131,12 +131,13 @@ def test_oracle_stops_at_the_true_peak_and_is_marked():
     assert res.outcomes[0].departure_s == pytest.approx(0.3 * 4 * 3600)
 
 
-def test_views_enforce_the_information_boundary():
+def test_snapshots_enforce_the_information_boundary():
     cfg = small_config()
     wl = workload(job(0, 8, 0, 4))
     sim = Simulation(wl, cfg, build_scheduler(cfg, "fifo"), build_overlay(cfg, wl, "none"))
-    view = sim.jobs[0].view
+    view = sim.jobs[0].snapshot(0.0)
     assert view.gpus == 8 and view.est_duration_s == 4 * 3600 and view.progress == 0.0
+    assert view._fields == VISIBLE_FIELDS
     for hidden in ("duration_s", "truth", "hacked", "scores", "peak_progress", "spec"):
         with pytest.raises(InformationBoundaryError, match="not visible"):
             getattr(view, hidden)
