@@ -32,6 +32,7 @@ instant (then the engine plans once)::
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Iterator
 from enum import IntEnum
@@ -56,43 +57,46 @@ class Event(IntEnum):
 
 
 class EventQueue:
-    """A min-heap of events and the simulation clock ``now`` (advanced only by :meth:`pop`)."""
+    """A min-heap of events and the simulation clock ``now`` (advanced only by popping).
 
-    __slots__ = ("now", "_heap", "_seq")
+    ``heap`` is the heap itself: the engine drains an instant from it directly on its hot path
+    (pop with ``heapq.heappop``, set ``now``; see ``Simulation.step``), and pushes only through
+    :meth:`push`, which numbers the events."""
+
+    __slots__ = ("now", "heap", "_seq")
 
     def __init__(self, now: float = 0.0) -> None:
         self.now = now
-        self._heap: list[QueuedEvent] = []
-        self._seq = 0
+        self.heap: list[QueuedEvent] = []
+        self._seq = itertools.count(1)
 
     def push(self, time: float, kind: Event, job_id: int = -1, version: int = 0) -> None:
         """Queue an event of ``kind`` at ``time`` (never before ``now``) for ``job_id`` (-1: none)."""
-        self._seq += 1
-        _heappush(self._heap, (time, kind, self._seq, job_id, version))
+        _heappush(self.heap, (time, kind, next(self._seq), job_id, version))
 
     def peek(self) -> float:
         """Time of the next event (infinity when the queue is empty)."""
-        return self._heap[0][0] if self._heap else math.inf
+        return self.heap[0][0] if self.heap else math.inf
 
     def pop(self) -> QueuedEvent:
         """Remove the next event, advance ``now`` to its time and return it."""
-        event = _heappop(self._heap)
+        event = _heappop(self.heap)
         self.now = event[0]
         return event
 
     def pop_due(self) -> Iterator[QueuedEvent]:
         """Advance ``now`` to the next event's time and pop every event due then, in order, including
         events pushed for that same time while the caller handles the earlier ones."""
-        heap = self._heap
+        heap = self.heap
         t = self.now = heap[0][0]
         while heap and heap[0][0] == t:
             yield _heappop(heap)
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self.heap)
 
     def __bool__(self) -> bool:
-        return bool(self._heap)
+        return bool(self.heap)
 
     def __repr__(self) -> str:
-        return f"EventQueue(now={self.now!r}, queued={len(self._heap)})"
+        return f"EventQueue(now={self.now!r}, queued={len(self.heap)})"

@@ -115,8 +115,9 @@ class SimJob:
         self.version = 0  # bumped whenever the job leaves its GPUs: its queued events become stale
         self.next_eval = 1
         self.evals_done = 0
-        self.scores_seen: list[float] = []
-        self.loss_history: list[tuple[float, float]] = []
+        # immutable, so a snapshot shares them instead of copying (a few evals: appending copies little)
+        self.scores_seen: tuple[float, ...] = ()
+        self.loss_history: tuple[tuple[float, float], ...] = ()
         self.gpu_seconds = self.ovh_seconds = 0.0
         self.waiting_since = spec.arrival_s
         self.first_start = math.nan
@@ -166,7 +167,7 @@ class SimJob:
         return _new_snapshot(JobSnapshot, (
             spec.job_id, spec.job_type, spec.rlhf, spec.gpus, spec.arrival_s, spec.est_duration_s,
             self.timing.progress_of(work), running, self.waiting_since, self.evals_done,
-            tuple(self.scores_seen), tuple(self.loss_history), (self.gpu_seconds + held * spec.gpus) / 3600.0,
+            self.scores_seen, self.loss_history, (self.gpu_seconds + held * spec.gpus) / 3600.0,
         ))
 
     # ------------------------------------------------------------------ transitions
