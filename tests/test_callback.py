@@ -102,45 +102,56 @@ class _Args:
 class _State:
     def __init__(self, step=0, max_steps=100):
         self.global_step, self.max_steps, self.is_world_process_zero = step, max_steps, True
+        self.log_history = []
 
 
 class _Control:
     should_training_stop = False
+    should_log = False
+    should_save = False
 
 
-def test_resume_keeps_the_decline_count(tmp_path):
-    """ExportableState: a resumed callback (rebuilt from state()) with a coordinator that never saw
-    the first reports still stops at the k-th consecutive decline."""
-    scores = iter([0.5, 0.7, 0.6, 0.5])
-    live = EvalStopCallback(lambda m, t: next(scores), eval_every=10, coordinator=Coordinator(MemoryStore()),
-                            job_id="resumable", save_best=False)
-    live.on_train_begin(_Args(tmp_path), _State(), _Control())
-    model = torch.nn.Linear(1, 1)
-    for step in (10, 20, 30):  # one decline so far
-        live.on_step_end(_Args(tmp_path), _State(step), _Control(), model=model)
-    saved = live.state()
-    # a new process: the user passes a fresh callback; transformers rebuilds it from the saved state
-    fresh = EvalStopCallback(lambda m, t: next(scores), eval_every=10, coordinator=Coordinator(MemoryStore()))  # noqa: F841 - held, as a trainer holds it
-    restored = EvalStopCallback(**saved["args"])
-    for k, v in saved["attributes"].items():
-        setattr(restored, k, v)
-    restored.on_train_begin(_Args(tmp_path), _State(30), _Control())
-    control = _Control()
-    restored.on_step_end(_Args(tmp_path), _State(40), control, model=model)
-    assert control.should_training_stop and restored.decision.stop
-    assert restored.best_step == 20
+def _eval_step(cb, tmp_path, step, control, model):
+    """What a trainer does at an eval step: on_step_end, then (should_log) on_log with the step's logs."""
+    state = _State(step)
+    cb.on_step_end(_Args(tmp_path), state, control, model=model)
+    assert control.should_log  # the callback asked for this step's log
+    cb.on_log(_Args(tmp_path), state, control, logs={"loss": 0.1 * step})
 
 
-def test_world_feedback_may_return_tensor_scalars_but_not_nan(tmp_path):
-    values = iter([torch.tensor(0.5), torch.tensor(float("nan"))])
+def test_world_feedback_may_return_tensor_scalars_and_nan_is_a_missing_eval(tmp_path, caplog):
+    values = iter([torch.tensor(0.5), torch.tensor(float("nan")), None, torch.tensor(0.6)])
     cb = EvalStopCallback(lambda m, t: next(values), eval_every=1, coordinator=Coordinator(MemoryStore()),
                           job_id="t", save_best=False)
     cb.on_train_begin(_Args(tmp_path), _State(), _Control())
     model = torch.nn.Linear(1, 1)
-    cb.on_step_end(_Args(tmp_path), _State(1), _Control(), model=model)
-    assert cb.best_score == 0.5
-    with pytest.raises(ValueError, match="world_feedback returned nan; it must return a finite number"):
+    for step in (1, 2, 3, 4):
+        _eval_step(cb, tmp_path, step, _Control(), model)
+    assert [h["eval_score"] for h in cb.history] == [0.5, None, None, pytest.approx(0.6)]
+    assert cb.best_score == pytest.approx(0.6) and cb.history[0]["train_loss"] == pytest.approx(0.1)  # this step's loss
+    assert sum("failed" in r.message for r in caplog.records) == 1  # logged once per run of failures
+
+
+def test_on_eval_error_raise_and_stop(tmp_path):
+    def broken(m, t):
+        raise TimeoutError("the judge timed out")
+
+    model = torch.nn.Linear(1, 1)
+    cb = EvalStopCallback(broken, eval_every=1, coordinator=Coordinator(MemoryStore()), job_id="r",
+                          save_best=False, max_eval_failures=2, on_eval_error="raise")
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    _eval_step(cb, tmp_path, 1, _Control(), model)
+    with pytest.raises(RuntimeError, match="2 evals in a row failed.*TimeoutError: the judge timed out"):
         cb.on_step_end(_Args(tmp_path), _State(2), _Control(), model=model)
+    coord = Coordinator(MemoryStore())
+    cb = EvalStopCallback(broken, eval_every=1, coordinator=coord, job_id="s", save_best=False,
+                          max_eval_failures=2, on_eval_error="stop")
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    control = _Control()
+    for step in (1, 2):
+        _eval_step(cb, tmp_path, step, control, model)
+    assert control.should_training_stop and cb.stopped_at == 2
+    assert coord.status("local", "s").status == "stopped" and "2 evals in a row failed" in cb.decision.reason
 
 
 def test_metric_mode_and_missing_metric(tmp_path):
@@ -149,7 +160,7 @@ def test_metric_mode_and_missing_metric(tmp_path):
     control = _Control()
     for step, v in [(10, 0.5), (20, 0.4), (30, 0.3)]:
         cb.on_evaluate(_Args(tmp_path), _State(step), control, metrics={"eval_reward": v, "eval_loss": 1.0})
-    assert control.should_training_stop and cb.best_step == 10
+    assert control.should_training_stop and cb.best_step == 10 and cb.direction == "max"
     with pytest.raises(ValueError, match="metric 'eval_reward' is not in the evaluation metrics; available: eval_loss"):
         cb.on_evaluate(_Args(tmp_path), _State(40), _Control(), metrics={"eval_loss": 1.0})
 

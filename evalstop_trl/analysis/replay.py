@@ -181,9 +181,14 @@ def _choose_metric(path: Path, rows: list[dict[str, Any]]) -> str:
                 keys.append(k)
     if len(keys) == 1:
         return keys[0]
+    if "evalstop/score" in keys:  # what EvalStopCallback saw: the world-feedback score
+        return "evalstop/score"
     evals = [k for k in keys if k.startswith("eval_") and k not in _NOT_SCORES]
-    if evals:
+    if len(evals) == 1:
         return evals[0]
+    if len(evals) > 1:
+        raise ReplayError(f"{path}: several evaluation metrics and none is evalstop/score: {', '.join(evals)}; "
+                          "choose one with --metric (a loss wants --direction min)")
     if not keys:
         raise ReplayError(f"{path}: no numeric metric besides 'step' found")
     raise ReplayError(

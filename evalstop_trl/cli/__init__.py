@@ -1,4 +1,4 @@
-"""The ``evalstop`` command: ``serve | tenants | status | run | replay``.
+"""The ``evalstop`` command: ``serve | tenants | status | run | replay | outbox``.
 
 Each subcommand imports what it needs when it runs, so ``evalstop replay --help`` stays fast and
 never imports torch, FastAPI or uvicorn. Bad input exits with status 2 and a one-line message.
@@ -19,6 +19,7 @@ __all__ = ["CLIError", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="evalstop", description="Stop reward-hacked RLHF runs from world feedback.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from .outbox import add_outbox_command
     from .replay import add_replay_command
     from .run import add_run_command
     from .service import add_service_commands  # light: heavy imports happen inside the commands
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_service_commands(sub)
     add_run_command(sub)
     add_replay_command(sub)
+    add_outbox_command(sub)
     return parser
 
 

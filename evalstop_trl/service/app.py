@@ -29,6 +29,7 @@ from ..core.detectors import Decision
 from ..core.errors import EvalStopError, InvalidInput, QuotaExceeded, Unauthorized
 from ..core.records import AuditKind, JobRecord
 from ..core.store import StoreError
+from .dashboard import mount_dashboard
 from .metrics import Metrics, reclaimed_seconds
 from .middleware import Guard
 from .schemas import AckIn, EventIn, FailIn, JobIn, ReportIn, ReportOut, StopIn, decision_dict, job_dict
@@ -259,10 +260,7 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
         """The caller's audit records, oldest first (of one job with ``job_id``), paged."""
         return _json([a.to_dict() for a in coordinator.audit(t, job_id, limit, offset)])
 
-    if _dashboard_available():
-        from .dashboard import mount_dashboard
-
-        mount_dashboard(app)
+    mount_dashboard(app)
     return app
 
 
@@ -271,7 +269,3 @@ def _json(data: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(json.dumps(data), media_type="application/json", headers=headers)
 
 
-def _dashboard_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(f"{__package__}.dashboard") is not None

@@ -99,14 +99,12 @@ class AckIn(_In):
 
 
 def decision_dict(d: Decision | None) -> dict[str, Any] | None:
-    """A decision as the API answers it (without the evidence)."""
+    """A decision as a report's answer carries it (the evidence is on the job: GET /v1/jobs/{id})."""
     if d is None:
         return None
     return {"action": d.action.value, "reason": d.reason, "best_step": d.best_step, "best_score": d.best_score}
 
 
 def job_dict(v: JobView) -> dict[str, Any]:
-    """A job as the API answers it."""
-    out = v.to_dict()
-    out["decision"] = decision_dict(v.decision)
-    return out
+    """A job as the API answers it (its decision with the evidence: the numbers the detector used)."""
+    return v.to_dict()

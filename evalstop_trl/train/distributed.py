@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-__all__ = ["broadcast_stop"]
+from typing import Any
+
+__all__ = ["broadcast_object", "broadcast_stop"]
 
 
-def broadcast_stop(stop: bool) -> bool:
-    """Rank 0's decision on every rank, at the same point (no-op without torch.distributed)."""
+def broadcast_object(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank, at the same point (no-op without torch.distributed)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return stop
-    flag = [stop if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(flag, src=0)
-    return bool(flag[0])
+        return value
+    box = [value if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def broadcast_stop(stop: bool) -> bool:
+    """Rank 0's stop decision on every rank (see :func:`broadcast_object`)."""
+    return bool(broadcast_object(stop))

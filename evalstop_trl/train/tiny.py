@@ -169,11 +169,15 @@ class TinyRun:
     log_history: list[dict[str, Any]] = field(default_factory=list)
 
 
+_OVERRIDES: dict[str, Any] = {}  # run_tiny's training_args for the trainer being built
+
+
 def _common_args(cls, out: Path, preset: Preset, max_steps: int, seed: int, device: str, **extra):
     kw = dict(output_dir=str(out), learning_rate=preset.lr, max_steps=max_steps, logging_steps=5,
               lr_scheduler_type="constant", report_to="none", bf16=False, gradient_checkpointing=False,
               use_cpu=device == "cpu", save_strategy="no", seed=seed, disable_tqdm=True, log_level="error")
     kw.update(extra)
+    kw.update(_OVERRIDES)
     return cls(**kw)
 
 
@@ -215,9 +219,17 @@ def run_tiny(
     callbacks: list | None = None,
     with_evalstop: bool = True,
     save_best: bool = True,
+    training_args: dict[str, Any] | None = None,
+    resume_from_checkpoint: bool | str | None = None,
+    callback_kwargs: dict[str, Any] | None = None,
+    world_feedback: Any = None,
     **detector_params: Any,
 ) -> TinyRun:
-    """Train one tiny job under EvalStop. ``stop=False`` records a no-stop reference (detector 'never')."""
+    """Train one tiny job under EvalStop. ``stop=False`` records a no-stop reference (detector 'never').
+
+    ``training_args`` override the trainer's arguments (e.g. ``save_strategy="steps"``),
+    ``resume_from_checkpoint`` is passed to ``train()``, ``callback_kwargs`` to ``EvalStopCallback``,
+    and ``world_feedback`` replaces the gold eval (e.g. one that fails now and then)."""
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
 
@@ -242,12 +254,14 @@ def run_tiny(
     cbs = list(callbacks or [])
     cb = None
     if with_evalstop:
-        cb = EvalStopCallback(gold, eval_every=eval_every, coordinator=coordinator, token=token, job_id=job_id,
-                              job_type=trainer if trainer in ("grpo", "rloo", "dpo", "online_dpo") else "sft",
+        cb = EvalStopCallback(world_feedback or gold, eval_every=eval_every, coordinator=coordinator, token=token,
+                              job_id=job_id, job_type=trainer if trainer in ("grpo", "rloo", "dpo", "online_dpo") else "sft",
                               detector=detector if stop else "never", k=k, min_delta=min_delta,
-                              save_best=save_best, **(detector_params if stop else {}))
+                              save_best=save_best, **(callback_kwargs or {}), **(detector_params if stop else {}))
         cbs.append(cb)
     batch = 32 if device == "cuda" else 16
+    _OVERRIDES.clear()
+    _OVERRIDES.update(training_args or {})
     if trainer in ("grpo", "rloo"):
         from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
@@ -282,8 +296,9 @@ def run_tiny(
         tr = Trainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=cbs,
                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
     tr.remove_callback(PrinterCallback)
+    _OVERRIDES.clear()
     t0 = time.time()
-    tr.train()
+    tr.train(resume_from_checkpoint=resume_from_checkpoint)
     seconds = time.time() - t0
     trace = [{"step": h["step"], "gold": h["eval_score"], "proxy": h.get("proxy_reward"), "loss": h.get("train_loss")}
              for h in (cb.history if cb else [])]

@@ -1,0 +1,53 @@
+"""``evalstop outbox flush PATH --url URL [--token T]``: replay a leftover outbox.
+
+A training process whose coordinator was unreachable until it ended leaves its queued operations in
+``<output_dir>/evalstop-outbox.jsonl``; this sends them, in order, to the coordinator now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .common import CLIError
+
+__all__ = ["add_outbox_command"]
+
+
+def _cmd_flush(args: argparse.Namespace) -> int:
+    from ..clients.http import EvalStopClient
+    from ..core.errors import EvalStopError
+
+    path = Path(args.path)
+    if not path.is_file():
+        raise CLIError(f"no outbox at {path}")
+    url = args.url or os.environ.get("EVALSTOP_URL")
+    token = args.token or os.environ.get("EVALSTOP_TOKEN")
+    if not url or not token:
+        raise CLIError("pass --url and --token (or set EVALSTOP_URL and EVALSTOP_TOKEN)")
+    try:
+        client = EvalStopClient(url, token, outbox=path, retries=1)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    try:
+        before = client.pending
+        try:
+            empty = client.flush()
+        except EvalStopError as exc:
+            raise CLIError(str(exc)) from None
+        left = client.pending
+    finally:
+        client.close()
+    print(f"{path}: {before - left} of {before} queued operation(s) sent to {url}; {left} left")
+    return 0 if empty else 1
+
+
+def add_outbox_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("outbox", help="replay a training run's leftover outbox")
+    osub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    f = osub.add_parser("flush", help="send the queued operations of an outbox file to a coordinator")
+    f.add_argument("path", help="the outbox, e.g. OUTPUT_DIR/evalstop-outbox.jsonl")
+    f.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL)")
+    f.add_argument("--token", help="tenant token (default: $EVALSTOP_TOKEN)")
+    f.set_defaults(func=_cmd_flush)
