@@ -87,7 +87,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    res = reproduce(cfg, args.seeds, args.workers, progress=not args.quiet)
+    res = reproduce(cfg, args.seeds, args.workers, progress=not args.quiet, ray=args.ray)
     elapsed = time.perf_counter() - t0
     figures = plot_reproduce(res, out)
     res.pop("jct_hours")
@@ -108,7 +108,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     values = [parse_value(v) for v in args.values.split(",")]
     for v in values:  # fail fast on an unknown key or a bad value
         check_config(apply_overrides(cfg, {args.param: v}))
-    rows = sweep(cfg, args.param, values, args.seeds, args.workers, progress=not args.quiet)
+    rows = sweep(cfg, args.param, values, args.seeds, args.workers, progress=not args.quiet, ray=args.ray)
     print(f"{args.param:>28} {'precision':>10} {'recall':>8} {'FPR(B)':>8} {'JCT(compl)':>11} {'JCT(all)':>9} {'GPU-h':>8}")
     for r in rows:
         f = lambda x: "n/a" if x is None or x != x else f"{100 * x:.1f}%"  # noqa: E731
@@ -121,6 +121,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
         plot_sweep(rows, args.plot)
     return 0
+
+
+def _ray_flag(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                    help="run the seeds as Ray tasks: alone, on a Ray instance started on this machine; with an "
+                         "address (auto, ray://head:10001), on that cluster (needs: pip install 'evalstop[ray]', "
+                         "and this package on the cluster's workers); default: local worker processes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,11 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("reproduce", help="every table and figure of the paper")
     common(rp)
     rp.add_argument("--out", default="results", help="output folder (default: results)")
+    _ray_flag(rp)
     rp.set_defaults(func=_cmd_reproduce)
 
     sw = sub.add_parser("sweep", help="sweep one config parameter")
     common(sw)
     sw.add_argument("--param", required=True, help="dotted key, e.g. noise.sigma")
+    _ray_flag(sw)
     sw.add_argument("--values", required=True, help="comma-separated values")
     sw.add_argument("--json")
     sw.add_argument("--plot")

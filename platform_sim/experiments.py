@@ -1,7 +1,9 @@
 """Experiments: single runs, paired comparisons over seeds, sweeps and the paper's full reproduction.
 
 Every comparison is paired: for a seed, the workload (jobs, arrivals, curves, noise) is identical
-across schedulers and overlays. Seeds run in parallel worker processes.
+across schedulers and overlays. Seeds run in parallel worker processes, or as Ray tasks (``ray=``:
+``"local"`` starts a Ray instance on this machine, an address connects to a cluster; Ray is imported
+only then).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import SimConfig, config_from_dict
+from .config import ConfigError, SimConfig, config_from_dict
 from .engine import RunResult, Simulation
 from .metrics import DEFINITIONS, Detection, compare, detection, summarize
 from .policies import build_overlay, build_scheduler, check_config
@@ -146,8 +148,10 @@ def _rates(rows) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- parallel seeds
-def _map(fn: Callable, items: Iterable, workers: int, progress: bool, desc: str) -> list:
+def _map(fn: Callable, items: Iterable, workers: int, progress: bool, desc: str, ray: str | None = None) -> list:
     items = list(items)
+    if ray is not None:
+        return _ray_map(fn, items, ray, progress, desc)
     if progress:
         from tqdm import tqdm
     else:
@@ -159,6 +163,31 @@ def _map(fn: Callable, items: Iterable, workers: int, progress: bool, desc: str)
 
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as pool:
         return list(tqdm(pool.map(fn, items), total=len(items), desc=desc, unit="seed"))
+
+
+def _ray_map(fn: Callable, items: list, address: str, progress: bool, desc: str) -> list:
+    """``[fn(x) for x in items]`` as Ray tasks, in order. ``address`` ``"local"`` starts a Ray instance
+    on this machine unless one is running in this process; any other value is passed to
+    ``ray.init(address=...)`` (``"auto"``, ``"ray://head:10001"``). Ray stays up for later calls (a
+    sweep maps once per value) and stops when the process exits. The cluster's workers import
+    ``platform_sim``: install this package there (or pass a ``runtime_env`` through ``ray.init``
+    yourself before calling)."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--ray needs Ray: pip install 'evalstop[ray]'") from None
+    if not ray.is_initialized():
+        if address == "local":
+            ray.init(include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    task = ray.remote(fn)
+    refs = [task.remote(x) for x in items]
+    if not progress:
+        return ray.get(refs)
+    from tqdm import tqdm
+
+    return [ray.get(r) for r in tqdm(refs, desc=desc, unit="seed")]
 
 
 def _default_workers() -> int:
@@ -173,12 +202,13 @@ def _run_seed(args: tuple[dict, int, str | None, str | None, Workload | None]) -
 
 
 def run_seeds(cfg: SimConfig, seeds: int | None = None, workers: int | None = None, progress: bool = False,
-              workload: Workload | None = None) -> dict[str, Any]:
-    """The configured scheduler alone vs with the configured overlay, over ``seeds`` seeds."""
+              workload: Workload | None = None, ray: str | None = None) -> dict[str, Any]:
+    """The configured scheduler alone vs with the configured overlay, over ``seeds`` seeds (in local
+    worker processes, or as Ray tasks with ``ray="local"`` or a Ray address)."""
     check_config(cfg)
     n = 1 if workload is not None else (seeds or cfg.seeds)
     rows = _map(_run_seed, [(cfg.to_dict(), s, None, None, workload) for s in range(n)],
-                workers or _default_workers(), progress, f"{cfg.scheduler.name}+{cfg.overlay.name}")
+                workers or _default_workers(), progress, f"{cfg.scheduler.name}+{cfg.overlay.name}", ray)
     return aggregate_pair(rows, cfg, n)
 
 
@@ -214,12 +244,12 @@ def _average_summaries(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- sweep
 def sweep(cfg: SimConfig, param: str, values: Sequence[Any], seeds: int | None = None,
-          workers: int | None = None, progress: bool = False) -> list[dict[str, Any]]:
-    """Run the configured pair for each value of one dotted parameter."""
+          workers: int | None = None, progress: bool = False, ray: str | None = None) -> list[dict[str, Any]]:
+    """Run the configured pair for each value of one dotted parameter (``ray``: see :func:`run_seeds`)."""
     out = []
     for v in values:
         c = cfg.replace(**{param: v})
-        res = run_seeds(c, seeds, workers, progress)
+        res = run_seeds(c, seeds, workers, progress, ray=ray)
         out.append({
             "param": param, "value": v,
             **{k: m["mean"] for k, m in res["changes"].items()},
@@ -267,12 +297,13 @@ def _reproduce_seed(args: tuple[dict, int]) -> dict[str, Any]:
 
 
 def reproduce(cfg: SimConfig, seeds: int | None = None, workers: int | None = None,
-              progress: bool = True) -> dict[str, Any]:
-    """Every table and figure input of the paper; returns the ``results.json`` object."""
+              progress: bool = True, ray: str | None = None) -> dict[str, Any]:
+    """Every table and figure input of the paper; returns the ``results.json`` object (``ray``: see
+    :func:`run_seeds`)."""
     check_config(cfg)
     n = seeds or cfg.seeds
     per_seed = _map(_reproduce_seed, [(cfg.to_dict(), s) for s in range(n)], workers or _default_workers(),
-                    progress, "reproduce")
+                    progress, "reproduce", ray)
     headline_s = cfg.scheduler.name
 
     def rows(group, key):

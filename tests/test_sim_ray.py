@@ -1,0 +1,103 @@
+"""``platform-sim reproduce/sweep --ray``: seeds as Ray tasks give exactly the local processes' results.
+
+A local Ray instance is started on loopback only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes Ray
+use 127.0.0.1 as the node address, so every Ray server listens there; usage stats are off): no
+network, no cluster. Ray is imported lazily: importing the simulator never loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from platform_sim import experiments
+from platform_sim.cli import _clean, build_parser, main
+from platform_sim.config import load_config
+from platform_sim.experiments import reproduce, sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+CFG = load_config().replace(**{"workload.n_jobs": 20})
+SWEEP = ("noise.sigma", [0.02, 0.08])
+
+
+def canonical(obj) -> str:
+    return json.dumps(_clean(obj), sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def local():
+    """The default backend: local worker processes (computed before Ray starts: no fork under Ray)."""
+    return {"reproduce": canonical(reproduce(CFG, 2, workers=2, progress=False)),
+            "sweep": canonical(sweep(CFG, *SWEEP, seeds=2, workers=2))}
+
+
+@pytest.fixture(scope="module")
+def ray_instance(local):
+    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_importing_the_simulator_does_not_import_ray():
+    code = ("import sys, platform_sim.cli, platform_sim.experiments, platform_sim.engine;"
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["reproduce"], None),
+    (["reproduce", "--ray"], "local"),
+    (["reproduce", "--ray", "--seeds", "2"], "local"),
+    (["reproduce", "--ray", "ray://head:10001"], "ray://head:10001"),
+    (["sweep", "--param", "noise.sigma", "--values", "0.1", "--ray", "auto"], "auto"),
+])
+def test_the_ray_flag(argv, expected):
+    assert build_parser().parse_args(argv).ray == expected
+
+
+@pytest.fixture
+def ray_calls(monkeypatch):
+    """The Ray backend's calls (to show the seeds really went through Ray)."""
+    calls = []
+    real = experiments._ray_map
+
+    def spy(fn, items, address, progress, desc):
+        calls.append((fn.__name__, len(items), address))
+        return real(fn, items, address, progress, desc)
+
+    monkeypatch.setattr(experiments, "_ray_map", spy)
+    return calls
+
+
+def test_reproduce_on_ray_equals_local_processes(local, ray_instance, ray_calls):
+    assert ray_instance.is_initialized()
+    assert canonical(reproduce(CFG, 2, progress=False, ray="local")) == local["reproduce"]
+    assert ray_calls == [("_reproduce_seed", 2, "local")]
+
+
+def test_sweep_cli_on_ray_equals_local_processes(local, ray_instance, ray_calls, tmp_path, capsys):
+    out = tmp_path / "sweep.json"
+    argv = ["sweep", "--param", SWEEP[0], "--values", ",".join(map(str, SWEEP[1])), "--seeds", "2", "--ray",
+            "--quiet", "--set", "workload.n_jobs=20", "--json", str(out)]
+    assert main(argv) == 0
+    assert "noise.sigma" in capsys.readouterr().out
+    assert json.dumps(json.loads(out.read_text()), sort_keys=True) == local["sweep"]
+    assert ray_calls == [("_run_seed", 2, "local")] * 2  # one map per swept value
