@@ -4,8 +4,14 @@ The loop, one instant at a time (:meth:`Simulation.step`): pop every event due n
 :class:`~platform_sim.events.EventQueue` and apply it (arrivals, evals, finishes, scheduling
 rounds), then plan once: the base scheduler's order (policy) -> placement on the
 :class:`~platform_sim.cluster.Cluster` (gang: all GPUs or none) -> apply (start, preempt). Jobs'
-mutable state and lifecycle live in :mod:`platform_sim.jobs`; policies see only read-only
-:class:`~platform_sim.views.JobView` objects.
+mutable state and lifecycle live in :mod:`platform_sim.jobs`; policies see only
+:class:`~platform_sim.views.JobSnapshot` records (values copied out) and overlays read the time from
+a :class:`~platform_sim.views.VirtualClock`.
+
+Planning is incremental for schedulers with a priority (:mod:`platform_sim.planning`): waiting jobs
+stay sorted, and a preemptive plan re-evaluates only the running jobs whose priority could still
+matter, so a run's cost grows with its events, not with events x active jobs (100,000 jobs on
+32,000 GPUs: ~1.1M events in seconds). Other schedulers get snapshots of every job they plan for.
 
 Example::
 

@@ -37,6 +37,9 @@ __all__ = ["SCHEDULERS", "Scheduler", "create_scheduler", "uses_priority"]
 class Scheduler:
     """A base scheduling policy: override :meth:`priority` or :meth:`order`.
 
+    A scheduler that overrides :meth:`priority` is planned by priority (incrementally); its
+    :meth:`order` is then only the plain sort, kept for callers that want a list.
+
     Attributes:
         preemptive: may take GPUs from running jobs (the engine then re-plans over all active jobs).
         backfill: a non-preemptive scheduler may start later jobs when the first does not fit.
