@@ -15,8 +15,9 @@ read-only views, and the test fails if any reaches a ``JobTruth``, the ``Workloa
 * ``gc.get_referrers`` of a snapshot and of the list a scheduler is given, from inside the call;
 * closures and globals: ``__closure__`` cells and the ``__globals__`` values of every function
   reachable from the clock (the old clock was ``lambda: queue.now``, a closure over the engine);
-* a cheating SRTF-Est (and a cheating ``order()`` scheduler and overlay) that run end to end trying
-  all of the above to read true durations; they find nothing, so their runs equal the honest ones.
+* an ``order()`` scheduler (LossAware) attacks the lists of snapshots it is given, inside the call;
+* a cheating SRTF-Est and a cheating overlay run end to end trying all of the above to read true
+  durations and hacking labels; they find nothing, so their runs equal the honest ones.
 
 Not defended, by design (documented in :mod:`platform_sim.views`): code in the same interpreter can
 walk the call stack (``sys._getframe().f_back.f_locals``), scan every object (``gc.get_objects``), or
