@@ -207,4 +207,5 @@ def test_two_processes_stop_together(tmp_path):
             proc.wait()
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     steps = sorted((tmp_path / f"rank{r}.txt").read_text() for r in (0, 1))
-    assert steps[0] == steps[1] == "stopped at 12"
+    assert steps[0] == steps[1] and steps[0].startswith("stopped at 12, best step ") and steps[0].endswith("stop")
+    assert "best step None" not in steps[0]

@@ -159,6 +159,9 @@ class Decision:
     def stop(self) -> bool:
         return self.action is Action.STOP
 
+    def __reduce__(self):  # picklable (the evidence is a read-only view): e.g. broadcast between ranks
+        return (Decision, (self.action, self.reason, self.best_step, self.best_score, dict(self.evidence)))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "action": self.action.value,

@@ -166,6 +166,9 @@ class Policy:
         full.update(self.params)
         object.__setattr__(self, "params", MappingProxyType(full))
 
+    def __reduce__(self):  # picklable (params are a read-only view)
+        return (Policy, (self.detector, dict(self.params)))
+
     def build(self):
         """A fresh detector for this policy."""
         return DETECTORS.create(self.detector, **self.params)
@@ -292,6 +295,9 @@ class AuditRecord:
         if type(self.evidence) is not MappingProxyType:
             object.__setattr__(self, "evidence", MappingProxyType(dict(self.evidence)))
 
+    def __reduce__(self):
+        return (AuditRecord, (self.tenant, self.job_id, self.at, self.kind, self.actor, self.reason, dict(self.evidence)))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "tenant": self.tenant,
@@ -365,6 +371,11 @@ class JobView:
     def __post_init__(self) -> None:
         if type(self.policy) is not MappingProxyType:
             object.__setattr__(self, "policy", MappingProxyType(dict(self.policy)))
+
+    def __reduce__(self):
+        values = [getattr(self, f.name) for f in fields(self)]
+        values[3] = dict(self.policy)
+        return (JobView, tuple(values))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,43 @@
+"""Public records: frozen, read-only inside, picklable (ranks broadcast them), round-trip through dicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import pytest
+
+from evalstop_trl.core.detectors import Action, Decision, Observation
+from evalstop_trl.core.records import AuditKind, AuditRecord, JobView, Policy, Report
+
+DECISION = Decision(Action.STOP, "2 consecutive declines", 20, 0.7, {"declines": 2, "steps": [20, 30, 40]})
+RECORDS = [
+    DECISION,
+    Policy("decline", {"k": 3}),
+    AuditRecord("acme", "j", 1.0, AuditKind.STOP, "detector:decline", "why", {"step": 40}),
+    JobView("j", "grpo", "stopped", {"detector": "decline", "k": 2}, DECISION, 20, 0.7, None, 4, 40, 100, True),
+    Report(10, 0.5, 0.1, 1.2, None, 3.0),
+    Observation("j", 10, 0.5),
+]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
+def test_frozen_and_picklable(record):
+    assert pickle.loads(pickle.dumps(record)) == record
+    field = dataclasses.fields(record)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(record, field, None)
+
+
+@pytest.mark.parametrize("mapping", [DECISION.evidence, Policy("decline").params, RECORDS[2].evidence,
+                                     RECORDS[3].policy])
+def test_mappings_inside_are_read_only(mapping):
+    with pytest.raises(TypeError):
+        mapping["x"] = 1  # type: ignore[index]
+
+
+def test_round_trips():
+    assert Decision.from_dict(DECISION.to_dict()) == DECISION
+    assert JobView.from_dict(RECORDS[3].to_dict()) == RECORDS[3]
+    assert Policy.from_dict(RECORDS[1].to_dict()) == RECORDS[1]
+    assert RECORDS[4].payload() == (10, 0.5, 0.1, 1.2, None)  # what idempotency compares: not the arrival time
