@@ -251,3 +251,45 @@ def test_memory_per_job_is_bounded_reports_live_in_the_store():
     tracemalloc.stop()
     assert grown < 64 * 1024, f"the coordinator grew {grown} bytes over 20,000 reports of one job"
     assert c.status("a", "j").n_reports == 20_200
+
+
+def test_external_evals_are_fed_in_step_order(make):
+    c = make()
+    c.register_job("a", "x", "grpo", policy={"detector": "decline", "k": 2})
+    for step in (10, 20, 30, 40):
+        c.publish_snapshot("a", "x", step, f"/snap/{step}", train_loss=1.0 / step)
+    c.publish_snapshot("a", "x", 10, "/snap/10")  # the same snapshot again: a no-op
+    with pytest.raises(Conflict, match="already has a snapshot"):
+        c.publish_snapshot("a", "x", 10, "/elsewhere")
+    claimed = [c.claim_eval("a", "w1", 60), c.claim_eval("a", "w2", 60)]
+    assert [t.step for t in claimed] == [10, 20]
+    # scores come back out of order: nothing is decided until the prefix is complete
+    assert c.post_eval("a", "x", 20, 0.7).reason == "no eval yet" and c.status("a", "x").n_reports == 0
+    assert c.post_eval("a", "x", 40, 0.5).action is Action.CONTINUE and c.status("a", "x").n_reports == 0
+    c.post_eval("a", "x", 10, 0.5)
+    assert [r.step for r in c.reports("a", "x")] == [10, 20]  # 10 and 20 fed, 30 still out
+    decision = c.post_eval("a", "x", 30, 0.6, error=None)
+    assert decision.stop and decision.best_step == 20  # 0.7 -> 0.6 -> 0.5: two declines, in step order
+    assert [(r.step, r.checkpoint) for r in c.reports("a", "x")] == [(s, f"/snap/{s}") for s in (10, 20, 30, 40)]
+    assert c.status("a", "x").best_checkpoint == "/snap/20"
+    c.ack("a", "x", "/snap/20", step=47)
+    (ack,) = [e for e in c.audit("a", "x") if e.kind is AuditKind.ACK]
+    assert ack.evidence["stop_lag"] == 7  # trained 7 steps after the eval that decided the stop
+
+
+def test_an_expired_lease_goes_back_to_the_queue_and_a_gap_becomes_missing():
+    clock = FakeClock()
+    c = Coordinator(MemoryStore(), clock=clock, eval_gap_timeout_s=100)
+    c.register_job("a", "x", "grpo")
+    c.publish_snapshot("a", "x", 1, "/s/1")
+    c.publish_snapshot("a", "x", 2, "/s/2")
+    assert c.claim_eval("a", "dies", 5).step == 1
+    assert c.claim_eval("a", "other", 5).step == 2  # 1 is leased
+    clock.t += 10
+    assert c.claim_eval("a", "other", 5).step == 1  # the first worker's lease ran out
+    assert c.claim_eval("b", "w", 5) is None  # another tenant's queue is its own
+    c.post_eval("a", "x", 2, 0.5)
+    assert c.status("a", "x").n_reports == 0  # waiting for step 1
+    clock.t += 200  # step 1 never comes back: a missing eval
+    c.post_eval("a", "x", 2, 0.5)  # (an identical result again: idempotent, and the feed moves on)
+    assert [(r.step, r.eval_score) for r in c.reports("a", "x")] == [(1, None), (2, 0.5)]

@@ -19,6 +19,7 @@ __all__ = ["CLIError", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="evalstop", description="Stop reward-hacked RLHF runs from world feedback.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from .evaluate import add_evaluate_command
     from .outbox import add_outbox_command
     from .replay import add_replay_command
     from .run import add_run_command
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_command(sub)
     add_replay_command(sub)
     add_outbox_command(sub)
+    add_evaluate_command(sub)
     return parser
 
 

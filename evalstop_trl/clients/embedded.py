@@ -30,8 +30,25 @@ class EmbeddedClient:
                proxy_reward: float | None = None, checkpoint: str | None = None) -> Decision:
         return self.coordinator.report(self.tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
 
-    def ack(self, job_id: str, checkpoint: str | None = None) -> JobView:
-        return self.coordinator.ack(self.tenant, job_id, checkpoint)
+    def ack(self, job_id: str, checkpoint: str | None = None, step: int | None = None) -> JobView:
+        return self.coordinator.ack(self.tenant, job_id, checkpoint, step)
+
+    def publish_snapshot(self, job_id: str, step: int, path: str, train_loss: float | None = None,
+                         proxy_reward: float | None = None) -> None:
+        self.coordinator.publish_snapshot(self.tenant, job_id, step, path, train_loss, proxy_reward)
+
+    def claim_eval(self, worker: str, lease_s: float = 300.0) -> dict[str, Any] | None:
+        task = self.coordinator.claim_eval(self.tenant, worker, lease_s)
+        return None if task is None else {"job_id": task.job_id, "step": task.step, "path": task.path,
+                                          "state": task.state.value, "lease_until": task.lease_until}
+
+    def post_eval(self, job_id: str, step: int, score: float | None, worker: str = "",
+                  error: str | None = None) -> Decision:
+        return self.coordinator.post_eval(self.tenant, job_id, step, score, worker, error)
+
+    def evals(self, job_id: str) -> list[dict[str, Any]]:
+        return [{"step": t.step, "path": t.path, "state": t.state.value, "score": t.score, "fed": t.fed}
+                for t in self.coordinator.evals(self.tenant, job_id)]
 
     def finish(self, job_id: str) -> JobView:
         return self.coordinator.finish(self.tenant, job_id)

@@ -150,9 +150,9 @@ class EvalStopClient:
         d = answer["decision"]
         return Decision(Action(d["action"]), d["reason"], d.get("best_step"), d.get("best_score"))
 
-    def ack(self, job_id: str, checkpoint: str | None = None) -> JobView | None:
-        answer = self._fail_open("ack", job_id, f"/v1/jobs/{job_id}/ack",
-                                 {"checkpoint": checkpoint} if checkpoint else {})
+    def ack(self, job_id: str, checkpoint: str | None = None, step: int | None = None) -> JobView | None:
+        body = {k: v for k, v in {"checkpoint": checkpoint, "step": step}.items() if v is not None}
+        answer = self._fail_open("ack", job_id, f"/v1/jobs/{job_id}/ack", body)
         return JobView.from_dict(answer) if answer else None
 
     def finish(self, job_id: str) -> JobView | None:
@@ -185,6 +185,26 @@ class EvalStopClient:
 
     def stop(self, job_id: str, reason: str = "") -> JobView:
         return JobView.from_dict(self._get("POST", f"/v1/jobs/{job_id}/stop", {"reason": reason}))
+
+    def publish_snapshot(self, job_id: str, step: int, path: str, train_loss: float | None = None,
+                         proxy_reward: float | None = None) -> None:
+        """Queue a snapshot for external evaluators (fail-open: kept in the outbox during an outage)."""
+        body = {k: v for k, v in {"step": step, "path": path, "train_loss": train_loss,
+                                  "proxy_reward": proxy_reward}.items() if v is not None}
+        self._fail_open("snapshot", job_id, f"/v1/jobs/{job_id}/snapshots", body)
+
+    def claim_eval(self, worker: str, lease_s: float = 300.0) -> dict[str, Any] | None:
+        """Lease the oldest snapshot waiting for an eval (None if there is none)."""
+        return self._get("POST", "/v1/evals/claim", {"worker": worker, "lease_s": lease_s}) or None
+
+    def post_eval(self, job_id: str, step: int, score: float | None, worker: str = "",
+                  error: str | None = None) -> Decision:
+        body = {"score": score, "worker": worker, **({"error": error[:2000]} if error else {})}
+        d = self._get("POST", f"/v1/jobs/{job_id}/evals/{step}", body)["decision"]
+        return Decision(Action(d["action"]), d["reason"], d.get("best_step"), d.get("best_score"))
+
+    def evals(self, job_id: str) -> list[dict[str, Any]]:
+        return self._get("GET", f"/v1/jobs/{job_id}/evals")
 
     def wait_decision(self, job_id: str, wait_s: float = 30.0, stopped: bool = False) -> JobView:
         """Long poll: the job once it is no longer running (or stopped, with ``stopped``), or after ``wait_s``."""

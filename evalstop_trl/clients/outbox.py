@@ -24,7 +24,7 @@ log = logging.getLogger("evalstop.client")
 _NAME = re.compile(NAME_PATTERN)
 
 #: fail-open operations, in the order they replay within one job
-OP_ORDER = {"register": 0, "report": 1, "ack": 2, "finish": 3, "fail": 4}
+OP_ORDER = {"register": 0, "report": 1, "snapshot": 1, "ack": 2, "finish": 3, "fail": 4}
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,7 +116,7 @@ class Transport:
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 if r.status_code < 400:
-                    return r.json()
+                    return None if r.status_code == 204 else r.json()
                 if r.status_code < 500 and r.status_code != 429:
                     try:
                         detail = r.json().get("detail", r.text)

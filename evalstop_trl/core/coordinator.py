@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -45,6 +46,8 @@ from .records import (
     AuditKind,
     AuditRecord,
     Delivery,
+    EvalState,
+    EvalTask,
     JobRecord,
     JobStatus,
     JobType,
@@ -156,10 +159,12 @@ class Coordinator:
         clock: a function returning the current time in seconds (virtual time in the simulator).
         default_policy: the policy of jobs registered without one (decline, k=2).
         quotas: per-tenant limits (active jobs, reports per job); unlimited-ish defaults.
+        eval_gap_timeout_s: an external eval not back this long after its snapshot counts as missing.
     """
 
     def __init__(self, store: Store | None = None, clock: Callable[[], float] = time.time,
-                 default_policy: Policy | None = None, quotas: Quotas | None = None) -> None:
+                 default_policy: Policy | None = None, quotas: Quotas | None = None,
+                 eval_gap_timeout_s: float = 600.0) -> None:
         if store is None:
             from ..stores.memory import MemoryStore  # the default: an outer layer, imported lazily
 
@@ -167,6 +172,7 @@ class Coordinator:
         self.store = store
         self.clock = clock
         self.default_policy = default_policy or Policy()
+        self.eval_gap_timeout_s = eval_gap_timeout_s
         self.tenants = Tenants(store, clock, quotas)
         self._lock = threading.RLock()
         self._jobs: dict[tuple[str, str], _Live] = {}
@@ -427,9 +433,12 @@ class Coordinator:
         self._notify(new, decision)
         return view
 
-    def ack(self, tenant: str, job_id: str, checkpoint: str | None = None) -> JobView:
-        """The job confirms it has its best checkpoint safe and is stopping."""
+    def ack(self, tenant: str, job_id: str, checkpoint: str | None = None, step: int | None = None) -> JobView:
+        """The job confirms it has its best checkpoint safe and is stopping (at ``step``, if it says:
+        the audit then records the stop lag, the steps it trained after the eval that stopped it)."""
         check_checkpoint(checkpoint)
+        if step is not None:
+            _check_report(step, None, None, None)
         with self._lock:
             live = self._fresh(tenant, job_id)
             record = live.record
@@ -437,9 +446,13 @@ class Coordinator:
                 raise Conflict(f"job {job_id!r} is {record.status.value}: there is no stop to acknowledge")
             now = self.clock()
             first = record.acked_at is None
+            evidence: dict[str, Any] = {"checkpoint": checkpoint or record.checkpoint}
+            decided_at = _decided_step(record, live)
+            if step is not None and decided_at is not None:
+                evidence.update(step=step, stop_lag=max(0, step - decided_at))
             ticket = self._transition(
                 live, _STOPPED, now, AuditKind.ACK if first else None, f"job:{job_id}", "stop acknowledged",
-                {"checkpoint": checkpoint or record.checkpoint},
+                evidence,
                 acked_at=record.acked_at or now, checkpoint=checkpoint or record.checkpoint)
             view = self._view(live)
         self._settle(ticket, tenant, job_id)
@@ -472,6 +485,87 @@ class Coordinator:
             view = self._view(live)
         self._settle(ticket, tenant, job_id)
         return view
+
+    # ------------------------------------------------------------------ external evals
+    def publish_snapshot(self, tenant: str, job_id: str, step: int, path: str, train_loss: float | None = None,
+                         proxy_reward: float | None = None) -> EvalTask:
+        """A job saved a snapshot at ``step`` for an external evaluator (``evalstop evaluate``) to score.
+        Publishing the same snapshot again is a no-op; its eval is fed to the detector in step order."""
+        _check_report(step, None, train_loss, proxy_reward)
+        if not isinstance(path, str) or not path:
+            raise InvalidInput("path must be the snapshot's folder, a non-empty string.")
+        check_checkpoint(path)
+        with self._lock:
+            live = self._fresh(tenant, job_id)
+            tasks = {t.step: t for t in self.store.evals(tenant, job_id)}
+            if step in tasks:
+                if tasks[step].path != path:
+                    raise Conflict(f"step {step} of job {job_id!r} already has a snapshot at {tasks[step].path!r}")
+                return tasks[step]
+            if live.last is not None and step <= live.last.step:
+                raise Conflict(f"step {step} of job {job_id!r} is not after its last report (step {live.last.step})")
+            task = EvalTask(tenant, job_id, step, path, self.clock(), train_loss, proxy_reward)
+            ticket = self.store.put_eval(task)
+        self._settle(ticket, tenant, job_id)
+        return task
+
+    def claim_eval(self, tenant: str, worker: str, lease_s: float) -> EvalTask | None:
+        """Lease the tenant's oldest snapshot waiting for an eval (or one whose lease ran out: its
+        worker died) to ``worker`` for ``lease_s`` seconds; None if there is none."""
+        if not isinstance(worker, str) or not 0 < len(worker) <= 128:
+            raise InvalidInput("worker must be a name of 1-128 characters.")
+        if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not 1 <= lease_s <= 3600:
+            raise InvalidInput(f"lease_s must be in [1, 3600] seconds, but got {lease_s!r}.")
+        with self._lock:
+            now = self.clock()
+            for task in self.store.claimable_evals(tenant, now, 1):
+                claimed = dataclasses.replace(task, state=task.state.to(EvalState.LEASED), lease_until=now + lease_s,
+                                              worker=worker)
+                wait_durable(self.store.put_eval(claimed))
+                return claimed
+        return None
+
+    def post_eval(self, tenant: str, job_id: str, step: int, score: float | None, worker: str = "",
+                  error: str | None = None) -> Decision:
+        """An evaluator's result for a snapshot: its score, or None (``error``: the eval failed, a
+        missing eval). Results may come in any order; the detector gets them in step order, as soon as
+        every earlier snapshot has one (a gap older than ``eval_gap_timeout_s`` counts as missing)."""
+        _check_report(step, score, None, None)
+        with self._lock:
+            self._fresh(tenant, job_id)
+            task = next((t for t in self.store.evals(tenant, job_id) if t.step == step), None)
+            if task is None:
+                raise NotFound(f"no snapshot of step {step} for job {job_id!r}")
+            if not task.state.terminal:
+                state = EvalState.DONE if score is not None else EvalState.MISSING
+                wait_durable(self.store.put_eval(dataclasses.replace(
+                    task, state=task.state.to(state) if task.state is EvalState.LEASED else state, score=score,
+                    worker=worker or task.worker)))
+            return self._feed(tenant, job_id)
+
+    def _feed(self, tenant: str, job_id: str) -> Decision:
+        """Report every scored snapshot whose earlier snapshots are all scored, in step order."""
+        now = self.clock()
+        for task in self.store.evals(tenant, job_id):
+            if task.fed:
+                continue
+            if not task.state.terminal:
+                if now - task.created_at <= self.eval_gap_timeout_s:
+                    break  # the prefix is not complete yet
+                task = dataclasses.replace(task, state=EvalState.MISSING)
+            done = task.state is EvalState.DONE
+            try:
+                self.report(tenant, job_id, task.step, task.score if done else None, task.train_loss, task.proxy_reward,
+                            task.path if done else None)
+            except Conflict:
+                pass  # fed before a crash, or reported some other way: the stored report stands
+            wait_durable(self.store.put_eval(dataclasses.replace(task, fed=True)))
+        return self._current(self._fresh(tenant, job_id))
+
+    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
+        """The job's published snapshots and their evals' states, in step order."""
+        self._fresh(tenant, job_id)
+        return self.store.evals(tenant, job_id)
 
     def record_event(self, tenant: str, job_id: str, kind: AuditKind, reason: str, evidence: dict,
                      actor: str = "coordinator") -> None:
@@ -573,6 +667,16 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     return value
+
+
+def _decided_step(record: JobRecord, live: _Live) -> int | None:
+    """The step of the eval whose report stopped the job (None for a manual stop)."""
+    if record.decision is None or record.decision.evidence.get("manual"):
+        return None
+    steps = record.decision.evidence.get("steps")
+    if isinstance(steps, (list, tuple)) and steps:
+        return steps[-1]
+    return live.last.step if live.last is not None else None
 
 
 def _parse_status(value: str) -> JobStatus:

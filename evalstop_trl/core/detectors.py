@@ -39,14 +39,17 @@ from .registry import Registry
 
 __all__ = [
     "Action",
+    "CusumDetector",
     "Decision",
     "Detector",
     "DeclineDetector",
+    "DropDetector",
     "LossPlateauDetector",
     "NeverDetector",
     "Observation",
     "PatienceDetector",
     "StopAtDetector",
+    "TrendDetector",
     "DETECTORS",
     "create_detector",
     "detector_params",
@@ -422,6 +425,207 @@ class LossPlateauDetector(Detector):
         return self._continue(f"train loss improving {rel:.1%} over {self.window} evals", relative_improvement=rel)
 
 
+# ----------------------------------------------------------------------------- noise-robust detectors
+#: Bounds of the noise-robust detectors' statistical parameters.
+MAX_Z = 100.0
+MAX_PRIOR_EVALS = 1000.0
+
+
+def third_difference(y0: float, y1: float, y2: float, y3: float) -> float:
+    """``y3 - 3 y2 + 3 y1 - y0``: for independent noise of level sigma its variance is 20 sigma^2,
+    and a smooth curve contributes only its (small) third derivative."""
+    return y3 - 3.0 * y2 + 3.0 * y1 - y0
+
+
+def t_threshold(z: float, dof: float) -> float:
+    """A normal threshold ``z`` widened for a noise level estimated with ``dof`` degrees of freedom
+    (the first Cornish-Fisher term of Student's t quantile: ``z + (z^3 + z) / (4 dof)``)."""
+    return z + (z**3 + z) / (4.0 * dof)
+
+
+def pooled_sigma(prior: float, prior_evals: float, sum_sq: float, n: int) -> float:
+    """Noise level from a prior guess worth ``prior_evals`` terms and ``n`` observed terms whose
+    squares (each an unbiased estimate of sigma^2) sum to ``sum_sq``."""
+    dof = prior_evals + n
+    return math.sqrt((prior_evals * prior * prior + sum_sq) / dof) if dof > 0 else 0.0
+
+
+class NoiseLevel:
+    """Online eval-noise level of one job: third differences of consecutive eval scores, pooled
+    with a prior guess (``noise_prior``, worth ``prior_evals`` terms). O(1) memory."""
+
+    __slots__ = ("prior", "prior_evals", "_last", "_sum_sq", "n")
+
+    def __init__(self, prior: float, prior_evals: float) -> None:
+        self.prior, self.prior_evals = prior, prior_evals
+        self._last: deque[float] = deque(maxlen=3)
+        self._sum_sq = 0.0
+        self.n = 0
+
+    def add(self, y: float) -> None:
+        if len(self._last) == 3:
+            d = third_difference(self._last[0], self._last[1], self._last[2], y)
+            self._sum_sq += d * d / 20.0
+            self.n += 1
+        self._last.append(y)
+
+    @property
+    def sigma(self) -> float:
+        return pooled_sigma(self.prior, self.prior_evals, self._sum_sq, self.n)
+
+    @property
+    def dof(self) -> float:
+        return self.prior_evals + self.n
+
+
+def _check_noise(noise_prior: Any, prior_evals: Any) -> tuple[float, float]:
+    prior = _check_number("noise_prior", noise_prior, 0.0, MAX_DELTA)
+    weight = _check_number("prior_evals", prior_evals, 0.0, MAX_PRIOR_EVALS)
+    if prior == 0 or weight == 0:
+        raise ValueError(f"noise_prior and prior_evals must be > 0, but got {noise_prior=}, {prior_evals=}.")
+    return prior, weight
+
+
+class DropDetector(Detector):
+    """Noise-robust rule: STOP when the mean of the last ``window`` evals lies significantly below
+    the best earlier ``window``-eval mean: ``(best - now) / (sigma * sqrt(2 / window))`` above
+    ``z`` (widened for an estimated sigma, :func:`t_threshold`). Sigma, the eval noise level, is
+    estimated online (:class:`NoiseLevel`; ``noise_prior`` is a guess in score units worth
+    ``prior_evals`` evals). Memory: ``2 * window`` scores. Reports without an eval are skipped.
+    """
+
+    name = "drop"
+
+    def __init__(self, window: int = 2, z: float = 1.5, noise_prior: float = 0.05, prior_evals: float = 2.0,
+                 direction: str = "max") -> None:
+        super().__init__(direction)
+        self.window = _check_int("window", window, 1, MAX_WINDOW)
+        self.z = _check_number("z", z, 0.0, MAX_Z)
+        self.noise = NoiseLevel(*_check_noise(noise_prior, prior_evals))
+        self._sign = 1.0 if direction == "max" else -1.0
+        self._now: deque[float] = deque(maxlen=self.window)  # the last ``window`` evals
+        self._before: deque[float] = deque(maxlen=self.window)  # the ``window`` evals before those
+        self._ref: float | None = None  # best mean of a window that ended before the current one
+
+    def _observe(self, obs: Observation) -> Decision:
+        if obs.eval_score is None:
+            return self._continue("no eval score in this report")
+        y = self._sign * obs.eval_score
+        self.noise.add(y)
+        w = self.window
+        if len(self._now) == w:
+            self._before.append(self._now.popleft())
+        self._now.append(y)
+        if len(self._before) < w:
+            return self._continue(f"{len(self._before) + len(self._now)} eval(s), need {2 * w}")
+        earlier = sum(self._before) / w
+        self._ref = earlier if self._ref is None else max(self._ref, earlier)
+        now = sum(self._now) / w
+        sigma = self.noise.sigma
+        stat = (self._ref - now) / (sigma * math.sqrt(2.0 / w))
+        threshold = t_threshold(self.z, self.noise.dof)
+        evidence = {"z": stat, "threshold": threshold, "sigma": sigma, "drop": self._sign * (self._ref - now)}
+        if stat > threshold:
+            return self._stop(
+                f"mean of the last {w} evals is {_fmt(abs(self._ref - now))} below the best {w}-eval mean "
+                f"({_fmt(stat)} noise units > {_fmt(threshold)}; noise {_fmt(sigma)}) at step {obs.step}",
+                **evidence)
+        return self._continue(f"drop {_fmt(stat)} noise units <= {_fmt(threshold)}", **evidence)
+
+
+class TrendDetector(Detector):
+    """Noise-robust rule: STOP when the least-squares slope of the last ``window`` evals (against
+    their steps) is significantly negative: ``-slope / se`` above ``z`` (widened for an estimated
+    sigma), with ``se = sigma / sqrt(Sxx)`` and sigma estimated online as in :class:`DropDetector`.
+    Memory: ``window`` evals.
+    """
+
+    name = "trend"
+
+    def __init__(self, window: int = 4, z: float = 2.0, noise_prior: float = 0.05, prior_evals: float = 2.0,
+                 direction: str = "max") -> None:
+        super().__init__(direction)
+        self.window = _check_int("window", window, 2, MAX_WINDOW)
+        self.z = _check_number("z", z, 0.0, MAX_Z)
+        self.noise = NoiseLevel(*_check_noise(noise_prior, prior_evals))
+        self._sign = 1.0 if direction == "max" else -1.0
+        self._recent: deque[tuple[int, float]] = deque(maxlen=self.window)
+
+    def _observe(self, obs: Observation) -> Decision:
+        if obs.eval_score is None:
+            return self._continue("no eval score in this report")
+        y = self._sign * obs.eval_score
+        self.noise.add(y)
+        self._recent.append((obs.step, y))
+        if len(self._recent) < self.window:
+            return self._continue(f"{len(self._recent)} eval(s), need {self.window}")
+        slope, sxx = least_squares_slope(self._recent)
+        if sxx <= 0:
+            return self._continue("all evals in the window share one step")
+        sigma = self.noise.sigma
+        stat = -slope * math.sqrt(sxx) / sigma
+        threshold = t_threshold(self.z, self.noise.dof)
+        evidence = {"t": stat, "threshold": threshold, "sigma": sigma, "slope": self._sign * slope}
+        if stat > threshold:
+            return self._stop(
+                f"the last {self.window} evals fall (slope {_fmt(self._sign * slope)} per step, "
+                f"t = {_fmt(stat)} > {_fmt(threshold)}; noise {_fmt(sigma)}) at step {obs.step}", **evidence)
+        return self._continue(f"trend t = {_fmt(-stat)} (stop below {_fmt(-threshold)})", **evidence)
+
+
+def least_squares_slope(points: Any) -> tuple[float, float]:
+    """(slope, Sxx) of the least-squares line through ``(x, y)`` points (slope 0 when Sxx is 0)."""
+    pts = list(points)
+    n = len(pts)
+    xm = sum(x for x, _ in pts) / n
+    ym = sum(y for _, y in pts) / n
+    sxx = sum((x - xm) ** 2 for x, _ in pts)
+    if sxx <= 0:
+        return 0.0, 0.0
+    return sum((x - xm) * (y - ym) for x, y in pts) / sxx, sxx
+
+
+class CusumDetector(Detector):
+    """Noise-robust rule, a one-sided CUSUM of shortfalls: each eval's shortfall below the best
+    ``window``-eval mean so far, in noise units, minus ``drift``, accumulates (never below 0);
+    STOP when the sum exceeds ``threshold``. Sigma is estimated online as in :class:`DropDetector`.
+    Memory: ``window`` scores.
+    """
+
+    name = "cusum"
+
+    def __init__(self, window: int = 2, drift: float = 0.5, threshold: float = 3.0, noise_prior: float = 0.05,
+                 prior_evals: float = 2.0, direction: str = "max") -> None:
+        super().__init__(direction)
+        self.window = _check_int("window", window, 1, MAX_WINDOW)
+        self.drift = _check_number("drift", drift, 0.0, MAX_Z)
+        self.threshold = _check_number("threshold", threshold, 0.0, MAX_Z)
+        self.noise = NoiseLevel(*_check_noise(noise_prior, prior_evals))
+        self._sign = 1.0 if direction == "max" else -1.0
+        self._recent: deque[float] = deque(maxlen=self.window)
+        self._ref: float | None = None
+        self.total = 0.0
+
+    def _observe(self, obs: Observation) -> Decision:
+        if obs.eval_score is None:
+            return self._continue("no eval score in this report")
+        y = self._sign * obs.eval_score
+        self.noise.add(y)
+        sigma = self.noise.sigma
+        if self._ref is not None:
+            self.total = max(0.0, self.total + (self._ref - y) / sigma - self.drift)
+        self._recent.append(y)
+        if len(self._recent) == self.window:
+            mean = sum(self._recent) / self.window
+            self._ref = mean if self._ref is None else max(self._ref, mean)
+        evidence = {"cusum": self.total, "threshold": self.threshold, "sigma": sigma}
+        if self.total > self.threshold:
+            return self._stop(f"accumulated shortfall below the best {self.window}-eval mean "
+                              f"{_fmt(self.total)} noise units > {_fmt(self.threshold)} (noise {_fmt(sigma)}) "
+                              f"at step {obs.step}", **evidence)
+        return self._continue(f"cusum {_fmt(self.total)} <= {_fmt(self.threshold)}", **evidence)
+
+
 class NeverDetector(Detector):
     """Baseline: always CONTINUE (still tracks the best checkpoint)."""
 
@@ -432,7 +636,8 @@ class NeverDetector(Detector):
 
 
 DETECTORS: Registry[Detector] = Registry("detector")
-for _cls in (DeclineDetector, PatienceDetector, StopAtDetector, LossPlateauDetector, NeverDetector):
+for _cls in (DeclineDetector, PatienceDetector, StopAtDetector, LossPlateauDetector, DropDetector, TrendDetector,
+             CusumDetector, NeverDetector):
     DETECTORS.add(_cls.name, _cls)
 
 
@@ -445,7 +650,8 @@ def create_detector(name: str, **params: Any) -> Detector:
     """Build a registered detector.
 
     Args:
-        name: one of ``decline``, ``patience``, ``stop_at``, ``loss_plateau``, ``never``.
+        name: one of ``decline``, ``patience``, ``stop_at``, ``loss_plateau``, ``drop``, ``trend``,
+            ``cusum``, ``never``.
         **params: the detector's parameters (see :func:`detector_params`).
 
     Raises:

@@ -24,7 +24,7 @@ from .errors import InvalidInput
 from .lifecycle import Lifecycle, transitions
 
 __all__ = [
-    "AuditKind", "AuditRecord", "Escalation", "JobRecord", "JobStatus", "JobType", "JobView", "MAX_STEP", "NAME_PATTERN",
+    "AuditKind", "AuditRecord", "Escalation", "EvalState", "EvalTask", "JobRecord", "JobStatus", "JobType", "JobView", "MAX_STEP", "NAME_PATTERN",
     "Delivery", "Policy", "Quotas", "Registration", "Report", "TenantRecord", "check_name", "check_checkpoint",
 ]
 
@@ -406,6 +406,41 @@ class JobView:
             best_checkpoint=d.get("best_checkpoint"), n_reports=d.get("n_reports", 0),
             last_step=d.get("last_step"), planned_steps=d.get("planned_steps"), acked=d.get("acked", False),
         )
+
+
+@transitions({
+    "PENDING": {"LEASED", "MISSING"},
+    "LEASED": {"PENDING", "DONE", "MISSING"},
+    "DONE": set(),
+    "MISSING": set(),
+})
+class EvalState(Lifecycle, str, Enum):
+    """A snapshot waiting for its world-feedback eval by an external evaluator: PENDING -> LEASED (a
+    worker has it) -> DONE (scored) | back to PENDING (the lease ran out: the worker died) | MISSING
+    (the eval failed, or the gap was not filled in time: fed to the detector as a missing eval)."""
+
+    PENDING = "pending"
+    LEASED = "leased"
+    DONE = "done"
+    MISSING = "missing"
+
+
+@dataclass(frozen=True, slots=True)
+class EvalTask:
+    """One published snapshot of a job (``external_eval``): where it is, and its eval's state."""
+
+    tenant: str
+    job_id: str
+    step: int
+    path: str
+    created_at: float
+    train_loss: float | None = None
+    proxy_reward: float | None = None
+    state: EvalState = EvalState.PENDING
+    lease_until: float = 0.0
+    worker: str = ""
+    score: float | None = None
+    fed: bool = False  # given to the detector (in step order)
 
 
 @dataclass(frozen=True, slots=True)

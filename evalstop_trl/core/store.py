@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from .records import AuditRecord, Delivery, JobRecord, Report, TenantRecord
+from .records import AuditRecord, Delivery, EvalTask, JobRecord, Report, TenantRecord
 
 __all__ = ["DONE", "StaleState", "Store", "StoreError", "TenantRecord", "Ticket", "wait_durable"]
 
@@ -131,6 +131,17 @@ class Store(ABC):
     @abstractmethod
     def update_delivery(self, delivery: Delivery) -> Ticket:
         """Record an attempt's outcome (attempts, next_at, done, outcome)."""
+
+    # external evals (snapshots published by jobs, scored by `evalstop evaluate` workers)
+    @abstractmethod
+    def put_eval(self, task: EvalTask) -> Ticket:
+        """Insert or replace the eval task of (tenant, job_id, step)."""
+    @abstractmethod
+    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
+        """A job's eval tasks in step order."""
+    @abstractmethod
+    def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
+        """The tenant's tasks a worker may take now (pending, or leased with the lease run out), oldest first."""
 
     def probe(self) -> None:  # noqa: B027 - stores that write at once are always ready
         """Raise if the store cannot take a write now (readiness checks)."""

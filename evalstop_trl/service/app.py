@@ -32,7 +32,20 @@ from ..core.store import StoreError
 from .dashboard import mount_dashboard
 from .metrics import Metrics, reclaimed_seconds
 from .middleware import Guard
-from .schemas import AckIn, EventIn, FailIn, JobIn, ReportIn, ReportOut, StopIn, decision_dict, job_dict
+from .schemas import (
+    AckIn,
+    ClaimIn,
+    EvalResultIn,
+    EventIn,
+    FailIn,
+    JobIn,
+    ReportIn,
+    ReportOut,
+    SnapshotIn,
+    StopIn,
+    decision_dict,
+    job_dict,
+)
 from .webhooks import WebhookPolicy, WebhookSender
 
 __all__ = ["MAX_BODY_BYTES", "ServiceSettings", "create_app"]
@@ -230,7 +243,8 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
 
     @app.post("/v1/jobs/{job_id}/ack")
     def ack(job_id: str, t: Tenant, body: AckIn | None = None) -> dict[str, Any]:
-        view = coordinator.ack(t, job_id, (body or AckIn()).checkpoint)
+        body = body or AckIn()
+        view = coordinator.ack(t, job_id, body.checkpoint, body.step)
         metrics.acks.inc()
         return job_dict(view)
 
@@ -241,6 +255,31 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
     @app.post("/v1/jobs/{job_id}/fail")
     def fail(job_id: str, t: Tenant, body: FailIn | None = None) -> dict[str, Any]:
         return job_dict(coordinator.fail(t, job_id, (body or FailIn()).reason))
+
+    @app.post("/v1/jobs/{job_id}/snapshots", status_code=201)
+    def snapshot(job_id: str, body: SnapshotIn, t: Tenant) -> dict[str, Any]:
+        """A snapshot for an external evaluator (``external_eval``): the path is only stored and handed
+        to the tenant's own evaluators; the service never reads it."""
+        task = coordinator.publish_snapshot(t, job_id, body.step, body.path, body.train_loss, body.proxy_reward)
+        return _eval_dict(task)
+
+    @app.get("/v1/jobs/{job_id}/evals", response_model=list[dict[str, Any]])
+    def list_evals(job_id: str, t: Tenant) -> Response:
+        return _json([_eval_dict(e) for e in coordinator.evals(t, job_id)])
+
+    @app.post("/v1/evals/claim", responses={204: {"description": "nothing to evaluate now"}})
+    def claim(body: ClaimIn, t: Tenant) -> Response:
+        """Lease the caller's oldest snapshot waiting for an eval (204 if none)."""
+        task = coordinator.claim_eval(t, body.worker, body.lease_s)
+        return Response(status_code=204) if task is None else _json(_eval_dict(task))
+
+    @app.post("/v1/jobs/{job_id}/evals/{step}")
+    def post_eval(job_id: str, step: int, body: EvalResultIn, t: Tenant) -> dict[str, Any]:
+        """An evaluator's score for a snapshot (or ``score: null`` with ``error``): fed in step order."""
+        if step < 0 or step > 2**53:
+            raise InvalidInput(f"step must be in [0, 2**53], but got {step}.")
+        decision = coordinator.post_eval(t, job_id, step, body.score, body.worker, body.error)
+        return {"decision": decision_dict(decision)}
 
     @app.post("/v1/jobs/{job_id}/events", status_code=201)
     def event(job_id: str, body: EventIn, t: Tenant) -> dict[str, str]:
@@ -262,6 +301,12 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
 
     mount_dashboard(app)
     return app
+
+
+def _eval_dict(task) -> dict[str, Any]:
+    return {"job_id": task.job_id, "step": task.step, "path": task.path, "state": task.state.value,
+            "lease_until": task.lease_until, "worker": task.worker, "score": task.score, "fed": task.fed,
+            "created_at": task.created_at}
 
 
 def _json(data: Any, headers: dict[str, str] | None = None) -> Response:

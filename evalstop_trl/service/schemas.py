@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from ..core.detectors import Decision
 from ..core.records import MAX_PATH, MAX_STEP, NAME_PATTERN, JobView
 
-__all__ = ["AckIn", "DecisionOut", "EventIn", "FailIn", "JobIn", "ReportIn", "ReportOut", "StopIn", "decision_dict", "job_dict"]
+__all__ = ["AckIn", "ClaimIn", "DecisionOut", "EvalResultIn", "EventIn", "FailIn", "SnapshotIn", "JobIn", "ReportIn", "ReportOut", "StopIn", "decision_dict", "job_dict"]
 
 _ID_PATTERN = rf"^{NAME_PATTERN}$"  # pydantic's (Rust) regex: $ is the very end of the text
 
@@ -96,6 +96,26 @@ class EventIn(_In):
 
 class AckIn(_In):
     checkpoint: str | None = Field(None, max_length=MAX_PATH)
+    step: Annotated[int | None, BeforeValidator(lambda v: v if v is None else _integer(v))] = Field(
+        None, ge=0, le=MAX_STEP, description="the step the job stopped at (gives the stop lag)")
+
+
+class SnapshotIn(_In):
+    step: Int = Field(ge=0, le=MAX_STEP)
+    path: str = Field(min_length=1, max_length=MAX_PATH, description="the snapshot's folder, as evaluators see it")
+    train_loss: Num = None
+    proxy_reward: Num = None
+
+
+class ClaimIn(_In):
+    worker: str = Field(min_length=1, max_length=128)
+    lease_s: float = Field(300.0, ge=1, le=3600)
+
+
+class EvalResultIn(_In):
+    score: Num = None
+    error: str | None = Field(None, max_length=2000, description="why the eval failed (then score is null)")
+    worker: str = Field("", max_length=128)
 
 
 def decision_dict(d: Decision | None) -> dict[str, Any] | None:

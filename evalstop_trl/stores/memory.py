@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..core.errors import Conflict
-from ..core.records import AuditRecord, Delivery, JobRecord, Report, TenantRecord
+from ..core.records import AuditRecord, Delivery, EvalState, EvalTask, JobRecord, Report, TenantRecord
 from ..core.store import DONE, Store, Ticket
 
 __all__ = ["MemoryStore"]
@@ -22,6 +22,7 @@ class MemoryStore(Store):
         self._reports: dict[tuple[str, str], list[Report]] = {}  # in step order (the coordinator's rule)
         self._audit: list[AuditRecord] = []
         self._deliveries: dict[str, Delivery] = {}
+        self._evals: dict[tuple[str, str, int], EvalTask] = {}
 
     # tenants
     def add_tenant(self, tenant: TenantRecord) -> None:
@@ -85,6 +86,18 @@ class MemoryStore(Store):
     def job(self, tenant: str, job_id: str) -> JobRecord | None:
         return self._jobs.get((tenant, job_id))
 
+    def put_eval(self, task: EvalTask) -> Ticket:
+        self._evals[(task.tenant, task.job_id, task.step)] = task
+        return DONE
+
+    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
+        return sorted((t for t in self._evals.values() if (t.tenant, t.job_id) == (tenant, job_id)),
+                      key=lambda t: t.step)
+
+    def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
+        due = [t for t in self._evals.values() if t.tenant == tenant and _claimable(t, now)]
+        return sorted(due, key=lambda t: (t.created_at, t.job_id, t.step))[:limit]
+
     def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
         due = sorted((d for d in self._deliveries.values() if not d.done and d.next_at <= now),
                      key=lambda d: (d.created_at, d.id))[:limit]
@@ -95,3 +108,7 @@ class MemoryStore(Store):
     def update_delivery(self, delivery: Delivery) -> Ticket:
         self._deliveries[delivery.id] = delivery
         return DONE
+
+
+def _claimable(t: EvalTask, now: float) -> bool:
+    return t.state is EvalState.PENDING or (t.state is EvalState.LEASED and t.lease_until <= now)

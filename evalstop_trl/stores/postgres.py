@@ -28,6 +28,8 @@ from ..core.records import (
     AuditKind,
     AuditRecord,
     Delivery,
+    EvalState,
+    EvalTask,
     JobRecord,
     JobStatus,
     JobType,
@@ -74,6 +76,11 @@ _SCHEMA = [
         next_at DOUBLE PRECISION NOT NULL DEFAULT 0, done BOOLEAN NOT NULL DEFAULT FALSE,
         outcome TEXT NOT NULL DEFAULT '')""",
     "CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (done, next_at)",
+    """CREATE TABLE IF NOT EXISTS evals (
+        tenant TEXT NOT NULL, job_id TEXT NOT NULL, step BIGINT NOT NULL, path TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, train_loss DOUBLE PRECISION, proxy_reward DOUBLE PRECISION,
+        state TEXT NOT NULL, lease_until DOUBLE PRECISION NOT NULL, worker TEXT NOT NULL, score DOUBLE PRECISION,
+        fed BOOLEAN NOT NULL, PRIMARY KEY (tenant, job_id, step))""",
 ]
 # version -> statements that bring a database of that version to the next one (none yet)
 _MIGRATIONS: dict[int, tuple[str, ...]] = {}
@@ -83,6 +90,13 @@ _JOB_COLS = ("tenant, job_id, job_type, planned_steps, policy, webhook, status, 
 _TENANT_COLS = "name, token_hash, created_at, revoked, quotas, webhook_secret"
 _DELIVERY_COLS = "id, tenant, job_id, url, body, created_at, attempts, next_at, done, outcome"
 _REPORT_COLS = "step, eval_score, train_loss, proxy_reward, checkpoint, received_at"
+
+
+_EVAL_COLS = "tenant, job_id, step, path, created_at, train_loss, proxy_reward, state, lease_until, worker, score, fed"
+
+
+def _eval_from_row(r: tuple) -> EvalTask:
+    return EvalTask(r[0], r[1], r[2], r[3], r[4], r[5], r[6], EvalState(r[7]), r[8], r[9], r[10], bool(r[11]))
 
 
 def _job_values(j: JobRecord) -> tuple:
@@ -365,6 +379,27 @@ class PostgresStore(Store):
             q += " WHERE " + " AND ".join(where)
         rows = self._read(q + " ORDER BY seq LIMIT %s OFFSET %s", (*args, limit, offset))
         return [AuditRecord(r[0], r[1], r[2], AuditKind(r[3]), r[4], r[5], json.loads(r[6])) for r in rows]
+
+    # ------------------------------------------------------------------ external evals
+    def put_eval(self, task: EvalTask) -> Ticket:
+        row = (task.tenant, task.job_id, task.step, task.path, task.created_at, task.train_loss, task.proxy_reward,
+               task.state.value, task.lease_until, task.worker, task.score, task.fed)
+        return self._submit(lambda db: db.execute(
+            f"INSERT INTO evals ({_EVAL_COLS}) VALUES ({', '.join(['%s'] * 12)}) ON CONFLICT (tenant, job_id, step) "
+            "DO UPDATE SET path=EXCLUDED.path, train_loss=EXCLUDED.train_loss, proxy_reward=EXCLUDED.proxy_reward, "
+            "state=EXCLUDED.state, lease_until=EXCLUDED.lease_until, worker=EXCLUDED.worker, score=EXCLUDED.score, "
+            "fed=EXCLUDED.fed", row))
+
+    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
+        rows = self._read(f"SELECT {_EVAL_COLS} FROM evals WHERE tenant=%s AND job_id=%s ORDER BY step",
+                          (tenant, job_id))
+        return [_eval_from_row(r) for r in rows]
+
+    def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
+        rows = self._read(f"SELECT {_EVAL_COLS} FROM evals WHERE tenant=%s AND (state='pending' OR "
+                          "(state='leased' AND lease_until<=%s)) ORDER BY created_at, job_id, step LIMIT %s",
+                          (tenant, now, limit))
+        return [_eval_from_row(r) for r in rows]
 
     # ------------------------------------------------------------------ webhook deliveries
     def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:

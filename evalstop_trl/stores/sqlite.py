@@ -20,6 +20,8 @@ from ..core.records import (
     AuditKind,
     AuditRecord,
     Delivery,
+    EvalState,
+    EvalTask,
     JobRecord,
     JobStatus,
     JobType,
@@ -63,6 +65,10 @@ CREATE TABLE IF NOT EXISTS deliveries (
     created_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL DEFAULT 0,
     done INTEGER NOT NULL DEFAULT 0, outcome TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (done, next_at);
+CREATE TABLE IF NOT EXISTS evals (
+    tenant TEXT NOT NULL, job_id TEXT NOT NULL, step INTEGER NOT NULL, path TEXT NOT NULL, created_at REAL NOT NULL,
+    train_loss REAL, proxy_reward REAL, state TEXT NOT NULL, lease_until REAL NOT NULL, worker TEXT NOT NULL,
+    score REAL, fed INTEGER NOT NULL, PRIMARY KEY (tenant, job_id, step));
 """
 
 # version -> statements that bring a database of that version to the next one
@@ -86,6 +92,18 @@ def _job_row(j: JobRecord) -> tuple:
         json.dumps(j.decision.to_dict()) if j.decision else None, j.stopped_by, j.stopped_at,
         j.acked_at, j.checkpoint, j.finished_at,
     )
+
+
+_EVAL_COLS = "tenant, job_id, step, path, created_at, train_loss, proxy_reward, state, lease_until, worker, score, fed"
+
+
+def _eval_row(t: EvalTask) -> tuple:
+    return (t.tenant, t.job_id, t.step, t.path, t.created_at, t.train_loss, t.proxy_reward, t.state.value,
+            t.lease_until, t.worker, t.score, int(t.fed))
+
+
+def _eval_from_row(r: tuple) -> EvalTask:
+    return EvalTask(r[0], r[1], r[2], r[3], r[4], r[5], r[6], EvalState(r[7]), r[8], r[9], r[10], bool(r[11]))
 
 
 def _delivery_row(d: Delivery) -> tuple:
@@ -317,6 +335,21 @@ class SQLiteStore(Store):
     def job(self, tenant: str, job_id: str) -> JobRecord | None:
         rows = self._read(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant=? AND job_id=?", (tenant, job_id))
         return _job_from_row(rows[0]) if rows else None
+
+    def put_eval(self, task: EvalTask) -> Ticket:
+        row = _eval_row(task)
+        return self._submit(lambda db: db.execute(
+            f"INSERT OR REPLACE INTO evals ({_EVAL_COLS}) VALUES ({','.join('?' * 12)})", row))
+
+    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
+        rows = self._read(f"SELECT {_EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? ORDER BY step", (tenant, job_id))
+        return [_eval_from_row(r) for r in rows]
+
+    def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
+        rows = self._read(f"SELECT {_EVAL_COLS} FROM evals WHERE tenant=? AND (state='pending' OR "
+                          "(state='leased' AND lease_until<=?)) ORDER BY created_at, job_id, step LIMIT ?",
+                          (tenant, now, limit))
+        return [_eval_from_row(r) for r in rows]
 
     def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
         rows = self._read(f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE done=0 AND next_at<=? "

@@ -154,6 +154,8 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         max_eval_failures: int = 3,
         on_eval_error: str = "skip",
         fail_mode: str = "local",
+        external_eval: bool = False,
+        keep_snapshots: bool = False,
         _restored: bool = False,
         **detector_params: Any,
     ) -> None:
@@ -168,10 +170,20 @@ class EvalStopCallback(TrainerCallback, ExportableState):
                                      "to the trainer again.")
                 world_feedback, coordinator = donor.world_feedback, coordinator or donor._coordinator_arg
                 token = token or donor.token
-        if world_feedback is None:
+        if external_eval:
+            if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
+                raise ValueError(f"EvalStopCallback: eval_every must be an integer >= 1 with external_eval=True, "
+                                 f"but got eval_every={eval_every!r}.")
+            if world_feedback is not None and not _restored:
+                raise ValueError("EvalStopCallback: with external_eval=True the world feedback runs in "
+                                 "'evalstop evaluate' workers; pass world_feedback=None.")
+            world_feedback = None
+        elif world_feedback is None:
             raise ValueError("EvalStopCallback needs world_feedback: a callable (model, tokenizer) -> float "
                              "or the name of an evaluation metric such as 'eval_reward'.")
-        if callable(world_feedback):
+        if external_eval:
+            pass  # checked above
+        elif callable(world_feedback):
             if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
                 raise ValueError(f"EvalStopCallback: eval_every must be an integer >= 1 with a world_feedback "
                                  f"callable, but got eval_every={eval_every!r}.")
@@ -193,7 +205,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
                                  "the training under 'evalstop run --grace-s S -- CMD' to stop a loop that ignores "
                                  "the stop flag.")
         accepted = DETECTORS.params(detector)  # ValueError listing the valid names
-        if direction is None and "direction" not in detector_params:
+        if direction is None and "direction" not in detector_params and not external_eval:
             direction = infer_direction(world_feedback) if isinstance(world_feedback, str) else "max"
             if direction == "min" and not _restored:
                 log.info("EvalStop: %r looks like a loss: lower is better (direction='min'); pass direction= "
@@ -213,6 +225,11 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         self.direction = params.get("direction", direction or "max")
         self.save_best, self.keep_best = save_best, keep_best
         self.max_eval_failures, self.on_eval_error, self.fail_mode = max_eval_failures, on_eval_error, fail_mode
+        self.external_eval, self.keep_snapshots = external_eval, keep_snapshots
+        self.stop_lag: int | None = None  # external_eval: steps trained after the eval that decided the stop
+        self._snapshots: list[int] = []  # external_eval: steps whose snapshots this process published
+        self._remote: Any = None  # external_eval: the stopped job view the watcher saw
+        self._watcher: Any = None
         self.client: Any = None
         self.decision: Decision | None = None
         self.best_step: int | None = None
@@ -246,7 +263,8 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             "args": {"job_id": self.job_id, "eval_every": self.eval_every, "job_type": self.job_type,
                      "detector": self.detector, "save_best": self.save_best, "keep_best": self.keep_best,
                      "max_eval_failures": self.max_eval_failures, "on_eval_error": self.on_eval_error,
-                     "fail_mode": self.fail_mode, "_restored": True, **self.params},
+                     "fail_mode": self.fail_mode, "external_eval": self.external_eval,
+                     "keep_snapshots": self.keep_snapshots, "_restored": True, **self.params},
             "attributes": {"history": self.history, "best_step": self.best_step, "best_score": self.best_score,
                            "best_checkpoint": self.best_checkpoint},
         }
@@ -256,19 +274,22 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         mirror = self._mirror
         if mirror is not None and mirror is not self:
             for name in ("decision", "best_step", "best_score", "best_checkpoint", "stopped_at", "job_id", "attempt",
-                         "client"):
+                         "client", "stop_lag"):
                 setattr(mirror, name, getattr(self, name))
             mirror.history = self.history
 
     # ------------------------------------------------------------------ setup
     def on_train_begin(self, args, state, control, **kwargs):
         self._is_main = state.is_world_process_zero
+        self._output_dir = args.output_dir
         if self.job_id is None:
             self.job_id = default_job_id(args)
         if self._is_main and self.client is None:
             self.client = connect(self._coordinator_arg, self.token, args.output_dir)
             self._attach(args, state)
             atexit.register(_mark_failed_at_exit, weakref.ref(self))
+            if self.external_eval:
+                self._start_watcher()
         shared = broadcast_object({"job_id": self.job_id, "best_step": self.best_step, "best_score": self.best_score,
                                    "best_checkpoint": self.best_checkpoint} if self._is_main else None)
         self.job_id, self.best_step, self.best_score, self.best_checkpoint = (
@@ -332,6 +353,9 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             self._decide(args, state, control, logs)
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if self.external_eval:
+            self._external_step(args, state, control)
+            return
         if self._pending is not None:  # the trainer did not log the last eval's step: decide without it
             self._decide(args, state, control, None)
             if control.should_training_stop:
@@ -343,8 +367,19 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         self._pending = (state.global_step, score, model, tokenizer)
         control.should_log = True  # the report carries this step's loss and reward, from this step's log
 
+    def on_save(self, args, state, control, **kwargs):
+        if not (self.external_eval and self._is_main) or state.global_step % self.eval_every != 0:
+            return
+        step = state.global_step
+        path = str(Path(args.output_dir) / f"checkpoint-{step}")
+        if step in self._snapshots or not Path(path).is_dir():
+            return
+        self._snapshots.append(step)
+        self.client.publish_snapshot(self.job_id, step, path, self._last_loss, self._last_reward)
+        self._prune()
+
     def on_evaluate(self, args, state, control, metrics=None, model=None, processing_class=None, **kwargs):
-        if callable(self.world_feedback):
+        if callable(self.world_feedback) or self.external_eval:
             return
         metrics = metrics or {}
         name = self.world_feedback
@@ -365,6 +400,77 @@ class EvalStopCallback(TrainerCallback, ExportableState):
                 self.client.finish(self.job_id)
             except EvalStopError as exc:
                 log.warning("EvalStop: could not mark %s finished: %s", self.job_id, exc)
+
+    # ------------------------------------------------------------------ external evals
+    def _start_watcher(self) -> None:
+        """A daemon thread long-polling the job's decision: the step loop learns a STOP at its next step."""
+        import threading
+
+        client, job_id, me = self.client, self.job_id, weakref.ref(self)
+
+        def watch() -> None:
+            while True:
+                cb = me()
+                if cb is None or cb._ended or cb._remote is not None:
+                    return
+                del cb
+                try:
+                    view = client.wait_decision(job_id, 10.0, stopped=True)
+                except Exception:  # noqa: BLE001 - unreachable: keep training, try again
+                    time.sleep(1.0)
+                    continue
+                cb = me()
+                if cb is not None and view.status == "stopped":
+                    cb._remote = view
+                    return
+
+        self._watcher = threading.Thread(target=watch, name="evalstop-watcher", daemon=True)
+        self._watcher.start()
+
+    def _external_step(self, args, state, control) -> None:
+        if state.global_step % self.eval_every == 0:
+            control.should_save = True  # the trainer's own save path writes checkpoint-<step> (FSDP/ZeRO-3 too)
+            control.should_log = True
+        remote = self._remote if self._is_main else None
+        shared = broadcast_object(None if remote is None else {
+            "decision": remote.decision, "best_step": remote.best_step, "best_score": remote.best_score,
+            "best_checkpoint": remote.best_checkpoint} if self._is_main else None)
+        if shared is None:
+            return
+        self.decision, self.best_step = shared["decision"], shared["best_step"]
+        self.best_score, self.best_checkpoint = shared["best_score"], shared["best_checkpoint"]
+        control.should_training_stop = True
+        self.stopped_at = state.global_step
+        if self._is_main:
+            decided = (self.decision.evidence.get("steps") or [None])[-1] if self.decision else None
+            self.stop_lag = None if decided is None else state.global_step - decided
+            try:
+                self.client.ack(self.job_id, self.best_checkpoint, state.global_step)
+            except EvalStopError as exc:
+                log.warning("EvalStop: could not acknowledge the stop: %s", exc)
+            log.warning("EvalStop: stopping at step %d (stop lag %s steps after the deciding eval): %s; best step "
+                        "%s (score %s), snapshot %s", state.global_step, self.stop_lag,
+                        self.decision.reason if self.decision else "", self.best_step, self.best_score,
+                        self.best_checkpoint)
+            self._prune()
+        self._publish()
+
+    def _prune(self) -> None:
+        """Delete published snapshots already scored and not the best (unless keep_snapshots)."""
+        if self.keep_snapshots or not self._snapshots:
+            return
+        try:
+            view = self.client.status(self.job_id)
+        except EvalStopError:
+            return
+        scored_to = view.last_step if view.last_step is not None else -1
+        for step in list(self._snapshots):
+            if step <= scored_to and step != view.best_step:
+                path = Path(self._output_dir) / f"checkpoint-{step}"
+                import shutil
+
+                shutil.rmtree(path, ignore_errors=True)
+                self._snapshots.remove(step)
 
     # ------------------------------------------------------------------ the work
     def _evaluate(self, model, tokenizer, step: int) -> float | None:

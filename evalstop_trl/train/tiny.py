@@ -254,7 +254,8 @@ def run_tiny(
     cbs = list(callbacks or [])
     cb = None
     if with_evalstop:
-        cb = EvalStopCallback(world_feedback or gold, eval_every=eval_every, coordinator=coordinator, token=token,
+        external = bool((callback_kwargs or {}).get("external_eval"))
+        cb = EvalStopCallback(None if external else (world_feedback or gold), eval_every=eval_every, coordinator=coordinator, token=token,
                               job_id=job_id, job_type=trainer if trainer in ("grpo", "rloo", "dpo", "online_dpo") else "sft",
                               detector=detector if stop else "never", k=k, min_delta=min_delta,
                               save_best=save_best, **(callback_kwargs or {}), **(detector_params if stop else {}))
@@ -308,3 +309,8 @@ def run_tiny(
         best_checkpoint=cb.best_checkpoint if cb else None, reason=cb.decision.reason if cb and cb.decision else "",
         trace=trace, seconds=seconds, callback=cb, log_history=list(tr.state.log_history),
     )
+
+
+def gold_hacked(model, tokenizer) -> float:
+    """World feedback of the ``hacked`` preset, as a ``--fn`` for ``evalstop evaluate``."""
+    return GoldEval(PRESETS["hacked"])(model, tokenizer)
