@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "demo-out"
 PY = sys.executable
-JOBS = [("acme", "hacked", 0), ("acme", "healthy", 0), ("globex", "hacked", 1), ("globex", "healthy", 1)]
+JOBS = [("acme", "hacked", 0), ("acme", "healthy", 0), ("globex", "hacked", 1), ("globex", "healthy", 1),
+        ("acme", "external", 0)]  # "external": the hacked preset, world feedback scored by an `evalstop evaluate` worker
 MAX_STEPS, EVAL_EVERY = 300, 15
 WAIT = True  # in a terminal, keep the platform up until Enter (--no-wait: never)
 
@@ -60,11 +61,17 @@ def live_platform() -> None:
               f"starting {len(JOBS)} tiny GRPO jobs as separate processes ...", flush=True)
         t0 = time.time()
         procs = []
+        evaluator = subprocess.Popen(  # one external evaluator for acme's snapshots
+            [PY, "-m", "evalstop_trl", "evaluate", "--url", url, "--token", tokens["acme"], "--fn",
+             "evalstop_trl.train.tiny:gold_hacked", "--root", str(OUT)],
+            stdout=open(OUT / "evaluator.log", "w"), stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         for tenant, preset, seed in JOBS:
             job_id = f"{tenant}-{preset}"
-            cmd = [PY, str(ROOT / "scripts" / "tiny_rlhf.py"), "--trainer", "grpo", "--preset", preset, "--seed",
-                   str(seed), "--coordinator", url, "--token", tokens[tenant], "--job-id", job_id, "--max-steps",
-                   str(MAX_STEPS), "--eval-every", str(EVAL_EVERY), "--output-dir", str(OUT / job_id)]
+            external = preset == "external"
+            cmd = [PY, str(ROOT / "scripts" / "tiny_rlhf.py"), "--trainer", "grpo", "--preset",
+                   "hacked" if external else preset, "--seed", str(seed), "--coordinator", url, "--token",
+                   tokens[tenant], "--job-id", job_id, "--max-steps", str(MAX_STEPS), "--eval-every", str(EVAL_EVERY),
+                   "--output-dir", str(OUT / job_id), *(["--external-eval"] if external else [])]
             log = open(OUT / f"{job_id}.log", "w")
             procs.append((tenant, preset, seed, job_id, subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})))
@@ -79,7 +86,13 @@ def live_platform() -> None:
             if p.returncode != 0 or line is None:
                 raise SystemExit(f"job {job_id} failed; see {OUT / (job_id + '.log')}")
             results.append({**json.loads(line[7:]), "tenant": tenant, "seed": seed})
+        evaluator.terminate()
+        evaluator.wait(timeout=60)
         print(f"all jobs done in {time.time() - t0:.0f} s", flush=True)
+        ext = next(r for r in results if r["job_id"] == "acme-external")
+        print(f"acme-external: world feedback scored by a separate `evalstop evaluate` worker from snapshots; "
+              f"stopped at step {ext['stopped_at']}, stop lag {ext['stop_lag']} steps (trained after the eval "
+              f"that decided the stop, while the evaluator caught up)")
         code = stubborn.wait(timeout=300)
         print(f"\nglobex-stubborn (a loop that ignores the stop flag, under `evalstop run --grace-s 2`): "
               f"launcher exit status {code}; its audit trail:")
@@ -106,7 +119,7 @@ def table(results: list[dict]) -> None:
     print(f"\n{'tenant':<8}{'job':<16}{'preset':<9}{'stopped at':>11}{'best step':>10}{'best gold':>10}"
           f"{'no-stop final gold':>19}{'compute saved':>14}")
     for r in results:
-        ref = reference(r["preset"], r["seed"])
+        ref = reference(r["preset"].replace("external", "hacked"), r["seed"])
         final = f"{ref[-1]['gold']:.3f}" if ref else "n/a"
         saved = 1 - r["steps_done"] / r["max_steps"]
         stopped = str(r["stopped_at"]) if r["stopped_at"] else "-"
@@ -124,7 +137,7 @@ def plot(results: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.6), sharey=False)
     for ax, r in zip(axes, results, strict=True):
-        ref = reference(r["preset"], r["seed"])
+        ref = reference(r["preset"].replace("external", "hacked"), r["seed"])
         if ref:
             ax.plot([t["step"] for t in ref], [t["gold"] for t in ref], "--", c="grey", label="gold, no-stop reference")
         ax.plot([t["step"] for t in r["trace"]], [t["gold"] for t in r["trace"]], "o-", c="tab:green", label="gold (world feedback)")

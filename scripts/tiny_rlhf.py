@@ -36,6 +36,8 @@ def main() -> int:
     ap.add_argument("--no-stop", action="store_true", help="record a reference run (detector 'never')")
     ap.add_argument("--output-dir")
     ap.add_argument("--trace", help="write the eval trace as JSONL")
+    ap.add_argument("--external-eval", action="store_true",
+                    help="publish snapshots for `evalstop evaluate` workers instead of evaluating in the loop")
     args = ap.parse_args()
     if args.max_steps < 1 or args.eval_every < 1:
         ap.error("--max-steps and --eval-every must be >= 1")
@@ -54,13 +56,17 @@ def main() -> int:
     run = run_tiny(args.trainer, args.preset, output_dir=out, coordinator=None if args.coordinator == "embedded"
                    else args.coordinator, token=args.token, job_id=job_id, max_steps=args.max_steps,
                    eval_every=args.eval_every, seed=args.seed, device=args.device, k=args.k,
-                   stop=not args.no_stop)
+                   stop=not args.no_stop, callback_kwargs={"external_eval": True} if args.external_eval else None)
+    cb = run.callback
+    if args.external_eval and cb is not None:  # the scores came from the evaluators, through the coordinator
+        run.trace = [{"step": r.step, "gold": r.eval_score, "proxy": r.proxy_reward, "loss": r.train_loss}
+                     for r in cb.client.reports(cb.job_id)]
     if args.trace:
         Path(args.trace).write_text("".join(json.dumps(t) + "\n" for t in run.trace))
     result = {"job_id": job_id, "trainer": run.trainer, "preset": run.preset, "steps_done": run.steps_done,
               "max_steps": args.max_steps, "stopped_at": run.stopped_at, "best_step": run.best_step,
               "best_score": run.best_score, "best_checkpoint": run.best_checkpoint, "reason": run.reason,
-              "seconds": run.seconds, "trace": run.trace}
+              "seconds": run.seconds, "trace": run.trace, "stop_lag": getattr(cb, "stop_lag", None)}
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

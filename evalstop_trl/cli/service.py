@@ -219,9 +219,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
     client = EvalStopClient(url, token, retries=0)
     try:
         jobs = [client.status(args.job_id)] if args.job_id else client.list_jobs()
+        audit = client.audit(args.job_id) if args.job_id else []
         if args.plot:
             reports = [r.to_dict() for r in client.reports(args.job_id)]
-            audit = [a for a in client.audit() if a.get("job_id") == args.job_id]
     except EvalStopError as exc:  # a refusal (4xx) or an unreachable coordinator
         raise CLIError(str(exc)) from None
     finally:
@@ -243,6 +243,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         best = "" if j.best_score is None else f"{j.best_score:.4f}"
         print(f"{j.job_id:<24}{j.job_type:<10}{j.status:<10}{j.n_reports:>8}{str(j.best_step or ''):>10}{best:>11}  "
               f"{d.action.value + ': ' + d.reason if d else ''}")
+    lags = [a["evidence"]["stop_lag"] for a in audit if a.get("kind") == "ack" and "stop_lag" in a.get("evidence", {})]
+    if lags:
+        print(f"stop lag: {lags[-1]} step(s) trained after the eval that decided the stop")
     return 0
 
 
