@@ -191,13 +191,14 @@ def test_url_without_token_is_a_clear_error(tmp_path, monkeypatch):
 DIST_WORKER = Path(__file__).with_name("dist_worker.py")
 
 
-def test_two_processes_stop_together(tmp_path):
+@pytest.mark.parametrize("mode", ["rank0", "all"])
+def test_two_processes_stop_together(tmp_path, mode):
     import signal
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-         str(DIST_WORKER), str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+         str(DIST_WORKER), str(tmp_path), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         start_new_session=True)
     try:
         out, err = proc.communicate(timeout=300)
@@ -209,3 +210,6 @@ def test_two_processes_stop_together(tmp_path):
     steps = sorted((tmp_path / f"rank{r}.txt").read_text() for r in (0, 1))
     assert steps[0] == steps[1] and steps[0].startswith("stopped at 12, best step ") and steps[0].endswith("stop")
     assert "best step None" not in steps[0]
+    if mode == "all":  # both ranks ran the (collective) eval at every eval step; rank 0's score was used
+        assert [(tmp_path / f"evals-rank{r}.txt").read_text().split() for r in (0, 1)] == [["2", "2"]] * 2
+        assert float(steps[0].split("best score ")[1].split(",")[0]) < 100

@@ -134,6 +134,10 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             ``"stop"`` (stop the job) or ``"raise"``.
         fail_mode: ``"local"`` (a local detector decides while the coordinator is unreachable) or
             ``"open"`` (never stop then).
+        external_eval: publish a snapshot every ``eval_every`` steps for ``evalstop evaluate`` workers
+            instead of evaluating in the loop; keep_snapshots: keep scored snapshots (default: only the best).
+        eval_on_all_ranks: run ``world_feedback`` on every rank (a collective forward of a sharded
+            model); rank 0's score is used.
     """
 
     def __init__(
@@ -156,6 +160,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         fail_mode: str = "local",
         external_eval: bool = False,
         keep_snapshots: bool = False,
+        eval_on_all_ranks: bool = False,
         _restored: bool = False,
         **detector_params: Any,
     ) -> None:
@@ -226,6 +231,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         self.save_best, self.keep_best = save_best, keep_best
         self.max_eval_failures, self.on_eval_error, self.fail_mode = max_eval_failures, on_eval_error, fail_mode
         self.external_eval, self.keep_snapshots = external_eval, keep_snapshots
+        self.eval_on_all_ranks = bool(eval_on_all_ranks)
         self.stop_lag: int | None = None  # external_eval: steps trained after the eval that decided the stop
         self._snapshots: list[int] = []  # external_eval: steps whose snapshots this process published
         self._remote: Any = None  # external_eval: the stopped job view the watcher saw
@@ -264,7 +270,8 @@ class EvalStopCallback(TrainerCallback, ExportableState):
                      "detector": self.detector, "save_best": self.save_best, "keep_best": self.keep_best,
                      "max_eval_failures": self.max_eval_failures, "on_eval_error": self.on_eval_error,
                      "fail_mode": self.fail_mode, "external_eval": self.external_eval,
-                     "keep_snapshots": self.keep_snapshots, "_restored": True, **self.params},
+                     "keep_snapshots": self.keep_snapshots, "eval_on_all_ranks": self.eval_on_all_ranks,
+                     "_restored": True, **self.params},
             "attributes": {"history": self.history, "best_step": self.best_step, "best_score": self.best_score,
                            "best_checkpoint": self.best_checkpoint},
         }
@@ -363,7 +370,8 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         if not callable(self.world_feedback) or state.global_step % self.eval_every != 0:
             return
         tokenizer = processing_class if processing_class is not None else kwargs.get("tokenizer")
-        score = self._evaluate(model, tokenizer, state.global_step) if self._is_main else None
+        # sharded models (FSDP, ZeRO-3) need every rank in the forward pass: eval_on_all_ranks; rank 0's score counts
+        score = self._evaluate(model, tokenizer, state.global_step) if self._is_main or self.eval_on_all_ranks else None
         self._pending = (state.global_step, score, model, tokenizer)
         control.should_log = True  # the report carries this step's loss and reward, from this step's log
 
