@@ -201,3 +201,23 @@ def test_a_coordinator_down_from_the_start_still_stops_and_the_outbox_flushes(tm
         job = c.status("offline")
     assert job.status == "stopped" and job.best_step == embedded.best_step  # the service agrees, and now knows
     assert not outbox.exists()
+
+
+def test_unrelated_runs_with_the_same_folder_name_do_not_collide(tmp_path):
+    shared = Coordinator(SQLiteStore(tmp_path / "shared.db"))  # one coordinator for both, as a service would be
+    a = run_tiny("grpo", "healthy", output_dir=tmp_path / "a", coordinator=shared, max_steps=10, eval_every=5,
+                 stop=False)
+    b = run_tiny("grpo", "healthy", output_dir=tmp_path / "b", coordinator=shared, max_steps=10, eval_every=5,
+                 stop=False)  # both write to .../trainer
+    assert a.callback.job_id != b.callback.job_id
+    assert a.callback.job_id.startswith("trainer-") and b.callback.job_id.startswith("trainer-")
+    assert sorted(v.n_reports for v in shared.list_jobs("local")) == [2, 2]
+    shared.close()
+
+
+def test_keep_best_checkpoint_keeps_the_trainers_own_checkpoint(tmp_path):
+    run = run_tiny("grpo", "healthy", output_dir=tmp_path, max_steps=20, eval_every=10,
+                   callback_kwargs={"keep_best": "checkpoint"})
+    best = Path(run.best_checkpoint)
+    assert best == tmp_path / "trainer" / f"checkpoint-{run.best_step}" and (best / "config.json").exists()
+    assert not (tmp_path / "trainer" / "evalstop-best").exists()  # no extra copy of the model

@@ -136,3 +136,16 @@ def test_import_package_does_not_import_torch():
 def test_loader_error_type(tmp_path):
     with pytest.raises(ReplayError):
         load_curve(tmp_path / "nothing.jsonl")
+
+
+def test_several_eval_metrics_are_refused_with_the_list_and_evalstop_score_wins(tmp_path):
+    import json as _json
+
+    state = {"log_history": [{"step": 10, "eval_loss": 0.5, "eval_entropy": 2.0, "eval_rewards/margins": 0.1}]}
+    path = tmp_path / "trainer_state.json"
+    path.write_text(_json.dumps(state))
+    with pytest.raises(ReplayError, match="several evaluation metrics.*eval_loss, eval_entropy"):
+        load_curve(path)
+    state["log_history"].append({"step": 10, "evalstop/score": 0.7, "evalstop/best_score": 0.7})
+    path.write_text(_json.dumps(state))
+    assert load_curve(path).metric == "evalstop/score"
