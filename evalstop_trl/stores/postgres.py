@@ -25,10 +25,8 @@ from concurrent.futures import Future
 from ..core.detectors import Decision
 from ..core.errors import Conflict
 from ..core.records import (
-    AuditKind,
     AuditRecord,
     Delivery,
-    EvalState,
     EvalTask,
     JobRecord,
     JobStatus,
@@ -38,6 +36,20 @@ from ..core.records import (
     TenantRecord,
 )
 from ..core.store import StaleState, Store, StoreError, Ticket, wait_durable
+from .sql import (
+    DELIVERY_COLS,
+    EVAL_COLS,
+    REPORT_COLS,
+    TENANT_COLS,
+    audit_from_row,
+    audit_query,
+    delivery_from_row,
+    delivery_row,
+    eval_from_row,
+    eval_row,
+    q,
+    tenant_from_row,
+)
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
@@ -87,16 +99,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {}
 
 _JOB_COLS = ("tenant, job_id, job_type, planned_steps, policy, webhook, status, created_at, updated_at, decision, "
              "stopped_by, stopped_at, acked_at, checkpoint, finished_at, version")
-_TENANT_COLS = "name, token_hash, created_at, revoked, quotas, webhook_secret"
-_DELIVERY_COLS = "id, tenant, job_id, url, body, created_at, attempts, next_at, done, outcome"
-_REPORT_COLS = "step, eval_score, train_loss, proxy_reward, checkpoint, received_at"
 
-
-_EVAL_COLS = "tenant, job_id, step, path, created_at, train_loss, proxy_reward, state, lease_until, worker, score, fed"
-
-
-def _eval_from_row(r: tuple) -> EvalTask:
-    return EvalTask(r[0], r[1], r[2], r[3], r[4], r[5], r[6], EvalState(r[7]), r[8], r[9], r[10], bool(r[11]))
 
 
 def _job_values(j: JobRecord) -> tuple:
@@ -112,18 +115,6 @@ def _job_from_row(r: tuple) -> JobRecord:
         created_at=r[7], updated_at=r[8], decision=Decision.from_dict(json.loads(r[9])) if r[9] else None,
         stopped_by=r[10], stopped_at=r[11], acked_at=r[12], checkpoint=r[13], finished_at=r[14], version=r[15],
     )
-
-
-def _tenant_from_row(r: tuple) -> TenantRecord:
-    return TenantRecord(r[0], r[1], r[2], bool(r[3]), json.loads(r[4]), r[5])
-
-
-def _delivery_row(d: Delivery) -> tuple:
-    return (d.id, d.tenant, d.job_id, d.url, d.body, d.created_at, d.attempts, d.next_at, d.done, d.outcome)
-
-
-def _delivery_from_row(r: tuple) -> Delivery:
-    return Delivery(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9])
 
 
 class PostgresStore(Store):
@@ -246,7 +237,7 @@ class PostgresStore(Store):
                tenant.webhook_secret)
 
         def op(db):
-            cur = db.execute(f"INSERT INTO tenants ({_TENANT_COLS}) VALUES (%s, %s, %s, %s, %s, %s) "
+            cur = db.execute(f"INSERT INTO tenants ({TENANT_COLS}) VALUES (%s, %s, %s, %s, %s, %s) "
                              "ON CONFLICT (name) DO NOTHING", row)
             if cur.rowcount == 0:
                 raise StaleState(f"tenant {tenant.name!r} already exists")
@@ -257,15 +248,15 @@ class PostgresStore(Store):
             raise Conflict(str(exc)) from None
 
     def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
-        rows = self._read(f"SELECT {_TENANT_COLS} FROM tenants WHERE token_hash = %s", (token_hash,))
-        return _tenant_from_row(rows[0]) if rows else None
+        rows = self._read(f"SELECT {TENANT_COLS} FROM tenants WHERE token_hash = %s", (token_hash,))
+        return tenant_from_row(rows[0]) if rows else None
 
     def tenant(self, name: str) -> TenantRecord | None:
-        rows = self._read(f"SELECT {_TENANT_COLS} FROM tenants WHERE name = %s", (name,))
-        return _tenant_from_row(rows[0]) if rows else None
+        rows = self._read(f"SELECT {TENANT_COLS} FROM tenants WHERE name = %s", (name,))
+        return tenant_from_row(rows[0]) if rows else None
 
     def list_tenants(self) -> list[TenantRecord]:
-        return [_tenant_from_row(r) for r in self._read(f"SELECT {_TENANT_COLS} FROM tenants ORDER BY name")]
+        return [tenant_from_row(r) for r in self._read(f"SELECT {TENANT_COLS} FROM tenants ORDER BY name")]
 
     def update_tenant(self, tenant: TenantRecord) -> bool:
         found = []
@@ -312,8 +303,8 @@ class PostgresStore(Store):
                      for a in audit])
             if deliveries:
                 db.cursor().executemany(
-                    f"INSERT INTO deliveries ({_DELIVERY_COLS}) VALUES ({', '.join(['%s'] * 10)}) "
-                    "ON CONFLICT (id) DO NOTHING", [_delivery_row(d) for d in deliveries])
+                    f"INSERT INTO deliveries ({DELIVERY_COLS}) VALUES ({', '.join(['%s'] * 10)}) "
+                    "ON CONFLICT (id) DO NOTHING", [delivery_row(d) for d in deliveries])
 
         return self._submit(op)
 
@@ -356,63 +347,52 @@ class PostgresStore(Store):
 
     def reports(self, tenant: str, job_id: str, after_step: int | None = None,
                 limit: int | None = None) -> list[Report]:
-        rows = self._read(f"SELECT {_REPORT_COLS} FROM reports WHERE tenant=%s AND job_id=%s AND step > %s "
+        rows = self._read(f"SELECT {REPORT_COLS} FROM reports WHERE tenant=%s AND job_id=%s AND step > %s "
                           "ORDER BY step LIMIT %s", (tenant, job_id, -1 if after_step is None else after_step, limit))
         return [Report(*r) for r in rows]
 
     def report(self, tenant: str, job_id: str, step: int) -> Report | None:
-        rows = self._read(f"SELECT {_REPORT_COLS} FROM reports WHERE tenant=%s AND job_id=%s AND step=%s",
+        rows = self._read(f"SELECT {REPORT_COLS} FROM reports WHERE tenant=%s AND job_id=%s AND step=%s",
                           (tenant, job_id, step))
         return Report(*rows[0]) if rows else None
 
     def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
               offset: int = 0) -> list[AuditRecord]:
-        where, args = [], []
-        if tenant is not None:
-            where.append("tenant=%s")
-            args.append(tenant)
-        if job_id is not None:
-            where.append("job_id=%s")
-            args.append(job_id)
-        q = "SELECT tenant, job_id, at, kind, actor, reason, evidence FROM audit"
-        if where:
-            q += " WHERE " + " AND ".join(where)
-        rows = self._read(q + " ORDER BY seq LIMIT %s OFFSET %s", (*args, limit, offset))
-        return [AuditRecord(r[0], r[1], r[2], AuditKind(r[3]), r[4], r[5], json.loads(r[6])) for r in rows]
+        query, args = audit_query(tenant, job_id)
+        return [audit_from_row(r) for r in self._read(q(query, True), (*args, limit, offset))]
 
     # ------------------------------------------------------------------ external evals
     def put_eval(self, task: EvalTask) -> Ticket:
-        row = (task.tenant, task.job_id, task.step, task.path, task.created_at, task.train_loss, task.proxy_reward,
-               task.state.value, task.lease_until, task.worker, task.score, task.fed)
+        row = eval_row(task)
         return self._submit(lambda db: db.execute(
-            f"INSERT INTO evals ({_EVAL_COLS}) VALUES ({', '.join(['%s'] * 12)}) ON CONFLICT (tenant, job_id, step) "
+            f"INSERT INTO evals ({EVAL_COLS}) VALUES ({', '.join(['%s'] * 12)}) ON CONFLICT (tenant, job_id, step) "
             "DO UPDATE SET path=EXCLUDED.path, train_loss=EXCLUDED.train_loss, proxy_reward=EXCLUDED.proxy_reward, "
             "state=EXCLUDED.state, lease_until=EXCLUDED.lease_until, worker=EXCLUDED.worker, score=EXCLUDED.score, "
             "fed=EXCLUDED.fed", row))
 
     def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
-        rows = self._read(f"SELECT {_EVAL_COLS} FROM evals WHERE tenant=%s AND job_id=%s ORDER BY step",
+        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=%s AND job_id=%s ORDER BY step",
                           (tenant, job_id))
-        return [_eval_from_row(r) for r in rows]
+        return [eval_from_row(r) for r in rows]
 
     def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
-        rows = self._read(f"SELECT {_EVAL_COLS} FROM evals WHERE tenant=%s AND (state='pending' OR "
+        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=%s AND (state='pending' OR "
                           "(state='leased' AND lease_until<=%s)) ORDER BY created_at, job_id, step LIMIT %s",
                           (tenant, now, limit))
-        return [_eval_from_row(r) for r in rows]
+        return [eval_from_row(r) for r in rows]
 
     # ------------------------------------------------------------------ webhook deliveries
     def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
         rows = self._read(
             f"UPDATE deliveries SET next_at = %s WHERE id IN (SELECT id FROM deliveries WHERE NOT done AND next_at <= %s "
-            f"ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING {_DELIVERY_COLS}",
+            f"ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING {DELIVERY_COLS}",
             (now + lease_s, now, limit))
-        return sorted((_delivery_from_row(r) for r in rows), key=lambda d: (d.created_at, d.id))
+        return sorted((delivery_from_row(r) for r in rows), key=lambda d: (d.created_at, d.id))
 
     def update_delivery(self, delivery: Delivery) -> Ticket:
-        row = _delivery_row(delivery)
+        row = delivery_row(delivery)
         return self._submit(lambda db: db.execute(
-            f"INSERT INTO deliveries ({_DELIVERY_COLS}) VALUES ({', '.join(['%s'] * 10)}) ON CONFLICT (id) DO UPDATE "
+            f"INSERT INTO deliveries ({DELIVERY_COLS}) VALUES ({', '.join(['%s'] * 10)}) ON CONFLICT (id) DO UPDATE "
             "SET attempts=EXCLUDED.attempts, next_at=EXCLUDED.next_at, done=EXCLUDED.done, outcome=EXCLUDED.outcome",
             row))
 
@@ -431,7 +411,7 @@ class PostgresStore(Store):
 
 
 def _insert_report(db, tenant: str, job_id: str, r: Report) -> None:
-    db.execute(f"INSERT INTO reports (tenant, job_id, {_REPORT_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+    db.execute(f"INSERT INTO reports (tenant, job_id, {REPORT_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                (tenant, job_id, r.step, r.eval_score, r.train_loss, r.proxy_reward, r.checkpoint, r.received_at))
 
 

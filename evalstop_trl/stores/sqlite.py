@@ -17,10 +17,8 @@ from pathlib import Path
 from ..core.detectors import Decision
 from ..core.errors import Conflict
 from ..core.records import (
-    AuditKind,
     AuditRecord,
     Delivery,
-    EvalState,
     EvalTask,
     JobRecord,
     JobStatus,
@@ -30,6 +28,18 @@ from ..core.records import (
     TenantRecord,
 )
 from ..core.store import Store, StoreError, Ticket, wait_durable
+from .sql import (
+    DELIVERY_COLS,
+    EVAL_COLS,
+    TENANT_COLS,
+    audit_from_row,
+    audit_query,
+    delivery_from_row,
+    delivery_row,
+    eval_from_row,
+    eval_row,
+    tenant_from_row,
+)
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -76,8 +86,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE tenants ADD COLUMN quotas TEXT NOT NULL DEFAULT '{}'",
         "ALTER TABLE tenants ADD COLUMN webhook_secret TEXT NOT NULL DEFAULT ''"),
 }
-_TENANT_COLS = "name, token_hash, created_at, revoked, quotas, webhook_secret"
-_DELIVERY_COLS = "id, tenant, job_id, url, body, created_at, attempts, next_at, done, outcome"
+
 
 _JOB_COLS = (
     "tenant, job_id, job_type, planned_steps, policy, pid, pid_start_time, webhook, status, "
@@ -92,30 +101,6 @@ def _job_row(j: JobRecord) -> tuple:
         json.dumps(j.decision.to_dict()) if j.decision else None, j.stopped_by, j.stopped_at,
         j.acked_at, j.checkpoint, j.finished_at,
     )
-
-
-_EVAL_COLS = "tenant, job_id, step, path, created_at, train_loss, proxy_reward, state, lease_until, worker, score, fed"
-
-
-def _eval_row(t: EvalTask) -> tuple:
-    return (t.tenant, t.job_id, t.step, t.path, t.created_at, t.train_loss, t.proxy_reward, t.state.value,
-            t.lease_until, t.worker, t.score, int(t.fed))
-
-
-def _eval_from_row(r: tuple) -> EvalTask:
-    return EvalTask(r[0], r[1], r[2], r[3], r[4], r[5], r[6], EvalState(r[7]), r[8], r[9], r[10], bool(r[11]))
-
-
-def _delivery_row(d: Delivery) -> tuple:
-    return (d.id, d.tenant, d.job_id, d.url, d.body, d.created_at, d.attempts, d.next_at, int(d.done), d.outcome)
-
-
-def _tenant_from_row(r: tuple) -> TenantRecord:
-    return TenantRecord(r[0], r[1], r[2], bool(r[3]), json.loads(r[4]), r[5])
-
-
-def _delivery_from_row(r: tuple) -> Delivery:
-    return Delivery(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9])
 
 
 def _job_from_row(r: tuple) -> JobRecord:
@@ -240,18 +225,18 @@ class SQLiteStore(Store):
             raise Conflict(f"tenant {tenant.name!r} already exists")
         row = (tenant.name, tenant.token_hash, tenant.created_at, int(tenant.revoked), json.dumps(dict(tenant.quotas)),
                tenant.webhook_secret)
-        self._write(lambda db: db.execute(f"INSERT INTO tenants ({_TENANT_COLS}) VALUES (?, ?, ?, ?, ?, ?)", row))
+        self._write(lambda db: db.execute(f"INSERT INTO tenants ({TENANT_COLS}) VALUES (?, ?, ?, ?, ?, ?)", row))
 
     def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
-        rows = self._read(f"SELECT {_TENANT_COLS} FROM tenants WHERE token_hash=?", (token_hash,))
-        return _tenant_from_row(rows[0]) if rows else None
+        rows = self._read(f"SELECT {TENANT_COLS} FROM tenants WHERE token_hash=?", (token_hash,))
+        return tenant_from_row(rows[0]) if rows else None
 
     def tenant(self, name: str) -> TenantRecord | None:
-        rows = self._read(f"SELECT {_TENANT_COLS} FROM tenants WHERE name=?", (name,))
-        return _tenant_from_row(rows[0]) if rows else None
+        rows = self._read(f"SELECT {TENANT_COLS} FROM tenants WHERE name=?", (name,))
+        return tenant_from_row(rows[0]) if rows else None
 
     def list_tenants(self) -> list[TenantRecord]:
-        return [_tenant_from_row(r) for r in self._read(f"SELECT {_TENANT_COLS} FROM tenants ORDER BY name")]
+        return [tenant_from_row(r) for r in self._read(f"SELECT {TENANT_COLS} FROM tenants ORDER BY name")]
 
     def update_tenant(self, tenant: TenantRecord) -> bool:
         if not self._read("SELECT 1 FROM tenants WHERE name=?", (tenant.name,)):
@@ -275,8 +260,8 @@ class SQLiteStore(Store):
                 self._insert_report(db, job.tenant, job.job_id, report)
             self._insert_audit(db, audit)
             if deliveries:
-                db.executemany(f"INSERT OR REPLACE INTO deliveries ({_DELIVERY_COLS}) VALUES ({','.join('?' * 10)})",
-                               [_delivery_row(d) for d in deliveries])
+                db.executemany(f"INSERT OR REPLACE INTO deliveries ({DELIVERY_COLS}) VALUES ({','.join('?' * 10)})",
+                               [delivery_row(d) for d in deliveries])
 
         return self._submit(op)
 
@@ -319,51 +304,41 @@ class SQLiteStore(Store):
 
     def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
               offset: int = 0) -> list[AuditRecord]:
-        where, args = [], []
-        if tenant is not None:
-            where.append("tenant=?")
-            args.append(tenant)
-        if job_id is not None:
-            where.append("job_id=?")
-            args.append(job_id)
-        q = "SELECT tenant, job_id, at, kind, actor, reason, evidence FROM audit"
-        if where:
-            q += " WHERE " + " AND ".join(where)
-        rows = self._read(q + " ORDER BY seq LIMIT ? OFFSET ?", (*args, -1 if limit is None else limit, offset))
-        return [AuditRecord(r[0], r[1], r[2], AuditKind(r[3]), r[4], r[5], json.loads(r[6])) for r in rows]
+        query, args = audit_query(tenant, job_id)
+        return [audit_from_row(r) for r in self._read(query, (*args, -1 if limit is None else limit, offset))]
 
     def job(self, tenant: str, job_id: str) -> JobRecord | None:
         rows = self._read(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant=? AND job_id=?", (tenant, job_id))
         return _job_from_row(rows[0]) if rows else None
 
     def put_eval(self, task: EvalTask) -> Ticket:
-        row = _eval_row(task)
+        row = tuple(int(v) if isinstance(v, bool) else v for v in eval_row(task))
         return self._submit(lambda db: db.execute(
-            f"INSERT OR REPLACE INTO evals ({_EVAL_COLS}) VALUES ({','.join('?' * 12)})", row))
+            f"INSERT OR REPLACE INTO evals ({EVAL_COLS}) VALUES ({','.join('?' * 12)})", row))
 
     def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
-        rows = self._read(f"SELECT {_EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? ORDER BY step", (tenant, job_id))
-        return [_eval_from_row(r) for r in rows]
+        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? ORDER BY step", (tenant, job_id))
+        return [eval_from_row(r) for r in rows]
 
     def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
-        rows = self._read(f"SELECT {_EVAL_COLS} FROM evals WHERE tenant=? AND (state='pending' OR "
+        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND (state='pending' OR "
                           "(state='leased' AND lease_until<=?)) ORDER BY created_at, job_id, step LIMIT ?",
                           (tenant, now, limit))
-        return [_eval_from_row(r) for r in rows]
+        return [eval_from_row(r) for r in rows]
 
     def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
-        rows = self._read(f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE done=0 AND next_at<=? "
+        rows = self._read(f"SELECT {DELIVERY_COLS} FROM deliveries WHERE done=0 AND next_at<=? "
                           "ORDER BY created_at, id LIMIT ?", (now, limit))
-        due = [_delivery_from_row(r) for r in rows]
+        due = [delivery_from_row(r) for r in rows]
         if due:  # one process uses this file: the lease only guards against a crash mid-delivery
             ids = [(now + lease_s, d.id) for d in due]
             self._write(lambda db: db.executemany("UPDATE deliveries SET next_at=? WHERE id=?", ids))
         return due
 
     def update_delivery(self, delivery: Delivery) -> Ticket:
-        row = _delivery_row(delivery)
+        row = delivery_row(delivery)
         return self._submit(lambda db: db.execute(
-            f"INSERT OR REPLACE INTO deliveries ({_DELIVERY_COLS}) VALUES ({','.join('?' * 10)})", row))
+            f"INSERT OR REPLACE INTO deliveries ({DELIVERY_COLS}) VALUES ({','.join('?' * 10)})", row))
 
     def probe(self) -> None:
         """A write transaction through the writer thread (raises StoreError if it cannot commit)."""
