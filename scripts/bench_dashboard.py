@@ -26,7 +26,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evalstop_trl.clients.local import free_loopback_port, wait_until_healthy  # noqa: E402
+from evalstop_trl.clients.local import LocalServer  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 BUDGET_MS = 1000.0
@@ -159,18 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
-        db = Path(tmp) / "coord.db"
-        token = json.loads(subprocess.run(
-            [sys.executable, "-m", "evalstop_trl", "tenants", "add", "bench", "--db", str(db), "--json"],
-            check=True, capture_output=True, text=True).stdout)["token"]
-        port = free_loopback_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen([sys.executable, "-m", "evalstop_trl", "serve", "--db", str(db), "--port", str(port),
-                                 "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            if not wait_until_healthy(url, 30, proc):
-                raise SystemExit("evalstop serve did not start")
+        with LocalServer(Path(tmp) / "coord.db", tenants=("bench",)) as server:
+            url, token = server.url, server.tokens["bench"]
             t0 = time.perf_counter()
             load(url, token, args.jobs, args.long_reports)
             load_s = time.perf_counter() - t0
@@ -185,9 +174,6 @@ def main(argv: list[str] | None = None) -> int:
                 runs = [one_run(browser, url, token) for _ in range(args.runs)]
                 version = browser.version
                 browser.close()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
 
     metrics = list(runs[0])
     rows = []

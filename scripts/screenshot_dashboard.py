@@ -13,11 +13,8 @@ Needs the Debian ``chromium`` package (``apt-get install -y chromium``) and ``pi
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +24,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evalstop_trl.clients.local import free_loopback_port, wait_until_healthy  # noqa: E402
+from evalstop_trl.clients.local import LocalServer  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
@@ -91,17 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        db = Path(tmp) / "coord.db"
-        token = json.loads(subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "add", "acme", "--db", str(db),
-                                           "--json"], check=True, capture_output=True, text=True).stdout)["token"]
-        port = free_loopback_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen([sys.executable, "-m", "evalstop_trl", "serve", "--db", str(db), "--port", str(port),
-                                 "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            if not wait_until_healthy(url, 30, proc):
-                raise SystemExit("evalstop serve did not start")
+        with LocalServer(Path(tmp) / "coord.db", tenants=("acme",)) as server:
+            url, token = server.url, server.tokens["acme"]
             load_demo(url, token)
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
@@ -116,9 +104,6 @@ def main(argv: list[str] | None = None) -> int:
                 page.wait_for_selector("#view-job[data-ready] [data-role=series-eval_score]")
                 page.screenshot(path=str(out / "dashboard-job.png"), full_page=True)
                 browser.close()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     print(f"wrote {out / 'dashboard-job.png'} and {out / 'dashboard-jobs.png'}")
     return 0
 
