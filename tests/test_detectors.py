@@ -11,9 +11,14 @@ from hypothesis import strategies as st
 from evalstop_trl.core.detectors import (
     DETECTORS,
     Action,
+    NoiseLevel,
     Observation,
     create_detector,
     detector_params,
+    least_squares_slope,
+    pooled_sigma,
+    t_threshold,
+    third_difference,
 )
 
 
@@ -137,7 +142,7 @@ def test_never_tracks_best_but_never_stops():
 @pytest.mark.parametrize(
     "name, params, message",
     [
-        ("nope", {}, "valid detectors are: decline, loss_plateau, never, patience, stop_at"),
+        ("nope", {}, "valid detectors are: cusum, decline, drop, loss_plateau, never, patience, stop_at, trend"),
         ("decline", {"kk": 2}, "Unknown parameter(s) kk for detector 'decline'; valid parameters are: k, min_delta, direction"),
         ("decline", {"k": 0}, "k must be an integer in [1, 1000], but got k=0."),
         ("decline", {"k": 1.5}, "k must be an integer in [1, 1000]"),
@@ -146,6 +151,14 @@ def test_never_tracks_best_but_never_stops():
         ("stop_at", {"fraction": 0}, "fraction must be in (0, 1]"),
         ("loss_plateau", {"window": 0}, "window must be an integer in [1, 1000]"),
         ("never", {"k": 2}, "Unknown parameter(s) k for detector 'never'"),
+        ("drop", {"window": 0}, "window must be an integer in [1, 1000], but got window=0."),
+        ("drop", {"z": -1}, "z must be a finite number in [0, 100], but got z=-1."),
+        ("drop", {"noise_prior": 0}, "noise_prior and prior_evals must be > 0"),
+        ("trend", {"window": 1}, "window must be an integer in [2, 1000], but got window=1."),
+        ("trend", {"prior_evals": 1e9}, "prior_evals must be a finite number in [0, 1000]"),
+        ("cusum", {"threshold": math.inf}, "threshold must be a finite number in [0, 100]"),
+        ("cusum", {"k": 2}, "Unknown parameter(s) k for detector 'cusum'; valid parameters are: window, drift, "
+                            "threshold, noise_prior, prior_evals, direction"),
     ],
 )
 def test_registry_errors(name, params, message):
@@ -155,7 +168,7 @@ def test_registry_errors(name, params, message):
 
 
 def test_registry_lists_every_detector_with_params():
-    assert set(DETECTORS) == {"decline", "patience", "stop_at", "loss_plateau", "never"}
+    assert set(DETECTORS) == {"decline", "patience", "stop_at", "loss_plateau", "drop", "trend", "cusum", "never"}
     assert detector_params("decline") == {"k": 2, "min_delta": 0.0, "direction": "max"}
 
 
@@ -218,4 +231,105 @@ def test_min_mirrors_max_on_negated_series(series, k, min_delta, name):
     neg = [None if s is None else -s for s in series]
     a = run(series, name, k=k, min_delta=min_delta, direction="max")
     b = run(neg, name, k=k, min_delta=min_delta, direction="min")
+    assert a[0] == b[0] and a[1] == b[1]
+
+
+# ----------------------------------------------------------------------------- noise-robust detectors
+@pytest.mark.parametrize("ys, d3", [((0, 0, 0, 0), 0), ((1, 2, 3, 4), 0), ((0, 1, 4, 9), 0), ((0, 0, 0, 1), 1),
+                                    ((1, 0, 0, 0), -1), ((0.2, 0.6, 1.0, 1.0), -0.4)])
+def test_third_difference_cancels_quadratics(ys, d3):
+    assert third_difference(*ys) == pytest.approx(d3)
+
+
+@pytest.mark.parametrize("z, dof, expected", [(2.0, 3, 2 + 10 / 12), (1.5, 5, 1.5 + 4.875 / 20), (1.0, 1e9, 1.0)])
+def test_t_threshold_widens_for_few_degrees_of_freedom(z, dof, expected):
+    assert t_threshold(z, dof) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("prior, weight, sum_sq, n, expected", [
+    (0.05, 2, 0.0, 0, 0.05), (0.05, 2, 0.008, 1, math.sqrt(0.013 / 3)), (0.1, 1, 0.0, 3, 0.05)])
+def test_pooled_sigma(prior, weight, sum_sq, n, expected):
+    assert pooled_sigma(prior, weight, sum_sq, n) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("points, slope, sxx", [([(10, 1.0), (20, 0.9), (30, 0.8), (40, 0.7)], -0.01, 500),
+                                                ([(1, 5.0), (1, 6.0)], 0.0, 0.0), ([(0, 0.0), (2, 1.0)], 0.5, 2.0)])
+def test_least_squares_slope(points, slope, sxx):
+    assert least_squares_slope(points) == pytest.approx((slope, sxx))
+
+
+def test_noise_level_ignores_smooth_curves_and_finds_the_noise():
+    smooth = NoiseLevel(0.05, 2.0)
+    for i in range(50):
+        smooth.add(1.0 + 0.3 * i - 0.01 * i * i)  # a quadratic: every third difference is 0
+    assert smooth.n == 47 and smooth.sigma == pytest.approx(0.05 * math.sqrt(2 / 49))
+    import random
+
+    rng, noisy = random.Random(0), NoiseLevel(0.05, 2.0)
+    for i in range(4000):
+        noisy.add(math.sin(i / 200) + rng.gauss(0, 0.1))
+    assert noisy.sigma == pytest.approx(0.1, rel=0.05)
+
+
+PRIOR = {"noise_prior": 0.05, "prior_evals": 2.0}
+
+
+@pytest.mark.parametrize(
+    "name, params, series, stop_step, best_step",
+    [
+        # hand-checked: at step 60 the last two evals average 0.4, the best earlier pair 1.0; the noise
+        # estimate is sqrt((2 * 0.05^2 + 0.4^2/20 + 0 + 0.4^2/20) / 5) = 0.0648: 9.3 noise units > 1.74
+        ("drop", {"window": 2, "z": 1.5}, [0.2, 0.6, 1.0, 1.0, 0.6, 0.2], 60, 30),
+        ("drop", {"window": 2, "z": 1.5}, [0.5, 0.6, 0.7, 0.8, 0.9, 1.0], None, 60),  # rising: never
+        ("drop", {"window": 1, "z": 1.5}, [0.5, 0.6, 0.58, 0.61], None, 40),  # a dip within the noise
+        ("drop", {"window": 1, "z": 1.5}, [0.5, 0.6, 0.4], 30, 20),  # 0.2 below the best single eval
+        ("drop", {"window": 2, "z": 1.5}, [0.5, None, 0.6, 0.7, None, 0.3, 0.2], 70, 40),  # None is skipped
+        # hand-checked: slope -0.01 per step over steps 10-40, Sxx 500, sigma 0.05 (the third difference
+        # is 0): t = 0.01 * sqrt(500) / 0.05 = 4.47 > t_threshold(2, 3) = 2.83
+        ("trend", {"window": 4, "z": 2.0}, [1.0, 0.9, 0.8, 0.7], 40, 10),
+        ("trend", {"window": 4, "z": 5.0}, [1.0, 0.9, 0.8, 0.7], None, 10),  # 4.47 < 5 + ...
+        ("trend", {"window": 3, "z": 2.0}, [0.1, 0.5, 0.9, 0.8, 0.9, 1.0], None, 60),
+        # cusum: shortfalls below the best mean, in noise units, minus the drift, add up
+        ("cusum", {"window": 1, "drift": 0.5, "threshold": 3.0}, [1.0, 0.9, 0.85], 30, 10),
+        ("cusum", {"window": 1, "drift": 0.5, "threshold": 3.0}, [1.0, 0.99, 1.0, 0.99, 1.0], None, 10),
+        ("cusum", {"window": 2, "drift": 0.0, "threshold": 3.0}, [0.0, 1.0, 1.0, 0.5], 40, 20),
+    ],
+)
+def test_noise_robust_table(name, params, series, stop_step, best_step):
+    got_stop, got_best, _, decisions = run(series, name, **params, **PRIOR)
+    assert (got_stop, got_best) == (stop_step, best_step)
+    if stop_step is not None:
+        assert "noise" in decisions[-1].reason and decisions[-1].evidence["threshold"] > 0
+
+
+def test_drop_reason_and_evidence():
+    d = run([0.2, 0.6, 1.0, 1.0, 0.6, 0.2], "drop", window=2, z=1.5, **PRIOR)[3][-1]
+    assert d.action is Action.STOP
+    assert d.evidence["z"] == pytest.approx(0.6 / math.sqrt(0.021 / 5))
+    assert d.evidence["threshold"] == pytest.approx(t_threshold(1.5, 5))
+    assert d.reason.startswith("mean of the last 2 evals is 0.6 below the best 2-eval mean")
+
+
+@pytest.mark.parametrize("name", ["drop", "trend", "cusum"])
+def test_noise_robust_memory_is_bounded_by_the_window(name):
+    det = create_detector(name, window=3)
+    for i in range(5000):
+        det.observe(Observation.trusted("j", i, float(i % 7) * 0.01 + i, None, None, "rlhf", None))
+    deques = [v for v in vars(det).values() if hasattr(v, "maxlen")] + [det.noise._last]
+    assert deques and all(len(q) <= 3 for q in deques)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(scores, min_size=1, max_size=30), st.sampled_from(["drop", "trend", "cusum"]), st.integers(2, 4))
+def test_noise_robust_never_stop_a_non_decreasing_series(values, name, window):
+    assert run(sorted(values), name, window=window, z=0.0, **PRIOR)[0] is None if name != "cusum" else \
+        run(sorted(values), name, window=window, drift=0.0, threshold=0.0, **PRIOR)[0] is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(series_st, st.sampled_from(["drop", "trend", "cusum"]), st.integers(2, 3))
+def test_noise_robust_min_mirrors_max(series, name, window):
+    neg = [None if s is None else -s for s in series]
+    a = run(series, name, window=window, direction="max")
+    b = run(neg, name, window=window, direction="min")
     assert a[0] == b[0] and a[1] == b[1]
