@@ -333,3 +333,10 @@ def test_noise_robust_min_mirrors_max(series, name, window):
     a = run(series, name, window=window, direction="max")
     b = run(neg, name, window=window, direction="min")
     assert a[0] == b[0] and a[1] == b[1]
+
+
+def test_noise_robust_defaults_are_the_tuned_ones():
+    assert detector_params("drop") == {"window": 2, "z": 1.4, "noise_prior": 0.09, "prior_evals": 4.0, "direction": "max"}
+    assert detector_params("trend") == {"window": 5, "z": 1.1, "noise_prior": 0.09, "prior_evals": 4.0, "direction": "max"}
+    assert detector_params("cusum") == {"window": 2, "drift": 0.25, "threshold": 3.5, "noise_prior": 0.09,
+                                        "prior_evals": 4.0, "direction": "max"}
