@@ -76,12 +76,23 @@ def test_default_job_ids_are_unique_per_output_dir(tmp_path, monkeypatch):
     assert default_job_id(Args(tmp_path / "outputs")) == "from-launcher"
 
 
+def _resumable(restore: bool) -> dict:
+    return dict(max_steps=200, eval_every=15, training_args={"save_strategy": "steps", "save_steps": 15,
+                                                               "restore_callback_states_from_checkpoint": restore})
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference: the same run, never interrupted (computed once for both restore settings)."""
+    run = run_tiny("grpo", "hacked", output_dir=tmp_path_factory.mktemp("whole"), **_resumable(False))
+    assert run.stopped_at is not None
+    return run
+
+
 @pytest.mark.parametrize("restore", [False, True])
-def test_a_resumed_run_stops_where_an_uninterrupted_one_does(tmp_path, restore):
-    common = dict(max_steps=200, eval_every=15, training_args={"save_strategy": "steps", "save_steps": 15,
-                                                                 "restore_callback_states_from_checkpoint": restore})
-    whole = run_tiny("grpo", "hacked", output_dir=tmp_path / "whole", **common)
-    assert whole.stopped_at is not None
+def test_a_resumed_run_stops_where_an_uninterrupted_one_does(tmp_path, restore, uninterrupted):
+    common = _resumable(restore)
+    whole = uninterrupted
     with pytest.raises(RuntimeError, match="preempted"):
         run_tiny("grpo", "hacked", output_dir=tmp_path / "cut", callbacks=[CrashAt(61)], **common)
     # a new process would build a new callback: so does this (the first one is gone with its trainer)
