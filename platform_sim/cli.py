@@ -46,6 +46,8 @@ def _load(args: argparse.Namespace):
     check_config(cfg)
     if getattr(args, "seeds", None) is not None and args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    if getattr(args, "seed_start", 0) < 0:
+        raise ConfigError(f"--seed-start must be >= 0, got {args.seed_start}")
     return cfg
 
 
@@ -62,10 +64,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     if args.write_trace:
-        write_trace(workload or generate_workload(cfg, 0), args.write_trace)
-        print(f"wrote the workload of seed 0 to {args.write_trace}", file=sys.stderr)
+        write_trace(workload or generate_workload(cfg, args.seed_start), args.write_trace)
+        print(f"wrote the workload of seed {args.seed_start} to {args.write_trace}", file=sys.stderr)
     t0 = time.perf_counter()
-    res = run_seeds(cfg, args.seeds, args.workers, progress=not args.quiet, workload=workload)
+    res = run_seeds(cfg, args.seeds, args.workers, progress=not args.quiet, workload=workload,
+                    seed_start=args.seed_start)
     print(run_table(res))
     print(f"({time.perf_counter() - t0:.1f} s)")
     if args.plot:
@@ -87,7 +90,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    res = reproduce(cfg, args.seeds, args.workers, progress=not args.quiet, ray=args.ray)
+    res = reproduce(cfg, args.seeds, args.workers, progress=not args.quiet, ray=args.ray, seed_start=args.seed_start)
     elapsed = time.perf_counter() - t0
     figures = plot_reproduce(res, out)
     res.pop("jct_hours")
@@ -108,12 +111,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     values = [parse_value(v) for v in args.values.split(",")]
     for v in values:  # fail fast on an unknown key or a bad value
         check_config(apply_overrides(cfg, {args.param: v}))
-    rows = sweep(cfg, args.param, values, args.seeds, args.workers, progress=not args.quiet, ray=args.ray)
-    print(f"{args.param:>28} {'precision':>10} {'recall':>8} {'FPR(B)':>8} {'JCT(compl)':>11} {'JCT(all)':>9} {'GPU-h':>8}")
+    rows = sweep(cfg, args.param, values, args.seeds, args.workers, progress=not args.quiet, ray=args.ray,
+                 seed_start=args.seed_start)
+    print(f"{args.param:>28} {'precision':>10} {'recall':>8} {'FPR(B)':>8} {'JCT(compl)':>11} {'harmful':>8} "
+          f"{'JCT(all)':>9} {'GPU-h':>8}")
     for r in rows:
         f = lambda x: "n/a" if x is None or x != x else f"{100 * x:.1f}%"  # noqa: E731
         print(f"{str(r['value']):>28} {f(r['precision']):>10} {f(r['recall']):>8} {f(r['fpr']):>8} "
-              f"{f(r['jct_change']):>11} {f(r['jct_change_all']):>9} {f(r['gpu_hours_change']):>8}")
+              f"{f(r['jct_change']):>11} {r['harmful_stops']:>8} {f(r['jct_change_all']):>9} "
+              f"{f(r['gpu_hours_change']):>8}")
     if args.json:
         write_json(rows, args.json)
     if args.plot:
@@ -137,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     def common(sp, seeds_help="seeds (default: the config's)"):
         sp.add_argument("--config", help="YAML config (default: configs/sim/rlhf_heavy.yaml)")
         sp.add_argument("--seeds", type=int, help=seeds_help)
+        sp.add_argument("--seed-start", dest="seed_start", type=int, default=0, metavar="N",
+                        help="first seed (default 0): seeds N .. N+seeds-1 (tune below 1000; report on unseen seeds)")
         sp.add_argument("--workers", type=int, help="worker processes (default: all cores)")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. noise.sigma=0.08")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")

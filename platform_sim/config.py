@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import yaml
 
-__all__ = ["ConfigError", "PolicyConfig", "SimConfig", "DEFAULT_CONFIG", "load_config", "config_from_dict",
-           "apply_overrides"]
+__all__ = ["ConfigError", "FamilyConfig", "PolicyConfig", "SimConfig", "DEFAULT_CONFIG", "load_config",
+           "config_from_dict", "apply_overrides"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim" / "rlhf_heavy.yaml"
 
@@ -72,10 +72,26 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
+class FamilyConfig:
+    """Hacked-curve families (:mod:`platform_sim.curves`): each one's share of the hacked RLHF jobs
+    and the ranges its parameters are drawn from (uniformly)."""
+
+    shares: dict[str, float]
+    late_p_peak: Range
+    late_sharpness: Range
+    shallow_depth: Range
+    drop_at: Range
+    drop_depth: Range
+    osc_amplitude: Range
+    osc_cycles: Range
+
+
+@dataclass(frozen=True)
 class CurveConfig:
     hack_fraction: float
     hacked_p_peak: Range
     hacked_height: Range
+    hacked_families: FamilyConfig
     rising_share: float
     rising_p_peak: Range
     rising_final_gain: Range
@@ -277,10 +293,32 @@ def _validate(c: SimConfig) -> None:
     _check(cv.hacked_p_peak[0] > 0, "curves.hacked_p_peak", "must be positive")
     _check(cv.rising_p_peak[0] > 0, "curves.rising_p_peak", "must be positive")
     _check(cv.plateau_tau[0] > 0, "curves.plateau_tau", "must be positive")
+    _validate_families(cv.hacked_families)
     _check(c.noise.sigma >= 0, "noise.sigma", f"must be >= 0, but got {c.noise.sigma}")
     _check(-1 < c.noise.ar_rho < 1, "noise.ar_rho", "must be in (-1, 1)")
     _check(c.noise.t_df > 2, "noise.t_df", "must be > 2 (finite variance)")
     _check(c.loss.tau[0] > 0, "loss.tau", "must be positive")
+
+
+#: names of the hacked-curve families (``platform_sim.curves.Family``; this module imports nothing)
+HACKED_FAMILIES = ("gao", "late_onset", "shallow", "plateau_then_drop", "oscillating")
+
+
+def _validate_families(f: FamilyConfig) -> None:
+    key = "curves.hacked_families"
+    for name, share in f.shares.items():
+        _check(name in HACKED_FAMILIES, f"{key}.shares",
+               f"has an unknown family {name!r}; families: {', '.join(HACKED_FAMILIES)}")
+        _check(share >= 0, f"{key}.shares.{name}", f"must be >= 0, but got {share}")
+    total = sum(f.shares.values())
+    _check(abs(total - 1) < 1e-6, f"{key}.shares", f"must sum to 1, but sum to {total:g}")
+    _check(0 < f.late_p_peak[0] and f.late_p_peak[1] < 1, f"{key}.late_p_peak", "must lie in (0, 1)")
+    _check(f.late_sharpness[0] >= 1, f"{key}.late_sharpness", "must be >= 1 (1 is plain Gao)")
+    _check(0 <= f.shallow_depth[0] and f.shallow_depth[1] <= 1, f"{key}.shallow_depth", "must lie in [0, 1]")
+    _check(0 <= f.drop_at[0] and f.drop_at[1] < 1, f"{key}.drop_at", "must lie in [0, 1)")
+    _check(f.drop_depth[0] >= 0, f"{key}.drop_depth", "must be >= 0")
+    _check(f.osc_amplitude[0] >= 0, f"{key}.osc_amplitude", "must be >= 0")
+    _check(f.osc_cycles[0] >= 0, f"{key}.osc_cycles", "must be >= 0")
 
 
 def _merge(base: dict, over: Mapping) -> dict:

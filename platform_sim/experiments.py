@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from .comparison import detector_seed, extend_results, rates_by_type, watched_types
 from .config import ConfigError, SimConfig, config_from_dict
 from .engine import RunResult, Simulation
-from .metrics import DEFINITIONS, Detection, compare, detection, summarize
+from .metrics import DEFINITIONS, Detection, compare, detection, detection_by_type, summarize
 from .policies import build_overlay, build_scheduler, check_config
 from .schedulers import SCHEDULERS
 from .workload import Workload, generate_workload
@@ -46,15 +47,19 @@ def simulate(cfg: SimConfig, seed: int, scheduler: str | None = None, overlay: s
 def _detect_only(cfg: SimConfig, wl: Workload, scheduler: str, overlay: str) -> dict[str, Any]:
     """Detection counts only (they do not depend on a base run)."""
     run = simulate(cfg, wl.seed, scheduler, overlay, wl)
-    return {f"det_{k}": v for k, v in asdict(detection(run, wl, cfg.metrics.harmful_margin)).items()}
+    det = detection(run, wl, cfg.metrics.harmful_margin, watched_types(cfg, overlay))
+    return {f"det_{k}": v for k, v in asdict(det).items()}
 
 
 def _pair(cfg: SimConfig, wl: Workload, scheduler: str, overlay: str, base: RunResult | None = None) -> dict[str, Any]:
     base = base if base is not None else simulate(cfg, wl.seed, scheduler, "none", wl)
     run = simulate(cfg, wl.seed, scheduler, overlay, wl)
-    s_base, s_run = summarize(base, wl, cfg), summarize(run, wl, cfg)
+    watched = watched_types(cfg, overlay)
+    s_base, s_run = summarize(base, wl, cfg), summarize(run, wl, cfg, watched)
     out = compare(base, run, wl, cfg, (s_base, s_run))
     out.update({f"det_{k}": v for k, v in asdict(s_run.detection).items()})
+    out["det_by_type"] = {t: asdict(d) for t, d in
+                          detection_by_type(run, wl, cfg.metrics.harmful_margin, watched).items()}
     out["base"] = _summary_dict(s_base)
     out["run"] = _summary_dict(s_run)
     out["jct_base_h"] = [o.jct_s / 3600 for o in base.outcomes]
@@ -196,20 +201,23 @@ def _default_workers() -> int:
 
 def _run_seed(args: tuple[dict, int, str | None, str | None, Workload | None]) -> dict[str, Any]:
     cfg_dict, seed, scheduler, overlay, workload = args
-    cfg = config_from_dict(cfg_dict)
+    cfg = config_from_dict(cfg_dict)  # seed: the seed itself (seed_start already added)
     wl = workload if workload is not None else generate_workload(cfg, seed)
     return _pair(cfg, wl, scheduler or cfg.scheduler.name, overlay or cfg.overlay.name)
 
 
 def run_seeds(cfg: SimConfig, seeds: int | None = None, workers: int | None = None, progress: bool = False,
-              workload: Workload | None = None, ray: str | None = None) -> dict[str, Any]:
-    """The configured scheduler alone vs with the configured overlay, over ``seeds`` seeds (in local
-    worker processes, or as Ray tasks with ``ray="local"`` or a Ray address)."""
+              workload: Workload | None = None, ray: str | None = None, seed_start: int = 0) -> dict[str, Any]:
+    """The configured scheduler alone vs with the configured overlay, over seeds ``seed_start`` to
+    ``seed_start + seeds - 1`` (in local worker processes, or as Ray tasks with ``ray="local"`` or a
+    Ray address)."""
     check_config(cfg)
     n = 1 if workload is not None else (seeds or cfg.seeds)
-    rows = _map(_run_seed, [(cfg.to_dict(), s, None, None, workload) for s in range(n)],
+    rows = _map(_run_seed, [(cfg.to_dict(), seed_start + s, None, None, workload) for s in range(n)],
                 workers or _default_workers(), progress, f"{cfg.scheduler.name}+{cfg.overlay.name}", ray)
-    return aggregate_pair(rows, cfg, n)
+    res = aggregate_pair(rows, cfg, n)
+    res["seed_start"] = seed_start if workload is None else workload.seed
+    return res
 
 
 def aggregate_pair(rows: list[dict[str, Any]], cfg: SimConfig, n: int) -> dict[str, Any]:
@@ -222,6 +230,7 @@ def aggregate_pair(rows: list[dict[str, Any]], cfg: SimConfig, n: int) -> dict[s
         "changes": {k: _metric(rows, k) for k in keys},
         "p_value": paired_permutation_p(diffs),
         "detection": _rates(rows),
+        "detection_by_type": rates_by_type(rows),
         "base": _average_summaries([r["base"] for r in rows]),
         "run": _average_summaries([r["run"] for r in rows]),
         "jct_base_h": [x for r in rows for x in r["jct_base_h"]],
@@ -244,16 +253,19 @@ def _average_summaries(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- sweep
 def sweep(cfg: SimConfig, param: str, values: Sequence[Any], seeds: int | None = None,
-          workers: int | None = None, progress: bool = False, ray: str | None = None) -> list[dict[str, Any]]:
-    """Run the configured pair for each value of one dotted parameter (``ray``: see :func:`run_seeds`)."""
+          workers: int | None = None, progress: bool = False, ray: str | None = None,
+          seed_start: int = 0) -> list[dict[str, Any]]:
+    """Run the configured pair for each value of one dotted parameter (``ray``, ``seed_start``: see
+    :func:`run_seeds`)."""
     out = []
     for v in values:
         c = cfg.replace(**{param: v})
-        res = run_seeds(c, seeds, workers, progress, ray=ray)
+        res = run_seeds(c, seeds, workers, progress, ray=ray, seed_start=seed_start)
         out.append({
-            "param": param, "value": v,
+            "param": param, "value": v, "seed_start": seed_start,
             **{k: m["mean"] for k, m in res["changes"].items()},
             **{k: res["detection"][k] for k in ("precision", "recall", "fpr", "fpr_label")},
+            "harmful_stops": res["detection"]["counts"]["fp_b"],
             "p_value": res["p_value"],
         })
     return out
@@ -288,8 +300,11 @@ def _reproduce_seed(args: tuple[dict, int]) -> dict[str, Any]:
     for n_evals, k in EVALS_WITH_K:
         ce = cfg.replace(**{"workload.evals_per_job": n_evals, "overlay.evalstop.k": k})
         out["evals_k"][(n_evals, k)] = _pair(ce, generate_workload(ce, seed), headline, "evalstop")
+    out["detectors"] = detector_seed(cfg, seed, headline, bases[headline])
     for group in ("composability", "baselines", "k", "noise", "base_rate", "evals_k"):
         for v in out[group].values():  # keep the per-job JCTs only where the figures need them
+            if group not in ("composability", "baselines"):
+                v.pop("det_by_type", None)
             if group != "composability":
                 v.pop("jct_base_h", None)
                 v.pop("jct_run_h", None)
@@ -297,13 +312,13 @@ def _reproduce_seed(args: tuple[dict, int]) -> dict[str, Any]:
 
 
 def reproduce(cfg: SimConfig, seeds: int | None = None, workers: int | None = None,
-              progress: bool = True, ray: str | None = None) -> dict[str, Any]:
-    """Every table and figure input of the paper; returns the ``results.json`` object (``ray``: see
-    :func:`run_seeds`)."""
+              progress: bool = True, ray: str | None = None, seed_start: int = 0) -> dict[str, Any]:
+    """Every table and figure input of the paper, over seeds ``seed_start`` to ``seed_start + seeds
+    - 1``; returns the ``results.json`` object (``ray``: see :func:`run_seeds`)."""
     check_config(cfg)
     n = seeds or cfg.seeds
-    per_seed = _map(_reproduce_seed, [(cfg.to_dict(), s) for s in range(n)], workers or _default_workers(),
-                    progress, "reproduce", ray)
+    per_seed = _map(_reproduce_seed, [(cfg.to_dict(), seed_start + s) for s in range(n)],
+                    workers or _default_workers(), progress, "reproduce", ray)
     headline_s = cfg.scheduler.name
 
     def rows(group, key):
@@ -382,4 +397,5 @@ def reproduce(cfg: SimConfig, seeds: int | None = None, workers: int | None = No
     }
     results["intervals"] = intervals
     results["definitions"] = DEFINITIONS
+    extend_results(results, per_seed, cfg, seed_start)
     return results

@@ -4,12 +4,19 @@
   mean JCT of the same jobs under the base scheduler alone - 1 (the paper's reading).
 * **JCT change (all jobs)**: the same over all jobs with departure = completion or stop.
 * **GPU-hours change**: total GPU-hours held (the paper's "wasted compute" matches this reading).
-* **W_post**: GPU-hours spent on hacked RLHF jobs after their true gold peak.
-* **W_unprod**: GPU-hours spent by any job after the step of the checkpoint it delivers.
+* **W_post**: GPU-hours of work (training, evals, checkpoints) on hacked RLHF jobs after their
+  true gold peak.
+* **W_unprod**: GPU-hours of work by any job after the step of the checkpoint it delivers.
 * **W_ovh**: eval, checkpoint and restart overhead GPU-hours.
-* **Detection** over RLHF jobs; flagged = stopped before the planned end. Definition A (label):
-  FP = healthy and flagged. Definition B (harmful stop, the headline): FP = healthy, flagged, and the
-  delivered checkpoint's gold < gold at p=1 minus ``harmful_margin``.
+* Restart overhead is in W_ovh only, not in W_post or W_unprod: the engine records how many times
+  a job restarted, not at which progress, so the restarts after the peak cannot be told from those
+  before it. It is small: about 1% of all GPU-hours under SRTF-Est (``restart_gpu_hours``).
+* **Detection** over every *watched* job (the job types the overlay watches; RLHF only when a
+  caller does not say), pooled and per job type; flagged = stopped before the planned end.
+  Definition A (label): FP = healthy and flagged. Definition B (harmful stop, the headline): FP =
+  healthy, flagged, and the delivered checkpoint's gold < gold at p=1 minus ``harmful_margin``.
+* **Oracle retention** = GPU-hours saved on hacked jobs (vs the base alone) by the overlay / the
+  same saved by Oracle-Stop, summed over seeds.
 """
 
 from __future__ import annotations
@@ -30,15 +37,18 @@ DEFINITIONS = {
     "jct_change": "mean JCT of the jobs completed under the overlay / mean JCT of the same jobs under the base scheduler alone - 1",
     "jct_change_all": "mean JCT over all jobs (departure = completion or stop) / the same under the base alone - 1",
     "gpu_hours_change": "total GPU-hours held / the same under the base alone - 1 (the paper's 'wasted compute' figure)",
-    "w_post": "GPU-hours spent on hacked RLHF jobs after their true gold peak",
-    "w_unprod": "GPU-hours spent by any job after the step of the checkpoint it delivers",
+    "w_post": "GPU-hours of work on hacked RLHF jobs after their true gold peak (restart overhead excluded)",
+    "w_unprod": "GPU-hours of work by any job after the step of the checkpoint it delivers (restart overhead excluded)",
     "w_ovh": "GPU-hours of eval, checkpoint and restart overhead",
-    "flagged": "an RLHF job stopped before its planned end",
+    "watched": "the job types the overlay watches (default EvalStop: RLHF jobs)",
+    "flagged": "a watched job stopped before its planned end",
     "fp_A": "definition A (label): healthy and flagged",
     "fp_B": "definition B (harmful stop, headline): healthy, flagged, delivered gold < gold(p=1) - margin",
-    "precision": "TP / (TP + FP_B)",
-    "recall": "TP / hacked RLHF jobs",
-    "fpr": "FP_B / healthy RLHF jobs",
+    "harmful_stops": "FP_B, counted over all seeds",
+    "precision": "TP / (TP + FP_B), over watched jobs",
+    "recall": "TP / hacked watched jobs",
+    "fpr": "FP_B / healthy watched jobs",
+    "retention": "GPU-hours saved on hacked jobs by the overlay / by Oracle-Stop (summed over seeds, same base)",
 }
 
 
@@ -98,6 +108,7 @@ class RunSummary:
     w_post: float
     w_unprod: float
     w_ovh: float
+    restart_gpu_hours: float
     delivered_gold_rlhf: float
     n_stopped: int
     events: int
@@ -110,26 +121,40 @@ def delivered_gold(run: RunResult, workload: Workload) -> np.ndarray:
     for i, (o, t) in enumerate(zip(run.outcomes, workload.truths, strict=True)):
         p = o.delivered_progress
         if p > 0:
+            if t.family != "gao":
+                out[i] = t.gold_at(p)
+                continue
             x = p / t.shape
             out[i] = t.height * (1.0 - math.exp(-x)) if t.kind is CurveKind.PLATEAU else t.height * x * (1.0 - math.log(x))
     return out
 
 
-def detection(run: RunResult, workload: Workload, margin: float) -> Detection:
+def detection_by_type(run: RunResult, workload: Workload, margin: float,
+                      watched: frozenset[str] | None = None) -> dict[str, Detection]:
+    """Detection counts per job type, over the ``watched`` job types (None: the RLHF types)."""
     gold = delivered_gold(run, workload)
-    tp = fp_a = fp_b = hacked = healthy = flagged = 0
+    counts: dict[str, list[int]] = {}
     for o, spec, truth, g in zip(run.outcomes, workload.jobs, workload.truths, gold, strict=True):
-        if not spec.rlhf:
+        if (spec.job_type not in watched) if watched is not None else not spec.rlhf:
             continue
-        hacked += truth.hacked
-        healthy += not truth.hacked
-        flagged += o.stopped
+        c = counts.setdefault(spec.job_type, [0, 0, 0, 0, 0, 0])  # tp, fp_a, fp_b, hacked, healthy, flagged
+        c[3] += truth.hacked
+        c[4] += not truth.hacked
+        c[5] += o.stopped
         if o.stopped and truth.hacked:
-            tp += 1
+            c[0] += 1
         elif o.stopped:
-            fp_a += 1
-            fp_b += bool(g < truth.gold_end - margin)
-    return Detection(tp, fp_a, fp_b, hacked, healthy, flagged)
+            c[1] += 1
+            c[2] += bool(g < truth.gold_end - margin)
+    return {t: Detection(*c) for t, c in sorted(counts.items())}
+
+
+def detection(run: RunResult, workload: Workload, margin: float, watched: frozenset[str] | None = None) -> Detection:
+    """Detection counts pooled over the ``watched`` job types (None: the RLHF types)."""
+    total = Detection(0, 0, 0, 0, 0, 0)
+    for d in detection_by_type(run, workload, margin, watched).values():
+        total = total + d
+    return total
 
 
 def wasted(run: RunResult, workload: Workload, cfg) -> tuple[float, float, float]:
@@ -145,7 +170,8 @@ def wasted(run: RunResult, workload: Workload, cfg) -> tuple[float, float, float
     return w_post / 3600, w_unprod / 3600, w_ovh / 3600
 
 
-def summarize(run: RunResult, workload: Workload, cfg) -> RunSummary:
+def summarize(run: RunResult, workload: Workload, cfg, watched: frozenset[str] | None = None) -> RunSummary:
+    """Per-run numbers; detection over the ``watched`` job types (None: the RLHF types)."""
     jct = np.array([o.jct_s for o in run.outcomes]) / 3600
     types = np.array([s.job_type for s in workload.jobs])
     rlhf = np.array([s.rlhf for s in workload.jobs])
@@ -161,9 +187,11 @@ def summarize(run: RunResult, workload: Workload, cfg) -> RunSummary:
         mean_queueing_h=float(np.mean([o.first_start_s - o.arrival_s for o in run.outcomes]) / 3600),
         utilisation=gpu_h / (run.total_gpus * run.makespan_s / 3600) if run.makespan_s else 0.0,
         gpu_hours=gpu_h, w_post=w_post, w_unprod=w_unprod, w_ovh=w_ovh,
+        restart_gpu_hours=sum(o.restarts * spec.gpus for o, spec in zip(run.outcomes, workload.jobs, strict=True))
+        * cfg.workload.restart_overhead_s / 3600,
         delivered_gold_rlhf=float(gold[rlhf].mean()) if rlhf.any() else float("nan"),
         n_stopped=sum(o.stopped for o in run.outcomes), events=run.events,
-        detection=detection(run, workload, cfg.metrics.harmful_margin),
+        detection=detection(run, workload, cfg.metrics.harmful_margin, watched),
     )
 
 
@@ -194,5 +222,7 @@ def compare(base: RunResult, run: RunResult, workload: Workload, cfg,
         "p95_jct_change": _change(r.p95_jct_h, b.p95_jct_h),
         "makespan_change": _change(r.makespan_h, b.makespan_h),
         "gpu_hours_saved": b.gpu_hours - r.gpu_hours,
+        "gpu_hours_saved_hacked": sum(ob.gpu_seconds - orun.gpu_seconds for ob, orun, t in
+                                      zip(base.outcomes, run.outcomes, workload.truths, strict=True) if t.hacked) / 3600,
         "delivered_gold_change": r.delivered_gold_rlhf - b.delivered_gold_rlhf,
     }

@@ -1,10 +1,11 @@
 """Stop overlays wrapped around a base scheduler.
 
-Detector overlays (``evalstop``, ``stop_at``, ``loss_plateau``) are one class,
-:class:`DetectorOverlay`, that calls the real ``evalstop_trl`` Coordinator (MemoryStore, the
-simulator's virtual clock): the same decision code as the HTTP service and the TRL callback, no
-second copy of any rule. They differ only in their detector. Oracle-Stop is the only code here that
-reads ground truth, and it is marked ``is_oracle`` in every output.
+Detector overlays (``evalstop``, ``loss_plateau``) are one class, :class:`DetectorOverlay`, that
+calls the real ``evalstop_trl`` Coordinator (MemoryStore, the simulator's virtual clock): the same
+decision code as the HTTP service and the TRL callback, no second copy of any rule. They differ only
+in their detector. ``stop_at`` (:class:`StopAtOverlay`) stops each watched job at an exact progress
+(a planned cut, not the first eval past it). Oracle-Stop is the only code here that reads ground
+truth, and it is marked ``is_oracle`` in every output.
 
 Overlays are registered in :data:`OVERLAYS`; every factory receives the run's workload as registry
 *context* (only the oracle reads it). :func:`create_overlay` takes an overlay's flat config block:
@@ -19,7 +20,7 @@ detector's parameters, each checked against the signature that declares it::
     >>> create_overlay("stop_at", empty, k=3)
     Traceback (most recent call last):
     ...
-    ValueError: Unknown parameter(s) k for overlay 'stop_at'; valid parameters are: job_types, fraction, direction.
+    ValueError: Unknown parameter(s) k for overlay 'stop_at'; valid parameters are: fraction, job_types.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from evalstop_trl.stores.memory import MemoryStore
 from .views import JobSnapshot
 from .workload import Workload
 
-__all__ = ["OVERLAYS", "DetectorOverlay", "Overlay", "OracleOverlay", "create_overlay", "overlay_block_keys"]
+__all__ = ["OVERLAYS", "DetectorOverlay", "Overlay", "OracleOverlay", "StopAtOverlay", "create_overlay",
+           "overlay_block_keys"]
 
 TENANT = "platform"
 
@@ -112,6 +114,28 @@ class DetectorOverlay(Overlay):
         return self.coordinator.report(TENANT, name, step, score, loss, proxy).action is _STOP
 
 
+class StopAtOverlay(Overlay):
+    """Baseline StopAt: stop every watched job when its progress reaches ``fraction`` exactly (a
+    cut planned at arrival from visible facts only: the job type and the planned work). The job
+    delivers its state at the cut. ``fraction`` 1 never stops a job."""
+
+    name = "stop_at"
+
+    def __init__(self, fraction: float = 0.65, job_types: str = "rlhf") -> None:
+        if job_types not in ("all", "rlhf"):
+            raise ValueError(f"job_types must be 'all' or 'rlhf', but got job_types={job_types!r}.")
+        self.fraction = DETECTORS.create("stop_at", fraction=fraction).fraction  # the detector's checks
+        self.rlhf_only = job_types == "rlhf"
+        self._cut: set[int] = set()
+
+    def on_arrival(self, job):
+        if job.rlhf or not self.rlhf_only:
+            self._cut.add(job.job_id)
+
+    def cut_progress(self, job_id):
+        return self.fraction if job_id in self._cut else None
+
+
 class OracleOverlay(Overlay):
     """ORACLE (reads ground truth): stops each hacked job exactly at its true gold peak."""
 
@@ -151,8 +175,14 @@ def _fixed_detector(name: str, detector: str, workload: Workload, params: Mappin
     return DetectorOverlay(detector, params, job_types, name=name)
 
 
+@OVERLAYS.register("stop_at")
+def stop_at(workload: Workload, fraction: float = 0.65, job_types: str = "rlhf") -> StopAtOverlay:
+    """StopAt: stop every watched job at exactly ``fraction`` of its planned work."""
+    return StopAtOverlay(fraction, job_types)
+
+
 #: detector overlays whose detector is fixed: entry name -> (detector, default job_types)
-FIXED_DETECTORS = {"stop_at": ("stop_at", "rlhf"), "loss_plateau": ("loss_plateau", "all")}
+FIXED_DETECTORS = {"loss_plateau": ("loss_plateau", "all")}
 for _name, (_detector, _job_types) in FIXED_DETECTORS.items():
     OVERLAYS.add(_name, partial(_fixed_detector, _name, _detector, job_types=_job_types))
 del _name, _detector, _job_types

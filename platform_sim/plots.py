@@ -111,4 +111,32 @@ def plot_reproduce(res: dict[str, Any], out: str | Path) -> list[Path]:
     ax.legend()
     ax.set_title("Compute breakdown")
     paths.append(_save(fig, out / "wasted_compute.png"))
+    if res.get("detectors"):
+        paths.append(plot_detectors(res["detectors"], out / "detectors.png"))
     return paths
+
+
+def plot_detectors(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Precision vs oracle retention per detector: one line per detector through its settings
+    (eval noise sigma / evals per job); marker size grows with the noise."""
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    names = list(dict.fromkeys(r["detector"] for r in rows))
+    for i, name in enumerate(names):
+        pts = [r for r in rows if r["detector"] == name and r["precision"] is not None and r["retention"] is not None]
+        if not pts:
+            continue
+        color = f"C{i % 10}"
+        ax.plot([r["retention"] for r in pts], [r["precision"] for r in pts], "-", c=color, alpha=0.4)
+        for r in pts:
+            marker = "s" if r["evals_per_job"] != 10 else "o"
+            ax.scatter(r["retention"], r["precision"], s=20 + 400 * r["sigma"], marker=marker, c=color,
+                       label=name if r is pts[0] else None, edgecolors="k", linewidths=0.4)
+            ax.annotate(f"{r['sigma']}/{r['evals_per_job']}", (r["retention"], r["precision"]), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
+    ax.axhline(0.98, ls=":", c="grey")
+    ax.axvline(0.70, ls=":", c="grey")
+    ax.set_xlabel("retention (GPU-h saved on hacked jobs / the oracle's)")
+    ax.set_ylabel("precision (definition B)")
+    ax.set_title("Detectors: precision vs retention (label: sigma/evals per job; squares: 20 evals)")
+    ax.legend(fontsize=8, loc="lower left")
+    return _save(fig, path)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import SimConfig
-from .curves import CurveKind, gao, gold
+from .curves import FAMILIES, CurveKind, Family, family_gold, gao, gold, peak_of
 
 __all__ = ["JobSpec", "JobTruth", "Workload", "generate_workload", "read_trace", "write_trace"]
 
@@ -47,9 +47,11 @@ class JobTruth:
     scores: tuple[float, ...]  # observed eval score at each eval point
     losses: tuple[float, ...]
     proxies: tuple[float, ...]
+    family: str = "gao"  # the hacked-curve family (curves.Family); "gao" for every healthy curve
+    extra: tuple[float, ...] = ()  # the family's other parameters (see curves.family_gold)
 
     def gold_at(self, p: float) -> float:
-        return float(gold(self.kind, self.height, self.shape, p))
+        return float(gold(self.kind, self.height, self.shape, p, self.family, self.extra))
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,7 @@ def generate_workload(cfg: SimConfig, seed: int) -> Workload:
         arrivals -= arrivals[0]
 
     u = s_curve.random((n, 6))  # fixed draws per job: hack?, rising?, two shape uniforms, kappa, tau_L
+    v = s_curve.random((n, 4))  # hacked family and its parameters (drawn after u: u is unchanged)
     noise = _noise(cfg, s_noise, (n, m))
     proxy_noise = s_noise.standard_normal((n, m)) * cfg.proxy.sigma
     loss_noise = s_noise.standard_normal((n, m)) * cfg.loss.sigma
@@ -141,8 +144,15 @@ def generate_workload(cfg: SimConfig, seed: int) -> Workload:
                      np.where(rising_form, lerp(cv.rising_p_peak, u[:, 2]), lerp(cv.plateau_tau, u[:, 2])))
     height = np.where(hacked_form, lerp(cv.hacked_height, u[:, 3]), lerp(cv.plateau_height, u[:, 3]))
     height = np.where(rising_form, lerp(cv.rising_final_gain, u[:, 3]) / gao(1.0 / shape), height)
+    family, extra = _families(cfg, hacked_form, u, v, lerp)
+    shape = np.where(family == _LATE, lerp(cv.hacked_families.late_p_peak, u[:, 2]), shape)
+    shape = np.where(family == _DROP, lerp(cv.plateau_tau, u[:, 2]), shape)
     x = p[None, :] / shape[:, None]
     g = np.where(plateau_form[:, None], height[:, None] * (1.0 - np.exp(-x)), height[:, None] * gao(x))
+    for fi in np.unique(family[family != _GAO]):
+        sel = family == fi
+        g[sel] = family_gold(FAMILIES[fi], height[sel, None], shape[sel, None],
+                             tuple(e[sel, None] for e in extra), p[None, :])
     kappa = lerp(cfg.proxy.kappa, u[:, 4])
     tau_l = lerp(cfg.loss.tau, u[:, 5])
     scores = (g + noise).tolist()
@@ -153,17 +163,48 @@ def generate_workload(cfg: SimConfig, seed: int) -> Workload:
     gpus_l, arr_l, est_l, dur_l = gpus.tolist(), arrivals.tolist(), estimates.tolist(), durations.tolist()
     shape_l, height_l = shape.tolist(), height.tolist()
 
+    family_l = family.tolist()
+    extra_l = np.stack(extra, axis=1).tolist()
+
     jobs, truths = [], []
     for j in range(n):
         kind = kind_enum[kinds[j]]
-        hacked, peak, end = _label(kind, height_l[j], shape_l[j], cv.label_min_drop)
+        fam, ext = FAMILIES[family_l[j]], ()
+        if fam == "gao":
+            hacked, peak, end = _label(kind, height_l[j], shape_l[j], cv.label_min_drop)
+        else:
+            ext = tuple(extra_l[j][:_N_EXTRA[fam]])
+            peak, top, end = peak_of(fam, height_l[j], shape_l[j], ext)
+            hacked = peak < 1.0 and top - end >= cv.label_min_drop
         jobs.append(JobSpec(j, types[j], bool(rlhf[j]), gpus_l[j], arr_l[j], est_l[j]))
         truths.append(JobTruth(
             duration_s=dur_l[j], kind=kind, height=height_l[j], shape=shape_l[j], hacked=hacked,
             peak_progress=peak, gold_end=end, scores=tuple(scores[j]), losses=tuple(losses[j]),
-            proxies=tuple(proxies[j]),
+            proxies=tuple(proxies[j]), family=fam, extra=ext,
         ))
     return Workload(tuple(jobs), tuple(truths), m, seed)
+
+
+_GAO, _LATE, _SHALLOW, _DROP, _OSC = (FAMILIES.index(f.value) for f in Family)
+_N_EXTRA = {"gao": 0, "late_onset": 1, "shallow": 1, "plateau_then_drop": 2, "oscillating": 3}
+
+
+def _families(cfg: SimConfig, hacked_form: np.ndarray, u: np.ndarray, v: np.ndarray, lerp
+              ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each job's hacked-curve family index (``_GAO`` for every job not of the hacked form) and
+    up to three family parameters (see :func:`platform_sim.curves.family_gold`)."""
+    fc = cfg.curves.hacked_families
+    shares = np.array([fc.shares.get(f, 0.0) for f in FAMILIES])
+    pick = np.minimum(np.searchsorted(np.cumsum(shares), v[:, 0] * shares.sum(), side="right"), len(FAMILIES) - 1)
+    family = np.where(hacked_form, pick, _GAO)
+    zero = np.zeros(len(family))
+    e0 = np.select([family == _LATE, family == _SHALLOW, family == _DROP, family == _OSC],
+                   [lerp(fc.late_sharpness, v[:, 1]), lerp(fc.shallow_depth, v[:, 1]), lerp(fc.drop_at, v[:, 1]),
+                    lerp(fc.osc_amplitude, v[:, 1])], zero)
+    e1 = np.select([family == _DROP, family == _OSC], [lerp(fc.drop_depth, v[:, 2]), lerp(fc.osc_cycles, v[:, 2])],
+                   zero)
+    e2 = np.where(family == _OSC, 2.0 * math.pi * v[:, 3], zero)
+    return family, (e0, e1, e2)
 
 
 _SPEC_FIELDS = [f.name for f in fields(JobSpec)]
@@ -195,10 +236,15 @@ def read_trace(path: str | Path) -> Workload:
                 n_evals, seed = int(row["n_evals"]), int(row["seed"])
                 jobs.append(JobSpec(int(row["job_id"]), row["job_type"], row["rlhf"] == "True", int(row["gpus"]),
                                     float(row["arrival_s"]), float(row["est_duration_s"])))
+                family = row.get("family") or "gao"  # traces written before the families have none
+                if family not in FAMILIES:
+                    raise ValueError(f"unknown curve family {family!r}")
+                extra = tuple(float(x) for x in (row.get("extra") or "").split(";") if x)
                 truths.append(JobTruth(
                     float(row["duration_s"]), CurveKind(row["kind"]), float(row["height"]), float(row["shape"]),
                     row["hacked"] == "True", float(row["peak_progress"]), float(row["gold_end"]),
                     *(tuple(float(x) for x in row[k].split(";")) for k in ("scores", "losses", "proxies")),
+                    family=family, extra=extra,
                 ))
             except (KeyError, ValueError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a platform-sim trace row ({exc})") from None

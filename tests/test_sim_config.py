@@ -23,6 +23,10 @@ def test_default_config_is_the_spec():
     assert cfg.scheduler.block("fifo") == {"backfill": True}
     assert cfg.scheduler.block("loss_aware") == {"round_s": 300, "promote_h": 4.0}
     assert cfg.to_dict()["overlay"]["stop_at"] == {"fraction": 0.65, "job_types": "rlhf"}
+    # every overlay watches the RLHF jobs (the decision is justified in rlhf_heavy.yaml and the README)
+    assert {cfg.overlay.block(o)["job_types"] for o in ("evalstop", "stop_at", "loss_plateau")} == {"rlhf"}
+    assert cfg.curves.hacked_families.shares == {"gao": 1.0, "late_onset": 0.0, "shallow": 0.0,
+                                                 "plateau_then_drop": 0.0, "oscillating": 0.0}
     assert sum(t.share for t in cfg.workload.types.values()) == pytest.approx(1.0)
     assert cfg.workload.types["rlhf_ppo"].gpus == {8: 0.6, 16: 0.3, 32: 0.1}
 
@@ -50,7 +54,17 @@ def test_default_config_is_the_spec():
         ("overlay: {evalstop: {k: 0}}", "overlay.evalstop: k must be"),  # the rest is the detector's message
         ("overlay: {evalstop: {kk: 2}}", "unknown key overlay.evalstop.kk; valid keys here: detector, job_types, k, min_delta"),
         ("overlay: {evalstop: {detector: nope}}", "overlay.evalstop.detector: Unknown detector 'nope'; valid detectors are"),
-        ("overlay: {stop_at: {k: 2}}", "unknown key overlay.stop_at.k; valid keys here: job_types, fraction"),
+        ("overlay: {stop_at: {k: 2}}", "unknown key overlay.stop_at.k; valid keys here: fraction, job_types"),
+        ("overlay: {stop_at: {job_types: some}}", "overlay.stop_at: job_types must be 'all' or 'rlhf'"),
+        ("curves: {hacked_families: {shares: {gao: 0.5, wobbly: 0.5}}}",
+         "curves.hacked_families.shares has an unknown family 'wobbly'; families: gao, late_onset, shallow"),
+        ("curves: {hacked_families: {shares: {gao: 0.5}}}", "curves.hacked_families.shares must sum to 1"),
+        ("curves: {hacked_families: {shares: {gao: 1.5, shallow: -0.5}}}",
+         "curves.hacked_families.shares.shallow must be >= 0"),
+        ("curves: {hacked_families: {late_p_peak: [0.6, 1.2]}}", "curves.hacked_families.late_p_peak must lie in (0, 1)"),
+        ("curves: {hacked_families: {late_sharpness: [0.5, 2]}}", "curves.hacked_families.late_sharpness must be >= 1"),
+        ("curves: {hacked_families: {shallow_depth: [0.1, 2]}}", "curves.hacked_families.shallow_depth must lie in [0, 1]"),
+        ("curves: {hacked_families: {wobble: 1}}", "unknown key curves.hacked_families.wobble; valid keys here: shares"),
         ("overlay: {stop_at: {fraction: 1.5}}", "overlay.stop_at: fraction must be"),
         ("overlay: {loss_plateau: {job_types: some}}", "overlay.loss_plateau: job_types must be 'all' or 'rlhf'"),
         ("overlay: {oracle: {peak: 1}}", "unknown key overlay.oracle.peak; valid keys here: (none)"),
@@ -67,6 +81,20 @@ def test_bad_configs_name_the_key(tmp_path, capsys, yaml_text, message):
     assert main(["run", "--config", str(p), "--seeds", "1", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_family_names_match_the_curves_module():
+    from platform_sim.config import HACKED_FAMILIES
+    from platform_sim.curves import FAMILIES
+
+    assert HACKED_FAMILIES == FAMILIES
+
+
+@pytest.mark.parametrize("argv", [["run", "--seed-start", "-1", "--quiet"], ["sweep", "--param", "noise.sigma",
+                                  "--values", "0.04", "--seed-start", "-3", "--quiet"]])
+def test_negative_seed_start_is_a_config_error(argv, capsys):
+    assert main(argv) == 2
+    assert "--seed-start must be >= 0" in capsys.readouterr().err
 
 
 def test_missing_file_and_bad_override(capsys):

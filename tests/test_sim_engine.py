@@ -167,9 +167,9 @@ def _digest(res) -> str:
 # A refactor must reproduce these exactly; a deliberate behaviour change updates them in its own commit.
 GOLDEN = [
     ("fifo", "none", 2200, "48ddb29f24b1388331a0183dcd68e09d84c071bde928d70f47a3efe7601c6faa"),
-    ("srtf_est", "evalstop", 1844, "b3bcc4e5b8c19f23b29f75da0a359a8d488277ab18d5411e021868135579ba3f"),
-    ("sjf_est", "stop_at", 1711, "1b793d941c40486f4ad4efe58ca5783f4ddbc9e03d11bbf034ca30c06444562c"),
-    ("loss_aware", "loss_plateau", 5607, "d9a58e211e35d0506eff09ea8c110b410eaa5690e3921f8664aa664907671eda"),
+    ("srtf_est", "evalstop", 1904, "9445ee76984b8b8b7d6d94571916317cfbb9a485c973e73adcc168e03930d4af"),
+    ("sjf_est", "stop_at", 1711, "542b8ba8e2b27db00ef50dc08e86726bdd4c8a2ab5e411a0df1bc4a7dd6b938f"),
+    ("loss_aware", "loss_plateau", 5640, "8031a37133dfefb4b7ad705ea58b676b7a94e303ee20dc6edfb6b71c77b90d46"),
     ("srtf_est", "oracle", 1819, "5cf5bd6c2f1f6ceb047103bb8d9083577538e86478b3532d9fd52e921a64c9e4"),
 ]
 

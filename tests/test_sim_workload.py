@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from platform_sim.config import load_config
-from platform_sim.curves import CurveKind, gao, gold
+from platform_sim.curves import FAMILIES, CurveKind, Family, family_gold, gao, gold, peak_of
 from platform_sim.workload import generate_workload, read_trace, write_trace
 
 
@@ -71,3 +71,75 @@ def test_bad_trace(tmp_path):
     p.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not a platform-sim trace row"):
         read_trace(p)
+
+
+def only(family: str) -> dict[str, float]:
+    return {f: float(f == family) for f in FAMILIES}
+
+
+@pytest.mark.parametrize(
+    "family, extra, checks",
+    [
+        # (p, expected gold) with H = 1, p_peak = 0.5 (tau = 0.1 for plateau_then_drop)
+        ("gao", (), [(0.5, 1.0), (1.0, 2 * (1 - np.log(2)))]),
+        ("late_onset", (2.0,), [(0.25, float(gao(0.5))), (0.5, 1.0), (1.0, float(gao(4.0)))]),
+        ("shallow", (0.25,), [(0.25, float(gao(0.5))), (1.0, 1 - 0.25 * (1 - float(gao(2.0))))]),
+        ("plateau_then_drop", (0.6, 0.5), [(0.6, 1 - np.exp(-6)), (1.0, 1 - np.exp(-10) - 0.5)]),
+        ("oscillating", (0.1, 2.0, 0.0), [(0.5, 1.0 + 0.1 * np.sin(2 * np.pi)), (0.125, float(gao(0.25)) + 0.1)]),
+    ],
+)
+def test_family_curves_hand_computed(family, extra, checks):
+    shape = 0.1 if family == "plateau_then_drop" else 0.5
+    for p, expected in checks:
+        assert float(family_gold(family, 1.0, shape, extra, p)) == pytest.approx(expected, abs=1e-9)
+    if family == "gao":
+        assert peak_of(Family.GAO, 1.0, 0.5, ()) == pytest.approx((0.5, 1.0, expected))
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gao"])
+def test_each_family_is_selectable_and_labelled_from_its_noiseless_curve(family):
+    cfg = load_config().replace(**{"workload.n_jobs": 400, "curves.hacked_families.shares": only(family)})
+    base = generate_workload(load_config().replace(**{"workload.n_jobs": 400}), 5)
+    wl = generate_workload(cfg, 5)
+    assert wl.jobs == base.jobs  # the family changes the curves of hacked jobs only
+    fc = cfg.curves.hacked_families
+    n_hacked_form = 0
+    for t, b in zip(wl.truths, base.truths, strict=True):
+        if t.kind is not CurveKind.HACKED:
+            assert t == b and t.family == "gao"
+            continue
+        n_hacked_form += 1
+        assert t.family == family
+        grid = np.linspace(0, 1, 2001)
+        g = family_gold(family, t.height, t.shape, t.extra, grid)
+        assert t.peak_progress == pytest.approx(grid[np.argmax(g)])
+        assert t.gold_end == pytest.approx(g[-1]) and t.gold_at(1.0) == pytest.approx(g[-1])
+        assert t.hacked == (np.argmax(g) < len(g) - 1 and g.max() - g[-1] >= cfg.curves.label_min_drop)
+        if family == "late_onset":
+            assert fc.late_p_peak[0] <= t.shape <= fc.late_p_peak[1] and fc.late_sharpness[0] <= t.extra[0] <= fc.late_sharpness[1]
+        if family == "plateau_then_drop":
+            assert fc.drop_at[0] <= t.extra[0] <= fc.drop_at[1] and fc.drop_depth[0] <= t.extra[1] <= fc.drop_depth[1]
+        # the observed scores are the curve plus the same noise draws as under the Gao default
+        noise = np.array(b.scores) - np.array(gold(b.kind, b.height, b.shape, np.arange(1, 11) / 10))
+        assert np.array(t.scores) == pytest.approx(family_gold(family, t.height, t.shape, t.extra, np.arange(1, 11) / 10) + noise)
+    assert n_hacked_form > 100
+
+
+def test_late_onset_peaks_late_and_shallow_drops_less():
+    def hacked(family):
+        cfg = load_config().replace(**{"workload.n_jobs": 600, "curves.hacked_families.shares": only(family)})
+        return [t for t in generate_workload(cfg, 2).truths if t.kind is CurveKind.HACKED]
+
+    assert min(t.peak_progress for t in hacked("late_onset")) >= 0.6
+    gao_drop = np.mean([t.height - t.gold_end for t in hacked("gao")])
+    assert np.mean([t.height - t.gold_end for t in hacked("shallow")]) < 0.5 * gao_drop
+    assert any(not t.hacked for t in hacked("shallow"))  # a late, shallow fall can stay under the label's 0.05
+
+
+def test_trace_round_trip_with_families(tmp_path):
+    shares = {"gao": 0.2, "late_onset": 0.2, "shallow": 0.2, "plateau_then_drop": 0.2, "oscillating": 0.2}
+    cfg = load_config().replace(**{"workload.n_jobs": 60, "curves.hacked_families.shares": shares})
+    wl = generate_workload(cfg, 4)
+    assert len({t.family for t in wl.truths}) == 5
+    write_trace(wl, tmp_path / "jobs.csv")
+    assert read_trace(tmp_path / "jobs.csv") == wl
