@@ -320,11 +320,16 @@ def test_6_one_tenant_listing_20000_jobs_does_not_hold_up_another(two):
     idle = _report_latencies(two.url, two.bob, "b", 150, 0)
     stop = threading.Event()
 
+    pages = {200: 0, 429: 0}
+
     def flood():
         with httpx.Client(base_url=two.url, headers=_h(two.alice), timeout=30) as c:
             while not stop.is_set():
                 for offset in range(0, 20_000, 1000):
-                    assert c.get(f"/v1/jobs?limit=1000&offset={offset}").status_code == 200
+                    r = c.get(f"/v1/jobs?limit=1000&offset={offset}")
+                    pages[r.status_code] += 1  # 429: over its read budget (anything else fails the test)
+                    if r.status_code == 429:  # as fast as the server lets it: back again after Retry-After
+                        stop.wait(float(r.headers["retry-after"]))
 
     lister = threading.Thread(target=flood)
     lister.start()
@@ -334,8 +339,10 @@ def test_6_one_tenant_listing_20000_jobs_does_not_hold_up_another(two):
         stop.set()
         lister.join()
     p99 = lambda xs: xs[int(0.99 * (len(xs) - 1))]  # noqa: E731
-    print(f"tenant B's report p99: idle {p99(idle) * 1e3:.1f} ms, while A lists 20,000 jobs {p99(busy) * 1e3:.1f} ms")
-    assert p99(busy) <= 2 * p99(idle) + 0.010, (p99(idle), p99(busy))  # 10 ms: this VM's scheduling jitter
+    print(f"tenant B's report p99: idle {p99(idle) * 1e3:.1f} ms, while A lists 20,000 jobs {p99(busy) * 1e3:.1f} ms "
+          f"(A's pages: {pages[200]} served, {pages[429]} over its read budget)")
+    assert pages[200] >= 20  # A did get its 20,000 jobs (a burst's worth), and went on asking
+    assert p99(busy) <= 2 * p99(idle) + 0.005, (p99(idle), p99(busy))  # 5 ms: this shared VM's scheduling jitter
 
 
 # ---------------------------------------------------------------- 7. 200 means durable, even for a retry

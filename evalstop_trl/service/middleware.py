@@ -6,6 +6,9 @@
   the tenant is handed on in ``scope["state"]["tenant"]``;
 * reports are rate limited per tenant (token bucket, the tenant's ``report_rate``/``report_burst``
   quota): 429 with ``Retry-After`` before the body is read;
+* listing jobs costs one token per job asked for (``limit``) from a per-tenant read budget
+  (:data:`LIST_RATE` jobs per second, :data:`LIST_BURST` at once), so one tenant paging through
+  thousands of jobs in a tight loop cannot take the CPU another tenant's reports need;
 * bodies over the limit get 413 (declared or streamed), and a body that does not arrive within
   ``body_timeout_s`` gets 408, so an unfinished upload cannot hold memory or a slot for long.
 """
@@ -22,7 +25,10 @@ from collections.abc import Callable
 from ..core.errors import EvalStopError, Unauthorized
 from ..core.tenants import Tenants
 
-__all__ = ["Guard", "TokenBuckets"]
+__all__ = ["LIST_BURST", "LIST_RATE", "Guard", "TokenBuckets"]
+
+LIST_RATE = 10_000.0  # jobs listed per second per tenant: 10 full pages a second
+LIST_BURST = 20_000  # 20 full pages at once: a client paging through 20,000 jobs is not held up
 
 
 class TokenBuckets:
@@ -33,19 +39,20 @@ class TokenBuckets:
         self._state: dict[str, tuple[float, float]] = {}  # key -> (tokens, last time)
         self._lock = threading.Lock()
 
-    def take(self, key: str, rate: float, burst: int) -> float:
-        """Take one token; returns 0 if granted, else the seconds until one is available."""
+    def take(self, key: str, rate: float, burst: int, cost: float = 1.0) -> float:
+        """Take ``cost`` tokens; returns 0 if granted, else the seconds until they are available."""
         now = self.clock()
+        cost = min(cost, float(burst))
         with self._lock:
             tokens, last = self._state.get(key, (float(burst), now))
             tokens = min(float(burst), tokens + (now - last) * rate)
-            if tokens >= 1.0:
+            if tokens >= cost:
                 if key not in self._state and len(self._state) >= self.max_keys:
                     self._state.clear()  # tenants are few; never let this grow without bound
-                self._state[key] = (tokens - 1.0, now)
+                self._state[key] = (tokens - cost, now)
                 return 0.0
             self._state[key] = (tokens, now)
-            return (1.0 - tokens) / rate
+            return (cost - tokens) / rate
 
 
 def _is_report(method: str, path: str) -> bool:
@@ -81,6 +88,11 @@ class Guard:
                 if wait > 0:
                     return await _reply(send, 429, f"report rate over this tenant's quota of {quotas.report_rate:g}/s; "
                                         f"retry after {wait:.2f} s", [(b"retry-after", str(math.ceil(wait)).encode())])
+            elif method == "GET" and path == "/v1/jobs":
+                wait = self.buckets.take(f"{tenant}\x00list", LIST_RATE, LIST_BURST, _limit(scope))
+                if wait > 0:
+                    return await _reply(send, 429, f"listing over this tenant's read budget of {LIST_RATE:g} jobs/s; "
+                                        f"retry after {wait:.2f} s", [(b"retry-after", str(math.ceil(wait)).encode())])
         chunks, size, more = [], 0, True
         while more:  # read the body (bounded in size and time), then hand it on
             try:
@@ -108,6 +120,17 @@ class Guard:
             await self.app(scope, replay, send)
         except EvalStopError as exc:  # raised before routing (should not happen), answered all the same
             await _reply(send, exc.status_code, str(exc))
+
+
+def _limit(scope) -> float:
+    """The ``limit`` a list request asks for (the page size it costs), 1,000 when absent or unreadable."""
+    from urllib.parse import parse_qs
+
+    try:
+        value = int(parse_qs(scope.get("query_string", b"").decode("latin-1")).get("limit", ["1000"])[0])
+    except ValueError:
+        return 1000.0
+    return float(min(max(value, 1), 1000))
 
 
 def _size(n: int) -> str:
