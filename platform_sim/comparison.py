@@ -81,16 +81,17 @@ def _saved_hacked(base: RunResult, run: RunResult, wl: Workload) -> float:
                if t.hacked) / 3600.0
 
 
-def detector_seed(cfg: SimConfig, seed: int, scheduler: str,
-                  base10: RunResult | None = None) -> dict[tuple[str, float, int], dict[str, Any]]:
+def detector_seed(cfg: SimConfig, seed: int, scheduler: str, base10: RunResult | None = None,
+                  settings: tuple[tuple[float, int], ...] = SETTINGS) -> dict[tuple[str, float, int], dict[str, Any]]:
     """One seed of the comparison: per (detector, sigma, evals) the detection counts, the paired
-    completed-jobs JCT, and the GPU-hours saved on hacked jobs by it and by Oracle-Stop."""
+    completed-jobs JCT, and the GPU-hours saved on hacked jobs by it and by Oracle-Stop. ``base10``:
+    the base alone on ``cfg``'s own cadence, if already run."""
     evalstop_types = cfg.overlay.block("evalstop").get("job_types", OVERLAYS.params("evalstop")["job_types"])
     watched = watched_types(cfg, "evalstop")
     margin = cfg.metrics.harmful_margin
     out: dict[tuple[str, float, int], dict[str, Any]] = {}
     refs: dict[int, tuple[RunResult, RunResult, Workload]] = {}
-    for sigma, n_evals in SETTINGS:
+    for sigma, n_evals in settings:
         c = cfg.replace(**{"noise.sigma": sigma, "workload.evals_per_job": n_evals})
         wl = generate_workload(c, seed)
         if n_evals not in refs:  # neither the base alone nor the oracle depends on the eval noise
@@ -112,7 +113,8 @@ def detector_seed(cfg: SimConfig, seed: int, scheduler: str,
     return out
 
 
-def aggregate_detectors(cfg: SimConfig, per_seed: list[dict[tuple[str, float, int], dict[str, Any]]]) -> list[dict]:
+def aggregate_detectors(cfg: SimConfig, per_seed: list[dict[tuple[str, float, int], dict[str, Any]]],
+                        settings: tuple[tuple[float, int], ...] = SETTINGS) -> list[dict]:
     """The ``detectors`` rows of ``results.json`` from :func:`detector_seed` outputs."""
     import numpy as np
 
@@ -120,7 +122,7 @@ def aggregate_detectors(cfg: SimConfig, per_seed: list[dict[tuple[str, float, in
 
     rows = []
     for name in detector_names():
-        for sigma, n_evals in SETTINGS:
+        for sigma, n_evals in settings:
             seeds = [p[(name, sigma, n_evals)] for p in per_seed]
             rates = _rates(seeds)
             saved = np.array([[s["saved_hacked"], s["oracle_saved_hacked"]] for s in seeds])

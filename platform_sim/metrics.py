@@ -10,7 +10,9 @@
 * **W_ovh**: eval, checkpoint and restart overhead GPU-hours.
 * Restart overhead is in W_ovh only, not in W_post or W_unprod: the engine records how many times
   a job restarted, not at which progress, so the restarts after the peak cannot be told from those
-  before it. It is small: about 1% of all GPU-hours under SRTF-Est (``restart_gpu_hours``).
+  before it. It is small: 0.3% of all GPU-hours under SRTF-Est alone and 2.4% under LossAware alone
+  (``restart_gpu_hours``, seeds 0-9), so even charging every restart to W_post would move it by
+  about 1% (SRTF-Est) of its value.
 * **Detection** over every *watched* job (the job types the overlay watches; RLHF only when a
   caller does not say), pooled and per job type; flagged = stopped before the planned end.
   Definition A (label): FP = healthy and flagged. Definition B (harmful stop, the headline): FP =
