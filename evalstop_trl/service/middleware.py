@@ -27,7 +27,7 @@ from ..core.tenants import Tenants
 
 __all__ = ["LIST_BURST", "LIST_RATE", "Guard", "TokenBuckets"]
 
-LIST_RATE = 10_000.0  # jobs listed per second per tenant: 10 full pages a second
+LIST_RATE = 5_000.0  # jobs listed per second per tenant: 5 full pages a second
 LIST_BURST = 20_000  # 20 full pages at once: a client paging through 20,000 jobs is not held up
 
 
