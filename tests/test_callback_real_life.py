@@ -232,3 +232,33 @@ def test_keep_best_checkpoint_keeps_the_trainers_own_checkpoint(tmp_path):
     best = Path(run.best_checkpoint)
     assert best == tmp_path / "trainer" / f"checkpoint-{run.best_step}" and (best / "config.json").exists()
     assert not (tmp_path / "trainer" / "evalstop-best").exists()  # no extra copy of the model
+
+
+class LogRecorder(TrainerCallback):
+    """Stands for a report_to integration (wandb, tensorboard, trackio): records the logs it is given."""
+
+    def __init__(self) -> None:
+        self.logs: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs or {}))
+
+
+def test_integrations_after_the_callback_get_the_scores(tmp_path):
+    recorder = LogRecorder()
+    run = run_tiny("grpo", "hacked", output_dir=tmp_path, max_steps=20, eval_every=10, stop=False,
+                   callbacks=[recorder])
+    seen = [entry for entry in recorder.logs if "evalstop/score" in entry]
+    assert len(seen) == 2 and all("loss" in entry for entry in seen)  # in the same log as the step's loss
+    assert [e["evalstop/score"] for e in seen] == pytest.approx([t["gold"] for t in run.trace])
+    # and EvalStopCallback.first_in(trainer) moves the callback before the trainer's own integrations
+    from transformers import Trainer, TrainingArguments
+
+    from evalstop_trl.train.tiny import build_model, build_tokenizer
+
+    tok = build_tokenizer()
+    trainer = Trainer(model=build_model(tok), args=TrainingArguments(output_dir=str(tmp_path / "t"), report_to="none",
+                                                                     use_cpu=True),
+                      callbacks=[EvalStopCallback("eval_reward")])
+    EvalStopCallback.first_in(trainer)
+    assert isinstance(trainer.callback_handler.callbacks[0], EvalStopCallback)

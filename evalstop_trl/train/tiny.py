@@ -251,7 +251,7 @@ def run_tiny(
                                                  task_type="CAUSAL_LM"))
     prompts = make_prompts(512, seed + 1)
     gold = GoldEval(p)
-    cbs = list(callbacks or [])
+    cbs: list = []
     cb = None
     if with_evalstop:
         external = bool((callback_kwargs or {}).get("external_eval"))
@@ -260,6 +260,7 @@ def run_tiny(
                               detector=detector if stop else "never", k=k, min_delta=min_delta,
                               save_best=save_best, **(callback_kwargs or {}), **(detector_params if stop else {}))
         cbs.append(cb)
+    cbs += list(callbacks or [])  # after EvalStop's: they see its evalstop/* metrics in each step's logs
     batch = 32 if device == "cuda" else 16
     _OVERRIDES.clear()
     _OVERRIDES.update(training_args or {})
