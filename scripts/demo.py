@@ -168,7 +168,7 @@ def main() -> int:
     t0 = time.time()
     banner("1. evalstop replay on a recorded hacked run (configs/examples/hacked_trainer_state.json)")
     print(evalstop("replay", str(ROOT / "configs/examples/hacked_trainer_state.json")).rstrip())
-    banner("2. a live multi-tenant platform: evalstop serve + 4 tiny real GRPO jobs from 2 tenants")
+    banner("2. a live multi-tenant platform: evalstop serve, 5 tiny real GRPO jobs from 2 tenants (one scored by an external evaluator) and a loop that ignores the stop flag under evalstop run")
     live_platform()
     banner("3. the platform simulator: SRTF-Est alone vs + EvalStop (default config, 5 seeds)")
     subprocess.run([PY, "-m", "platform_sim.cli", "run", "--seeds", "5", "--quiet"], check=True)
