@@ -41,7 +41,8 @@ def main() -> int:
     rows = [json.loads(line) for line in Path(args.trace).read_text().splitlines() if line.strip()]
     with EvalStopClient(os.environ["EVALSTOP_URL"], os.environ["EVALSTOP_TOKEN"]) as client:
         for row in rows:
-            client.report(job, row["step"], eval_score=row["gold"], proxy_reward=row.get("proxy"))  # decision ignored
+            client.report(job, row["step"], eval_score=row["gold"],
+                          proxy_reward=row.get("proxy_reward", row.get("proxy")))  # the decision is ignored
             print(f"stubborn loop: step {row['step']} gold {row['gold']:.3f}", flush=True)
             time.sleep(args.pace)
     while True:  # "keeps training"

@@ -71,11 +71,14 @@ def test_human_table_marks_best_and_stop(tmp_path, capsys):
     assert "STOP at step 4; best step 2" in out
 
 
-def test_trainer_state_skips_training_logs_and_picks_first_eval_key(tmp_path):
-    p = write(tmp_path, "trainer_state", [10, 20, 30], [0.3, 0.2, 0.1], extra={"eval_other": 1.0})
-    curve = load_curve(p)
+def test_trainer_state_skips_training_logs_and_refuses_to_guess_among_eval_keys(tmp_path):
+    p = write(tmp_path, "trainer_state", [10, 20, 30], [0.3, 0.2, 0.1])
+    curve = load_curve(p)  # the only eval key: taken
     assert curve.metric == "eval_gold" and curve.steps == (10, 20, 30) and curve.planned_steps == 30
     assert curve.losses[0] == pytest.approx(1 / 11)
+    p = write(tmp_path, "trainer_state", [10, 20, 30], [0.3, 0.2, 0.1], extra={"eval_other": 1.0})
+    with pytest.raises(ReplayError, match="several evaluation metrics.*eval_gold, eval_other.*--metric"):
+        load_curve(p)  # never a silent pick (a DPO state file would have given eval_entropy)
     assert load_curve(p, "eval_other").scores == (1.0, 1.0, 1.0)
 
 
@@ -149,3 +152,11 @@ def test_several_eval_metrics_are_refused_with_the_list_and_evalstop_score_wins(
     state["log_history"].append({"step": 10, "evalstop/score": 0.7, "evalstop/best_score": 0.7})
     path.write_text(_json.dumps(state))
     assert load_curve(path).metric == "evalstop/score"
+
+
+def test_any_detector_parameter_through_param(tmp_path, capsys):
+    p = write(tmp_path, "jsonl", [1, 2, 3, 4], [0.5, 0.7, 0.6, 0.5])
+    assert main(["replay", str(p), "--detector", "decline", "--param", "k=1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stop_step"] == 3
+    assert main(["replay", str(p), "--param", "k"]) == 2
+    assert "--param must look like NAME=VALUE" in capsys.readouterr().err

@@ -20,13 +20,16 @@ def add_replay_command(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("file", help="trainer_state.json, .csv or .jsonl")
     p.add_argument("--metric", help="score column or key (default: the only numeric one, else the first eval_*)")
-    p.add_argument("--detector", default="decline", help="decline (default), patience, stop_at, loss_plateau, never")
+    p.add_argument("--detector", default="decline",
+                   help="decline (default), patience, drop, trend, cusum, stop_at, loss_plateau, never")
     p.add_argument("--k", type=int, help="consecutive declines (decline) or evals without improvement (patience)")
     p.add_argument("--min-delta", type=float, dest="min_delta", help="a change must exceed this to count")
     p.add_argument("--direction", choices=("max", "min"), help="max (default): higher is better")
     p.add_argument("--fraction", type=float, help="stop_at: progress fraction to stop at")
     p.add_argument("--window", type=int, help="loss_plateau: window in evals")
     p.add_argument("--tolerance", type=float, help="loss_plateau: relative improvement threshold")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="any other detector parameter, e.g. --detector trend --param window=5 --param noise_prior=0.03")
     p.add_argument("--planned-steps", type=int, dest="planned_steps", help="planned steps (for progress)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="OUT.png", help="also draw the curve with the best and stop steps (.png, .svg, .pdf)")
@@ -41,6 +44,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         for k in ("k", "min_delta", "direction", "fraction", "window", "tolerance")
         if getattr(args, k) is not None
     }
+    for item in args.param:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise CLIError(f"--param must look like NAME=VALUE, got {item!r}")
+        params[name.strip()] = _value(raw.strip())
     if args.planned_steps is not None and args.planned_steps < 1:
         raise CLIError(f"--planned-steps must be a positive number of steps, got {args.planned_steps}")
     try:
@@ -66,3 +74,15 @@ def _cmd_replay(args: argparse.Namespace) -> int:
               f"detector {args.detector}{' ' + desc if desc else ''}")
         print(format_table(curve, result))
     return 0
+
+
+def _value(raw: str):
+    """A --param value: an int, a float, true/false, or the text itself."""
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
