@@ -440,3 +440,34 @@ def test_11_readyz_and_the_metrics_token(two):
     assert httpx.get(f"{two.url}/metrics").status_code == 401
     assert httpx.get(f"{two.url}/metrics", headers=_h(two.alice)).status_code == 401
     assert httpx.get(f"{two.url}/metrics", headers=_h("ops-secret")).status_code == 200
+
+
+# ---------------------------------------------------------------- external evals (issue 10): paths are capabilities
+def test_a_tenant_cannot_claim_or_score_another_tenants_snapshots(two):
+    two.start()
+    with EvalStopClient(two.url, two.alice) as a, EvalStopClient(two.url, two.bob) as b:
+        a.register_job("ext", "grpo")
+        a.publish_snapshot("ext", 10, "/runs/alice/checkpoint-10")
+        assert b.claim_eval("bob-worker", 5) is None  # bob's queue is empty: alice's snapshot is not his
+        with pytest.raises(NotFound):
+            b.post_eval("ext", 10, 0.9)
+        task = a.claim_eval("alice-worker", 5)
+        assert (task["job_id"], task["step"]) == ("ext", 10)
+    r = httpx.post(f"{two.url}/v1/evals/claim", json={"worker": "w", "lease_s": 10**9}, headers=_h(two.alice))
+    assert r.status_code == 422 and "lease_s" in r.json()["detail"]
+
+
+def test_an_evaluator_opens_only_snapshots_under_its_root(tmp_path):
+    from evalstop_trl import Coordinator, MemoryStore
+    from evalstop_trl.clients.embedded import EmbeddedClient
+    from evalstop_trl.train.evaluator import Evaluator
+
+    coord = Coordinator(MemoryStore())
+    client = EmbeddedClient(coord)
+    client.register_job("ext", "grpo")
+    client.publish_snapshot("ext", 10, "/etc")  # a tenant names a path outside the operator's root
+    opened = []
+    evaluator = Evaluator(client, lambda m, t: opened.append(m) or 1.0, root=tmp_path)
+    assert evaluator.evaluate(client.claim_eval("w", 5), "w") is None
+    assert opened == [] and coord.status("local", "ext").n_reports == 1  # a missing eval, nothing opened
+    assert [(r.step, r.eval_score) for r in coord.reports("local", "ext")] == [(10, None)]
