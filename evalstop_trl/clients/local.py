@@ -1,5 +1,5 @@
 """Local-machine helpers: a free loopback port, waiting until a local ``evalstop serve`` is healthy,
-and a process's start time (to tell a pid from a reused one)."""
+and :class:`LocalServer` to start one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LocalServer", "free_loopback_port", "process_start_time", "wait_until_healthy"]
+__all__ = ["LocalServer", "free_loopback_port", "wait_until_healthy"]
 
 
 def free_loopback_port() -> int:
@@ -35,18 +35,6 @@ def wait_until_healthy(url: str, timeout_s: float = 30.0, process: Any = None) -
             pass
         time.sleep(0.1)
     return False
-
-
-def process_start_time(pid: int) -> float | None:
-    """The start time of ``pid`` in clock ticks since boot (None if there is no such live process)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the command name may contain spaces
-    if fields[0] in ("Z", "X"):  # zombie or dead: nothing to signal
-        return None
-    return float(fields[19])
 
 
 class LocalServer:

@@ -594,10 +594,6 @@ class Coordinator:
         with self._lock:
             return self._view(self._fresh(tenant, job_id))
 
-    def record(self, tenant: str, job_id: str) -> JobRecord:
-        with self._lock:
-            return self._fresh(tenant, job_id).record
-
     def list_jobs(self, tenant: str, status: JobStatus | str | None = None, limit: int | None = None,
                   offset: int = 0) -> list[JobView]:
         """The tenant's jobs in registration order, optionally of one ``status``, paged."""

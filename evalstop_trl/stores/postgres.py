@@ -41,14 +41,11 @@ from .sql import (
     EVAL_COLS,
     REPORT_COLS,
     TENANT_COLS,
-    audit_from_row,
-    audit_query,
+    SQLReads,
     delivery_from_row,
     delivery_row,
-    eval_from_row,
     eval_row,
     q,
-    tenant_from_row,
 )
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
@@ -117,7 +114,7 @@ def _job_from_row(r: tuple) -> JobRecord:
     )
 
 
-class PostgresStore(Store):
+class PostgresStore(SQLReads, Store):
     """A shared, durable store in one PostgreSQL database (see the module docstring).
 
     Args:
@@ -227,7 +224,7 @@ class PostgresStore(Store):
     def _read(self, query: str, args: tuple = ()) -> list[tuple]:
         try:
             with self._pool.connection() as conn:
-                return conn.execute(query, args).fetchall()
+                return conn.execute(q(query, True), args).fetchall()
         except self._psycopg.Error as exc:
             raise StoreError(f"read failed: {exc}") from exc
 
@@ -246,17 +243,6 @@ class PostgresStore(Store):
             self._write(op)
         except StaleState as exc:
             raise Conflict(str(exc)) from None
-
-    def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
-        rows = self._read(f"SELECT {TENANT_COLS} FROM tenants WHERE token_hash = %s", (token_hash,))
-        return tenant_from_row(rows[0]) if rows else None
-
-    def tenant(self, name: str) -> TenantRecord | None:
-        rows = self._read(f"SELECT {TENANT_COLS} FROM tenants WHERE name = %s", (name,))
-        return tenant_from_row(rows[0]) if rows else None
-
-    def list_tenants(self) -> list[TenantRecord]:
-        return [tenant_from_row(r) for r in self._read(f"SELECT {TENANT_COLS} FROM tenants ORDER BY name")]
 
     def update_tenant(self, tenant: TenantRecord) -> bool:
         found = []
@@ -345,22 +331,6 @@ class PostgresStore(Store):
         return self._read("SELECT count(*) FROM jobs WHERE tenant=%s AND status IN ('pending', 'running')",
                           (tenant,))[0][0]
 
-    def reports(self, tenant: str, job_id: str, after_step: int | None = None,
-                limit: int | None = None) -> list[Report]:
-        rows = self._read(f"SELECT {REPORT_COLS} FROM reports WHERE tenant=%s AND job_id=%s AND step > %s "
-                          "ORDER BY step LIMIT %s", (tenant, job_id, -1 if after_step is None else after_step, limit))
-        return [Report(*r) for r in rows]
-
-    def report(self, tenant: str, job_id: str, step: int) -> Report | None:
-        rows = self._read(f"SELECT {REPORT_COLS} FROM reports WHERE tenant=%s AND job_id=%s AND step=%s",
-                          (tenant, job_id, step))
-        return Report(*rows[0]) if rows else None
-
-    def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
-              offset: int = 0) -> list[AuditRecord]:
-        query, args = audit_query(tenant, job_id)
-        return [audit_from_row(r) for r in self._read(q(query, True), (*args, limit, offset))]
-
     # ------------------------------------------------------------------ external evals
     def put_eval(self, task: EvalTask) -> Ticket:
         row = eval_row(task)
@@ -370,18 +340,6 @@ class PostgresStore(Store):
             "state=EXCLUDED.state, lease_until=EXCLUDED.lease_until, worker=EXCLUDED.worker, score=EXCLUDED.score, "
             "fed=EXCLUDED.fed", row))
 
-    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
-        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=%s AND job_id=%s ORDER BY step",
-                          (tenant, job_id))
-        return [eval_from_row(r) for r in rows]
-
-    def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
-        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=%s AND (state='pending' OR "
-                          "(state='leased' AND lease_until<=%s)) ORDER BY created_at, job_id, step LIMIT %s",
-                          (tenant, now, limit))
-        return [eval_from_row(r) for r in rows]
-
-    # ------------------------------------------------------------------ webhook deliveries
     def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
         rows = self._read(
             f"UPDATE deliveries SET next_at = %s WHERE id IN (SELECT id FROM deliveries WHERE NOT done AND next_at <= %s "

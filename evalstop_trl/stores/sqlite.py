@@ -32,13 +32,10 @@ from .sql import (
     DELIVERY_COLS,
     EVAL_COLS,
     TENANT_COLS,
-    audit_from_row,
-    audit_query,
+    SQLReads,
     delivery_from_row,
     delivery_row,
-    eval_from_row,
     eval_row,
-    tenant_from_row,
 )
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
@@ -113,7 +110,7 @@ def _job_from_row(r: tuple) -> JobRecord:
     )
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLReads, Store):
     """A durable store in one SQLite file (WAL mode, ``synchronous=FULL``).
 
     Writes go through one writer thread that commits whatever is queued in one transaction
@@ -215,6 +212,8 @@ class SQLiteStore(Store):
     def _write(self, op: Callable[[sqlite3.Connection], None]) -> None:
         wait_durable(self._submit(op))
 
+    _NO_LIMIT = -1
+
     def _read(self, query: str, args: tuple = ()) -> list[tuple]:
         with self._read_lock:
             return self._reader.execute(query, args).fetchall()
@@ -226,17 +225,6 @@ class SQLiteStore(Store):
         row = (tenant.name, tenant.token_hash, tenant.created_at, int(tenant.revoked), json.dumps(dict(tenant.quotas)),
                tenant.webhook_secret)
         self._write(lambda db: db.execute(f"INSERT INTO tenants ({TENANT_COLS}) VALUES (?, ?, ?, ?, ?, ?)", row))
-
-    def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
-        rows = self._read(f"SELECT {TENANT_COLS} FROM tenants WHERE token_hash=?", (token_hash,))
-        return tenant_from_row(rows[0]) if rows else None
-
-    def tenant(self, name: str) -> TenantRecord | None:
-        rows = self._read(f"SELECT {TENANT_COLS} FROM tenants WHERE name=?", (name,))
-        return tenant_from_row(rows[0]) if rows else None
-
-    def list_tenants(self) -> list[TenantRecord]:
-        return [tenant_from_row(r) for r in self._read(f"SELECT {TENANT_COLS} FROM tenants ORDER BY name")]
 
     def update_tenant(self, tenant: TenantRecord) -> bool:
         if not self._read("SELECT 1 FROM tenants WHERE name=?", (tenant.name,)):
@@ -287,26 +275,6 @@ class SQLiteStore(Store):
     def jobs(self) -> list[JobRecord]:
         return [_job_from_row(r) for r in self._read(f"SELECT {_JOB_COLS} FROM jobs ORDER BY created_at, tenant, job_id")]
 
-    def reports(self, tenant: str, job_id: str, after_step: int | None = None,
-                limit: int | None = None) -> list[Report]:
-        rows = self._read(
-            "SELECT step, eval_score, train_loss, proxy_reward, checkpoint, received_at FROM reports "
-            "WHERE tenant=? AND job_id=? AND step>? ORDER BY step LIMIT ?",
-            (tenant, job_id, -1 if after_step is None else after_step, -1 if limit is None else limit),
-        )
-        return [Report(*r) for r in rows]
-
-    def report(self, tenant: str, job_id: str, step: int) -> Report | None:
-        rows = self._read(
-            "SELECT step, eval_score, train_loss, proxy_reward, checkpoint, received_at FROM reports "
-            "WHERE tenant=? AND job_id=? AND step=?", (tenant, job_id, step))
-        return Report(*rows[0]) if rows else None
-
-    def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
-              offset: int = 0) -> list[AuditRecord]:
-        query, args = audit_query(tenant, job_id)
-        return [audit_from_row(r) for r in self._read(query, (*args, -1 if limit is None else limit, offset))]
-
     def job(self, tenant: str, job_id: str) -> JobRecord | None:
         rows = self._read(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant=? AND job_id=?", (tenant, job_id))
         return _job_from_row(rows[0]) if rows else None
@@ -315,16 +283,6 @@ class SQLiteStore(Store):
         row = tuple(int(v) if isinstance(v, bool) else v for v in eval_row(task))
         return self._submit(lambda db: db.execute(
             f"INSERT OR REPLACE INTO evals ({EVAL_COLS}) VALUES ({','.join('?' * 12)})", row))
-
-    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
-        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? ORDER BY step", (tenant, job_id))
-        return [eval_from_row(r) for r in rows]
-
-    def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
-        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND (state='pending' OR "
-                          "(state='leased' AND lease_until<=?)) ORDER BY created_at, job_id, step LIMIT ?",
-                          (tenant, now, limit))
-        return [eval_from_row(r) for r in rows]
 
     def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
         rows = self._read(f"SELECT {DELIVERY_COLS} FROM deliveries WHERE done=0 AND next_at<=? "

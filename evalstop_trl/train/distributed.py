@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["broadcast_object", "broadcast_stop"]
+__all__ = ["broadcast_object"]
 
 
 def broadcast_object(value: Any) -> Any:
@@ -17,7 +17,3 @@ def broadcast_object(value: Any) -> Any:
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
-
-def broadcast_stop(stop: bool) -> bool:
-    """Rank 0's stop decision on every rank (see :func:`broadcast_object`)."""
-    return bool(broadcast_object(stop))
