@@ -46,17 +46,16 @@ def reference(preset: str, seed: int) -> list[dict]:
 
 
 def live_platform() -> None:
-    from evalstop_trl.clients.local import free_loopback_port, wait_until_healthy
+    from evalstop_trl.clients.local import LocalServer
 
     db = OUT / "coordinator.db"
-    port = free_loopback_port()
-    url = f"http://127.0.0.1:{port}"
-    tokens = {t: json.loads(evalstop("tenants", "add", t, "--db", str(db), "--json"))["token"] for t in ("acme", "globex")}
-    server = subprocess.Popen([PY, "-m", "evalstop_trl", "serve", "--db", str(db), "--port", str(port)],
-                              stdout=open(OUT / "server.log", "w"), stderr=subprocess.STDOUT)
+    server = LocalServer(db, tenants=("acme", "globex"), log=OUT / "server.log")
     try:
-        if not wait_until_healthy(url, 30, server):
-            raise SystemExit(f"evalstop serve did not start; see {OUT / 'server.log'}")
+        server.start()
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
+    url, tokens = server.url, server.tokens
+    try:
         print(f"coordinator on {url} (SQLite {db.relative_to(ROOT)}), tenants acme and globex; "
               f"starting {len(JOBS)} tiny GRPO jobs as separate processes ...", flush=True)
         t0 = time.time()
@@ -109,8 +108,7 @@ def live_platform() -> None:
         if WAIT and sys.stdin.isatty():
             input("the platform stays up for you to look; press Enter to tear it down ... ")
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop()
     table(results)
     plot(results, OUT / "tiny_jobs.png")
 

@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evalstop_trl.clients.local import free_loopback_port, wait_until_healthy  # noqa: E402
+from evalstop_trl.clients.local import LocalServer  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -157,27 +156,21 @@ def optuna_stream(db: Path, jobs: int, reports: int, deadline: float, interval: 
 
 def run_backend(db: str, replicas: int, args: argparse.Namespace) -> dict:
     """Start ``replicas`` servers over ``db``, run the saturation and the paced stream, stop them."""
-    token = json.loads(subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "add", "load", "--db", db,
-                                       "--json"], check=True, capture_output=True, text=True).stdout)["token"]
-    ports = [free_loopback_port() for _ in range(replicas)]
     # one tenant sends the whole stream: lift its report-rate quota (1,000/s by default) out of the way,
     # this measures the server, not the quota (tests/test_security.py tests the quota)
-    servers = [subprocess.Popen([sys.executable, "-m", "evalstop_trl", "serve", "--db", db, "--port", str(port),
-                                 "--log-level", "warning", "--report-rate", "1000000", "--report-burst", "1000000",
-                                 "--max-active-jobs", "100000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-               for port in ports]
+    lifted = ("--report-rate", "1000000", "--report-burst", "1000000", "--max-active-jobs", "100000")
+    servers = [LocalServer(db, tenants=("load",) if i == 0 else (), args=lifted) for i in range(replicas)]
     try:
-        for port, server in zip(ports, servers, strict=True):
-            if not wait_until_healthy(f"http://127.0.0.1:{port}", 60, server):
-                raise SystemExit(f"evalstop serve over {db} did not start")
+        for server in servers:
+            server.start(timeout_s=60)
+        token, ports = servers[0].tokens["load"], [server.port for server in servers]
         ours = asyncio.run(evalstop_stream("127.0.0.1", ports, token, args.jobs, args.reports,
                                            time.monotonic() + args.max_seconds))
         paced = asyncio.run(evalstop_stream("127.0.0.1", ports, token, args.jobs, args.reports,
                                             time.monotonic() + args.max_seconds, args.interval, "paced"))
     finally:
         for server in servers:
-            server.terminate()
-            server.wait(timeout=30)
+            server.stop()
     return {"replicas": replicas, "evalstop": ours, "evalstop_paced": paced}
 
 

@@ -73,8 +73,7 @@ class EmbeddedClient:
         deadline = time.monotonic() + min(max(wait_s, 0.0), 60.0)
         while True:
             view = self.coordinator.status(self.tenant, job_id)
-            done = view.status == "stopped" if stopped else view.status not in ("pending", "running")
-            if done or time.monotonic() >= deadline:
+            if view.settled(stopped) or time.monotonic() >= deadline:
                 return view
             time.sleep(0.05)
 

@@ -372,6 +372,10 @@ class JobView:
         if type(self.policy) is not MappingProxyType:
             object.__setattr__(self, "policy", MappingProxyType(dict(self.policy)))
 
+    def settled(self, stopped: bool = False) -> bool:
+        """What a long poll waits for: the job is no longer running (``stopped``: it is stopped)."""
+        return self.status == JobStatus.STOPPED.value if stopped else JobStatus(self.status).terminal
+
     def __reduce__(self):
         values = [getattr(self, f.name) for f in fields(self)]
         values[3] = dict(self.policy)

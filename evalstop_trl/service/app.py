@@ -206,8 +206,7 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
         deadline = time.monotonic() + wait
         while True:
             view = await run_in_threadpool(coordinator.status, t, job_id)
-            done = view.status == "stopped" if stopped else view.status not in ("pending", "running")
-            if done or time.monotonic() >= deadline:
+            if view.settled(stopped) or time.monotonic() >= deadline:
                 return job_dict(view)
             await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
