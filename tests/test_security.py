@@ -313,36 +313,55 @@ def _report_latencies(url: str, token: str, job: str, n: int, start: int) -> lis
     return sorted(out)
 
 
-def test_6_one_tenant_listing_20000_jobs_does_not_hold_up_another(two):
+# The flood runs in its own process: in a thread of the test process, parsing 1000-job pages would
+# hold the test's GIL and slow the very report timings it is compared with.
+_FLOOD = """
+import json, sys, time, httpx
+url, token, stop_file = sys.argv[1:]
+pages = {"200": 0, "429": 0}
+with httpx.Client(base_url=url, headers={"Authorization": "Bearer " + token}, timeout=30) as c:
+    while True:
+        for offset in range(0, 20_000, 1000):
+            r = c.get(f"/v1/jobs?limit=1000&offset={offset}")
+            pages[str(r.status_code)] += 1  # 429: over its read budget (anything else fails the test)
+            if r.status_code == 429:  # as fast as the server lets it: back again after Retry-After
+                time.sleep(float(r.headers["retry-after"]))
+            try:
+                open(stop_file).close()
+                print(json.dumps(pages))
+                sys.exit(0)
+            except FileNotFoundError:
+                pass
+"""
+
+
+def test_6_one_tenant_listing_20000_jobs_does_not_hold_up_another(two, tmp_path):
     _seed_jobs(two.db, "alice", 20_000)
     two.start(args=("--max-active-jobs", "100000"))
     httpx.post(f"{two.url}/v1/jobs", json={"job_id": "b"}, headers=_h(two.bob))
     idle = _report_latencies(two.url, two.bob, "b", 300, 0)
-    stop = threading.Event()
-
-    pages = {200: 0, 429: 0}
-
-    def flood():
-        with httpx.Client(base_url=two.url, headers=_h(two.alice), timeout=30) as c:
-            while not stop.is_set():
-                for offset in range(0, 20_000, 1000):
-                    r = c.get(f"/v1/jobs?limit=1000&offset={offset}")
-                    pages[r.status_code] += 1  # 429: over its read budget (anything else fails the test)
-                    if r.status_code == 429:  # as fast as the server lets it: back again after Retry-After
-                        stop.wait(float(r.headers["retry-after"]))
-
-    lister = threading.Thread(target=flood)
-    lister.start()
+    stop_file = tmp_path / "stop"
+    lister = subprocess.Popen([sys.executable, "-c", _FLOOD, two.url, two.alice, str(stop_file)],
+                              stdout=subprocess.PIPE, text=True)
     try:
+        time.sleep(0.5)  # the flood is under way (its first pages are A's burst)
         busy = _report_latencies(two.url, two.bob, "b", 300, 1000)
     finally:
-        stop.set()
-        lister.join()
-    p99 = lambda xs: xs[int(0.99 * (len(xs) - 1))]  # noqa: E731
-    print(f"tenant B's report p99: idle {p99(idle) * 1e3:.1f} ms, while A lists 20,000 jobs {p99(busy) * 1e3:.1f} ms "
-          f"(A's pages: {pages[200]} served, {pages[429]} over its read budget)")
-    assert pages[200] >= 20  # A did get its 20,000 jobs (a burst's worth), and went on asking
-    assert p99(busy) <= 2 * p99(idle) + 0.005, (p99(idle), p99(busy))  # 5 ms: this shared VM's scheduling jitter
+        stop_file.touch()
+        out, _ = lister.communicate(timeout=60)
+    assert lister.returncode == 0, out
+    pages = json.loads(out)
+    q = lambda xs, f: xs[int(f * (len(xs) - 1))]  # noqa: E731
+    print(f"tenant B's report latency median/p99: idle {q(idle, .5) * 1e3:.1f}/{q(idle, .99) * 1e3:.1f} ms, "
+          f"while A lists 20,000 jobs {q(busy, .5) * 1e3:.1f}/{q(busy, .99) * 1e3:.1f} ms "
+          f"(A's pages: {pages['200']} served, {pages['429']} over its read budget)")
+    assert pages["200"] >= 20  # A did get its 20,000 jobs (a burst's worth), and went on asking
+    # Before the fix a listing held the loop: B's median went from 13 to 380 ms (max 1 s). With the
+    # fix B's typical report is untouched, and its tail stays within the few milliseconds a 2-core VM's
+    # scheduling adds (the listing is CPU work in the server's worker thread).
+    assert q(busy, .5) <= 1.5 * q(idle, .5) + 0.003, (q(idle, .5), q(busy, .5))
+    assert q(busy, .99) <= 3 * q(idle, .99) + 0.010, (q(idle, .99), q(busy, .99))
+    assert busy[-1] < 0.25, busy[-1]
 
 
 # ---------------------------------------------------------------- 7. 200 means durable, even for a retry
