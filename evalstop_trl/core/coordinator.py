@@ -37,10 +37,13 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .detectors import Action, Decision, Detector, Observation, all_finite_floats, check_finite
 from .errors import Conflict, InvalidInput, NotFound, QuotaExceeded
+from .frozen import trusted_init
 from .records import (
     MAX_STEP,
     AuditKind,
@@ -69,6 +72,7 @@ __all__ = ["Coordinator", "PendingReport"]
 # Enum members bound once: looking them up on the class is slow, and this is the report hot path.
 _RUNNING, _PENDING, _STOPPED, _CONTINUE = JobStatus.RUNNING, JobStatus.PENDING, JobStatus.STOPPED, Action.CONTINUE
 _trusted = Observation.trusted
+_job_view = trusted_init(JobView)
 _report = Report.trusted
 _finite_floats = all_finite_floats
 
@@ -151,6 +155,8 @@ class PendingReport(NamedTuple):
     stopped: JobRecord | None  # the job's record if this report stopped it
 
 
+_pending = partial(tuple.__new__, PendingReport)  # PendingReport((...)) without NamedTuple's keyword __new__
+
 class Coordinator:
     """Make and record stop decisions for many tenants' jobs.
 
@@ -203,6 +209,8 @@ class Coordinator:
     def _settle(self, ticket: Future, tenant: str, job_id: str) -> None:
         """Wait until a write is durable. If it failed, reload the job from the store (the source of
         truth) so memory never claims what the disk does not hold, and re-raise."""
+        if ticket is DONE:  # an in-memory store's writes are done when queued
+            return
         try:
             wait_durable(ticket)
         except StoreError:
@@ -367,13 +375,15 @@ class Coordinator:
                                                       live.job_type, step / planned if planned else None))
             status = live.record.status
             if status is _RUNNING and decision.action is _CONTINUE:  # the hot path: no transition
-                ticket = live.ticket = self.store.add_report(tenant, job_id, rep, live.next_version())
+                version = live.version
+                live.version = version + 1
+                ticket = live.ticket = self.store.add_report(tenant, job_id, rep, version)
                 live.last = rep
                 live.n_reports += 1
                 live.decision = decision
                 if live.detector.best_step == step:
                     live.best_checkpoint = checkpoint
-                return PendingReport(tenant, job_id, decision, ticket, None)
+                return _pending((tenant, job_id, decision, ticket, None))
             # transition, commit
             stopped = None
             now = rep.received_at
@@ -582,12 +592,11 @@ class Coordinator:
     def _view(self, live: _Live) -> JobView:
         r = live.record
         det = live.detector
-        return JobView(
-            job_id=r.job_id, job_type=r.job_type.value, status=r.status.value, policy=r.policy.to_dict(),
-            decision=self._current(live) if live.n_reports or r.decision else None, best_step=det.best_step,
-            best_score=det.best_score, best_checkpoint=r.checkpoint or live.best_checkpoint,
-            n_reports=live.n_reports, last_step=live.last_step, planned_steps=r.planned_steps,
-            acked=r.acked_at is not None,
+        return _job_view(
+            r.job_id, r.job_type.value, r.status.value, MappingProxyType(r.policy.to_dict()),
+            self._current(live) if live.n_reports or r.decision else None, det.best_step, det.best_score,
+            r.checkpoint or live.best_checkpoint, live.n_reports, live.last_step, r.planned_steps,
+            r.acked_at is not None,
         )
 
     def status(self, tenant: str, job_id: str) -> JobView:

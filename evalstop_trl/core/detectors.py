@@ -35,6 +35,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
+from .frozen import trusted_init
 from .registry import Registry
 
 __all__ = [
@@ -122,25 +123,10 @@ class Observation:
         if self.progress is not None and self.progress < 0:
             raise ValueError(f"progress must be >= 0, but got {self.progress!r}.")
 
-    @classmethod
-    def trusted(cls, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
-                proxy_reward: float | None, job_type: str, progress: float | None) -> Observation:
-        """Build without re-validating: only for values already checked at an API boundary."""
-        obs = _new(cls)
-        _OBS_SET[0](obs, job_id)
-        _OBS_SET[1](obs, step)
-        _OBS_SET[2](obs, eval_score)
-        _OBS_SET[3](obs, train_loss)
-        _OBS_SET[4](obs, proxy_reward)
-        _OBS_SET[5](obs, job_type)
-        _OBS_SET[6](obs, progress)
-        return obs
 
-
-_new = object.__new__
-# slot descriptors' setters: bypass the frozen __setattr__ for trusted, internal construction
-_OBS_SET = tuple(Observation.__dict__[n].__set__ for n in
-                 ("job_id", "step", "eval_score", "train_loss", "proxy_reward", "job_type", "progress"))
+#: Build an Observation without re-validating: only for values already checked at an API boundary
+#: (positional: job_id, step, eval_score, train_loss, proxy_reward, job_type, progress).
+Observation.trusted = staticmethod(trusted_init(Observation))
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,19 +171,8 @@ class Decision:
         )
 
 
-_DEC_SET = tuple(Decision.__dict__[n].__set__ for n in ("action", "reason", "best_step", "best_score", "evidence"))
-
-
-def _decision(action: Action, reason: str, best_step: int | None, best_score: float | None,
-              evidence: Mapping[str, Any]) -> Decision:
-    """A Decision from a read-only ``evidence`` (MappingProxyType), skipping __post_init__."""
-    d = _new(Decision)
-    _DEC_SET[0](d, action)
-    _DEC_SET[1](d, reason)
-    _DEC_SET[2](d, best_step)
-    _DEC_SET[3](d, best_score)
-    _DEC_SET[4](d, evidence)
-    return d
+#: A Decision from a read-only ``evidence`` (MappingProxyType), skipping __post_init__.
+_decision = trusted_init(Decision)
 
 
 _DIRECTIONS = ("max", "min")

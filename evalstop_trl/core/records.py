@@ -21,6 +21,7 @@ from typing import Any
 
 from .detectors import DETECTORS, Action, Decision
 from .errors import InvalidInput
+from .frozen import evolver, trusted_init
 from .lifecycle import Lifecycle, transitions
 
 __all__ = [
@@ -126,6 +127,9 @@ class JobStatus(Lifecycle, str, Enum):
     FAILED = "failed"
 
 
+_PENDING_STATUS = JobStatus.PENDING
+
+
 @transitions({
     "GRACE": {"SIGTERM", "DONE"},
     "SIGTERM": {"SIGKILL", "DONE"},
@@ -170,8 +174,8 @@ class Policy:
         return (Policy, (self.detector, dict(self.params)))
 
     def build(self):
-        """A fresh detector for this policy."""
-        return DETECTORS.create(self.detector, **self.params)
+        """A fresh detector for this policy (its parameters were checked when the policy was made)."""
+        return DETECTORS.get(self.detector)(**self.params)
 
     def to_dict(self) -> dict[str, Any]:
         return {"detector": self.detector, **self.params}
@@ -235,19 +239,6 @@ class Report:
     checkpoint: str | None = None
     received_at: float = 0.0
 
-    @classmethod
-    def trusted(cls, step: int, eval_score: float | None, train_loss: float | None, proxy_reward: float | None,
-                checkpoint: str | None, received_at: float) -> Report:
-        """Build without the dataclass ``__init__`` (the coordinator's hot path; values already checked)."""
-        r = _new(cls)
-        _REPORT_SET[0](r, step)
-        _REPORT_SET[1](r, eval_score)
-        _REPORT_SET[2](r, train_loss)
-        _REPORT_SET[3](r, proxy_reward)
-        _REPORT_SET[4](r, checkpoint)
-        _REPORT_SET[5](r, received_at)
-        return r
-
     def payload(self) -> tuple:
         """What identifies the report's content (idempotency compares this, not the arrival time)."""
         return (self.step, self.eval_score, self.train_loss, self.proxy_reward, self.checkpoint)
@@ -257,8 +248,8 @@ class Report:
                 "proxy_reward": self.proxy_reward, "checkpoint": self.checkpoint, "received_at": self.received_at}
 
 
-_new = object.__new__
-_REPORT_SET = tuple(Report.__dict__[f.name].__set__ for f in fields(Report))
+#: Build a Report without the dataclass ``__init__`` (the coordinator's hot path; values already checked).
+Report.trusted = staticmethod(trusted_init(Report))
 
 
 class AuditKind(str, Enum):
@@ -333,22 +324,21 @@ class JobRecord:
 
     @classmethod
     def new(cls, tenant: str, reg: Registration, now: float) -> JobRecord:
-        return cls(tenant, reg.job_id, reg.job_type, reg.planned_steps, reg.policy, reg.webhook,
-                   created_at=now, updated_at=now)
+        """A new PENDING job from a validated registration."""
+        return _new_job(tenant, reg.job_id, reg.job_type, reg.planned_steps, reg.policy, reg.webhook,
+                        _PENDING_STATUS, now, now, None, None, None, None, None, None, 0)
 
     def evolve(self, **changes: Any) -> JobRecord:
-        """A copy with ``changes`` (a fast ``dataclasses.replace``)."""
-        new = object.__new__(JobRecord)
-        for name, setter in _JOB_SETTERS:
-            setter(new, changes[name] if name in changes else getattr(self, name))
-        return new
+        """A copy with ``changes`` (a fast ``dataclasses.replace``; values already checked)."""
+        return _evolve_job(self, **changes)
 
     def registration(self) -> Registration:
         """What a re-registration must match to be accepted as identical."""
         return Registration(self.job_id, self.job_type, self.planned_steps, self.policy, self.webhook)
 
 
-_JOB_SETTERS = tuple((f.name, JobRecord.__dict__[f.name].__set__) for f in fields(JobRecord))
+_evolve_job = evolver(JobRecord)
+_new_job = trusted_init(JobRecord)
 
 
 @dataclass(frozen=True, slots=True)
