@@ -110,7 +110,12 @@ class Simulation:
         # overlays that do not override a hook are not called (no snapshot is built for them)
         kind = type(overlay)
         self._watch_arrivals = kind.on_arrival is not Overlay.on_arrival
-        self._watch_evals = kind.on_eval is not Overlay.on_eval
+        by_snapshot, by_id = kind.on_eval is not Overlay.on_eval, kind.on_eval_id is not Overlay.on_eval_id
+        if by_snapshot and by_id:
+            raise ValueError(f"overlay {kind.__name__} overrides both on_eval and on_eval_id; override one "
+                             f"(on_eval_id when it needs only the job's id: no snapshot is built per eval)")
+        self._eval_hook = overlay.on_eval if by_snapshot else overlay.on_eval_id if by_id else None
+        self._eval_snapshot = by_snapshot
         self._cuts = kind.cut_progress is not Overlay.cut_progress
 
     @property
@@ -205,7 +210,9 @@ class Simulation:
         job.loss_history += (((job.gpu_seconds + (now - job.started_at) * job.spec.gpus) / 3600.0, loss),)
         if score > job.best_score:
             job.best_score, job.best_eval = score, i
-        stop = self._watch_evals and self.overlay.on_eval(job.snapshot(now), i, score, loss, truth.proxies[i - 1])
+        hook = self._eval_hook
+        stop = hook is not None and hook(job.snapshot(now) if self._eval_snapshot else job.spec.job_id,
+                                         i, score, loss, truth.proxies[i - 1])
         if i >= timing.n:
             self._depart(job, stopped=False)
             return True

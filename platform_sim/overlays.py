@@ -67,6 +67,11 @@ class Overlay:
         """An eval finished (``step`` = eval index, 1-based). Return True to stop the job now."""
         return False
 
+    def on_eval_id(self, job_id: int, step: int, score: float, loss: float, proxy: float) -> bool:
+        """:meth:`on_eval` for an overlay that needs only the job's id (it keeps its own state per
+        job): the engine then builds no snapshot per eval. Override one of the two, not both."""
+        return False
+
     def cut_progress(self, job_id: int) -> float | None:
         """Oracle only: progress at which the job is stopped, or None."""
         return None
@@ -97,21 +102,21 @@ class DetectorOverlay(Overlay):
 
     def attach(self, clock, n_evals):
         self.coordinator = Coordinator(MemoryStore(), clock=clock, default_policy=self.policy, quotas=_PLATFORM_QUOTAS)
+        self._report = self.coordinator.report
         self.n_evals = n_evals
 
     def on_arrival(self, job):
         if self.rlhf_only and not job.rlhf:
             return
-        self.coordinator.register_job(
-            TENANT, str(job.job_id), _JOB_TYPES.get(job.job_type, JobType.OTHER), planned_steps=self.n_evals
-        )
-        self._watched[job.job_id] = str(job.job_id)
+        name = str(job.job_id)
+        self.coordinator.add_job(TENANT, name, _JOB_TYPES.get(job.job_type, JobType.OTHER), planned_steps=self.n_evals)
+        self._watched[job.job_id] = name
 
-    def on_eval(self, job, step, score, loss, proxy):
-        name = self._watched.get(job.job_id)
+    def on_eval_id(self, job_id, step, score, loss, proxy):
+        name = self._watched.get(job_id)
         if name is None:
             return False
-        return self.coordinator.report(TENANT, name, step, score, loss, proxy).action is _STOP
+        return self._report(TENANT, name, step, score, loss, proxy).action is _STOP
 
 
 class StopAtOverlay(Overlay):

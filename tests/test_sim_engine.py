@@ -12,9 +12,10 @@ from platform_sim.curves import CurveKind
 from platform_sim.engine import Simulation
 from platform_sim.experiments import simulate
 from platform_sim.jobs import Timing
+from platform_sim.overlays import Overlay
 from platform_sim.policies import build_overlay, build_scheduler
 from platform_sim.schedulers import SCHEDULERS
-from platform_sim.views import VISIBLE_FIELDS, InformationBoundaryError
+from platform_sim.views import VISIBLE_FIELDS, InformationBoundaryError, JobSnapshot
 from platform_sim.workload import generate_workload
 
 from .sim_helpers import job, small_config, workload
@@ -120,6 +121,49 @@ def test_evalstop_overlay_stops_through_the_coordinator():
     assert healthy.first_start_s == 4 * 3600  # it got the GPUs the moment the hacked job was stopped
     audit = sim.overlay.coordinator.audit("platform")
     assert [a.job_id for a in audit] == ["0"] and "2 consecutive declines" in audit[0].reason
+
+
+class _EvalLog(Overlay):
+    """Stops job 0 at its third eval, through one of the two eval hooks; logs what it received."""
+
+    def __init__(self) -> None:
+        self.got: list = []
+
+
+class _BySnapshot(_EvalLog):
+    def on_eval(self, job, step, score, loss, proxy):
+        self.got.append((job, step))
+        return job.job_id == 0 and step == 3
+
+
+class _ById(_EvalLog):
+    def on_eval_id(self, job_id, step, score, loss, proxy):
+        self.got.append((job_id, step))
+        return job_id == 0 and step == 3
+
+
+def test_the_two_eval_hooks_decide_alike_and_only_on_eval_gets_snapshots():
+    cfg = small_config()
+    wl = workload(job(0, 8, 0, 5), job(1, 8, 0, 5))
+    results, logs = [], []
+    for overlay in (_BySnapshot(), _ById()):
+        results.append(Simulation(wl, cfg, build_scheduler(cfg, "fifo"), overlay).run().outcomes)
+        logs.append(overlay.got)
+    assert results[0] == results[1] and results[0][0].stopped and results[0][0].evals_done == 3
+    snapshots, ids = logs
+    assert all(isinstance(j, JobSnapshot) for j, _ in snapshots)
+    assert [(j.job_id, s) for j, s in snapshots] == ids and all(type(j) is int for j, _ in ids)
+    assert snapshots[2][0].evals_done == 3  # the snapshot is taken after the eval
+
+
+def test_an_overlay_overriding_both_eval_hooks_is_refused():
+    class Both(_BySnapshot, _ById):
+        pass
+
+    cfg = small_config()
+    wl = workload(job(0, 8, 0, 5))
+    with pytest.raises(ValueError, match="overrides both on_eval and on_eval_id"):
+        Simulation(wl, cfg, build_scheduler(cfg, "fifo"), Both())
 
 
 def test_oracle_stops_at_the_true_peak_and_is_marked():

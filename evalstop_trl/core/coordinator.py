@@ -41,7 +41,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .detectors import Action, Decision, Detector, Observation, all_finite_floats, check_finite
+from .detectors import Action, Decision, Detector, Observation, check_finite
 from .errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from .frozen import trusted_init
 from .records import (
@@ -74,7 +74,8 @@ _RUNNING, _PENDING, _STOPPED, _CONTINUE = JobStatus.RUNNING, JobStatus.PENDING, 
 _trusted = Observation.trusted
 _job_view = trusted_init(JobView)
 _report = Report.trusted
-_finite_floats = all_finite_floats
+_isfinite = math.isfinite
+_NO_EVIDENCE: dict[str, Any] = {}  # read only
 
 
 def _check_report(step: Any, eval_score: Any, train_loss: Any, proxy_reward: Any) -> None:
@@ -290,9 +291,19 @@ class Coordinator:
                      webhook: str | None = None) -> tuple[JobView, bool]:
         """Register a job. Returns ``(view, created)``; an identical re-registration returns
         ``created=False``; a different one for an existing id raises :class:`Conflict`."""
+        return self._register(tenant, job_id, job_type, planned_steps, policy, webhook, True)
+
+    def add_job(self, tenant: str, job_id: str, job_type: str | JobType = JobType.RLHF,
+                planned_steps: int | None = None, policy: Policy | dict | None = None,
+                webhook: str | None = None) -> bool:
+        """:meth:`register_job` for an in-process caller that does not read the job's view (the
+        simulator registers a job per arrival): returns ``created``, with the same checks."""
+        return self._register(tenant, job_id, job_type, planned_steps, policy, webhook, False)[1]
+
+    def _register(self, tenant: str, job_id: str, job_type: str | JobType, planned_steps: int | None,
+                  policy: Policy | dict | None, webhook: str | None, want_view: bool) -> tuple[JobView | None, bool]:
         reg = Registration.parse(job_id, job_type, planned_steps, policy, webhook,
                                  default_policy=self.default_policy)
-        record = JobRecord.new(tenant, reg, self.clock())
         with self._lock:
             existing = self._jobs.get((tenant, job_id))
             if existing is None and self.store.shared:
@@ -302,7 +313,7 @@ class Coordinator:
                     existing = None
             if existing is not None:
                 if existing.record.registration() == reg:
-                    return self._view(existing), False
+                    return (self._view(existing) if want_view else None), False
                 raise Conflict(
                     f"job {job_id!r} is already registered with a different job_type, planned_steps, "
                     f"policy or webhook; use a new job_id"
@@ -313,11 +324,12 @@ class Coordinator:
                 raise QuotaExceeded(
                     f"tenant {tenant!r} has {active} active jobs, the most allowed "
                     f"(max_active_jobs={quotas.max_active_jobs}); finish or stop some first")
+            record = JobRecord.new(tenant, reg, self.clock())
             ticket = self.store.commit(record, expect=0)
             live = _Live(record, reg.policy.build(), quotas.max_reports_per_job)
             live.version = 1
             self._put(live)
-            view = self._view(live)
+            view = self._view(live) if want_view else None
         self._settle(ticket, tenant, job_id)
         return view, True
 
@@ -326,10 +338,10 @@ class Coordinator:
                checkpoint: str | None = None) -> Decision:
         """Record one report (durably, before returning) and return the job's decision."""
         pending = self.submit_report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
-        ticket = pending.ticket
-        if pending.stopped is not None or (ticket is not DONE and (not ticket.done() or ticket.exception())):
+        _, _, decision, ticket, stopped = pending
+        if stopped is not None or (ticket is not DONE and (not ticket.done() or ticket.exception())):
             self.complete(pending)  # waits, raises a store error, runs the stop listeners
-        return pending.decision
+        return decision
 
     def complete(self, pending: PendingReport) -> None:
         """Wait until ``pending`` is durable, then run the stop listeners (re-raises a store error)."""
@@ -343,7 +355,11 @@ class Coordinator:
         """Decide on one report and queue its durable write; :meth:`complete` waits for it.
 
         The async service awaits ``pending.ticket`` (a Future) instead of blocking a thread."""
-        if not (type(step) is int and 0 <= step <= MAX_STEP and _finite_floats(eval_score, train_loss, proxy_reward)):
+        # the common case checked inline (finite floats); anything else gets the full check and its message
+        if not (type(step) is int and 0 <= step <= MAX_STEP
+                and (eval_score is None or type(eval_score) is float and _isfinite(eval_score))
+                and (train_loss is None or type(train_loss) is float and _isfinite(train_loss))
+                and (proxy_reward is None or type(proxy_reward) is float and _isfinite(proxy_reward))):
             _check_report(step, eval_score, train_loss, proxy_reward)
         if checkpoint is not None:
             check_checkpoint(checkpoint)
@@ -360,7 +376,7 @@ class Coordinator:
                     )
                 if stored.payload() == rep.payload():
                     # an identical retry: answered once the original write is durable, never before
-                    return PendingReport(tenant, job_id, self._current(live), live.ticket, None)
+                    return _pending((tenant, job_id, self._current(live), live.ticket, None))
                 raise Conflict(
                     f"step {step} of job {job_id!r} already has a different report "
                     f"(stored {_payload_str(stored)}, got {_payload_str(rep)}); a step is reported once"
@@ -398,12 +414,12 @@ class Coordinator:
                     rep, decision=decision, stopped_by=actor, stopped_at=now)
                 stopped = live.record
             elif status is _PENDING:
-                ticket = self._transition(live, _RUNNING, now, None, "", "", {}, rep)
+                ticket = self._transition(live, _RUNNING, now, None, "", "", _NO_EVIDENCE, rep)
             else:
                 ticket = self.store.add_report(tenant, job_id, rep, live.next_version())
             live.ticket = ticket
             live.remember(rep, decision)
-            return PendingReport(tenant, job_id, self._current(live), ticket, stopped)
+            return _pending((tenant, job_id, self._current(live), ticket, stopped))
 
     def _stored_report(self, live: _Live, step: int) -> Report | None:
         """The stored report of an earlier step (rare: a retry of an old step), once writes are durable."""

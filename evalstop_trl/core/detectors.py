@@ -283,12 +283,15 @@ class DeclineDetector(Detector):
         score = obs.eval_score
         if score is None:
             return self._continue("no eval score in this report", declines=self.count)
-        if self._run and is_decline(score, self._run[-1][1], self.direction, self.min_delta):
+        run = self._run
+        # is_decline(score, previous), inlined: this rule runs once per simulated eval
+        if run and (score < run[-1][1] - self.min_delta if self.direction == "max"
+                    else score > run[-1][1] + self.min_delta):
             self.count += 1
-        else:
+        elif self.count or run:
             self.count = 0
-            self._run.clear()
-        self._run.append((obs.step, score))
+            run.clear()
+        run.append((obs.step, score))
         if self.count >= self.k:
             path = " → ".join(_fmt(s) for _, s in self._run)
             return self._stop(

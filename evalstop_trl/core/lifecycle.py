@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
+from functools import cached_property
 from typing import Any, TypeVar
 
 from .errors import Conflict
@@ -52,11 +53,11 @@ class Lifecycle(Enum):
 
     def to(self: L, new: L) -> L:
         """Return ``new`` if the move is legal, else raise :class:`IllegalTransition`."""
-        if new is self or new in self._lifecycle_table[self]:  # type: ignore[attr-defined]
+        if new is self or new in self._moves:  # type: ignore[attr-defined]
             return new
         raise IllegalTransition(f"{type(self).__name__} is {self._label()}: it cannot become {new._label()}")
 
-    @property
+    @cached_property  # read on every report: after the first read, a plain attribute of the member
     def terminal(self) -> bool:
         return not self._lifecycle_table[self]  # type: ignore[attr-defined]
 
@@ -80,6 +81,8 @@ def transitions(table: Mapping[str, Iterable[str]]) -> Callable[[type[L]], type[
                 raise ValueError(f"{cls.__name__}.{name} moves to unknown state(s) {unknown}")
             built[cls[name]] = frozenset(cls[t] for t in targets)
         type.__setattr__(cls, "_lifecycle_table", built)
+        for member, moves in built.items():
+            member._moves = moves  # each member's own row, for `to` without a table lookup
         return cls
 
     return decorate

@@ -13,11 +13,11 @@ client needs nothing but this module, :mod:`.detectors` (Decision) and :mod:`.er
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 from .detectors import DETECTORS, Action, Decision
 from .errors import InvalidInput
@@ -328,16 +328,16 @@ class JobRecord:
         return _new_job(tenant, reg.job_id, reg.job_type, reg.planned_steps, reg.policy, reg.webhook,
                         _PENDING_STATUS, now, now, None, None, None, None, None, None, 0)
 
-    def evolve(self, **changes: Any) -> JobRecord:
-        """A copy with ``changes`` (a fast ``dataclasses.replace``; values already checked)."""
-        return _evolve_job(self, **changes)
+    #: ``record.evolve(**changes)``: a copy with ``changes`` (a fast ``dataclasses.replace``, no
+    #: validation: values already checked). Generated after the class (see :mod:`.frozen`).
+    evolve: ClassVar[Callable[..., JobRecord]]
 
     def registration(self) -> Registration:
         """What a re-registration must match to be accepted as identical."""
         return Registration(self.job_id, self.job_type, self.planned_steps, self.policy, self.webhook)
 
 
-_evolve_job = evolver(JobRecord)
+JobRecord.evolve = evolver(JobRecord)
 _new_job = trusted_init(JobRecord)
 
 
