@@ -136,8 +136,8 @@ class Simulation:
             self._push_next_arrival()
             if self.scheduler.round_s:
                 self.queue.push(self.scheduler.round_s, _SCHED_ROUND)
-            queue, n_jobs = self.queue, len(self.jobs)
-            while queue and self.departed < n_jobs:
+            heap, n_jobs = self.queue.heap, len(self.jobs)
+            while heap and self.departed < n_jobs:
                 self.step()
         finally:
             if paused:

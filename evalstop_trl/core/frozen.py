@@ -35,11 +35,21 @@ __all__ = ["evolver", "trusted_init"]
 T = TypeVar("T")
 
 
-def _setters(cls: type) -> tuple[list[str], dict[str, Any]]:
+def _twin(cls: type) -> tuple[list[str], dict[str, Any]]:
+    """The field names and the generated code's globals: ``_C`` the class, ``_T`` its mutable twin.
+
+    Setting a frozen instance's slots one by one through their descriptors costs a C-level call
+    each; the generated code instead fills a *twin* (a plain class with the same ``__slots__``, so
+    the same memory layout) with ordinary attribute stores, then re-classes it (``__class__``
+    assignment, which CPython allows between layout-compatible classes): about half the time."""
+    if "__slots__" not in cls.__dict__ or "__weakref__" in cls.__dict__.get("__slots__", ()):
+        raise ValueError(f"{cls.__name__} must be a slotted dataclass without a weakref slot "
+                         f"(@dataclass(slots=True)).")
     names = [f.name for f in fields(cls)]
-    if "__slots__" not in cls.__dict__:
-        raise ValueError(f"{cls.__name__} must be a slotted dataclass (@dataclass(slots=True)).")
-    return names, {f"_set_{n}": cls.__dict__[n].__set__ for n in names}
+    twin = type(f"_Mutable{cls.__name__}", (), {"__slots__": tuple(cls.__slots__), "__module__": cls.__module__})
+    probe = object.__new__(twin)
+    probe.__class__ = cls  # TypeError here, at import, if the layouts ever differ
+    return names, {"_new": object.__new__, "_C": cls, "_T": twin}
 
 
 def _compile(cls: type, src: str, env: dict[str, Any], name: str) -> Callable[..., Any]:
@@ -51,19 +61,18 @@ def _compile(cls: type, src: str, env: dict[str, Any], name: str) -> Callable[..
 def trusted_init(cls: type[T]) -> Callable[..., T]:
     """A function ``make(*values)`` building ``cls`` from its fields in order (all positional, no
     defaults), without ``__init__`` or ``__post_init__``."""
-    names, env = _setters(cls)
-    env.update(_new=object.__new__, _cls=cls)
-    body = "".join(f"    _set_{n}(o, {n})\n" for n in names)
-    src = f"def make({', '.join(names)}):\n    o = _new(_cls)\n{body}    return o\n"
+    names, env = _twin(cls)
+    body = "".join(f"    o.{n} = {n}\n" for n in names)
+    src = f"def make({', '.join(names)}):\n    o = _new(_T)\n{body}    o.__class__ = _C\n    return o\n"
     return _compile(cls, src, env, "make")
 
 
 def evolver(cls: type[T]) -> Callable[..., T]:
     """A function ``evolve(obj, **changes)``: a copy of ``obj`` with ``changes`` (keyword-only, a
     fast :func:`dataclasses.replace` without ``__post_init__``). An unknown name is a TypeError."""
-    names, env = _setters(cls)
-    env.update(_new=object.__new__, _cls=cls, _KEEP=object())
+    names, env = _twin(cls)
+    env["_KEEP"] = object()
     params = ", ".join(f"{n}=_KEEP" for n in names)
-    body = "".join(f"    _set_{n}(o, obj.{n} if {n} is _KEEP else {n})\n" for n in names)
-    src = f"def evolve(obj, *, {params}):\n    o = _new(_cls)\n{body}    return o\n"
+    body = "".join(f"    o.{n} = obj.{n} if {n} is _KEEP else {n}\n" for n in names)
+    src = f"def evolve(obj, *, {params}):\n    o = _new(_T)\n{body}    o.__class__ = _C\n    return o\n"
     return _compile(cls, src, env, "evolve")

@@ -225,7 +225,10 @@ class Registration:
         if webhook is not None:
             check_webhook_url(webhook)
         pol = (default_policy or Policy()) if policy is None else Policy.from_dict(policy)
-        return cls(job_id, JobType.parse(job_type), planned_steps, pol, webhook)
+        return _new_registration(job_id, JobType.parse(job_type), planned_steps, pol, webhook)
+
+
+_new_registration = trusted_init(Registration)
 
 
 @dataclass(frozen=True, slots=True)
