@@ -71,3 +71,17 @@ def test_job_record_new_and_evolve_match_the_dataclass():
     moved = rec.evolve(status=JobStatus.RUNNING, updated_at=6.0)
     assert moved == dataclasses.replace(rec, status=JobStatus.RUNNING, updated_at=6.0)
     assert rec.status is JobStatus.PENDING
+
+
+def test_built_records_behave_as_ordinary_instances():
+    import copy
+
+    make = trusted_init(_Point)
+    p = make(1, 2)
+    assert type(p) is _Point and hash(p) == hash(_Point(1, 2))
+    assert copy.copy(p) == p and copy.deepcopy(p) == p
+    assert pickle.loads(pickle.dumps(Report.trusted(3, 0.5, None, 0.2, "c", 1.0))) == Report(3, 0.5, None, 0.2, "c", 1.0)
+    assert dataclasses.replace(p, y=7) == _Point(1, 7)
+    with pytest.raises(ValueError, match="x must be >= 0"):
+        dataclasses.replace(p, x=-1)  # the class's own validation still runs on its own paths
+    assert not hasattr(p, "__dict__")  # still slotted: the mutable twin left nothing behind
