@@ -82,14 +82,20 @@ def test_idempotent_reports_and_conflicts(make):
         c.report("a", "j", 15, eval_score=0.6)
 
 
-def test_registration_idempotent_and_conflicting(make):
+@pytest.mark.parametrize("register", ["register_job", "add_job"])
+def test_registration_idempotent_and_conflicting(make, register):
     c = make()
-    _, created = c.register_job("a", "j", "grpo", planned_steps=10, policy={"detector": "decline", "k": 2})
-    assert created
-    _, created = c.register_job("a", "j", "grpo", planned_steps=10, policy={"detector": "decline"})
-    assert not created  # same policy once defaults are filled in
+    created = lambda out: out[1] if isinstance(out, tuple) else out  # noqa: E731 - add_job returns created only
+    reg = getattr(c, register)
+    assert created(reg("a", "j", "grpo", planned_steps=10, policy={"detector": "decline", "k": 2}))
+    # same policy once defaults are filled in
+    assert not created(reg("a", "j", "grpo", planned_steps=10, policy={"detector": "decline"}))
     with pytest.raises(Conflict):
-        c.register_job("a", "j", "grpo", planned_steps=10, policy={"detector": "decline", "k": 3})
+        reg("a", "j", "grpo", planned_steps=10, policy={"detector": "decline", "k": 3})
+    with pytest.raises(InvalidInput, match="planned_steps must be a positive integer"):
+        reg("a", "k", "grpo", planned_steps=0)
+    view = c.status("a", "j")  # either way the job is the same registered job
+    assert (view.status, view.planned_steps, view.policy["k"]) == ("pending", 10, 2)
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -75,7 +75,7 @@ _trusted = Observation.trusted
 _job_view = trusted_init(JobView)
 _report = Report.trusted
 _isfinite = math.isfinite
-_NO_EVIDENCE: dict[str, Any] = {}  # read only
+_NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
 
 
 def _check_report(step: Any, eval_score: Any, train_loss: Any, proxy_reward: Any) -> None:
@@ -157,6 +157,7 @@ class PendingReport(NamedTuple):
 
 
 _pending = partial(tuple.__new__, PendingReport)  # PendingReport((...)) without NamedTuple's keyword __new__
+
 
 class Coordinator:
     """Make and record stop decisions for many tenants' jobs.
@@ -269,7 +270,7 @@ class Coordinator:
             listener(record, decision)
 
     def _transition(self, live: _Live, status: JobStatus, now: float, kind: AuditKind | None, actor: str,
-                    reason: str, evidence: dict[str, Any], report: Report | None = None,
+                    reason: str, evidence: Mapping[str, Any], report: Report | None = None,
                     **changes: Any) -> Future:
         """Move ``live``'s job to ``status`` and commit the new record, ``report``, an audit line and,
         for a stop of a job with a webhook, its delivery (durably queued with the stop itself)."""
