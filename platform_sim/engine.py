@@ -86,6 +86,19 @@ class RunResult:
     total_gpus: int
 
 
+def _eval_hook_name(kind: type[Overlay]) -> str | None:
+    """The eval hook the engine calls: the one defined lowest in the class hierarchy (``on_eval``
+    where a class defines both), or None when neither is overridden (no call, no snapshot)."""
+    for cls in kind.__mro__:
+        if cls is Overlay:
+            return None
+        if "on_eval" in cls.__dict__:
+            return "on_eval"
+        if "on_eval_id" in cls.__dict__:
+            return "on_eval_id"
+    return "on_eval" if hasattr(kind, "on_eval") else None  # not an Overlay subclass: its on_eval, if any
+
+
 class Simulation:
     """One run of one workload under one base scheduler and one overlay."""
 
@@ -110,12 +123,9 @@ class Simulation:
         # overlays that do not override a hook are not called (no snapshot is built for them)
         kind = type(overlay)
         self._watch_arrivals = kind.on_arrival is not Overlay.on_arrival
-        by_snapshot, by_id = kind.on_eval is not Overlay.on_eval, kind.on_eval_id is not Overlay.on_eval_id
-        if by_snapshot and by_id:
-            raise ValueError(f"overlay {kind.__name__} overrides both on_eval and on_eval_id; override one "
-                             f"(on_eval_id when it needs only the job's id: no snapshot is built per eval)")
-        self._eval_hook = overlay.on_eval if by_snapshot else overlay.on_eval_id if by_id else None
-        self._eval_snapshot = by_snapshot
+        hook = _eval_hook_name(kind)
+        self._eval_hook = getattr(overlay, hook) if hook else None
+        self._eval_snapshot = hook == "on_eval"
         self._cuts = kind.cut_progress is not Overlay.cut_progress
 
     @property

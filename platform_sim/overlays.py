@@ -64,12 +64,18 @@ class Overlay:
         """A job arrived."""
 
     def on_eval(self, job: JobSnapshot, step: int, score: float, loss: float, proxy: float) -> bool:
-        """An eval finished (``step`` = eval index, 1-based). Return True to stop the job now."""
-        return False
+        """An eval finished (``step`` = eval index, 1-based). Return True to stop the job now.
+
+        By default it hands the eval to :meth:`on_eval_id`."""
+        return self.on_eval_id(job.job_id, step, score, loss, proxy)
 
     def on_eval_id(self, job_id: int, step: int, score: float, loss: float, proxy: float) -> bool:
         """:meth:`on_eval` for an overlay that needs only the job's id (it keeps its own state per
-        job): the engine then builds no snapshot per eval. Override one of the two, not both."""
+        job): the engine then builds no snapshot per eval.
+
+        The engine calls the eval hook defined lowest in the overlay's class hierarchy (``on_eval``
+        where one class defines both), so a subclass of an ``on_eval_id`` overlay may still override
+        ``on_eval`` and call ``super().on_eval(...)``."""
         return False
 
     def cut_progress(self, job_id: int) -> float | None:

@@ -85,3 +85,12 @@ def test_built_records_behave_as_ordinary_instances():
     with pytest.raises(ValueError, match="x must be >= 0"):
         dataclasses.replace(p, x=-1)  # the class's own validation still runs on its own paths
     assert not hasattr(p, "__dict__")  # still slotted: the mutable twin left nothing behind
+
+
+def test_a_field_named_like_the_generated_code_is_refused():
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Clash:
+        obj: int
+
+    with pytest.raises(ValueError, match="obj, names the generated code uses"):
+        trusted_init(Clash)

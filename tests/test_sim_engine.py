@@ -12,7 +12,7 @@ from platform_sim.curves import CurveKind
 from platform_sim.engine import Simulation
 from platform_sim.experiments import simulate
 from platform_sim.jobs import Timing
-from platform_sim.overlays import Overlay
+from platform_sim.overlays import DetectorOverlay, Overlay
 from platform_sim.policies import build_overlay, build_scheduler
 from platform_sim.schedulers import SCHEDULERS
 from platform_sim.views import VISIBLE_FIELDS, InformationBoundaryError, JobSnapshot
@@ -156,14 +156,29 @@ def test_the_two_eval_hooks_decide_alike_and_only_on_eval_gets_snapshots():
     assert snapshots[2][0].evals_done == 3  # the snapshot is taken after the eval
 
 
-def test_an_overlay_overriding_both_eval_hooks_is_refused():
-    class Both(_BySnapshot, _ById):
+def test_the_eval_hook_defined_lowest_in_the_class_hierarchy_is_called():
+    cfg = small_config()
+    hacked = job(0, 8, 0, 5, scores=(0.5, 0.9, 0.7, 0.6, 0.5), kind=CurveKind.HACKED, hacked=True, peak=0.4)
+    wl = workload(hacked)
+
+    class Both(_BySnapshot, _ById):  # on_eval comes first in its hierarchy
         pass
 
-    cfg = small_config()
-    wl = workload(job(0, 8, 0, 5))
-    with pytest.raises(ValueError, match="overrides both on_eval and on_eval_id"):
-        Simulation(wl, cfg, build_scheduler(cfg, "fifo"), Both())
+    class Watching(DetectorOverlay):  # an on_eval_id overlay whose subclass overrides on_eval
+        def __init__(self) -> None:
+            super().__init__("decline", {"k": 2}, "all", name="evalstop")
+            self.seen: list = []
+
+        def on_eval(self, job, step, score, loss, proxy):
+            self.seen.append(job)
+            return super().on_eval(job, step, score, loss, proxy)  # reaches the Coordinator
+
+    both, watching = Both(), Watching()
+    Simulation(wl, cfg, build_scheduler(cfg, "fifo"), both).run()
+    assert both.got and all(isinstance(j, JobSnapshot) for j, _ in both.got)
+    res = Simulation(wl, cfg, build_scheduler(cfg, "fifo"), watching).run()
+    assert [v.evals_done for v in watching.seen] == [1, 2, 3, 4]
+    assert res.outcomes[0].stopped and res.outcomes[0].evals_done == 4  # the decline rule stopped it
 
 
 def test_oracle_stops_at_the_true_peak_and_is_marked():

@@ -189,9 +189,9 @@ class OverlayRecorder(DetectorOverlay):
         self.received.append(job)
         super().on_arrival(job)
 
-    def on_eval_id(self, job_id, step, score, loss, proxy):
-        self.received += [job_id, step, score, loss, proxy]
-        return super().on_eval_id(job_id, step, score, loss, proxy)
+    def on_eval(self, job, step, score, loss, proxy):  # snapshots at eval time too (reaches on_eval_id)
+        self.received += [job, step, score, loss, proxy]
+        return super().on_eval(job, step, score, loss, proxy)
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,9 @@ __all__ = ["evolver", "trusted_init"]
 T = TypeVar("T")
 
 
+_RESERVED = frozenset({"o", "obj", "_new", "_C", "_T", "_KEEP"})  # the generated code's own names
+
+
 def _twin(cls: type) -> tuple[list[str], dict[str, Any]]:
     """The field names and the generated code's globals: ``_C`` the class, ``_T`` its mutable twin.
 
@@ -46,6 +49,9 @@ def _twin(cls: type) -> tuple[list[str], dict[str, Any]]:
         raise ValueError(f"{cls.__name__} must be a slotted dataclass without a weakref slot "
                          f"(@dataclass(slots=True)).")
     names = [f.name for f in fields(cls)]
+    clash = sorted(set(names) & _RESERVED)
+    if clash:
+        raise ValueError(f"{cls.__name__} has field(s) {', '.join(clash)}, names the generated code uses itself.")
     twin = type(f"_Mutable{cls.__name__}", (), {"__slots__": tuple(cls.__slots__), "__module__": cls.__module__})
     probe = object.__new__(twin)
     probe.__class__ = cls  # TypeError here, at import, if the layouts ever differ

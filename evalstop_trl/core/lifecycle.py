@@ -2,7 +2,8 @@
 
 A lifecycle is an ``Enum`` deriving from :class:`Lifecycle` whose legal moves are declared once with
 :func:`transitions`. ``state.to(new)`` returns ``new`` or raises :class:`IllegalTransition`;
-``state.terminal`` is derived from the table (no outgoing moves), never kept in a second copy.
+``state.terminal`` is derived from the table (no outgoing moves). The table is declared once and
+read-only; each member keeps its own row of it for ``to`` and ``can`` (the report hot path).
 Staying in the same state is always allowed.
 
 Example::
@@ -27,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from .errors import Conflict
@@ -49,7 +51,7 @@ class Lifecycle(Enum):
         return cls._lifecycle_table  # type: ignore[attr-defined]
 
     def can(self: L, new: L) -> bool:
-        return new is self or new in self._lifecycle_table[self]  # type: ignore[attr-defined]
+        return new is self or new in self._moves  # type: ignore[attr-defined]
 
     def to(self: L, new: L) -> L:
         """Return ``new`` if the move is legal, else raise :class:`IllegalTransition`."""
@@ -59,7 +61,7 @@ class Lifecycle(Enum):
 
     @cached_property  # read on every report: after the first read, a plain attribute of the member
     def terminal(self) -> bool:
-        return not self._lifecycle_table[self]  # type: ignore[attr-defined]
+        return not self._moves  # type: ignore[attr-defined]
 
     def _label(self) -> str:
         return str(self.value) if isinstance(self.value, str) else self.name.lower()
@@ -80,7 +82,7 @@ def transitions(table: Mapping[str, Iterable[str]]) -> Callable[[type[L]], type[
             if unknown:
                 raise ValueError(f"{cls.__name__}.{name} moves to unknown state(s) {unknown}")
             built[cls[name]] = frozenset(cls[t] for t in targets)
-        type.__setattr__(cls, "_lifecycle_table", built)
+        type.__setattr__(cls, "_lifecycle_table", MappingProxyType(built))
         for member, moves in built.items():
             member._moves = moves  # each member's own row, for `to` without a table lookup
         return cls
