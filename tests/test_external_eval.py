@@ -90,3 +90,30 @@ def test_external_evaluators_stop_a_hacked_run(server, tmp_path):
     assert GoldEval(PRESETS["hacked"])(model, tok) == pytest.approx(job.best_score, abs=1e-5)
     scored = [s for s, t in tasks.items() if t["fed"] and s != job.best_step]
     assert scored and not any((tmp_path / "trainer" / f"checkpoint-{s}").exists() for s in scored)
+
+
+def test_a_stop_prunes_every_snapshot_but_the_best_even_those_scored_late(tmp_path):
+    """The race CI can hit: an evaluator that was behind scores a snapshot after the run's last prune.
+    During training only scored snapshots go; at the stop every one but the best goes."""
+    from evalstop_trl.clients.embedded import EmbeddedClient
+    from evalstop_trl.core.coordinator import Coordinator
+    from evalstop_trl.stores.memory import MemoryStore
+    from evalstop_trl.train.callback import EvalStopCallback
+
+    client = EmbeddedClient(Coordinator(MemoryStore()))
+    client.register_job("ext", "grpo")
+    cb = EvalStopCallback(external_eval=True, eval_every=15)
+    cb.client, cb.job_id, cb._output_dir = client, "ext", str(tmp_path)
+    for step in (15, 30, 45, 60):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        client.publish_snapshot("ext", step, str(tmp_path / f"checkpoint-{step}"))
+        cb._snapshots.append(step)
+    for step, score in ((15, 0.5), (30, 0.4)):  # scored so far: 15 (the best) and 30
+        client.post_eval("ext", step, score)
+    kept = lambda: sorted(int(p.name.split("-")[1]) for p in tmp_path.iterdir())  # noqa: E731
+    cb._prune()
+    assert kept() == [15, 45, 60]  # the scored non-best one went; unscored ones stay for their evaluators
+    cb._prune(final=True)
+    assert kept() == [15]  # stopped: only the best is worth keeping, whatever is scored later
+    client.post_eval("ext", 45, 0.9)  # a late score changes nothing on disk
+    assert kept() == [15] and cb._snapshots == [15]

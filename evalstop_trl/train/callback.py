@@ -460,11 +460,15 @@ class EvalStopCallback(TrainerCallback, ExportableState):
                         "%s (score %s), snapshot %s", state.global_step, self.stop_lag,
                         self.decision.reason if self.decision else "", self.best_step, self.best_score,
                         self.best_checkpoint)
-            self._prune()
+            self._prune(final=True)
         self._publish()
 
-    def _prune(self) -> None:
-        """Delete published snapshots already scored and not the best (unless keep_snapshots)."""
+    def _prune(self, final: bool = False) -> None:
+        """Delete published snapshots already scored and not the best (unless keep_snapshots).
+
+        ``final`` (the job is stopped): every snapshot but the best goes, scored or not. A stopped
+        job's decision and best no longer change, so a score that arrives later (an evaluator that was
+        behind) would only leave its snapshot on disk; an evaluator still holding one reports it missing."""
         if self.keep_snapshots or not self._snapshots:
             return
         try:
@@ -473,7 +477,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             return
         scored_to = view.last_step if view.last_step is not None else -1
         for step in list(self._snapshots):
-            if step <= scored_to and step != view.best_step:
+            if (final or step <= scored_to) and step != view.best_step:
                 path = Path(self._output_dir) / f"checkpoint-{step}"
                 import shutil
 
