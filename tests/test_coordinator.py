@@ -9,6 +9,8 @@ import pytest
 from evalstop_trl import Action, Conflict, Coordinator, InvalidInput, MemoryStore, NotFound, Policy, SQLiteStore
 from evalstop_trl.core.records import AuditKind, JobStatus
 
+from .store_helpers import STORE_KINDS, open_store
+
 
 class FakeClock:
     def __init__(self) -> None:
@@ -19,20 +21,13 @@ class FakeClock:
         return self.t
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=STORE_KINDS)
 def make(request, tmp_path):
     """Coordinators over each store; calling it again reopens the same database."""
     opened = []
 
     def factory():
-        if request.param == "memory":
-            store = MemoryStore()
-        elif request.param == "sqlite":
-            store = SQLiteStore(tmp_path / "c.db")
-        else:
-            from evalstop_trl.stores.postgres import PostgresStore
-
-            store = PostgresStore(request.getfixturevalue("pg_dsn"))
+        store = open_store(request.param, tmp_path / "c.db", request)
         opened.append(store)
         return Coordinator(store, clock=FakeClock())
 

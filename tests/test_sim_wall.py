@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -75,18 +76,23 @@ def walk(root: Any, depth: int = 40, limit: int = 500_000) -> list[str]:
     return found
 
 
-def by_name(obj: Any) -> list[str]:
-    """Forbidden objects got through attribute names and slot descriptors."""
-    found = []
+def named(obj: Any) -> Iterator[tuple[str, Any]]:
+    """``(name, value)`` for every name in NAMES that ``getattr`` or ``object.__getattribute__`` answers."""
     for name in NAMES:
         for get in (getattr, object.__getattribute__):
             try:
-                value = get(obj, name)
+                yield name, get(obj, name)
             except (AttributeError, TypeError):
                 continue
-            found += [f"{name}: {x}" for x in walk(value, depth=2)]
-            if isinstance(value, FORBIDDEN):
-                found.append(f"{name} -> {type(value).__name__}")
+
+
+def by_name(obj: Any) -> list[str]:
+    """Forbidden objects got through attribute names and slot descriptors."""
+    found = []
+    for name, value in named(obj):
+        found += [f"{name}: {x}" for x in walk(value, depth=2)]
+        if isinstance(value, FORBIDDEN):
+            found.append(f"{name} -> {type(value).__name__}")
     for cls in type(obj).__mro__:
         for slot in cls.__dict__.get("__slots__", ()):
             descriptor = cls.__dict__.get(slot)
@@ -270,16 +276,11 @@ def test_what_the_overlay_holds_reaches_nothing(recorded):
 # ----------------------------------------------------------------------------- cheaters
 def steal(obj: Any) -> JobTruth | None:
     """Every bypass above, turned into a way to read the true duration."""
-    for name in NAMES:
-        for get in (getattr, object.__getattribute__):
-            try:
-                value = get(obj, name)
-            except (AttributeError, TypeError):
-                continue
-            if isinstance(value, SimJob):
-                return value.truth
-            if isinstance(value, JobTruth):
-                return value
+    for _, value in named(obj):
+        if isinstance(value, SimJob):
+            return value.truth
+        if isinstance(value, JobTruth):
+            return value
     seen, frontier = {id(obj)}, [obj]
     for _ in range(8):
         nxt = []

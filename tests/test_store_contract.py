@@ -10,17 +10,12 @@ from evalstop_trl import Conflict, Coordinator, MemoryStore, SQLiteStore
 from evalstop_trl.core.records import AuditKind, AuditRecord, Delivery, JobRecord, JobType, Policy, Report, TenantRecord
 from evalstop_trl.core.store import StaleState, StoreError, wait_durable
 
+from .store_helpers import STORE_KINDS, open_store
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+
+@pytest.fixture(params=STORE_KINDS)
 def store(request, tmp_path):
-    if request.param == "memory":
-        s = MemoryStore()
-    elif request.param == "sqlite":
-        s = SQLiteStore(tmp_path / "s.db")
-    else:
-        from evalstop_trl.stores.postgres import PostgresStore
-
-        s = PostgresStore(request.getfixturevalue("pg_dsn"))
+    s = open_store(request.param, tmp_path / "s.db", request)
     yield s
     s.close()
 

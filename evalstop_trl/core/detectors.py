@@ -467,7 +467,19 @@ def _check_noise(noise_prior: Any, prior_evals: Any) -> tuple[float, float]:
     return prior, weight
 
 
-class DropDetector(Detector):
+class _NoisyDetector(Detector):
+    """Base of the noise-robust rules: a ``window`` of recent evals (at least ``min_window``), the
+    eval noise estimated online (:class:`NoiseLevel`), scores signed so that higher is better."""
+
+    def __init__(self, window: int, min_window: int, noise_prior: float, prior_evals: float,
+                 direction: str) -> None:
+        super().__init__(direction)
+        self.window = _check_int("window", window, min_window, MAX_WINDOW)
+        self.noise = NoiseLevel(*_check_noise(noise_prior, prior_evals))
+        self._sign = 1.0 if direction == "max" else -1.0
+
+
+class DropDetector(_NoisyDetector):
     """Noise-robust rule: STOP when the mean of the last ``window`` evals lies significantly below
     the best earlier ``window``-eval mean: ``(best - now) / (sigma * sqrt(2 / window))`` above
     ``z`` (widened for an estimated sigma, :func:`t_threshold`). Sigma, the eval noise level, is
@@ -479,11 +491,8 @@ class DropDetector(Detector):
 
     def __init__(self, window: int = 2, z: float = 1.4, noise_prior: float = 0.09, prior_evals: float = 4.0,
                  direction: str = "max") -> None:
-        super().__init__(direction)
-        self.window = _check_int("window", window, 1, MAX_WINDOW)
+        super().__init__(window, 1, noise_prior, prior_evals, direction)
         self.z = _check_number("z", z, 0.0, MAX_Z)
-        self.noise = NoiseLevel(*_check_noise(noise_prior, prior_evals))
-        self._sign = 1.0 if direction == "max" else -1.0
         self._now: deque[float] = deque(maxlen=self.window)  # the last ``window`` evals
         self._before: deque[float] = deque(maxlen=self.window)  # the ``window`` evals before those
         self._ref: float | None = None  # best mean of a window that ended before the current one
@@ -514,7 +523,7 @@ class DropDetector(Detector):
         return self._continue(f"drop {_fmt(stat)} noise units <= {_fmt(threshold)}", **evidence)
 
 
-class TrendDetector(Detector):
+class TrendDetector(_NoisyDetector):
     """Noise-robust rule: STOP when the least-squares slope of the last ``window`` evals (against
     their steps) is significantly negative: ``-slope / se`` above ``z`` (widened for an estimated
     sigma), with ``se = sigma / sqrt(Sxx)`` and sigma estimated online as in :class:`DropDetector`.
@@ -525,11 +534,8 @@ class TrendDetector(Detector):
 
     def __init__(self, window: int = 5, z: float = 1.1, noise_prior: float = 0.09, prior_evals: float = 4.0,
                  direction: str = "max") -> None:
-        super().__init__(direction)
-        self.window = _check_int("window", window, 2, MAX_WINDOW)
+        super().__init__(window, 2, noise_prior, prior_evals, direction)
         self.z = _check_number("z", z, 0.0, MAX_Z)
-        self.noise = NoiseLevel(*_check_noise(noise_prior, prior_evals))
-        self._sign = 1.0 if direction == "max" else -1.0
         self._recent: deque[tuple[int, float]] = deque(maxlen=self.window)
 
     def _observe(self, obs: Observation) -> Decision:
@@ -566,7 +572,7 @@ def least_squares_slope(points: Any) -> tuple[float, float]:
     return sum((x - xm) * (y - ym) for x, y in pts) / sxx, sxx
 
 
-class CusumDetector(Detector):
+class CusumDetector(_NoisyDetector):
     """Noise-robust rule, a one-sided CUSUM of shortfalls: each eval's shortfall below the best
     ``window``-eval mean so far, in noise units, minus ``drift``, accumulates (never below 0);
     STOP when the sum exceeds ``threshold``. Sigma is estimated online as in :class:`DropDetector`.
@@ -577,12 +583,9 @@ class CusumDetector(Detector):
 
     def __init__(self, window: int = 2, drift: float = 0.25, threshold: float = 3.5, noise_prior: float = 0.09,
                  prior_evals: float = 4.0, direction: str = "max") -> None:
-        super().__init__(direction)
-        self.window = _check_int("window", window, 1, MAX_WINDOW)
+        super().__init__(window, 1, noise_prior, prior_evals, direction)
         self.drift = _check_number("drift", drift, 0.0, MAX_Z)
         self.threshold = _check_number("threshold", threshold, 0.0, MAX_Z)
-        self.noise = NoiseLevel(*_check_noise(noise_prior, prior_evals))
-        self._sign = 1.0 if direction == "max" else -1.0
         self._recent: deque[float] = deque(maxlen=self.window)
         self._ref: float | None = None
         self.total = 0.0
