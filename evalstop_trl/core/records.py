@@ -12,21 +12,21 @@ client needs nothing but this module, :mod:`.detectors` (Decision) and :mod:`.er
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any
 
-from .detectors import DETECTORS, Action, Decision
+from .detectors import DETECTORS, Action, Decision, check_finite
 from .errors import InvalidInput
-from .frozen import evolver, trusted_init
 from .lifecycle import Lifecycle, transitions
 
 __all__ = [
     "AuditKind", "AuditRecord", "Escalation", "EvalState", "EvalTask", "JobRecord", "JobStatus", "JobType", "JobView", "MAX_STEP", "NAME_PATTERN",
-    "Delivery", "Policy", "Quotas", "Registration", "Report", "TenantRecord", "check_name", "check_checkpoint",
+    "Delivery", "Policy", "Quotas", "Registration", "Report", "TenantRecord", "check_name", "check_checkpoint", "check_report",
 ]
 
 #: tenant names and job ids: 1-128 characters of letters, digits and ``_ . : @ -``, starting with a
@@ -67,6 +67,20 @@ def check_webhook_url(url: Any) -> str:
     if any(c.isspace() or ord(c) < 32 for c in url):
         raise InvalidInput("webhook must not contain spaces or control characters.")
     return url
+
+
+def check_report(step: Any, eval_score: Any = None, train_loss: Any = None, proxy_reward: Any = None) -> None:
+    """Validate a report's numbers once, at the boundary (detectors then trust them)."""
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InvalidInput(f"step must be a non-negative integer, but got {step!r}.")
+        raise InvalidInput(f"step must be at most {MAX_STEP}, but got {step}.")
+    for name, value in (("eval_score", eval_score), ("train_loss", train_loss), ("proxy_reward", proxy_reward)):
+        if value is not None and (type(value) is not float or not math.isfinite(value)):
+            try:
+                check_finite(name, value)
+            except ValueError as exc:
+                raise InvalidInput(str(exc)) from None
 
 
 def check_checkpoint(value: Any) -> str | None:
@@ -197,7 +211,19 @@ class Policy:
                     f"policy.{key} is no longer supported: the service never signals a process. Run the job under "
                     "'evalstop run --grace-s S -- CMD', whose launcher stops a loop that ignores the stop flag.")
         params = {k: v for k, v in data.items() if k not in skip}
-        return cls(detector=data.get("detector", "decline"), params=params)
+        detector = data.get("detector", "decline")
+        if not stored:
+            return cls(detector=detector, params=params)
+        try:
+            return cls(detector=detector, params=params)
+        except InvalidInput:
+            # A stored policy that today's bounds refuse (stored by an older evalstop): kept as it was,
+            # so the store still loads; building its detector raises, and the coordinator marks the job
+            # failed with the reason instead of refusing to start.
+            policy = object.__new__(cls)
+            object.__setattr__(policy, "detector", str(detector))
+            object.__setattr__(policy, "params", MappingProxyType(params))
+            return policy
 
 
 def _optional_int(value: Any, low: int, high: int, message: str) -> int | None:
@@ -225,10 +251,8 @@ class Registration:
         if webhook is not None:
             check_webhook_url(webhook)
         pol = (default_policy or Policy()) if policy is None else Policy.from_dict(policy)
-        return _new_registration(job_id, JobType.parse(job_type), planned_steps, pol, webhook)
-
-
-_new_registration = trusted_init(Registration)
+        return cls(job_id=job_id, job_type=JobType.parse(job_type), planned_steps=planned_steps, policy=pol,
+                   webhook=webhook)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,10 +273,6 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "eval_score": self.eval_score, "train_loss": self.train_loss,
                 "proxy_reward": self.proxy_reward, "checkpoint": self.checkpoint, "received_at": self.received_at}
-
-
-#: Build a Report without the dataclass ``__init__`` (the coordinator's hot path; values already checked).
-Report.trusted = staticmethod(trusted_init(Report))
 
 
 class AuditKind(str, Enum):
@@ -328,20 +348,12 @@ class JobRecord:
     @classmethod
     def new(cls, tenant: str, reg: Registration, now: float) -> JobRecord:
         """A new PENDING job from a validated registration."""
-        return _new_job(tenant, reg.job_id, reg.job_type, reg.planned_steps, reg.policy, reg.webhook,
-                        _PENDING_STATUS, now, now, None, None, None, None, None, None, 0)
-
-    #: ``record.evolve(**changes)``: a copy with ``changes`` (a fast ``dataclasses.replace``, no
-    #: validation: values already checked). Generated after the class (see :mod:`.frozen`).
-    evolve: ClassVar[Callable[..., JobRecord]]
+        return cls(tenant=tenant, job_id=reg.job_id, job_type=reg.job_type, planned_steps=reg.planned_steps,
+                   policy=reg.policy, webhook=reg.webhook, status=_PENDING_STATUS, created_at=now, updated_at=now)
 
     def registration(self) -> Registration:
         """What a re-registration must match to be accepted as identical."""
         return Registration(self.job_id, self.job_type, self.planned_steps, self.policy, self.webhook)
-
-
-JobRecord.evolve = evolver(JobRecord)
-_new_job = trusted_init(JobRecord)
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,6 +139,14 @@ class Store(ABC):
     @abstractmethod
     def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
         """A job's eval tasks in step order."""
+    def eval(self, tenant: str, job_id: str, step: int) -> EvalTask | None:
+        """The eval task of one snapshot (SQL stores override this with a keyed query)."""
+        return next((t for t in self.evals(tenant, job_id) if t.step == step), None)
+
+    def unfed_evals(self, tenant: str, job_id: str) -> list[EvalTask]:
+        """A job's eval tasks not yet fed to its detector, in step order."""
+        return [t for t in self.evals(tenant, job_id) if not t.fed]
+
     @abstractmethod
     def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
         """The tenant's tasks a worker may take now (pending, or leased with the lease run out), oldest first."""

@@ -107,6 +107,15 @@ class SQLReads:
         rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? ORDER BY step", (tenant, job_id))
         return [eval_from_row(r) for r in rows]
 
+    def eval(self, tenant: str, job_id: str, step: int) -> EvalTask | None:
+        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? AND step=?", (tenant, job_id, step))
+        return eval_from_row(rows[0]) if rows else None
+
+    def unfed_evals(self, tenant: str, job_id: str) -> list[EvalTask]:
+        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? AND NOT fed ORDER BY step",
+                          (tenant, job_id))
+        return [eval_from_row(r) for r in rows]
+
     def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
         rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND (state='pending' OR "
                           "(state='leased' AND lease_until<=?)) ORDER BY created_at, job_id, step LIMIT ?",

@@ -1,0 +1,378 @@
+"""The pure job core: one job's state and the commands that change it.
+
+``step(state, command) -> Step`` is a pure function: no lock, store, clock or I/O inside. It returns
+the job's next state, the decision a caller gets, and the effects as data (:class:`Commit`: the
+rows to write, the audit lines, the webhook deliveries; ``stopped``: a stop to deliver). The
+:class:`~evalstop_trl.core.coordinator.Coordinator` applies a step as *compute → commit → swap*: it
+computes the step on the job's state, hands the commit to the store, and replaces the in-memory
+state only once the store says the commit is durable. A state is never changed in place (the
+detector is cloned before it observes), so a failed commit leaves memory exactly as the store is,
+and :func:`replay` rebuilds, from the stored reports, the state the steps had built.
+
+Example::
+
+    >>> from evalstop_trl.core.records import JobRecord, Registration
+    >>> state = JobState.new(JobRecord.new("acme", Registration.parse("run-1", "grpo"), now=0.0))
+    >>> out = step(state, Observe(Report(10, eval_score=0.5, received_at=1.0)))
+    >>> out.state.record.status.value, out.commit.report.step, state.n_reports
+    ('running', 10, 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from .detectors import Action, Decision, Detector, Observation
+from .errors import Conflict, QuotaExceeded
+from .records import AuditKind, AuditRecord, Delivery, JobRecord, JobStatus, JobView, Report
+
+__all__ = [
+    "Ack", "Commit", "Event", "Fail", "Finish", "JobState", "Observe", "Step", "Stop", "replay", "step",
+    "stop_delivery",
+]
+
+_RUNNING, _PENDING, _STOPPED, _FAILED = JobStatus.RUNNING, JobStatus.PENDING, JobStatus.STOPPED, JobStatus.FAILED
+_CONTINUE = Action.CONTINUE
+_NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """Everything the coordinator keeps in memory about one job; never changed in place.
+
+    Memory is bounded: the detector's state, the first and last report and counters (the reports
+    themselves are in the store). ``version`` counts the job's writes (shared stores check it)."""
+
+    record: JobRecord
+    detector: Detector  # owned by this state: step() observes on a clone
+    first: Report | None = None
+    last: Report | None = None
+    n_reports: int = 0
+    best_checkpoint: str | None = None  # the checkpoint reported with the best step
+    decision: Decision | None = None  # the detector's latest answer
+    max_reports: int = 10**9  # the tenant's quota when the job was loaded or registered
+    version: int = 0
+
+    @classmethod
+    def new(cls, record: JobRecord, max_reports: int = 10**9, detector: Detector | None = None) -> JobState:
+        """A job with no report yet (a new registration, or a stored job before its replay)."""
+        return cls(record, detector or record.policy.build(), max_reports=max_reports, version=record.version)
+
+    def current(self) -> Decision:
+        """The decision the job's reports and status say now."""
+        record = self.record
+        if record.status.terminal:
+            if record.decision is not None:
+                return record.decision
+            return Decision(_CONTINUE, f"job is {record.status.value}", self.detector.best_step,
+                            self.detector.best_score)
+        return self.decision or Decision(_CONTINUE, "no eval yet", self.detector.best_step, self.detector.best_score)
+
+    def view(self) -> JobView:
+        """What the tenant reads about the job."""
+        r, det = self.record, self.detector
+        return JobView(
+            job_id=r.job_id, job_type=r.job_type.value, status=r.status.value, policy=r.policy.to_dict(),
+            decision=self.current() if self.n_reports or r.decision else None, best_step=det.best_step,
+            best_score=det.best_score, best_checkpoint=r.checkpoint or self.best_checkpoint,
+            n_reports=self.n_reports, last_step=None if self.last is None else self.last.step,
+            planned_steps=r.planned_steps, acked=r.acked_at is not None,
+        )
+
+    def observation(self, rep: Report) -> Observation:
+        planned = self.record.planned_steps
+        return Observation(self.record.job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
+                           self.record.job_type.value, rep.step / planned if planned else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """The rows one step writes, atomically: the job's new record (None: unchanged), a report, audit
+    lines and webhook deliveries. ``expect``: the job's version this write replaces."""
+
+    job: JobRecord | None
+    report: Report | None
+    audit: tuple[AuditRecord, ...]
+    deliveries: tuple[Delivery, ...]
+    expect: int
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The result of one command: the next state, the caller's answer and the effects.
+
+    ``commit`` is None when nothing changes (an identical retry, finishing a finished job); the
+    caller then answers once the job's earlier writes are durable. ``stopped``: this step stopped the
+    job, so the stop is delivered (listeners, webhook) once the commit is durable."""
+
+    state: JobState
+    decision: Decision
+    commit: Commit | None = None
+    stopped: bool = False
+
+
+# ---------------------------------------------------------------------------------------- commands
+@dataclass(frozen=True, slots=True)
+class Observe:
+    """A report. ``stored``: the store's report of the same step, when it is before the last one (a
+    late retry: the caller reads it, since the core reads nothing)."""
+
+    report: Report
+    stored: Report | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """A stop by hand."""
+
+    reason: str
+    actor: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """The job has its best checkpoint safe and is stopping (at ``step``, if it says)."""
+
+    checkpoint: str | None
+    step: int | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The job ran to its end."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The job failed: its trainer crashed, or its stored history cannot be replayed."""
+
+    reason: str
+    actor: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A launcher or webhook event for the audit log (changes nothing else)."""
+
+    kind: AuditKind
+    reason: str
+    evidence: Mapping[str, Any]
+    actor: str
+    now: float
+
+
+def step(state: JobState, command: Any) -> Step:
+    """Apply ``command`` to ``state`` (pure). Raises :class:`Conflict` or :class:`QuotaExceeded` for
+    a command the job refuses; ``state`` is never changed."""
+    handler = _HANDLERS.get(type(command))
+    if handler is None:
+        raise TypeError(f"step() takes one of {', '.join(c.__name__ for c in _HANDLERS)}, "
+                        f"but got {type(command).__name__}.")
+    return handler(state, command)
+
+
+def _payload_str(rep: Report) -> str:
+    return (f"eval_score={rep.eval_score}, train_loss={rep.train_loss}, proxy_reward={rep.proxy_reward}, "
+            f"checkpoint={rep.checkpoint!r}")
+
+
+def _observe(state: JobState, cmd: Observe) -> Step:
+    rep = cmd.report
+    record, last = state.record, state.last
+    job_id = record.job_id
+    if last is not None and rep.step <= last.step:
+        stored = last if rep.step == last.step else cmd.stored
+        if stored is None:
+            raise Conflict(f"reports must come in step order: step {rep.step} is before the last reported step "
+                           f"{last.step} of job {job_id!r}")
+        if stored.payload() == rep.payload():
+            return Step(state, state.current())  # an identical retry
+        raise Conflict(f"step {rep.step} of job {job_id!r} already has a different report "
+                       f"(stored {_payload_str(stored)}, got {_payload_str(rep)}); a step is reported once")
+    if state.n_reports >= state.max_reports:
+        raise QuotaExceeded(f"job {job_id!r} has {state.n_reports} reports, the most a job may have "
+                            f"(max_reports_per_job={state.max_reports}); start a new job")
+    detector = state.detector.clone()
+    decision = detector.observe(state.observation(rep))
+    status = record.status
+    new_record, audit, deliveries, stopped = record, (), (), False
+    if status.terminal:
+        pass  # recorded; changes nothing
+    elif decision.action is Action.STOP:
+        actor = f"detector:{record.policy.detector}"
+        now = rep.received_at
+        new_record = dataclasses.replace(record, status=status.to(_STOPPED), updated_at=now, decision=decision,
+                                         stopped_by=actor, stopped_at=now)
+        audit = (AuditRecord(record.tenant, job_id, now, AuditKind.STOP, actor, decision.reason,
+                             {**decision.evidence, "step": rep.step, "best_step": decision.best_step,
+                              "best_score": decision.best_score}),)
+        deliveries = _deliveries(record, new_record, now)
+        stopped = True
+    elif status is _PENDING:
+        new_record = dataclasses.replace(record, status=_RUNNING, updated_at=rep.received_at)
+    new = JobState(new_record, detector, state.first or rep, rep, state.n_reports + 1,
+                   rep.checkpoint if detector.best_step == rep.step else state.best_checkpoint, decision,
+                   state.max_reports, state.version + 1)
+    commit = Commit(None if new_record is record else new_record, rep, audit, deliveries, state.version)
+    return Step(new, new.current(), commit, stopped)
+
+
+def _transition(state: JobState, status: JobStatus, now: float, audit: AuditRecord | None,
+                **changes: Any) -> tuple[JobState, Commit]:
+    """``state`` moved to ``status`` (by the status's transition table), and the commit that writes it."""
+    record = state.record
+    new_record = dataclasses.replace(record, status=record.status.to(status), updated_at=now, **changes)
+    deliveries = _deliveries(record, new_record, now) if status is _STOPPED else ()
+    new = dataclasses.replace(state, record=new_record, version=state.version + 1)
+    return new, Commit(new_record, None, () if audit is None else (audit,), deliveries, state.version)
+
+
+def _stop(state: JobState, cmd: Stop) -> Step:
+    record, det = state.record, state.detector
+    if record.status is _STOPPED:
+        return Step(state, state.current())
+    decision = Decision(Action.STOP, f"manual stop by {cmd.actor}: {cmd.reason or 'no reason given'}",
+                        det.best_step, det.best_score, {"manual": True})
+    audit = AuditRecord(record.tenant, record.job_id, cmd.now, AuditKind.MANUAL_STOP, cmd.actor, decision.reason,
+                        {"best_step": decision.best_step, "best_score": decision.best_score})
+    new, commit = _transition(state, _STOPPED, cmd.now, audit, decision=decision, stopped_by=cmd.actor,
+                              stopped_at=cmd.now)
+    return Step(new, decision, commit, stopped=True)
+
+
+def _ack(state: JobState, cmd: Ack) -> Step:
+    record = state.record
+    if record.status is not _STOPPED:
+        raise Conflict(f"job {record.job_id!r} is {record.status.value}: there is no stop to acknowledge")
+    first = record.acked_at is None
+    checkpoint = cmd.checkpoint or record.checkpoint
+    audit = None
+    if first:
+        evidence: dict[str, Any] = {"checkpoint": checkpoint}
+        decided_at = decided_step(state)
+        if cmd.step is not None and decided_at is not None:
+            evidence.update(step=cmd.step, stop_lag=max(0, cmd.step - decided_at))
+        audit = AuditRecord(record.tenant, record.job_id, cmd.now, AuditKind.ACK, f"job:{record.job_id}",
+                            "stop acknowledged", evidence)
+    elif checkpoint == record.checkpoint:
+        return Step(state, state.current())  # a repeated ack changes nothing
+    new, commit = _transition(state, _STOPPED, cmd.now, audit, acked_at=record.acked_at or cmd.now,
+                              checkpoint=checkpoint)
+    return Step(new, new.current(), commit)
+
+
+def _finish(state: JobState, cmd: Finish) -> Step:
+    if state.record.status.terminal:
+        return Step(state, state.current())
+    new, commit = _transition(state, JobStatus.FINISHED, cmd.now, None, finished_at=cmd.now)
+    return Step(new, new.current(), commit)
+
+
+def _fail(state: JobState, cmd: Fail) -> Step:
+    record = state.record
+    if record.status.terminal:
+        return Step(state, state.current())
+    audit = AuditRecord(record.tenant, record.job_id, cmd.now, AuditKind.FAILED, cmd.actor,
+                        cmd.reason or "the job reported a failure", {})
+    new, commit = _transition(state, _FAILED, cmd.now, audit, finished_at=cmd.now)
+    return Step(new, new.current(), commit)
+
+
+def _event(state: JobState, cmd: Event) -> Step:
+    record = state.record
+    audit = AuditRecord(record.tenant, record.job_id, cmd.now, cmd.kind, cmd.actor, cmd.reason, cmd.evidence)
+    new = dataclasses.replace(state, version=state.version + 1)
+    return Step(new, new.current(), Commit(record, None, (audit,), (), state.version))
+
+
+_HANDLERS: dict[type, Callable[[JobState, Any], Step]] = {
+    Observe: _observe, Stop: _stop, Ack: _ack, Finish: _finish, Fail: _fail, Event: _event,
+}
+
+
+def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**9) -> JobState:
+    """The state a stored job's reports rebuild (the store's record is the truth for its status).
+
+    The same fold as :func:`step`'s reports, without cloning (the detector is new). Raises what the
+    detector raises on a history it cannot take (the coordinator then marks the job failed)."""
+    detector = record.policy.build()
+    first = last = None
+    n = 0
+    best_checkpoint = decision = None
+    planned, job_id, job_type = record.planned_steps, record.job_id, record.job_type.value
+    for rep in reports:
+        decision = detector.observe(Observation(job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
+                                                job_type, rep.step / planned if planned else None))
+        first = first or rep
+        last = rep
+        n += 1
+        if detector.best_step == rep.step:
+            best_checkpoint = rep.checkpoint
+    return JobState(record, detector, first, last, n, best_checkpoint, decision, max_reports, record.version)
+
+
+def counted(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**9) -> JobState:
+    """A stored job whose history cannot be replayed: its counts, a fresh detector, no decision."""
+    first = last = None
+    n = 0
+    for rep in reports:
+        first = first or rep
+        last = rep
+        n += 1
+    return JobState(record, _fresh_or_never(record), first, last, n, None, None, max_reports, record.version)
+
+
+def _fresh_or_never(record: JobRecord) -> Detector:
+    try:
+        return record.policy.build()
+    except (ValueError, TypeError, ArithmeticError):
+        from .detectors import create_detector
+
+        return create_detector("never")
+
+
+def decided_step(state: JobState) -> int | None:
+    """The step of the eval whose report stopped the job (None for a manual stop)."""
+    record = state.record
+    if record.decision is None or record.decision.evidence.get("manual"):
+        return None
+    steps = record.decision.evidence.get("steps")
+    if isinstance(steps, (list, tuple)) and steps:
+        return steps[-1]
+    return state.last.step if state.last is not None else None
+
+
+def _deliveries(old: JobRecord, new: JobRecord, now: float) -> tuple[Delivery, ...]:
+    if old.status is _STOPPED or not old.webhook or new.decision is None:
+        return ()
+    return (stop_delivery(new, now),)
+
+
+def stop_delivery(job: JobRecord, now: float) -> Delivery:
+    """The webhook delivery of a job's stop: strict JSON (no NaN or infinity), one per job."""
+    decision = job.decision.to_dict() if job.decision else None
+    body = json.dumps({"event": "stop", "tenant": job.tenant, "job_id": job.job_id, "at": now,
+                       "decision": _json_safe(decision)}, allow_nan=False, sort_keys=True)
+    return Delivery(f"{job.tenant}/{job.job_id}/stop", job.tenant, job.job_id, job.webhook or "", body, now)
+
+
+def _json_safe(value: Any) -> Any:
+    """Non-finite floats become None, so the payload is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value

@@ -1,0 +1,117 @@
+"""MemoryStore: the store interface in dicts; fast; lost when the process ends (simulator, tests)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import replace
+
+from .errors import Conflict
+from .records import AuditRecord, Delivery, EvalState, EvalTask, JobRecord, Report, TenantRecord
+from .store import DONE, Store, Ticket
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore(Store):
+    """Everything in dicts; fast; lost when the process ends."""
+
+    def __init__(self) -> None:
+        self._tenants: dict[str, TenantRecord] = {}
+        self._jobs: dict[tuple[str, str], JobRecord] = {}
+        self._reports: dict[tuple[str, str], list[Report]] = {}  # in step order (the coordinator's rule)
+        self._audit: list[AuditRecord] = []
+        self._deliveries: dict[str, Delivery] = {}
+        self._evals: dict[tuple[str, str, int], EvalTask] = {}
+
+    # tenants
+    def add_tenant(self, tenant: TenantRecord) -> None:
+        if tenant.name in self._tenants:
+            raise Conflict(f"tenant {tenant.name!r} already exists")
+        self._tenants[tenant.name] = tenant
+
+    def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
+        return next((t for t in self._tenants.values() if t.token_hash == token_hash), None)
+
+    def tenant(self, name: str) -> TenantRecord | None:
+        return self._tenants.get(name)
+
+    def list_tenants(self) -> list[TenantRecord]:
+        return sorted(self._tenants.values(), key=lambda t: t.name)
+
+    def update_tenant(self, tenant: TenantRecord) -> bool:
+        if tenant.name not in self._tenants:
+            return False
+        self._tenants[tenant.name] = tenant
+        return True
+
+    # jobs, reports, audit
+    def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = (),
+               deliveries: Sequence[Delivery] = (), expect: int | None = None) -> Ticket:
+        key = (job.tenant, job.job_id)
+        self._jobs[key] = job
+        reports = self._reports.setdefault(key, [])
+        if report is not None:
+            reports.append(report)
+        if audit:
+            self._audit.extend(audit)
+        for d in deliveries:
+            self._deliveries[d.id] = d
+        return DONE
+
+    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
+        self._reports[(tenant, job_id)].append(report)
+        return DONE
+
+    def jobs(self) -> list[JobRecord]:
+        return list(self._jobs.values())
+
+    def reports(self, tenant: str, job_id: str, after_step: int | None = None,
+                limit: int | None = None) -> list[Report]:
+        reports = self._reports.get((tenant, job_id), [])
+        start = 0 if after_step is None else bisect.bisect_right(reports, after_step, key=lambda r: r.step)
+        return reports[start:] if limit is None else reports[start:start + limit]
+
+    def report(self, tenant: str, job_id: str, step: int) -> Report | None:
+        reports = self._reports.get((tenant, job_id), [])
+        i = bisect.bisect_left(reports, step, key=lambda r: r.step)
+        return reports[i] if i < len(reports) and reports[i].step == step else None
+
+    def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
+              offset: int = 0) -> list[AuditRecord]:
+        rows = [a for a in self._audit if (tenant is None or a.tenant == tenant) and (job_id is None or a.job_id == job_id)]
+        return rows[offset:] if limit is None else rows[offset:offset + limit]
+
+    # webhook deliveries
+    def job(self, tenant: str, job_id: str) -> JobRecord | None:
+        return self._jobs.get((tenant, job_id))
+
+    def put_eval(self, task: EvalTask) -> Ticket:
+        self._evals[(task.tenant, task.job_id, task.step)] = task
+        return DONE
+
+    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
+        return sorted((t for t in self._evals.values() if (t.tenant, t.job_id) == (tenant, job_id)),
+                      key=lambda t: t.step)
+
+    def eval(self, tenant: str, job_id: str, step: int) -> EvalTask | None:
+        return self._evals.get((tenant, job_id, step))
+
+    def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
+        due = [t for t in self._evals.values() if t.tenant == tenant and _claimable(t, now)]
+        return sorted(due, key=lambda t: (t.created_at, t.job_id, t.step))[:limit]
+
+    def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
+        due = sorted((d for d in self._deliveries.values() if not d.done and d.next_at <= now),
+                     key=lambda d: (d.created_at, d.id))[:limit]
+        for d in due:
+            self._deliveries[d.id] = replace(d, next_at=now + lease_s)
+        return due
+
+    def update_delivery(self, delivery: Delivery) -> Ticket:
+        self._deliveries[delivery.id] = delivery
+        return DONE
+
+
+def _claimable(t: EvalTask, now: float) -> bool:
+    return t.state is EvalState.PENDING or (t.state is EvalState.LEASED and t.lease_until <= now)

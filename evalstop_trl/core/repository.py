@@ -1,0 +1,267 @@
+"""Where the coordinator keeps its jobs' states: a cache for one process, or a replicated view.
+
+* :class:`Slot` — one job in memory: ``committed`` (exactly what the store holds: readers see only
+  this), ``head`` (``committed`` plus the writes queued but not yet durable: the next command is
+  computed on it, so a job's writes stay in order without holding a lock across a disk wait) and a
+  per-job lock held only while a command is computed and its write queued.
+* :class:`JobCache` — the single-process repository (SQLite, memory): every job is loaded once at
+  start and the store is only written.
+* :class:`ReplicatedJobs` — several coordinators over one shared store (PostgreSQL): a job is
+  re-read when another replica wrote it since (version check), listing and quotas ask the store.
+
+Loading a job replays its stored reports through a fresh detector (:func:`~.job.replay`); a job
+whose history cannot be replayed (a policy today's bounds refuse, a detector error) is loaded with
+its counts only and marked failed with the reason, so one tenant's data never stops the service
+from starting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from .errors import NotFound
+from .job import Fail, JobState, counted, replay, step
+from .records import JobRecord, JobStatus
+from .store import DONE, Store, wait_durable
+
+if TYPE_CHECKING:
+    from .job import Commit
+
+__all__ = ["JobCache", "ReplicatedJobs", "Slot", "load_state"]
+
+log = logging.getLogger("evalstop.coordinator")
+
+
+def load_state(store: Store, record: JobRecord, max_reports: int) -> tuple[JobState, str | None]:
+    """A stored job's state, and the reason its history could not be replayed (None if it could)."""
+    try:
+        return replay(record, store.reports(record.tenant, record.job_id), max_reports), None
+    except (ValueError, TypeError, ArithmeticError, KeyError) as exc:
+        reason = (f"the stored history of job {record.job_id!r} cannot be replayed with its policy "
+                  f"{record.policy.to_dict()!r} ({type(exc).__name__}: {exc}); marked failed at load")
+        return counted(record, store.reports(record.tenant, record.job_id), max_reports), reason
+
+
+class Slot:
+    """One job in memory (see the module docstring). ``committed`` is None until the job's
+    registration is durable (the job is not visible before)."""
+
+    __slots__ = ("lock", "committed", "head", "ticket", "generation", "broken", "_on_status")
+
+    def __init__(self, state: JobState, committed: bool, on_status: Callable[[JobState, JobState], None]) -> None:
+        self.lock = threading.RLock()
+        self.head = state
+        self.committed: JobState | None = state if committed else None
+        self.ticket: Future = DONE  # the job's latest queued write
+        self.generation = 0  # bumped by a reload: writes queued before it no longer swap
+        self.broken = False  # a write failed: reload before the next command
+        self._on_status = on_status
+
+    def push(self, state: JobState, ticket: Future) -> None:
+        """``state`` is the job's new head, durable when ``ticket`` is; swap it in then (under ``lock``)."""
+        old = self.head
+        self.head, self.ticket = state, ticket
+        if old.record.status is not state.record.status:
+            self._on_status(old, state)
+        if ticket is DONE:
+            self.committed = state
+        else:
+            ticket.add_done_callback(lambda f, s=state, g=self.generation: self._landed(s, g, f))
+
+    def _landed(self, state: JobState, generation: int, ticket: Future) -> None:
+        with self.lock:
+            if generation != self.generation:
+                return
+            if ticket.exception() is not None:
+                self.broken = True
+            elif self.committed is None or state.version > self.committed.version:
+                self.committed = state
+
+    def reset(self, state: JobState) -> None:
+        """Memory := the store's state (after a failed write, or a newer write by another replica)."""
+        old = self.head
+        self.generation += 1
+        self.head = state
+        self.committed = state
+        self.ticket = DONE
+        self.broken = False
+        if old.record.status is not state.record.status:
+            self._on_status(old, state)
+
+    @property
+    def pending(self) -> bool:
+        """Writes are queued that are not durable yet."""
+        return self.committed is not self.head
+
+
+class JobCache:
+    """The jobs of a single-process coordinator, all in memory (see the module docstring)."""
+
+    shared = False
+
+    def __init__(self, store: Store, max_reports: Callable[[str], int], clock: Callable[[], float]) -> None:
+        self.store = store
+        self._max_reports = max_reports
+        self._clock = clock
+        self._lock = threading.Lock()  # guards the dicts; never held across a store call
+        self.register_lock = threading.Lock()  # one registration at a time: find, quota, insert
+        self._slots: dict[tuple[str, str], Slot] = {}
+        self._by_tenant: dict[str, dict[str, Slot]] = {}  # registration order, for listing
+        self._active: dict[str, int] = {}  # tenant -> jobs not yet stopped, finished or failed (heads)
+        self._order = itertools.count()
+        for record in store.jobs():
+            self.insert(self._load(record), committed=True)
+
+    # ------------------------------------------------------------------ loading
+    def _load(self, record: JobRecord) -> JobState:
+        state, broken = load_state(self.store, record, self._max_reports(record.tenant))
+        if broken is None:
+            return state
+        log.error("%s", broken)
+        if state.record.status.terminal:
+            return state
+        out = step(state, Fail(broken, "coordinator", self._clock()))
+        c = out.commit
+        wait_durable(self.store.commit(c.job, None, c.audit, c.deliveries, expect=c.expect))
+        return out.state
+
+    def _status_changed(self, old: JobState, new: JobState) -> None:
+        was, now = old.record.status.terminal, new.record.status.terminal
+        if was != now:
+            tenant = new.record.tenant
+            with self._lock:
+                self._active[tenant] = self._active.get(tenant, 0) + (1 if was else -1)
+
+    def insert(self, state: JobState, committed: bool) -> Slot:
+        slot = Slot(state, committed, self._status_changed)
+        r = state.record
+        with self._lock:
+            self._slots[(r.tenant, r.job_id)] = slot
+            self._by_tenant.setdefault(r.tenant, {})[r.job_id] = slot
+            if not r.status.terminal:
+                self._active[r.tenant] = self._active.get(r.tenant, 0) + 1
+        return slot
+
+    def remove(self, slot: Slot) -> None:
+        """Forget a job whose registration failed to commit."""
+        r = slot.head.record
+        with self._lock:
+            if self._slots.get((r.tenant, r.job_id)) is slot:
+                del self._slots[(r.tenant, r.job_id)]
+                self._by_tenant.get(r.tenant, {}).pop(r.job_id, None)
+                if not r.status.terminal:
+                    self._active[r.tenant] -= 1
+
+    # ------------------------------------------------------------------ access
+    def find(self, tenant: str, job_id: str) -> Slot | None:
+        """The job's slot, or None (the caller holds :attr:`register_lock`)."""
+        return self._slots.get((tenant, job_id))
+
+    def get(self, tenant: str, job_id: str) -> Slot:
+        """The job's slot for a command (reloaded first if a write of it failed)."""
+        slot = self._slots.get((tenant, job_id))
+        if slot is None or (slot.committed is None and not slot.pending):
+            raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+        if slot.broken:
+            self.reload(slot)
+        return slot
+
+    def read(self, tenant: str, job_id: str) -> JobState:
+        """The job's committed state (what a restart would rebuild)."""
+        slot = self.get(tenant, job_id)
+        state = slot.committed
+        if state is None:
+            raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+        return state
+
+    def reload(self, slot: Slot) -> None:
+        """Memory := the store, for one job. Runs under the job's lock (only after a failed write,
+        so the rare failure path waits on the store rather than letting a command race the reload)."""
+        r = slot.head.record
+        with slot.lock:
+            try:
+                wait_durable(slot.ticket)
+            except Exception:  # noqa: BLE001 - the failure is why we reload
+                pass
+            record = self.store.job(r.tenant, r.job_id)
+            if record is None:
+                self.remove(slot)
+                slot.committed = None
+                return
+            state, _ = load_state(self.store, record, self._max_reports(r.tenant))
+            slot.reset(state)
+
+    def active(self, tenant: str) -> int:
+        return self._active.get(tenant, 0)
+
+    def page(self, tenant: str, status: JobStatus | None, limit: int | None, offset: int) -> tuple[list[JobState], int]:
+        """One page of the tenant's committed jobs in registration order, and the total."""
+        states = [s.committed for s in list(self._by_tenant.get(tenant, {}).values()) if s.committed is not None]
+        if status is not None:
+            states = [s for s in states if s.record.status is status]
+        end = len(states) if limit is None else offset + limit
+        return states[offset:end], len(states)
+
+    def commit(self, c: Commit, tenant: str, job_id: str) -> Future:
+        """Queue a step's rows (the caller holds the job's lock)."""
+        if c.job is None:
+            return self.store.add_report(tenant, job_id, c.report, c.expect)
+        return self.store.commit(c.job, c.report, c.audit, c.deliveries, expect=c.expect)
+
+
+class ReplicatedJobs(JobCache):
+    """The jobs of one of several coordinators sharing a store (replicas): a cache whose entries are
+    re-read when the store's version of the job moved on, with listing and quotas from the store."""
+
+    shared = True
+
+    def __init__(self, store: Store, max_reports: Callable[[str], int], clock: Callable[[], float]) -> None:
+        self.store = store
+        self._max_reports = max_reports
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.register_lock = threading.Lock()
+        self._slots, self._by_tenant, self._active = {}, {}, {}
+        for record in store.jobs():
+            self.insert(self._load(record), committed=True)
+
+    def find(self, tenant: str, job_id: str) -> Slot | None:
+        try:
+            return self.get(tenant, job_id)
+        except NotFound:
+            return None
+
+    def get(self, tenant: str, job_id: str) -> Slot:
+        slot = self._slots.get((tenant, job_id))
+        if slot is None:
+            record = self.store.job(tenant, job_id)  # another replica's job
+            if record is None:
+                raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+            return self.insert(self._load(record), committed=True)
+        if slot.broken:
+            self.reload(slot)
+        elif not slot.pending and slot.committed is not None:
+            stored = self.store.job_versions(tenant, [job_id]).get(job_id, 0)
+            if stored > slot.committed.version:
+                self.reload(slot)
+        if slot.committed is None and not slot.pending:
+            raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+        return slot
+
+    def active(self, tenant: str) -> int:
+        return self.store.count_active(tenant)
+
+    def page(self, tenant: str, status: JobStatus | None, limit: int | None, offset: int) -> tuple[list[JobState], int]:
+        ids, total = self.store.job_page(tenant, None if status is None else status.value, limit, offset)
+        states = []
+        for job_id in ids:
+            try:
+                states.append(self.read(tenant, job_id))
+            except NotFound:
+                continue
+        return states, total
