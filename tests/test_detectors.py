@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from evalstop_trl.core.detectors import (
     DETECTORS,
+    MAX_STEP,
+    SATURATION,
     Action,
     NoiseLevel,
     Observation,
@@ -17,9 +19,11 @@ from evalstop_trl.core.detectors import (
     detector_params,
     least_squares_slope,
     pooled_sigma,
+    relative_improvement,
     t_threshold,
     third_difference,
 )
+from evalstop_trl.core.records import MAX_STEP as RECORDS_MAX_STEP
 
 
 def run(series, name="decline", progress=None, losses=None, **params):
@@ -153,9 +157,14 @@ def test_never_tracks_best_but_never_stops():
         ("never", {"k": 2}, "Unknown parameter(s) k for detector 'never'"),
         ("drop", {"window": 0}, "window must be an integer in [1, 1000], but got window=0."),
         ("drop", {"z": -1}, "z must be a finite number in [0, 100], but got z=-1."),
-        ("drop", {"noise_prior": 0}, "noise_prior and prior_evals must be > 0"),
+        ("drop", {"noise_prior": 0}, "noise_prior must be a finite number in [1e-12, 1e+06], but got noise_prior=0."),
+        ("trend", {"noise_prior": 5e-324}, "noise_prior must be a finite number in [1e-12, 1e+06], "
+                                           "but got noise_prior=5e-324."),
+        ("cusum", {"noise_prior": 1e7}, "noise_prior must be a finite number in [1e-12, 1e+06], but got noise_prior="),
+        ("drop", {"prior_evals": 0}, "prior_evals must be a finite number in [0.001, 1000], but got prior_evals=0."),
+        ("cusum", {"prior_evals": 1e-4}, "prior_evals must be a finite number in [0.001, 1000], but got prior_evals="),
         ("trend", {"window": 1}, "window must be an integer in [2, 1000], but got window=1."),
-        ("trend", {"prior_evals": 1e9}, "prior_evals must be a finite number in [0, 1000]"),
+        ("trend", {"prior_evals": 1e9}, "prior_evals must be a finite number in [0.001, 1000]"),
         ("cusum", {"threshold": math.inf}, "threshold must be a finite number in [0, 100]"),
         ("cusum", {"k": 2}, "Unknown parameter(s) k for detector 'cusum'; valid parameters are: window, drift, "
                             "threshold, noise_prior, prior_evals, direction"),
@@ -183,6 +192,13 @@ def test_non_finite_values_are_rejected(field, bad):
 def test_bad_steps_are_rejected(step):
     with pytest.raises(ValueError, match="step must be a non-negative integer"):
         Observation("j", step)
+
+
+def test_steps_are_bounded_like_the_service():
+    assert MAX_STEP == RECORDS_MAX_STEP == 2**53
+    assert Observation("j", MAX_STEP).step == MAX_STEP
+    with pytest.raises(ValueError, match=r"step must be at most 9007199254740992, but got 9007199254740993\."):
+        Observation("j", MAX_STEP + 1)
 
 
 # ----------------------------------------------------------------------------- properties
@@ -340,3 +356,146 @@ def test_noise_robust_defaults_are_the_tuned_ones():
     assert detector_params("trend") == {"window": 5, "z": 1.1, "noise_prior": 0.09, "prior_evals": 4.0, "direction": "max"}
     assert detector_params("cusum") == {"window": 2, "drift": 0.25, "threshold": 3.5, "noise_prior": 0.09,
                                         "prior_evals": 4.0, "direction": "max"}
+
+
+# ----------------------------------------------------------------------------- safe arithmetic (issues 16, 17)
+#: Every numeric parameter of every registered detector with its allowed range (ints: k, window).
+BOUNDS = {
+    "decline": {"k": (1, 1000), "min_delta": (0.0, 1e6)},
+    "patience": {"k": (1, 1000), "min_delta": (0.0, 1e6)},
+    "stop_at": {"fraction": (5e-324, 1.0)},  # (0, 1]
+    "loss_plateau": {"window": (1, 1000), "tolerance": (-1e6, 1e6)},
+    "drop": {"window": (1, 1000), "z": (0.0, 100.0), "noise_prior": (1e-12, 1e6), "prior_evals": (1e-3, 1000.0)},
+    "trend": {"window": (2, 1000), "z": (0.0, 100.0), "noise_prior": (1e-12, 1e6), "prior_evals": (1e-3, 1000.0)},
+    "cusum": {"window": (1, 1000), "drift": (0.0, 100.0), "threshold": (0.0, 100.0), "noise_prior": (1e-12, 1e6),
+              "prior_evals": (1e-3, 1000.0)},
+    "never": {},
+}
+
+
+def _finite_evidence(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_finite_evidence(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def _feed_safely(name, params, rows):
+    """Feed (step, eval_score, train_loss, progress) rows; assert no exception and finite evidence."""
+    det = create_detector(name, **params)
+    for step, score, loss, progress in rows:
+        d = det.observe(Observation("j", step, score, loss, None, "rlhf", progress))
+        bad = {k: v for k, v in d.evidence.items() if not _finite_evidence(v)}
+        assert not bad, (name, params, step, score, bad)
+        assert d.best_score is None or math.isfinite(d.best_score)
+    return det
+
+
+def test_bounds_table_covers_every_detector_and_parameter():
+    assert set(BOUNDS) == set(DETECTORS)
+    for name, bounds in BOUNDS.items():
+        assert set(bounds) == set(detector_params(name)) - {"direction"}, name
+
+
+@pytest.mark.parametrize("name, param", [(n, p) for n, b in BOUNDS.items() for p in b])
+def test_the_bounds_are_exact(name, param):
+    low, high = BOUNDS[name][param]
+    create_detector(name, **{param: low})
+    create_detector(name, **{param: high})
+    if isinstance(low, int):
+        below, above = low - 1, high + 1
+    else:
+        below, above = math.nextafter(low, -math.inf), math.nextafter(high, math.inf)
+    for bad in (below, above):
+        with pytest.raises(ValueError, match=f"^{param} must be"):
+            create_detector(name, **{param: bad})
+
+
+def test_issue_16_a_zero_noise_prior_is_refused_and_the_smallest_allowed_one_is_safe():
+    params, scores = {"window": 2, "noise_prior": 5e-324}, [0, 0, 0, 1, 2]  # the report's exact repro
+    with pytest.raises(ValueError, match=r"^noise_prior must be a finite number in \[1e-12, 1e\+06\], "
+                                         r"but got noise_prior=5e-324\.$"):
+        create_detector("trend", **params)
+    for name in ("drop", "trend", "cusum"):  # the same scores at the smallest allowed priors: no ZeroDivisionError
+        det = _feed_safely(name, {"window": 2, "noise_prior": 1e-12, "prior_evals": 1e-3},
+                           [(i, float(s), None, None) for i, s in enumerate(scores)])
+        assert det.noise.sigma > 0
+
+
+@pytest.mark.parametrize("old, new, rel", [(1.0, 0.5, 0.5), (0.0, 3.0, 0.0), (1e-300, 1.0, -SATURATION),
+                                           (-1e-300, -1.0, SATURATION), (1e308, -1e308, 2.0), (-1e308, 1e308, -2.0),
+                                           (5e-324, -1e308, SATURATION)])
+def test_relative_improvement_saturates(old, new, rel):
+    assert relative_improvement(old, new) == rel
+
+
+#: Score series at the edges of the float range (each value finite; steps up to MAX_STEP).
+EXTREME_SERIES = {
+    "huge alternating": [1e300, -1e300] * 6,
+    "float max": [1.7976931348623157e308, -1.7976931348623157e308, 1.7976931348623157e308, 0.0] * 3,
+    "tiny": [1e-300, -1e-300, 5e-324, 0.0, 1e-300, 2e-300] * 2,
+    "constant": [0.0] * 12,
+    "tiny then huge": [5e-324] * 5 + [1e300] * 2 + [-1e300] * 5,
+    "the repro": [0.0, 0.0, 0.0, 1.0, 2.0] * 2,
+}
+
+
+def _corners(name):
+    """Each parameter at its lower or upper bound (windows and k at their smallest two values, so
+    that the rules get to compare within a short series)."""
+    import itertools
+
+    choices = []
+    for param, (low, high) in BOUNDS[name].items():
+        choices.append([(param, v) for v in ((low, low + 1) if isinstance(low, int) else (low, high))])
+    for combo in itertools.product(*choices):
+        yield dict(combo)
+
+
+@pytest.mark.parametrize("series", list(EXTREME_SERIES))
+@pytest.mark.parametrize("direction", ["max", "min"])
+@pytest.mark.parametrize("name", list(BOUNDS))
+def test_extreme_parameters_and_scores_never_raise(name, direction, series):
+    scores_ = EXTREME_SERIES[series]
+    n = len(scores_)
+    for params in _corners(name):
+        for steps in ([0] * n, list(range(n)), [MAX_STEP - n + i for i in range(n)], [i * 10**14 for i in range(n)]):
+            rows = [(step, s, s, min(1.0, i / 6)) for i, (step, s) in enumerate(zip(steps, scores_, strict=True))]
+            _feed_safely(name, {**params, "direction": direction}, rows)
+
+
+@pytest.mark.parametrize("name", ["loss_plateau", "drop", "trend", "cusum"])
+def test_the_largest_windows_fill_safely(name):
+    low, high = BOUNDS[name]["window"]
+    n = 2 * high + 5
+    rows = [(i, (1e300 if i % 3 else -1e300) if i < high else 5e-324 * (i % 2), 1e-300 * (i % 5), None)
+            for i in range(n)]
+    _feed_safely(name, {"window": high, "noise_prior": 1e-12, "prior_evals": 1e-3} if name != "loss_plateau"
+                 else {"window": high}, rows)
+
+
+finite_scores = st.floats(allow_nan=False, allow_infinity=False)
+extreme_scores = st.one_of(finite_scores, st.sampled_from([0.0, 5e-324, -5e-324, 1e-300, 1e300, -1e300,
+                                                           1.7976931348623157e308, -1.7976931348623157e308]))
+
+
+@st.composite
+def _extreme_params(draw, name):
+    params = {"direction": draw(st.sampled_from(["max", "min"]))}
+    for param, (low, high) in BOUNDS[name].items():
+        if isinstance(low, int):
+            params[param] = draw(st.sampled_from([low, low + 1, low + 2]))
+        else:
+            params[param] = draw(st.one_of(st.sampled_from([low, high]), st.floats(low, high)))
+    return params
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.sampled_from(sorted(BOUNDS)))
+def test_any_allowed_parameters_and_finite_scores_never_raise(data, name):
+    params = data.draw(_extreme_params(name))
+    rows = data.draw(st.lists(st.tuples(st.integers(0, MAX_STEP), st.one_of(st.none(), extreme_scores),
+                                        st.one_of(st.none(), extreme_scores), st.floats(0, 1e300)),
+                              min_size=1, max_size=25))
+    if data.draw(st.booleans()):  # the steps of a training run: increasing
+        rows = [(step, *rest) for step, (_, *rest) in zip(sorted(r[0] for r in rows), rows, strict=True)]
+    _feed_safely(name, params, rows)

@@ -12,6 +12,16 @@ Missing and non-finite values (the documented policy):
   they are refused at every API boundary (HTTP 422, CLI exit 2) and never reach a detector.
 * Once a detector says STOP, it keeps saying STOP (the same decision) for every later observation.
 
+Safe arithmetic: for every allowed parameter value and any finite scores, no detector raises
+(ZeroDivisionError, OverflowError) and all evidence is finite. The noise-robust rules (``drop``,
+``trend``, ``cusum``) saturate their signed scores at ``±SATURATION`` (1e100: no eval metric comes
+near, and the squares of their differences stay finite), and their noise level never reaches 0
+(``noise_prior`` and ``prior_evals`` are bounded away from 0); ``loss_plateau``'s relative
+improvement saturates the same way.
+
+Copies: :meth:`Detector.clone` returns an independent copy in a microsecond or two (the state of a
+job's detector can be advanced on a copy and swapped in only once the report is stored).
+
 Best checkpoint: the step with the best eval score seen so far (highest for ``direction="max"``,
 lowest for ``"min"``); ties keep the earliest step.
 
@@ -33,7 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from .frozen import trusted_init
 from .registry import Registry
@@ -52,6 +62,8 @@ __all__ = [
     "StopAtDetector",
     "TrendDetector",
     "DETECTORS",
+    "MAX_STEP",
+    "SATURATION",
     "create_detector",
     "detector_params",
     "is_decline",
@@ -67,6 +79,10 @@ class Action(str, Enum):
 
 
 _CONTINUE = Action.CONTINUE  # bound once: Enum member lookups are slow on the hot path
+
+#: The largest step an Observation takes (the service's bound too: records.MAX_STEP); every step is
+#: then exact as a float, and a trend's sums of squared steps stay finite.
+MAX_STEP = 2**53
 
 
 def check_finite(name: str, value: Any) -> None:
@@ -115,6 +131,8 @@ class Observation:
         step = self.step
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative integer, but got {step!r}.")
+        if step > MAX_STEP:
+            raise ValueError(f"step must be at most {MAX_STEP}, but got {step}.")
         if not all_finite_floats(self.eval_score, self.train_loss, self.proxy_reward, self.progress):
             check_finite("eval_score", self.eval_score)
             check_finite("train_loss", self.train_loss)
@@ -192,11 +210,21 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+D = TypeVar("D", bound="Detector")
+
+
 class Detector(ABC):
-    """Base class: one ``observe`` method; a STOP is sticky."""
+    """Base class: one ``observe`` method; a STOP is sticky; :meth:`clone` copies.
+
+    A subclass lists in ``_mutable`` the attributes it sets that hold mutable state (a deque, a dict,
+    a :class:`NoiseLevel`: anything whose ``copy()`` returns an independent copy); every other
+    attribute must hold an immutable value. A subclass with other state overrides :meth:`clone`.
+    """
 
     #: registry name, set by subclasses
     name: str = ""
+    #: attributes holding mutable state, copied by :meth:`clone` (the rest are shared, immutable)
+    _mutable: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, direction: str = "max") -> None:
         if direction not in _DIRECTIONS:
@@ -224,6 +252,19 @@ class Detector(ABC):
     @abstractmethod
     def _observe(self, obs: Observation) -> Decision:
         """The rule itself; the best-so-far is already updated."""
+
+    def clone(self: D) -> D:
+        """An independent copy: observing on either one never changes the other's decisions.
+
+        Copies the instance's attributes and each container in ``_mutable`` (O(window), about a
+        microsecond; no ``copy.deepcopy``).
+        """
+        new = object.__new__(self.__class__)
+        state = self.__dict__.copy()
+        for attr in self._mutable:
+            state[attr] = state[attr].copy()
+        new.__dict__ = state
+        return new
 
     def _continue(self, reason: str, **evidence: Any) -> Decision:
         return _decision(_CONTINUE, reason, self.best_step, self.best_score, MappingProxyType(evidence))
@@ -269,6 +310,7 @@ class DeclineDetector(Detector):
     than ``min_delta``. Reports without an eval score are skipped (no count, no reset)."""
 
     name = "decline"
+    _mutable = ("_run", "_said")
 
     def __init__(self, k: int = 2, min_delta: float = 0.0, direction: str = "max") -> None:
         super().__init__(direction)
@@ -367,9 +409,23 @@ class StopAtDetector(Detector):
         return self._continue(f"progress {obs.progress:.2f} < {self.fraction:.2f}", progress=obs.progress)
 
 
+#: Where the noise-robust rules saturate a score, and ``loss_plateau`` a relative improvement: far
+#: beyond any eval metric, and small enough that squares and sums of differences stay finite.
+SATURATION = 1e100
+
+
 def relative_improvement(old: float, new: float) -> float:
-    """Relative loss improvement ``(old - new) / |old|`` (0 when ``old`` is 0)."""
-    return (old - new) / abs(old) if old != 0 else 0.0
+    """Relative loss improvement ``(old - new) / |old|`` (0 when ``old`` is 0), saturated at
+    ``±SATURATION`` (it overflows for huge or tiny losses, e.g. ``old=1e-300, new=1``)."""
+    if old == 0:
+        return 0.0
+    rel = (old - new) / abs(old)
+    if -SATURATION <= rel <= SATURATION:
+        return rel
+    # ``old - new`` or the quotient overflowed (inputs are finite, so never NaN): the same ratio
+    # without the difference, finite or ±inf
+    rel = 1.0 - new / old if old > 0 else new / old - 1.0
+    return rel if -SATURATION <= rel <= SATURATION else math.copysign(SATURATION, rel)
 
 
 class LossPlateauDetector(Detector):
@@ -377,6 +433,7 @@ class LossPlateauDetector(Detector):
     last ``window`` loss observations. Reports without a train loss are skipped."""
 
     name = "loss_plateau"
+    _mutable = ("_losses",)
 
     def __init__(self, window: int = 2, tolerance: float = 0.03, direction: str = "max") -> None:
         super().__init__(direction)
@@ -407,8 +464,13 @@ class LossPlateauDetector(Detector):
 # Defaults of drop, trend and cusum were tuned in the simulator (platform_sim, seeds 0-249 only; scores
 # in Gao et al.'s normalised gold units, so ``noise_prior`` 0.09 is a guess in those units) for
 # precision and recall >= 0.95 at eval noise 0.12 and >= 0.97 at 0.04; see README "Detectors".
-#: Bounds of the noise-robust detectors' statistical parameters.
+#: Bounds of the noise-robust detectors' statistical parameters. The noise level is at least
+#: ``noise_prior * sqrt(prior_evals / (prior_evals + n))`` after n evals: the lower bounds keep it a
+#: normal positive float (no division by 0) for any number of evals a job can make.
 MAX_Z = 100.0
+MIN_NOISE_PRIOR = 1e-12
+MAX_NOISE_PRIOR = MAX_DELTA
+MIN_PRIOR_EVALS = 1e-3
 MAX_PRIOR_EVALS = 1000.0
 
 
@@ -450,6 +512,13 @@ class NoiseLevel:
             self.n += 1
         self._last.append(y)
 
+    def copy(self) -> NoiseLevel:
+        """An independent copy (for :meth:`Detector.clone`)."""
+        new = _new_noise_level(NoiseLevel)
+        new.prior, new.prior_evals, new._last, new._sum_sq, new.n = (
+            self.prior, self.prior_evals, self._last.copy(), self._sum_sq, self.n)
+        return new
+
     @property
     def sigma(self) -> float:
         return pooled_sigma(self.prior, self.prior_evals, self._sum_sq, self.n)
@@ -459,12 +528,12 @@ class NoiseLevel:
         return self.prior_evals + self.n
 
 
+_new_noise_level = object.__new__
+
+
 def _check_noise(noise_prior: Any, prior_evals: Any) -> tuple[float, float]:
-    prior = _check_number("noise_prior", noise_prior, 0.0, MAX_DELTA)
-    weight = _check_number("prior_evals", prior_evals, 0.0, MAX_PRIOR_EVALS)
-    if prior == 0 or weight == 0:
-        raise ValueError(f"noise_prior and prior_evals must be > 0, but got {noise_prior=}, {prior_evals=}.")
-    return prior, weight
+    return (_check_number("noise_prior", noise_prior, MIN_NOISE_PRIOR, MAX_NOISE_PRIOR),
+            _check_number("prior_evals", prior_evals, MIN_PRIOR_EVALS, MAX_PRIOR_EVALS))
 
 
 class _NoisyDetector(Detector):
@@ -478,6 +547,11 @@ class _NoisyDetector(Detector):
         self.noise = NoiseLevel(*_check_noise(noise_prior, prior_evals))
         self._sign = 1.0 if direction == "max" else -1.0
 
+    def _signed(self, score: float) -> float:
+        """The score signed so that higher is better, saturated at ``±SATURATION``."""
+        y = self._sign * score
+        return y if -SATURATION <= y <= SATURATION else math.copysign(SATURATION, y)
+
 
 class DropDetector(_NoisyDetector):
     """Noise-robust rule: STOP when the mean of the last ``window`` evals lies significantly below
@@ -488,6 +562,7 @@ class DropDetector(_NoisyDetector):
     """
 
     name = "drop"
+    _mutable = ("noise", "_now", "_before")
 
     def __init__(self, window: int = 2, z: float = 1.4, noise_prior: float = 0.09, prior_evals: float = 4.0,
                  direction: str = "max") -> None:
@@ -500,7 +575,7 @@ class DropDetector(_NoisyDetector):
     def _observe(self, obs: Observation) -> Decision:
         if obs.eval_score is None:
             return self._continue("no eval score in this report")
-        y = self._sign * obs.eval_score
+        y = self._signed(obs.eval_score)
         self.noise.add(y)
         w = self.window
         if len(self._now) == w:
@@ -531,6 +606,7 @@ class TrendDetector(_NoisyDetector):
     """
 
     name = "trend"
+    _mutable = ("noise", "_recent")
 
     def __init__(self, window: int = 5, z: float = 1.1, noise_prior: float = 0.09, prior_evals: float = 4.0,
                  direction: str = "max") -> None:
@@ -541,7 +617,7 @@ class TrendDetector(_NoisyDetector):
     def _observe(self, obs: Observation) -> Decision:
         if obs.eval_score is None:
             return self._continue("no eval score in this report")
-        y = self._sign * obs.eval_score
+        y = self._signed(obs.eval_score)
         self.noise.add(y)
         self._recent.append((obs.step, y))
         if len(self._recent) < self.window:
@@ -580,6 +656,7 @@ class CusumDetector(_NoisyDetector):
     """
 
     name = "cusum"
+    _mutable = ("noise", "_recent")
 
     def __init__(self, window: int = 2, drift: float = 0.25, threshold: float = 3.5, noise_prior: float = 0.09,
                  prior_evals: float = 4.0, direction: str = "max") -> None:
@@ -593,7 +670,7 @@ class CusumDetector(_NoisyDetector):
     def _observe(self, obs: Observation) -> Decision:
         if obs.eval_score is None:
             return self._continue("no eval score in this report")
-        y = self._sign * obs.eval_score
+        y = self._signed(obs.eval_score)
         self.noise.add(y)
         sigma = self.noise.sigma
         if self._ref is not None:
