@@ -20,13 +20,11 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from .detectors import Action, Decision, Detector, Observation
 from .errors import Conflict, QuotaExceeded
@@ -42,8 +40,7 @@ _CONTINUE = Action.CONTINUE
 _NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class JobState:
+class JobState(NamedTuple):
     """Everything the coordinator keeps in memory about one job; never changed in place.
 
     Memory is bounded: the detector's state, the first and last report and counters (the reports
@@ -91,8 +88,7 @@ class JobState:
                            self.record.job_type.value, rep.step / planned if planned else None)
 
 
-@dataclass(frozen=True, slots=True)
-class Commit:
+class Commit(NamedTuple):
     """The rows one step writes, atomically: the job's new record (None: unchanged), a report, audit
     lines and webhook deliveries. ``expect``: the job's version this write replaces."""
 
@@ -103,8 +99,7 @@ class Commit:
     expect: int
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
     """The result of one command: the next state, the caller's answer and the effects.
 
     ``commit`` is None when nothing changes (an identical retry, finishing a finished job); the
@@ -118,8 +113,7 @@ class Step:
 
 
 # ---------------------------------------------------------------------------------------- commands
-@dataclass(frozen=True, slots=True)
-class Observe:
+class Observe(NamedTuple):
     """A report. ``stored``: the store's report of the same step, when it is before the last one (a
     late retry: the caller reads it, since the core reads nothing)."""
 
@@ -127,8 +121,7 @@ class Observe:
     stored: Report | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Stop:
+class Stop(NamedTuple):
     """A stop by hand."""
 
     reason: str
@@ -136,8 +129,7 @@ class Stop:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class Ack:
+class Ack(NamedTuple):
     """The job has its best checkpoint safe and is stopping (at ``step``, if it says)."""
 
     checkpoint: str | None
@@ -145,15 +137,13 @@ class Ack:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class Finish:
+class Finish(NamedTuple):
     """The job ran to its end."""
 
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class Fail:
+class Fail(NamedTuple):
     """The job failed: its trainer crashed, or its stored history cannot be replayed."""
 
     reason: str
@@ -161,8 +151,7 @@ class Fail:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
     """A launcher or webhook event for the audit log (changes nothing else)."""
 
     kind: AuditKind
@@ -212,7 +201,7 @@ def _observe(state: JobState, cmd: Observe) -> Step:
     elif decision.action is Action.STOP:
         actor = f"detector:{record.policy.detector}"
         now = rep.received_at
-        new_record = dataclasses.replace(record, status=status.to(_STOPPED), updated_at=now, decision=decision,
+        new_record = record.evolve(status=status.to(_STOPPED), updated_at=now, decision=decision,
                                          stopped_by=actor, stopped_at=now)
         audit = (AuditRecord(record.tenant, job_id, now, AuditKind.STOP, actor, decision.reason,
                              {**decision.evidence, "step": rep.step, "best_step": decision.best_step,
@@ -220,7 +209,7 @@ def _observe(state: JobState, cmd: Observe) -> Step:
         deliveries = _deliveries(record, new_record, now)
         stopped = True
     elif status is _PENDING:
-        new_record = dataclasses.replace(record, status=_RUNNING, updated_at=rep.received_at)
+        new_record = record.evolve(status=_RUNNING, updated_at=rep.received_at)
     new = JobState(new_record, detector, state.first or rep, rep, state.n_reports + 1,
                    rep.checkpoint if detector.best_step == rep.step else state.best_checkpoint, decision,
                    state.max_reports, state.version + 1)
@@ -232,9 +221,9 @@ def _transition(state: JobState, status: JobStatus, now: float, audit: AuditReco
                 **changes: Any) -> tuple[JobState, Commit]:
     """``state`` moved to ``status`` (by the status's transition table), and the commit that writes it."""
     record = state.record
-    new_record = dataclasses.replace(record, status=record.status.to(status), updated_at=now, **changes)
+    new_record = record.evolve(status=record.status.to(status), updated_at=now, **changes)
     deliveries = _deliveries(record, new_record, now) if status is _STOPPED else ()
-    new = dataclasses.replace(state, record=new_record, version=state.version + 1)
+    new = state._replace(record=new_record, version=state.version + 1)
     return new, Commit(new_record, None, () if audit is None else (audit,), deliveries, state.version)
 
 
@@ -292,7 +281,7 @@ def _fail(state: JobState, cmd: Fail) -> Step:
 def _event(state: JobState, cmd: Event) -> Step:
     record = state.record
     audit = AuditRecord(record.tenant, record.job_id, cmd.now, cmd.kind, cmd.actor, cmd.reason, cmd.evidence)
-    new = dataclasses.replace(state, version=state.version + 1)
+    new = state._replace(version=state.version + 1)
     return Step(new, new.current(), Commit(record, None, (audit,), (), state.version))
 
 
