@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections import deque
+from types import MappingProxyType
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +15,7 @@ from evalstop_trl.core.detectors import (
     MAX_STEP,
     SATURATION,
     Action,
+    Decision,
     NoiseLevel,
     Observation,
     create_detector,
@@ -499,3 +502,103 @@ def test_any_allowed_parameters_and_finite_scores_never_raise(data, name):
     if data.draw(st.booleans()):  # the steps of a training run: increasing
         rows = [(step, *rest) for step, (_, *rest) in zip(sorted(r[0] for r in rows), rows, strict=True)]
     _feed_safely(name, params, rows)
+
+
+# ----------------------------------------------------------------------------- clone
+#: A few parameter sets for every registered detector (a new detector fails
+#: test_clone_cases_cover_every_detector until it is listed here).
+CLONE_CASES = {
+    "decline": [{}, {"k": 1}, {"k": 3, "min_delta": 0.02, "direction": "min"}],
+    "patience": [{}, {"k": 4, "min_delta": 0.01}, {"k": 1, "direction": "min"}],
+    "stop_at": [{}, {"fraction": 0.3}, {"fraction": 1.0, "direction": "min"}],
+    "loss_plateau": [{}, {"window": 1, "tolerance": 0.0}, {"window": 4, "tolerance": -0.05}],
+    "drop": [{}, {"window": 1, "z": 0.5}, {"window": 3, "z": 2.0, "noise_prior": 0.02, "prior_evals": 1.0,
+                                           "direction": "min"}],
+    "trend": [{}, {"window": 2, "z": 0.5}, {"window": 4, "z": 2.0, "noise_prior": 0.02, "direction": "min"}],
+    "cusum": [{}, {"window": 1, "drift": 0.0, "threshold": 1.0},
+              {"window": 3, "drift": 0.5, "threshold": 5.0, "noise_prior": 0.03, "direction": "min"}],
+    "never": [{}, {"direction": "min"}],
+}
+CLONE_PARAMS = [(name, params) for name, cases in CLONE_CASES.items() for params in cases]
+
+rows_st = st.lists(st.tuples(st.one_of(st.none(), st.floats(-1, 1)), st.one_of(st.none(), st.floats(0.01, 2))),
+                   max_size=40)
+
+
+def _observations(rows, first_step):
+    return [Observation("j", first_step + 10 * i, score, loss, None, "rlhf", (first_step + 10 * i) / 400)
+            for i, (score, loss) in enumerate(rows)]
+
+
+def _decisions(det, observations):
+    return [(d.action, d.reason, d.best_step, d.best_score, dict(d.evidence))
+            for d in map(det.observe, observations)]
+
+
+def test_clone_cases_cover_every_detector():
+    assert set(CLONE_CASES) == set(DETECTORS)
+
+
+@pytest.mark.parametrize("name, params", CLONE_PARAMS)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_clone_decides_like_the_original_and_neither_changes_the_other(name, params, data):
+    rows, extra = data.draw(rows_st), data.draw(rows_st)
+    split = data.draw(st.integers(0, len(rows)))
+    obs, ahead = _observations(rows, 10), _observations(extra, 10 * split + 10)
+    reference = _decisions(create_detector(name, **params), obs)  # never cloned
+    a = create_detector(name, **params)
+    before = _decisions(a, obs[:split])
+    b, c = a.clone(), a.clone()
+    assert type(b) is type(a)
+    _decisions(c, ahead)  # a clone runs ahead on other observations...
+    assert before + _decisions(a, obs[split:]) == reference  # ...and the original decides as if never cloned
+    assert before + _decisions(b, obs[split:]) == reference  # the original ran on: the other clone is untouched
+
+
+_SHAREABLE = (int, float, str, type(None), Action, Decision, MappingProxyType)  # immutable (a Decision is frozen)
+
+
+def _shared_mutables(a, b, path):
+    """Paths of mutable objects that ``a`` and ``b`` (an object and its clone) share."""
+    if a is b and isinstance(a, _SHAREABLE):
+        return
+    if isinstance(a, tuple):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            yield from _shared_mutables(x, y, f"{path}[{i}]")
+        return
+    if a is b:
+        yield path
+        return
+    if isinstance(a, dict):
+        for key in a:
+            yield from _shared_mutables(a[key], b[key], f"{path}[{key!r}]")
+    elif isinstance(a, (list, deque)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            yield from _shared_mutables(x, y, f"{path}[{i}]")
+    else:
+        slots = [s for cls in type(a).__mro__ for s in getattr(cls, "__slots__", ())]
+        attrs = list(getattr(a, "__dict__", {})) + slots
+        for attr in attrs:
+            yield from _shared_mutables(getattr(a, attr), getattr(b, attr), f"{path}.{attr}")
+
+
+@pytest.mark.parametrize("name, params", CLONE_PARAMS)
+@pytest.mark.parametrize("n", [0, 3, 12, 40])
+def test_a_clone_shares_no_mutable_state(name, params, n):
+    import random
+
+    rng = random.Random(n)
+    det = create_detector(name, **params)
+    _decisions(det, _observations([(rng.uniform(-1, 1), rng.uniform(0.5, 1)) for _ in range(n)], 10))
+    twin = det.clone()
+    assert list(vars(twin)) == list(vars(det))
+    shared = list(_shared_mutables(det, twin, name))
+    assert not shared, f"{type(det).__name__} shares {shared} with its clone: list them in _mutable"
+
+
+def test_a_stopped_clone_stays_stopped():
+    det = create_detector("decline", k=1)
+    _decisions(det, _observations([(0.5, None), (0.4, None)], 10))
+    twin = det.clone()
+    assert twin.observe(Observation("j", 99, 0.9)) is det.observe(Observation("j", 99, 0.9))
