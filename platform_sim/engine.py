@@ -2,11 +2,11 @@
 
 The loop, one instant at a time (:meth:`Simulation.step`): pop every event due now from the
 :class:`~platform_sim.events.EventQueue` and apply it (arrivals, evals, finishes, scheduling
-rounds), then plan once: the base scheduler's order (policy) -> placement on the
-:class:`~platform_sim.cluster.Cluster` (gang: all GPUs or none) -> apply (start, preempt). Jobs'
-mutable state and lifecycle live in :mod:`platform_sim.jobs`; policies see only
-:class:`~platform_sim.views.JobSnapshot` records (values copied out) and overlays read the time from
-a :class:`~platform_sim.views.VirtualClock`.
+rounds), then plan once (:class:`~platform_sim.dispatch.Dispatcher`): the base scheduler's order
+(policy) -> placement on the :class:`~platform_sim.cluster.Cluster` (gang: all GPUs or none) ->
+apply (start, preempt). Jobs' mutable state and lifecycle live in :mod:`platform_sim.jobs`; policies
+see only :class:`~platform_sim.views.JobSnapshot` records (values copied out) and overlays read the
+time from a :class:`~platform_sim.views.VirtualClock`.
 
 Planning is incremental for schedulers with a priority (:mod:`platform_sim.planning`): waiting jobs
 stay sorted, and a preemptive plan re-evaluates only the running jobs whose priority could still
@@ -30,24 +30,22 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from heapq import heapify
 from heapq import heappop as _heappop
-from heapq import heappush as _heappush
 
 from .cluster import Cluster
 from .config import SimConfig
+from .dispatch import Dispatcher
 from .events import Event, EventQueue
 from .jobs import Phase, SimJob, Timing
 from .overlays import Overlay
-from .planning import WaitingLine, greedy_cut
-from .schedulers import Scheduler, uses_priority
+from .schedulers import Scheduler
 from .views import VirtualClock
 from .workload import Workload
 
 __all__ = ["JobOutcome", "RunResult", "Simulation"]
 
 # bound once: Enum member lookups are slow on the hot path
-_EVAL_DUE, _FINISH, _ARRIVAL, _SCHED_ROUND = Event.EVAL_DUE, Event.FINISH, Event.ARRIVAL, Event.SCHED_ROUND
+_EVAL_DUE, _ARRIVAL, _SCHED_ROUND = Event.EVAL_DUE, Event.ARRIVAL, Event.SCHED_ROUND
 _RUNNING = Phase.RUNNING
 
 
@@ -100,26 +98,26 @@ def _eval_hook_name(kind: type[Overlay]) -> str | None:
 
 
 class Simulation:
-    """One run of one workload under one base scheduler and one overlay."""
+    """One run of one workload under one base scheduler and one overlay.
+
+    The event loop and the events' effects on jobs; who holds the GPUs is the
+    :class:`~platform_sim.dispatch.Dispatcher`'s (``dispatch``; ``waiting``, ``running`` and
+    ``cluster`` are its own)."""
 
     def __init__(self, workload: Workload, cfg: SimConfig, scheduler: Scheduler, overlay: Overlay) -> None:
         self.workload, self.cfg, self.scheduler, self.overlay = workload, cfg, scheduler, overlay
         self.queue = EventQueue()
         self.clock = VirtualClock()  # the overlays' copy of the time, set at every instant
-        self.cluster = Cluster.from_config(cfg.cluster)
-        self.restart_s = cfg.workload.restart_overhead_s
         n = workload.n_evals
         self.jobs = [SimJob(s, t, Timing.of(t.duration_s, cfg, n)) for s, t in zip(workload.jobs, workload.truths, strict=True)]
-        self.waiting: dict[int, SimJob] = {}
-        self.running: dict[int, SimJob] = {}
+        self.dispatch = Dispatcher(self.jobs, Cluster.from_config(cfg.cluster), scheduler, self.queue,
+                                   cfg.workload.restart_overhead_s)
+        self.cluster, self.waiting, self.running = self.dispatch.cluster, self.dispatch.waiting, self.dispatch.running
+        self._schedule_next = self.dispatch.schedule_next
         self.events = 0
         self.departed = 0
         self._arrival_order = sorted(self.jobs, key=lambda j: j.spec.arrival_s)  # stable: ties by job id
         self._next_arrival = 0
-        # a priority scheduler's jobs stay sorted (planning.py); other schedulers order snapshots
-        self._line = WaitingLine() if uses_priority(scheduler) else None
-        self._bounds: list[tuple[float, int, int]] = []  # running jobs' (-priority bound, id, token), a heap
-        self._running_gpus = 0
         # overlays that do not override a hook are not called (no snapshot is built for them)
         kind = type(overlay)
         self._watch_arrivals = kind.on_arrival is not Overlay.on_arrival
@@ -197,7 +195,7 @@ class Simulation:
     # ------------------------------------------------------------------ events
     def _on_arrival(self, job: SimJob) -> None:
         job.arrive()
-        self._wait(job)
+        self.dispatch.wait(job)
         if self._watch_arrivals:
             self.overlay.on_arrival(job.snapshot(self.queue.now))
         if self._cuts:
@@ -234,148 +232,12 @@ class Simulation:
 
     # ------------------------------------------------------------------ plan -> place -> apply
     def _plan(self, allow_preempt: bool) -> None:
-        sched = self.scheduler
-        preempt = sched.preemptive and allow_preempt
-        if self._line is not None:
-            if preempt:
-                self._plan_cut()
-            else:
-                self._plan_line()
-            return
-        now = self.queue.now
-        if preempt:
-            active = [j.snapshot(now) for j in self.running.values()] + [j.snapshot(now) for j in self.waiting.values()]
-            order = sched.order(active, now)
-            free, chosen = self.cluster.total_gpus, []
-            for v in order:  # the GPUs go down the order by count; placement may still refuse one
-                if v.gpus <= free:
-                    chosen.append(v.job_id)
-                    free -= v.gpus
-            keep = set(chosen)
-            for jid in [jid for jid in self.running if jid not in keep]:
-                self._preempt(self.running[jid])
-            for jid in chosen:
-                if jid in self.waiting:
-                    self._start(self.jobs[jid])
-        else:
-            cluster = self.cluster
-            if not self.waiting or cluster.free == 0:
-                return
-            order = sched.order([j.snapshot(now) for j in self.waiting.values()], now)
-            for v in order:
-                if cluster.free == 0:
-                    break
-                if not self._start(self.jobs[v.job_id]) and not sched.backfill:
-                    break
-
-    def _plan_line(self) -> None:
-        """Non-preemptive: start waiting jobs in priority order while GPUs are free."""
-        line, cluster, jobs = self._line, self.cluster, self.jobs
-        backfill = self.scheduler.backfill
-        blocked: set[int] = set()  # sizes placement refused in this plan (packing): it refuses them all
-        while cluster.free and line.n:
-            entry = line.first_fitting(cluster.free, blocked) if backfill else line.first()
-            if entry is None:
-                break
-            if not self._start(jobs[entry[1]]):
-                if not backfill:
-                    break
-                blocked.add(entry[2])
-
-    def _plan_cut(self) -> None:
-        """Preemptive: the plan a sort of every active job by priority gives, from the jobs that matter."""
-        line, cluster, jobs = self._line, self.cluster, self.jobs
-        if not line.n:
-            return  # every running job keeps its GPUs
-        if line.gpus <= cluster.free:  # every waiting job fits: nobody is preempted, all start in order
-            for _, jid, _ in line.in_order():
-                self._start(jobs[jid])
-            return
-        first = line.first()
-        late = self._late_running(first)
-        start, preempt = greedy_cut(cluster.total_gpus, self._running_gpus - sum(e[2] for e in late), late, line)
-        for jid in preempt:
-            self._preempt(jobs[jid])
-        for jid in start:
-            self._start(jobs[jid])
-
-    def _late_running(self, first: tuple[float, int, int]) -> list[tuple[float, int, int]]:
-        """Running jobs whose priority now is at or above the first waiting job's, sorted.
-
-        Running priorities only fall, so each job's last computed priority bounds it from above; only
-        jobs whose bound reaches ``first`` (less a margin for rounding) are re-evaluated."""
-        bounds, jobs, now, priority = self._bounds, self.jobs, self.queue.now, self.scheduler.priority
-        threshold = first[0] - 1e-9 * (abs(first[0]) + 1.0)
-        late, checked = [], []
-        while bounds:
-            neg, jid, token = bounds[0]
-            job = jobs[jid]
-            if token != job.token:
-                _heappop(bounds)  # the job left its GPUs or was re-evaluated since
-                continue
-            if -neg < threshold:
-                break  # this job and all below it come before every waiting job
-            _heappop(bounds)
-            p = job.priority = priority(job.snapshot(now))
-            checked.append(job)
-            entry = (p, jid, job.spec.gpus)
-            if entry >= first:
-                late.append(entry)
-        for job in checked:
-            job.token += 1
-            _heappush(bounds, (-job.priority, job.spec.job_id, job.token))
-        if len(bounds) > 2 * len(self.running) + 64:  # drop stale entries now and then
-            self._bounds = [(-j.priority, jid, j.token) for jid, j in self.running.items()]
-            heapify(self._bounds)
-        late.sort()
-        return late
-
-    def _wait(self, job: SimJob) -> None:
-        jid = job.spec.job_id
-        self.waiting[jid] = job
-        if self._line is not None:
-            job.priority = p = self.scheduler.priority(job.snapshot(self.queue.now))
-            self._line.add(p, jid, job.spec.gpus)
-
-    def _start(self, job: SimJob) -> bool:
-        jid, gpus = job.spec.job_id, job.spec.gpus
-        if not self.cluster.place(jid, gpus):
-            return False
-        del self.waiting[jid]
-        self.running[jid] = job
-        self._running_gpus += gpus
-        if self._line is not None:
-            self._line.remove(job.priority, jid, gpus)
-            if self.scheduler.preemptive:  # its waiting priority bounds its priority while it runs
-                job.token += 1
-                _heappush(self._bounds, (-job.priority, jid, job.token))
-        job.start(self.queue.now, self.restart_s)
-        self._schedule_next(job)
-        return True
-
-    def _preempt(self, job: SimJob) -> None:
-        self._leave(job)
-        job.preempt(self.queue.now)
-        self._wait(job)
+        self.dispatch.plan(allow_preempt)
 
     def _depart(self, job: SimJob, stopped: bool) -> None:
-        self._leave(job)
+        self.dispatch.leave(job)
         job.depart(self.queue.now, stopped)
         self.departed += 1
-
-    def _leave(self, job: SimJob) -> None:
-        jid, gpus = job.spec.job_id, job.spec.gpus
-        self.cluster.release(jid, gpus)
-        del self.running[jid]
-        self._running_gpus -= gpus
-        job.token += 1
-
-    def _schedule_next(self, job: SimJob) -> None:
-        eval_work = job.next_eval * job.timing.seg_len
-        if job.end_work < eval_work:
-            self.queue.push(job.run_since + job.end_work - job.work, _FINISH, job.spec.job_id, job.version)
-        else:
-            self.queue.push(job.run_since + eval_work - job.work, _EVAL_DUE, job.spec.job_id, job.version)
 
     # ------------------------------------------------------------------ result
     def _result(self) -> RunResult:

@@ -25,7 +25,7 @@ class FullSort(Simulation):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._line = None
+        self.dispatch.line = None
 
 
 def run(cls, cfg, wl, scheduler, overlay):
@@ -106,5 +106,5 @@ def test_planning_work_per_job_does_not_grow_with_the_cluster():
         sim = Simulation(wl, cfg, sched, build_overlay(cfg, wl, "none"))
         sim.run()
         per_job[n] = sched.calls / n
-        assert len(sim._bounds) <= 2 * len(sim.jobs) + 64
+        assert len(sim.dispatch.bounds) <= 2 * len(sim.jobs) + 64
     assert per_job[10_000] <= 1.5 * per_job[1_000] and per_job[10_000] < 5, per_job

@@ -37,6 +37,7 @@ import pytest
 
 from platform_sim.cluster import Cluster
 from platform_sim.config import load_config
+from platform_sim.dispatch import Dispatcher
 from platform_sim.engine import Simulation
 from platform_sim.events import EventQueue
 from platform_sim.jobs import SimJob, Timing
@@ -45,7 +46,7 @@ from platform_sim.schedulers import LossAware, SRTFEst, create_scheduler
 from platform_sim.views import JobSnapshot, VirtualClock
 from platform_sim.workload import JobSpec, JobTruth, Workload, generate_workload
 
-FORBIDDEN = (JobTruth, Workload, SimJob, Simulation, JobSpec, EventQueue, Cluster, Timing)
+FORBIDDEN = (JobTruth, Workload, SimJob, Simulation, Dispatcher, JobSpec, EventQueue, Cluster, Timing)
 NAMES = ("_JobView__job", "_JobView__sim", "_JobSnapshot__job", "_VirtualClock__sim", "job", "_job", "truth",
          "spec", "sim", "simulation", "queue", "workload", "__dict__", "__closure__", "__wrapped__")
 
