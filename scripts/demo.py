@@ -99,7 +99,7 @@ def live_platform() -> None:
 
         with EvalStopClient(url, tokens["globex"]) as c:
             for a in c.audit("globex-stubborn"):
-                print(f"  {a['kind']:<18} by {a['actor']:<18} {a['reason']}")
+                print(f"  {a.kind.value:<18} by {a.actor:<18} {a.reason}")
         # what the coordinator says, per tenant (each token sees only its own jobs)
         for tenant in tokens:
             print(f"\n$ evalstop status --token <{tenant}>")

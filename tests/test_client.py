@@ -1,4 +1,5 @@
-"""EvalStopClient logic with httpx.MockTransport: fail-open, durable outbox, replay order, 4xx errors."""
+"""EvalStopClient logic with httpx.MockTransport: fail-open, durable outbox, replay order, 4xx errors,
+requests built from the route table, paging, typed results."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ import pytest
 from evalstop_trl import Action, Coordinator, MemoryStore
 from evalstop_trl.clients.embedded import EmbeddedClient
 from evalstop_trl.clients.http import ClientError, EvalStopClient
+from evalstop_trl.core.api import EvalStopAPI
+from evalstop_trl.core.codec import to_wire
+from evalstop_trl.core.errors import InvalidInput
+from evalstop_trl.core.records import AuditKind, AuditRecord, EvalState, EvalTask, JobView
+
+JOB = to_wire(JobView("j", "grpo", "pending", {}, None, None, None, None, 0, None, None, False))
 
 
 class FakeServer:
@@ -36,9 +43,7 @@ class FakeServer:
                 return httpx.Response(422, json={"detail": "step: must be >= 0"})
             return httpx.Response(200, json={"decision": {"action": "continue", "reason": "ok", "best_step": 1,
                                                           "best_score": 0.5}})
-        return httpx.Response(201, json={"job_id": "j", "job_type": "grpo", "status": "pending", "policy": {},
-                                         "decision": None, "best_step": None, "best_score": None,
-                                         "best_checkpoint": None, "n_reports": 0})
+        return httpx.Response(201, json=JOB)
 
 
 def make(fake, tmp_path=None, **kw):
@@ -109,10 +114,85 @@ def test_constructor_checks(url, token, message):
 
 def test_embedded_client_has_the_same_interface():
     emb = EmbeddedClient(Coordinator(MemoryStore()), tenant="me")
-    public = {n for n in dir(EvalStopClient) if not n.startswith("_")} - {"outbox_path"}
-    assert public <= set(dir(emb)) | {"pending", "unreachable"}
+    assert isinstance(emb, EvalStopAPI)  # the signatures: tests/test_contract.py
     emb.register_job("j", "grpo", planned_steps=40)
     for step, score in [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.5)]:
         d = emb.report("j", step, eval_score=score)
     assert d.stop and emb.status("j").status == "stopped"
-    assert emb.ack("j", "/ckpt").acked and [a["kind"] for a in emb.audit()] == ["stop", "ack"]
+    assert emb.ack("j", "/ckpt").acked and [a.kind for a in emb.audit()] == [AuditKind.STOP, AuditKind.ACK]
+
+
+@pytest.mark.parametrize("field", ["eval_score", "train_loss", "proxy_reward"])
+def test_a_non_finite_number_is_refused_before_it_reaches_the_outbox(tmp_path, field):
+    fake = FakeServer()
+    c = make(fake, tmp_path)
+    with pytest.raises(InvalidInput, match=f"{field} must be a finite number"):
+        c.report("j", 1, **{field: float("nan")})
+    assert c.pending == 0 and fake.received == []  # neither sent nor queued: it would block the outbox
+    assert c.report("j", 2, eval_score=0.5).reason == "ok"
+
+
+def test_a_poisoned_outbox_line_is_dropped_not_retried_forever(tmp_path):
+    (tmp_path / "outbox.jsonl").write_text(
+        json.dumps({"op": "report", "job_id": "j", "path": "/v1/jobs/j/reports", "body": {"step": 1, "eval_score": float("nan")}})
+        + "\n")
+    fake = FakeServer()
+    c = make(fake, tmp_path)
+    assert c.pending == 1
+    assert c.report("j", 2, eval_score=0.5).reason == "ok" and c.pending == 0
+    assert [b["step"] for _, p, b in fake.received if p.endswith("/reports")] == [2]
+
+
+def _answering(routes):
+    """A MockTransport answering ``routes[(method, path)]`` (a callable of the request, or JSON)."""
+    seen = []
+
+    def handler(request):
+        seen.append((request.method, request.url.path, dict(request.url.params),
+                     json.loads(request.content) if request.content else None))
+        answer = routes[(request.method, request.url.path)]
+        answer = answer(request) if callable(answer) else answer
+        return answer if isinstance(answer, httpx.Response) else httpx.Response(200, json=answer)
+
+    return seen, EvalStopClient("http://coord.invalid", "good", transport=httpx.MockTransport(handler), retries=0)
+
+
+def test_typed_results_of_the_eval_calls():
+    task = EvalTask("me", "j", 10, "/snap/10", 1.0, state=EvalState.LEASED, lease_until=61.0, worker="w")
+    audit = AuditRecord("me", "j", 2.0, AuditKind.LAUNCHER_EXIT, "launcher", "exited", {"exit_code": -15})
+    seen, c = _answering({("POST", "/v1/evals/claim"): to_wire(task),
+                          ("GET", "/v1/jobs/j/evals"): [to_wire(task)],
+                          ("POST", "/v1/jobs/j/events"): httpx.Response(201, json={"status": "recorded"}),
+                          ("GET", "/v1/audit"): [to_wire(audit)]})
+    assert c.claim_eval("w", 60) == task and c.evals("j") == [task] and c.audit("j") == [audit]
+    assert c.record_event("j", "launcher_exit", "exited", exit_code=-15) is None
+    assert seen[0][3] == {"worker": "w", "lease_s": 60}
+    assert seen[2][2] == {"job_id": "j", "limit": "1000", "offset": "0"}
+    assert seen[3][3] == {"kind": "launcher_exit", "reason": "exited", "exit_code": -15}
+    _, c = _answering({("POST", "/v1/evals/claim"): httpx.Response(204)})
+    assert c.claim_eval("w") is None  # nothing to evaluate now
+
+
+def test_listings_page_through_the_service_limit():
+    def audit_page(request):
+        offset = int(request.url.params["offset"])
+        return [to_wire(AuditRecord("me", "j", float(i), AuditKind.ACK, "a", str(i)))
+                for i in range(offset, min(offset + 1000, 1500))]
+
+    def reports_page(request):
+        after = int(request.url.params.get("after_step", -1))
+        limit = int(request.url.params["limit"])
+        return [{"step": s} for s in range(after + 1, min(after + 1 + limit, 2500))]
+
+    seen, c = _answering({("GET", "/v1/audit"): audit_page, ("GET", "/v1/jobs/j/reports"): reports_page})
+    assert [a.reason for a in c.audit()] == [str(i) for i in range(1500)]
+    assert [s[2]["offset"] for s in seen] == ["0", "1000"]
+    assert [r.step for r in c.reports("j")] == list(range(2500))
+    assert [r.step for r in c.reports("j", after_step=9, limit=1200)] == list(range(10, 1210))
+    assert seen[-1][2] == {"after_step": "1009", "limit": "200"}
+
+
+def test_path_arguments_are_quoted():
+    seen, c = _answering({("GET", "/v1/jobs/a:b@c/evals"): []})
+    c.evals("a:b@c")
+    assert seen[0][1] == "/v1/jobs/a:b@c/evals"  # sent as %3A / %40, read back by the server

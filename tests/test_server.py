@@ -34,9 +34,11 @@ def test_register_report_stop_ack_finish(api):
         r = api.post("/v1/jobs/run-1/reports", json={"step": step, "eval_score": score, "train_loss": 1.0}, headers=h)
         assert r.status_code == 200
         d = r.json()["decision"]
-        assert set(d) == {"action", "reason", "best_step", "best_score"}
+        assert set(d) == {"action", "reason", "best_step", "best_score", "evidence"}
         actions.append(d["action"])
+        evidence = d["evidence"]
     assert actions == ["continue", "continue", "continue", "stop"]
+    assert evidence["declines"] == 2 and evidence["steps"] == [20, 30, 40]  # the numbers the detector used
     job = api.get("/v1/jobs/run-1", headers=h).json()
     assert {"job_id", "job_type", "status", "policy", "decision", "best_step", "best_score", "best_checkpoint",
             "n_reports"} <= set(job)

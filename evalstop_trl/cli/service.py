@@ -208,7 +208,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from ..clients.http import EvalStopClient
+    from ..core.codec import to_wire
     from ..core.errors import EvalStopError
+    from ..core.records import AuditKind
 
     url = args.url or os.environ.get("EVALSTOP_URL", "http://127.0.0.1:8765")
     token = args.token or os.environ.get("EVALSTOP_TOKEN")
@@ -221,7 +223,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         jobs = [client.status(args.job_id)] if args.job_id else client.list_jobs()
         audit = client.audit(args.job_id) if args.job_id else []
         if args.plot:
-            reports = [r.to_dict() for r in client.reports(args.job_id)]
+            reports = [to_wire(r) for r in client.reports(args.job_id)]
     except EvalStopError as exc:  # a refusal (4xx) or an unreachable coordinator
         raise CLIError(str(exc)) from None
     finally:
@@ -230,12 +232,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
         from ..analysis.plots import plot_job
 
         try:
-            written = plot_job(args.plot, jobs[0].to_dict(), reports, audit)
+            written = plot_job(args.plot, to_wire(jobs[0]), reports, [to_wire(a) for a in audit])
         except ValueError as exc:
             raise CLIError(str(exc)) from None
         print(f"plot written to {written}", file=sys.stderr)
     if args.json:
-        print(json.dumps([j.to_dict() for j in jobs]))
+        print(json.dumps([to_wire(j) for j in jobs]))
         return 0
     print(f"{'job':<24}{'type':<10}{'status':<10}{'reports':>8}{'best step':>10}{'best score':>11}  decision")
     for j in jobs:
@@ -243,7 +245,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         best = "" if j.best_score is None else f"{j.best_score:.4f}"
         print(f"{j.job_id:<24}{j.job_type:<10}{j.status:<10}{j.n_reports:>8}{str(j.best_step or ''):>10}{best:>11}  "
               f"{d.action.value + ': ' + d.reason if d else ''}")
-    lags = [a["evidence"]["stop_lag"] for a in audit if a.get("kind") == "ack" and "stop_lag" in a.get("evidence", {})]
+    lags = [a.evidence["stop_lag"] for a in audit if a.kind is AuditKind.ACK and "stop_lag" in a.evidence]
     if lags:
         print(f"stop lag: {lags[-1]} step(s) trained after the eval that decided the stop")
     return 0

@@ -1,20 +1,28 @@
-"""EmbeddedClient: the client interface over an in-process :class:`Coordinator` (no HTTP)."""
+"""EmbeddedClient: the :class:`~evalstop_trl.core.api.EvalStopAPI` over an in-process
+:class:`Coordinator` (no HTTP): the same methods and records as the HTTP client."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from ..core.api import MAX_WAIT_S, launcher_event
 from ..core.coordinator import Coordinator
 from ..core.detectors import Decision
-from ..core.errors import InvalidInput
-from ..core.records import AuditKind, JobView, Report
+from ..core.records import AuditRecord, EvalTask, JobView, Report
 
 __all__ = ["EmbeddedClient"]
 
 
 class EmbeddedClient:
-    """The same interface over an in-process :class:`Coordinator` (no HTTP)."""
+    """The client API of one tenant over an in-process :class:`Coordinator` (no HTTP, no outbox).
+
+    Example::
+
+        client = EmbeddedClient(Coordinator(SQLiteStore("runs/evalstop.db")))
+        client.register_job("run-a", "grpo", planned_steps=500)
+        decision = client.report("run-a", step=50, eval_score=0.71)
+    """
 
     unreachable = False
     pending = 0
@@ -33,25 +41,14 @@ class EmbeddedClient:
     def ack(self, job_id: str, checkpoint: str | None = None, step: int | None = None) -> JobView:
         return self.coordinator.ack(self.tenant, job_id, checkpoint, step)
 
-    def publish_snapshot(self, job_id: str, step: int, path: str, train_loss: float | None = None,
-                         proxy_reward: float | None = None) -> None:
-        self.coordinator.publish_snapshot(self.tenant, job_id, step, path, train_loss, proxy_reward)
-
-    def claim_eval(self, worker: str, lease_s: float = 300.0) -> dict[str, Any] | None:
-        task = self.coordinator.claim_eval(self.tenant, worker, lease_s)
-        return None if task is None else {"job_id": task.job_id, "step": task.step, "path": task.path,
-                                          "state": task.state.value, "lease_until": task.lease_until}
-
-    def post_eval(self, job_id: str, step: int, score: float | None, worker: str = "",
-                  error: str | None = None) -> Decision:
-        return self.coordinator.post_eval(self.tenant, job_id, step, score, worker, error)
-
-    def evals(self, job_id: str) -> list[dict[str, Any]]:
-        return [{"step": t.step, "path": t.path, "state": t.state.value, "score": t.score, "fed": t.fed}
-                for t in self.coordinator.evals(self.tenant, job_id)]
-
     def finish(self, job_id: str) -> JobView:
         return self.coordinator.finish(self.tenant, job_id)
+
+    def fail(self, job_id: str, reason: str = "") -> JobView:
+        return self.coordinator.fail(self.tenant, job_id, reason)
+
+    def stop(self, job_id: str, reason: str = "") -> JobView:
+        return self.coordinator.stop(self.tenant, job_id, reason)
 
     def status(self, job_id: str) -> JobView:
         return self.coordinator.status(self.tenant, job_id)
@@ -59,18 +56,26 @@ class EmbeddedClient:
     def list_jobs(self, status: str | None = None) -> list[JobView]:
         return self.coordinator.list_jobs(self.tenant, status)
 
-    def stop(self, job_id: str, reason: str = "") -> JobView:
-        return self.coordinator.stop(self.tenant, job_id, reason)
-
-    def fail(self, job_id: str, reason: str = "") -> JobView:
-        return self.coordinator.fail(self.tenant, job_id, reason)
-
     def reports(self, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[Report]:
         return self.coordinator.reports(self.tenant, job_id, after_step, limit)
 
+    def publish_snapshot(self, job_id: str, step: int, path: str, train_loss: float | None = None,
+                         proxy_reward: float | None = None) -> EvalTask:
+        return self.coordinator.publish_snapshot(self.tenant, job_id, step, path, train_loss, proxy_reward)
+
+    def claim_eval(self, worker: str, lease_s: float = 300.0) -> EvalTask | None:
+        return self.coordinator.claim_eval(self.tenant, worker, lease_s)
+
+    def post_eval(self, job_id: str, step: int, score: float | None, worker: str = "",
+                  error: str | None = None) -> Decision:
+        return self.coordinator.post_eval(self.tenant, job_id, step, score, worker, error)
+
+    def evals(self, job_id: str) -> list[EvalTask]:
+        return self.coordinator.evals(self.tenant, job_id)
+
     def wait_decision(self, job_id: str, wait_s: float = 30.0, stopped: bool = False) -> JobView:
         """The job once it is no longer running (or stopped, with ``stopped``), or after ``wait_s``."""
-        deadline = time.monotonic() + min(max(wait_s, 0.0), 60.0)
+        deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
         while True:
             view = self.coordinator.status(self.tenant, job_id)
             if view.settled(stopped) or time.monotonic() >= deadline:
@@ -78,14 +83,11 @@ class EmbeddedClient:
             time.sleep(0.05)
 
     def record_event(self, job_id: str, kind: str, reason: str = "", exit_code: int | None = None) -> None:
-        event = AuditKind(kind)
-        if not event.from_launcher:
-            raise InvalidInput(f"kind must be a launcher event, but got {kind!r}.")
-        self.coordinator.record_event(self.tenant, job_id, event, reason or kind,
-                                      {} if exit_code is None else {"exit_code": exit_code}, actor="launcher")
+        event, reason, evidence = launcher_event(kind, reason, exit_code)
+        self.coordinator.record_event(self.tenant, job_id, event, reason, evidence, actor="launcher")
 
-    def audit(self, job_id: str | None = None) -> list[dict[str, Any]]:
-        return [a.to_dict() for a in self.coordinator.audit(self.tenant, job_id)]
+    def audit(self, job_id: str | None = None) -> list[AuditRecord]:
+        return self.coordinator.audit(self.tenant, job_id)
 
     def flush(self) -> bool:
         return True

@@ -1,15 +1,18 @@
 """Clients: :class:`EvalStopClient` (HTTP, fail-open) and :class:`EmbeddedClient` (in process).
 
-Both have the same methods and return the same types (:class:`~evalstop_trl.core.detectors.Decision`,
-:class:`~evalstop_trl.core.records.JobView`). This module needs nothing of the coordinator but the
-API's records.
+Both implement :class:`~evalstop_trl.core.api.EvalStopAPI` and return the same records. Every call
+here is derived from the route table (:data:`~evalstop_trl.core.api.ROUTES`): :meth:`EvalStopClient.call`
+builds the request from a route's row and decodes the answer with the route's codec
+(:mod:`evalstop_trl.core.codec`), so each method is one line. This module needs nothing of the
+coordinator but the API's records.
 
 The HTTP client never raises into a training loop because the coordinator is unreachable:
 
 * each call retries connection errors and 5xx answers with exponential backoff;
-* when the coordinator is still unreachable, fail-open operations (register, report, ack, finish)
-  are appended to a durable outbox (a JSONL file, fsync'd) and the caller gets a CONTINUE decision;
-  the outage is logged once, not at every step;
+* when the coordinator is still unreachable, fail-open operations (the routes marked ``fail_open``:
+  register, report, ack, finish, fail, publish_snapshot) are appended to a durable outbox (a JSONL
+  file, fsync'd) and the caller gets a CONTINUE decision (None from the others); the outage is
+  logged once, not at every step;
 * during an outage the client probes at most every ``probe_interval_s`` seconds, so a training
   step never waits on timeouts again and again;
 * when the coordinator answers again, the outbox is replayed in order (registrations first, then
@@ -30,14 +33,17 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import threading
 from typing import Any
 
+from ..core.api import MAX_PAGE, MAX_WAIT_S, ROUTES, Route
 from ..core.detectors import Action, Decision
-from ..core.errors import EvalStopError
-from ..core.records import JobView, Report
+from ..core.errors import EvalStopError, InvalidInput
+from ..core.records import AuditRecord, EvalTask, JobView, Report
 from .outbox import Operation, Outbox
 from .transport import ClientError, Transport, Unreachable
 
@@ -45,9 +51,28 @@ __all__ = ["ClientError", "EvalStopClient"]
 
 log = logging.getLogger("evalstop.client")
 
+#: the outbox's name of a fail-open route (kept: outboxes written by earlier versions replay as before)
+_OUTBOX_OP = {"register_job": "register", "publish_snapshot": "snapshot"}
+_KEPT = Decision(Action.CONTINUE, "coordinator unreachable: report kept in the outbox (fail-open)")
+
+
+def _body_checked(body: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``body`` if strict JSON can carry it; InvalidInput (as the coordinator would say) otherwise,
+    before anything is sent or queued: a NaN must never sit in the outbox."""
+    if body is None:
+        return None
+    for key, value in body.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInput(f"{key} must be a finite number, but got {value!r}; send None for a missing value.")
+    try:
+        json.dumps(body, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"the request body is not strict JSON ({exc}).") from None
+    return body
+
 
 class EvalStopClient:
-    """HTTP client of ``evalstop serve``.
+    """HTTP client of ``evalstop serve`` (an :class:`~evalstop_trl.core.api.EvalStopAPI`).
 
     Args:
         url: the coordinator, e.g. ``http://127.0.0.1:8765``, or its replicas separated by commas
@@ -94,7 +119,7 @@ class EvalStopClient:
                     answer = self.transport.call("POST", e.path, e.body)
                     if e.op == "report":
                         last = answer
-                except ClientError as exc:  # cannot succeed later either: drop it, say so
+                except (ClientError, ValueError) as exc:  # cannot succeed later either: drop it, say so
                     log.error("dropping queued %s for job %s: %s", e.op, e.job_id, exc)
                 outbox.pop()
                 sent += 1
@@ -132,109 +157,106 @@ class EvalStopClient:
                     pass
             return not self.outbox
 
-    # ------------------------------------------------------------------ API
+    # ------------------------------------------------------------------ one call, derived from its route
+    def call(self, name: str, /, *, timeout: float | None = None, **args: Any) -> Any:
+        """Call the API method ``name`` (a key of :data:`~evalstop_trl.core.api.ROUTES`) with ``args``
+        (its wire names); returns the decoded result. A fail-open route returns None when the call
+        was kept in the outbox; a paged route returns every page (up to ``limit`` items, if given)."""
+        route = ROUTES[name]
+        if route.page is not None:
+            return self._pages(route, args)
+        return self._send(route, args, timeout)
+
+    def _send(self, route: Route, args: dict[str, Any], timeout: float | None = None) -> Any:
+        path, body = route.target(args), _body_checked(route.payload(args))
+        if route.fail_open:
+            answer = self._fail_open(_OUTBOX_OP.get(route.name, route.name), args["job_id"], path, body)
+            return None if answer is None else route.result.decode(answer)
+        try:
+            answer = self.transport.send(route.method, path, body, timeout=timeout)
+        except Unreachable as exc:
+            raise EvalStopError(f"{route.method} {self.url}{path}: coordinator unreachable ({exc})") from None
+        return route.result.decode(answer)
+
+    def _pages(self, route: Route, args: dict[str, Any]) -> list[Any]:
+        limit = args.pop("limit", None)
+        out: list[Any] = []
+        while True:
+            want = MAX_PAGE if limit is None else max(0, min(limit - len(out), MAX_PAGE))
+            if want == 0:
+                return out
+            page = self._send(route, {**args, "limit": want, **({"offset": len(out)} if route.page == "offset" else {})})
+            out.extend(page)
+            if len(page) < want:
+                return out
+            if route.page == "after_step":
+                args["after_step"] = page[-1].step
+
+    # ------------------------------------------------------------------ the API (EvalStopAPI)
     def register_job(self, job_id: str, job_type: str = "rlhf", planned_steps: int | None = None,
                      policy: dict[str, Any] | None = None, webhook: str | None = None) -> JobView | None:
-        body = {k: v for k, v in {"job_id": job_id, "job_type": job_type, "planned_steps": planned_steps,
-                                  "policy": policy, "webhook": webhook}.items() if v is not None}
-        answer = self._fail_open("register", job_id, "/v1/jobs", body)
-        return JobView.from_dict(answer) if answer else None
+        return self.call("register_job", job_id=job_id, job_type=job_type, planned_steps=planned_steps, policy=policy,
+                         webhook=webhook)
 
     def report(self, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
                proxy_reward: float | None = None, checkpoint: str | None = None) -> Decision:
-        body = {k: v for k, v in {"step": step, "eval_score": eval_score, "train_loss": train_loss,
-                                  "proxy_reward": proxy_reward, "checkpoint": checkpoint}.items() if v is not None}
-        answer = self._fail_open("report", job_id, f"/v1/jobs/{job_id}/reports", body)
-        if answer is None:
-            return Decision(Action.CONTINUE, "coordinator unreachable: report kept in the outbox (fail-open)")
-        d = answer["decision"]
-        return Decision(Action(d["action"]), d["reason"], d.get("best_step"), d.get("best_score"))
+        return self.call("report", job_id=job_id, step=step, eval_score=eval_score, train_loss=train_loss,
+                         proxy_reward=proxy_reward, checkpoint=checkpoint) or _KEPT
 
     def ack(self, job_id: str, checkpoint: str | None = None, step: int | None = None) -> JobView | None:
-        body = {k: v for k, v in {"checkpoint": checkpoint, "step": step}.items() if v is not None}
-        answer = self._fail_open("ack", job_id, f"/v1/jobs/{job_id}/ack", body)
-        return JobView.from_dict(answer) if answer else None
+        return self.call("ack", job_id=job_id, checkpoint=checkpoint, step=step)
 
     def finish(self, job_id: str) -> JobView | None:
-        answer = self._fail_open("finish", job_id, f"/v1/jobs/{job_id}/finish", None)
-        return JobView.from_dict(answer) if answer else None
+        return self.call("finish", job_id=job_id)
 
     def fail(self, job_id: str, reason: str = "") -> JobView | None:
         """Mark the job failed (its trainer crashed); fail-open like a report."""
-        answer = self._fail_open("fail", job_id, f"/v1/jobs/{job_id}/fail", {"reason": reason})
-        return JobView.from_dict(answer) if answer else None
+        return self.call("fail", job_id=job_id, reason=reason)
 
-    def _get(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        try:
-            return self.transport.send(method, path, body)
-        except Unreachable as exc:
-            raise EvalStopError(f"{method} {self.url}{path}: coordinator unreachable ({exc})") from None
+    def stop(self, job_id: str, reason: str = "") -> JobView:
+        return self.call("stop", job_id=job_id, reason=reason)
 
     def status(self, job_id: str) -> JobView:
-        return JobView.from_dict(self._get("GET", f"/v1/jobs/{job_id}"))
+        return self.call("status", job_id=job_id)
 
     def list_jobs(self, status: str | None = None) -> list[JobView]:
         """Every job of the tenant (paging through the service's limit)."""
-        out: list[JobView] = []
-        while True:
-            q = f"/v1/jobs?limit=1000&offset={len(out)}" + (f"&status={status}" if status else "")
-            page = [JobView.from_dict(d) for d in self._get("GET", q)]
-            out.extend(page)
-            if len(page) < 1000:
-                return out
-
-    def stop(self, job_id: str, reason: str = "") -> JobView:
-        return JobView.from_dict(self._get("POST", f"/v1/jobs/{job_id}/stop", {"reason": reason}))
-
-    def publish_snapshot(self, job_id: str, step: int, path: str, train_loss: float | None = None,
-                         proxy_reward: float | None = None) -> None:
-        """Queue a snapshot for external evaluators (fail-open: kept in the outbox during an outage)."""
-        body = {k: v for k, v in {"step": step, "path": path, "train_loss": train_loss,
-                                  "proxy_reward": proxy_reward}.items() if v is not None}
-        self._fail_open("snapshot", job_id, f"/v1/jobs/{job_id}/snapshots", body)
-
-    def claim_eval(self, worker: str, lease_s: float = 300.0) -> dict[str, Any] | None:
-        """Lease the oldest snapshot waiting for an eval (None if there is none)."""
-        return self._get("POST", "/v1/evals/claim", {"worker": worker, "lease_s": lease_s}) or None
-
-    def post_eval(self, job_id: str, step: int, score: float | None, worker: str = "",
-                  error: str | None = None) -> Decision:
-        body = {"score": score, "worker": worker, **({"error": error[:2000]} if error else {})}
-        d = self._get("POST", f"/v1/jobs/{job_id}/evals/{step}", body)["decision"]
-        return Decision(Action(d["action"]), d["reason"], d.get("best_step"), d.get("best_score"))
-
-    def evals(self, job_id: str) -> list[dict[str, Any]]:
-        return self._get("GET", f"/v1/jobs/{job_id}/evals")
-
-    def wait_decision(self, job_id: str, wait_s: float = 30.0, stopped: bool = False) -> JobView:
-        """Long poll: the job once it is no longer running (or stopped, with ``stopped``), or after ``wait_s``."""
-        wait_s = min(max(wait_s, 0.0), 60.0)
-        return JobView.from_dict(self.transport.send(
-            "GET", f"/v1/jobs/{job_id}/decision?wait={wait_s:g}&stopped={'true' if stopped else 'false'}",
-            timeout=wait_s + 10))
-
-    def record_event(self, job_id: str, kind: str, reason: str = "", exit_code: int | None = None) -> None:
-        """Append a launcher event (``launcher_sigterm``, ``launcher_sigkill``, ``launcher_exit``) to the audit log."""
-        body = {"kind": kind, "reason": reason}
-        if exit_code is not None:
-            body["exit_code"] = exit_code
-        self._get("POST", f"/v1/jobs/{job_id}/events", body)
+        return self.call("list_jobs", status=status)
 
     def reports(self, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[Report]:
         """Stored reports in step order; pages through the service's limit unless ``limit`` is given."""
-        out: list[Report] = []
-        while True:
-            q = [f"limit={min(limit - len(out), 1000) if limit else 1000}"]
-            if after_step is not None:
-                q.append(f"after_step={after_step}")
-            page = [Report(**r) for r in self._get("GET", f"/v1/jobs/{job_id}/reports?{'&'.join(q)}")]
-            out.extend(page)
-            if len(page) < 1000 or (limit is not None and len(out) >= limit):
-                return out
-            after_step = page[-1].step
+        return self.call("reports", job_id=job_id, after_step=after_step, limit=limit)
 
-    def audit(self, job_id: str | None = None) -> list[dict[str, Any]]:
-        return self._get("GET", "/v1/audit" + (f"?job_id={job_id}" if job_id else ""))
+    def publish_snapshot(self, job_id: str, step: int, path: str, train_loss: float | None = None,
+                         proxy_reward: float | None = None) -> EvalTask | None:
+        """Queue a snapshot for external evaluators (fail-open: kept in the outbox during an outage)."""
+        return self.call("publish_snapshot", job_id=job_id, step=step, path=path, train_loss=train_loss,
+                         proxy_reward=proxy_reward)
+
+    def claim_eval(self, worker: str, lease_s: float = 300.0) -> EvalTask | None:
+        """Lease the oldest snapshot waiting for an eval (None if there is none)."""
+        return self.call("claim_eval", worker=worker, lease_s=lease_s)
+
+    def post_eval(self, job_id: str, step: int, score: float | None, worker: str = "",
+                  error: str | None = None) -> Decision:
+        return self.call("post_eval", job_id=job_id, step=step, score=score, worker=worker,
+                         error=error[:2000] if error else None)
+
+    def evals(self, job_id: str) -> list[EvalTask]:
+        return self.call("evals", job_id=job_id)
+
+    def wait_decision(self, job_id: str, wait_s: float = 30.0, stopped: bool = False) -> JobView:
+        """Long poll: the job once it is no longer running (or stopped, with ``stopped``), or after ``wait_s``."""
+        wait_s = min(max(wait_s, 0.0), MAX_WAIT_S)
+        return self.call("wait_decision", job_id=job_id, wait=f"{wait_s:g}", stopped=stopped, timeout=wait_s + 10)
+
+    def record_event(self, job_id: str, kind: str, reason: str = "", exit_code: int | None = None) -> None:
+        """Append a launcher event (``launcher_sigterm``, ``launcher_sigkill``, ``launcher_exit``) to the audit log."""
+        return self.call("record_event", job_id=job_id, kind=kind, reason=reason, exit_code=exit_code)
+
+    def audit(self, job_id: str | None = None) -> list[AuditRecord]:
+        """The tenant's audit records (of one job with ``job_id``), oldest first, every page."""
+        return self.call("audit", job_id=job_id)
 
     def close(self) -> None:
         self.transport.close()

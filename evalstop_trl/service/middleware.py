@@ -3,7 +3,8 @@
 :class:`Guard` runs before FastAPI reads a byte of the body:
 
 * ``/v1`` requests are authenticated from their headers first (401 without reading the body), and
-  the tenant is handed on in ``scope["state"]["tenant"]``;
+  the tenant is handed on in ``scope["state"]["tenant"]``; the token lookup (a store read) and the
+  quota lookup run in the thread pool, never on the event loop;
 * reports are rate limited per tenant (token bucket, the tenant's ``report_rate``/``report_burst``
   quota): 429 with ``Retry-After`` before the body is read;
 * listing jobs costs one token per job asked for (``limit``) from a per-tenant read budget
@@ -21,6 +22,8 @@ import math
 import threading
 import time
 from collections.abc import Callable
+
+from starlette.concurrency import run_in_threadpool
 
 from ..core.errors import EvalStopError, Unauthorized
 from ..core.tenants import Tenants
@@ -67,6 +70,27 @@ class Guard:
         self.app, self.tenants, self.limit, self.body_timeout_s = app, tenants, limit, body_timeout_s
         self.buckets = buckets or TokenBuckets()
 
+    def _admit(self, authorization: bytes | None, method: str, path: str, scope) -> tuple[str | None, tuple | None]:
+        """``(tenant, None)``, or ``(None, (status, detail, headers))`` to refuse the request. Reads the
+        store (the token's tenant, its quotas): called in the thread pool."""
+        tenants = self.tenants()
+        try:
+            tenant = tenants.authenticate(_bearer(authorization))
+        except Unauthorized as exc:
+            return _refusal(401, str(exc), [(b"www-authenticate", b"Bearer")])
+        if _is_report(method, path):
+            quotas = tenants.quotas(tenant)
+            wait = self.buckets.take(tenant, quotas.report_rate, quotas.report_burst)
+            if wait > 0:
+                return _refusal(429, f"report rate over this tenant's quota of {quotas.report_rate:g}/s; "
+                                f"retry after {wait:.2f} s", [(b"retry-after", str(math.ceil(wait)).encode())])
+        elif method == "GET" and path == "/v1/jobs":
+            wait = self.buckets.take(f"{tenant}\x00list", LIST_RATE, LIST_BURST, _limit(scope))
+            if wait > 0:
+                return _refusal(429, f"listing over this tenant's read budget of {LIST_RATE:g} jobs/s; "
+                                f"retry after {wait:.2f} s", [(b"retry-after", str(math.ceil(wait)).encode())])
+        return tenant, None
+
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
@@ -76,23 +100,10 @@ class Guard:
             return await _reply(send, 413, f"request body over the {_size(self.limit)} limit")
         path, method = scope.get("path", ""), scope.get("method", "")
         if path.startswith("/v1/"):
-            tenants = self.tenants()
-            try:
-                tenant = tenants.authenticate(_bearer(headers.get(b"authorization")))
-            except Unauthorized as exc:
-                return await _reply(send, 401, str(exc), [(b"www-authenticate", b"Bearer")])
+            tenant, refusal = await run_in_threadpool(self._admit, headers.get(b"authorization"), method, path, scope)
+            if refusal is not None:
+                return await _reply(send, *refusal)
             scope.setdefault("state", {})["tenant"] = tenant
-            if _is_report(method, path):
-                quotas = tenants.quotas(tenant)
-                wait = self.buckets.take(tenant, quotas.report_rate, quotas.report_burst)
-                if wait > 0:
-                    return await _reply(send, 429, f"report rate over this tenant's quota of {quotas.report_rate:g}/s; "
-                                        f"retry after {wait:.2f} s", [(b"retry-after", str(math.ceil(wait)).encode())])
-            elif method == "GET" and path == "/v1/jobs":
-                wait = self.buckets.take(f"{tenant}\x00list", LIST_RATE, LIST_BURST, _limit(scope))
-                if wait > 0:
-                    return await _reply(send, 429, f"listing over this tenant's read budget of {LIST_RATE:g} jobs/s; "
-                                        f"retry after {wait:.2f} s", [(b"retry-after", str(math.ceil(wait)).encode())])
         chunks, size, more = [], 0, True
         while more:  # read the body (bounded in size and time), then hand it on
             try:
@@ -120,6 +131,10 @@ class Guard:
             await self.app(scope, replay, send)
         except EvalStopError as exc:  # raised before routing (should not happen), answered all the same
             await _reply(send, exc.status_code, str(exc))
+
+
+def _refusal(status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> tuple[None, tuple]:
+    return None, (status, detail, list(headers))
 
 
 def _limit(scope) -> float:

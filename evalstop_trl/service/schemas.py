@@ -1,7 +1,8 @@
-"""The service's request and response schemas (pydantic), and their conversions.
+"""The service's request schemas (pydantic): one model per route's body or query string.
 
 Names use the one rule of :mod:`evalstop_trl.core.records` (``NAME_PATTERN``); numbers are checked
-to be finite here, so a NaN never reaches the coordinator.
+to be finite here, so a NaN never reaches the coordinator. Answers are encoded by the route's codec
+(:mod:`evalstop_trl.core.codec`), never here.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from ..core.detectors import Decision
-from ..core.records import MAX_PATH, MAX_STEP, NAME_PATTERN, JobView
+from ..core.api import MAX_PAGE, MAX_WAIT_S
+from ..core.records import MAX_PATH, MAX_STEP, NAME_PATTERN
 
-__all__ = ["AckIn", "ClaimIn", "DecisionOut", "EvalResultIn", "EventIn", "FailIn", "SnapshotIn", "JobIn", "ReportIn", "ReportOut", "StopIn", "decision_dict", "job_dict"]
+__all__ = ["AckIn", "AuditQuery", "ClaimIn", "EvalResultIn", "EventIn", "FailIn", "JobIn", "JobsQuery", "ReportIn",
+           "ReportsQuery", "SnapshotIn", "StopIn", "WaitQuery"]
 
 _ID_PATTERN = rf"^{NAME_PATTERN}$"  # pydantic's (Rust) regex: $ is the very end of the text
 
@@ -68,17 +70,6 @@ class ReportIn(_In):
     checkpoint: str | None = Field(None, max_length=MAX_PATH)
 
 
-class DecisionOut(BaseModel):
-    action: str = Field(description='"continue" or "stop"')
-    reason: str
-    best_step: int | None
-    best_score: float | None
-
-
-class ReportOut(BaseModel):
-    decision: DecisionOut
-
-
 class StopIn(_In):
     reason: str = Field("", max_length=2000)
 
@@ -118,13 +109,23 @@ class EvalResultIn(_In):
     worker: str = Field("", max_length=128)
 
 
-def decision_dict(d: Decision | None) -> dict[str, Any] | None:
-    """A decision as a report's answer carries it (the evidence is on the job: GET /v1/jobs/{id})."""
-    if d is None:
-        return None
-    return {"action": d.action.value, "reason": d.reason, "best_step": d.best_step, "best_score": d.best_score}
+class JobsQuery(BaseModel):
+    status: str | None = Field(None, max_length=32, description="only jobs with this status")
+    limit: int = Field(MAX_PAGE, ge=1, le=MAX_PAGE)
+    offset: int = Field(0, ge=0, le=10**9)
 
 
-def job_dict(v: JobView) -> dict[str, Any]:
-    """A job as the API answers it (its decision with the evidence: the numbers the detector used)."""
-    return v.to_dict()
+class ReportsQuery(BaseModel):
+    after_step: int | None = Field(None, ge=-1, le=MAX_STEP, description="only reports after this step")
+    limit: int = Field(MAX_PAGE, ge=1, le=MAX_PAGE)
+
+
+class AuditQuery(BaseModel):
+    job_id: str | None = Field(None, max_length=128, description="only this job's records")
+    limit: int = Field(MAX_PAGE, ge=1, le=MAX_PAGE)
+    offset: int = Field(0, ge=0, le=10**9)
+
+
+class WaitQuery(BaseModel):
+    wait: float = Field(0.0, ge=0, le=MAX_WAIT_S, description="long poll: seconds to wait for the job to settle")
+    stopped: bool = Field(False, description="wait until the job is stopped (not only no longer running)")

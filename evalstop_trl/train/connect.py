@@ -8,20 +8,22 @@ from typing import Any
 
 from ..clients.embedded import EmbeddedClient
 from ..clients.http import EvalStopClient
+from ..core.api import EvalStopAPI
 from ..core.coordinator import Coordinator
 from ..stores.sqlite import SQLiteStore
 
 __all__ = ["connect"]
 
 
-def connect(coordinator: Any, token: str | None, output_dir: str | os.PathLike) -> Any:
+def connect(coordinator: Any, token: str | None, output_dir: str | os.PathLike) -> EvalStopAPI:
     """A client for ``coordinator``:
 
     * None: ``$EVALSTOP_URL`` if set (e.g. by ``evalstop run``), else an embedded coordinator over
       ``<output_dir>/evalstop.db``;
     * an ``http(s)://`` URL: :class:`EvalStopClient` with ``token`` (or ``$EVALSTOP_TOKEN``) and a
       durable outbox at ``<output_dir>/evalstop-outbox.jsonl``;
-    * a :class:`Coordinator`: an embedded client over it; a client object: itself.
+    * a :class:`Coordinator`: an embedded client over it; an :class:`EvalStopAPI` (either client,
+      or a test's own): itself.
     """
     if coordinator is None and os.environ.get("EVALSTOP_URL"):
         coordinator = os.environ["EVALSTOP_URL"]
@@ -37,7 +39,7 @@ def connect(coordinator: Any, token: str | None, output_dir: str | os.PathLike) 
         return EvalStopClient(coordinator, token, outbox=Path(output_dir) / "evalstop-outbox.jsonl")
     if isinstance(coordinator, Coordinator):
         return EmbeddedClient(coordinator)
-    if hasattr(coordinator, "report") and hasattr(coordinator, "register_job"):
+    if isinstance(coordinator, EvalStopAPI):
         return coordinator
     raise ValueError(f"EvalStopCallback: coordinator must be None, a URL, a client or a Coordinator, "
                      f"but got {type(coordinator).__name__}.")

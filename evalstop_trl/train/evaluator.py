@@ -20,6 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..core.api import EvalStopAPI
+from ..core.records import EvalTask
+
 __all__ = ["Evaluator", "load_function", "load_snapshot"]
 
 log = logging.getLogger("evalstop.evaluate")
@@ -58,14 +61,14 @@ class Evaluator:
     """Workers that claim, evaluate and score snapshots of one tenant's jobs.
 
     Args:
-        client: an ``EvalStopClient`` or ``EmbeddedClient`` (``claim_eval``, ``post_eval``).
+        client: an :class:`~evalstop_trl.core.api.EvalStopAPI` (``claim_eval``, ``post_eval``).
         function: ``(model, tokenizer) -> float``, higher is better (the job's policy says the direction).
         root: only snapshots under this folder are opened.
         workers: threads; device: where models go; lease_s: how long a claim lasts.
         max_evals: stop after this many evals (None: run until stopped).
     """
 
-    def __init__(self, client: Any, function: Callable[[Any, Any], float], root: str | os.PathLike,
+    def __init__(self, client: EvalStopAPI, function: Callable[[Any, Any], float], root: str | os.PathLike,
                  workers: int = 1, device: str = "cpu", lease_s: float = 300.0, max_evals: int | None = None,
                  idle_s: float = 1.0, name: str | None = None) -> None:
         if not 1 <= workers <= 64:
@@ -114,9 +117,9 @@ class Evaluator:
                 return  # the lease runs out and another worker takes it
             self.evaluate(task, worker)
 
-    def evaluate(self, task: dict[str, Any], worker: str) -> float | None:
+    def evaluate(self, task: EvalTask, worker: str) -> float | None:
         """Score one claimed snapshot and post the result; returns the score (None: failed)."""
-        job, step, path = task["job_id"], task["step"], task["path"]
+        job, step, path = task.job_id, task.step, task.path
         score, error = None, None
         resolved = Path(path).resolve()
         if self.root != resolved and self.root not in resolved.parents:

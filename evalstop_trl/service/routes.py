@@ -1,0 +1,248 @@
+"""The service's side of the route table: one short handler per API route, mounted from the table.
+
+:data:`~evalstop_trl.core.api.ROUTES` says, per method of the API, the HTTP method, the path, which
+arguments travel where and the result's codec; the HTTP client is derived from it. Here each route
+gets its request schema (:data:`SCHEMAS`) and its handler (the :class:`Handlers` method of the same
+name, a few lines calling the :class:`~evalstop_trl.core.coordinator.Coordinator`), and
+:func:`mount_routes` registers them all on the FastAPI app.
+
+Nothing that touches the store runs on the event loop: a plain handler runs in the thread pool
+(its answer is encoded there too); the two coroutine handlers (``report``, whose durable write is
+awaited, and the ``wait_decision`` long poll) hand every coordinator call to the thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, NamedTuple
+
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from ..core.api import ROUTES, Route, launcher_event
+from ..core.coordinator import Coordinator
+from ..core.detectors import Decision
+from ..core.errors import Unauthorized
+from ..core.records import MAX_STEP, AuditKind, JobView
+from ..core.store import StoreError
+from .metrics import Metrics
+from .schemas import (
+    AckIn,
+    AuditQuery,
+    ClaimIn,
+    EvalResultIn,
+    EventIn,
+    FailIn,
+    JobIn,
+    JobsQuery,
+    ReportIn,
+    ReportsQuery,
+    SnapshotIn,
+    StopIn,
+    WaitQuery,
+)
+
+__all__ = ["SCHEMAS", "Answer", "Handlers", "Schema", "mount_routes"]
+
+
+class Answer(NamedTuple):
+    """A handler's result with a status or headers of its own (else: the route's status)."""
+
+    value: Any
+    status: int | None = None
+    headers: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """What a route reads besides its path: a body or a query-string model (``optional``: may be absent)."""
+
+    model: type[BaseModel] | None = None
+    where: str = "body"  # or "query"
+    optional: bool = False
+    path: Mapping[str, Any] = field(default_factory=dict)  # path argument -> annotation (default: str)
+
+
+SCHEMAS: Mapping[str, Schema] = {
+    "register_job": Schema(JobIn),
+    "list_jobs": Schema(JobsQuery, "query"),
+    "status": Schema(),
+    "wait_decision": Schema(WaitQuery, "query"),
+    "report": Schema(ReportIn),
+    "reports": Schema(ReportsQuery, "query"),
+    "stop": Schema(StopIn, optional=True),
+    "ack": Schema(AckIn, optional=True),
+    "finish": Schema(),
+    "fail": Schema(FailIn, optional=True),
+    "publish_snapshot": Schema(SnapshotIn),
+    "evals": Schema(),
+    "claim_eval": Schema(ClaimIn),
+    "post_eval": Schema(EvalResultIn, path={"step": Annotated[int, Path(ge=0, le=MAX_STEP)]}),
+    "record_event": Schema(EventIn),
+    "audit": Schema(AuditQuery, "query"),
+}
+
+_POLL_S = 0.25
+
+
+class Handlers:
+    """The server side of each route: ``handler(tenant, **args)`` calls the coordinator for the
+    authenticated tenant (args are the route's path, query and body values, by wire name)."""
+
+    def __init__(self, coordinator: Coordinator, metrics: Metrics) -> None:
+        self.coordinator, self.metrics = coordinator, metrics
+
+    def register_job(self, t: str, job_id: str, job_type: str, planned_steps: int | None, policy: dict | None,
+                     webhook: str | None) -> Answer:
+        view, created = self.coordinator.register_job(t, job_id, job_type, planned_steps, policy, webhook)
+        return Answer(view, None if created else 200)
+
+    def list_jobs(self, t: str, status: str | None, limit: int, offset: int) -> Answer:
+        """The caller's jobs in registration order, paged (``X-Total-Count`` has the total)."""
+        views, total = self.coordinator.page_jobs(t, status, limit, offset)
+        return Answer(views, headers={"X-Total-Count": str(total)})
+
+    def status(self, t: str, job_id: str) -> JobView:
+        return self.coordinator.status(t, job_id)
+
+    async def wait_decision(self, t: str, job_id: str, wait: float, stopped: bool) -> JobView:
+        """The job's status and decision. With ``wait``, a long poll: answers as soon as the job is no
+        longer running (or, with ``stopped=true``, once it is stopped), or after ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            view = await run_in_threadpool(self.coordinator.status, t, job_id)
+            if view.settled(stopped) or time.monotonic() >= deadline:
+                return view
+            await asyncio.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    async def report(self, t: str, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
+                     proxy_reward: float | None, checkpoint: str | None) -> Decision:
+        """Decide in the thread pool (the coordinator's lock may be held across a store read), then
+        await durability without holding a thread, so one group commit serves many reports."""
+        t0 = time.perf_counter()
+        coordinator = self.coordinator
+        pending = await run_in_threadpool(coordinator.submit_report, t, job_id, step, eval_score, train_loss,
+                                          proxy_reward, checkpoint)
+        ticket = pending.ticket
+        if not ticket.done():
+            try:
+                await asyncio.wrap_future(ticket)
+            except StoreError:
+                pass  # complete() reloads the job from the store (the source of truth) and re-raises
+        if pending.stopped is not None or ticket.exception() is not None:
+            await run_in_threadpool(coordinator.complete, pending)  # re-raises a store error, runs stop listeners
+        self.metrics.reports.inc()
+        self.metrics.latency.observe(time.perf_counter() - t0)
+        return pending.decision
+
+    def reports(self, t: str, job_id: str, after_step: int | None, limit: int) -> list:
+        """Stored reports in step order, paged: those after ``after_step``, at most ``limit``."""
+        return self.coordinator.reports(t, job_id, after_step, limit)
+
+    def stop(self, t: str, job_id: str, reason: str) -> JobView:
+        return self.coordinator.stop(t, job_id, reason)
+
+    def ack(self, t: str, job_id: str, checkpoint: str | None, step: int | None) -> JobView:
+        view = self.coordinator.ack(t, job_id, checkpoint, step)
+        self.metrics.acks.inc()
+        return view
+
+    def finish(self, t: str, job_id: str) -> JobView:
+        return self.coordinator.finish(t, job_id)
+
+    def fail(self, t: str, job_id: str, reason: str) -> JobView:
+        return self.coordinator.fail(t, job_id, reason)
+
+    def publish_snapshot(self, t: str, job_id: str, step: int, path: str, train_loss: float | None,
+                         proxy_reward: float | None) -> Any:
+        """A snapshot for an external evaluator (``external_eval``): the path is only stored and handed
+        to the tenant's own evaluators; the service never reads it."""
+        return self.coordinator.publish_snapshot(t, job_id, step, path, train_loss, proxy_reward)
+
+    def evals(self, t: str, job_id: str) -> list:
+        return self.coordinator.evals(t, job_id)
+
+    def claim_eval(self, t: str, worker: str, lease_s: float) -> Any:
+        """Lease the caller's oldest snapshot waiting for an eval (204 if none)."""
+        return self.coordinator.claim_eval(t, worker, lease_s)
+
+    def post_eval(self, t: str, job_id: str, step: int, score: float | None, worker: str, error: str | None) -> Decision:
+        """An evaluator's score for a snapshot (or ``score: null`` with ``error``): fed in step order."""
+        return self.coordinator.post_eval(t, job_id, step, score, worker, error)
+
+    def record_event(self, t: str, job_id: str, kind: str, reason: str, exit_code: int | None) -> None:
+        """Record what the job's launcher (``evalstop run``) did: an escalation or the child's exit."""
+        event, reason, evidence = launcher_event(kind, reason, exit_code)
+        self.coordinator.record_event(t, job_id, event, reason, evidence, actor="launcher")
+        if event is not AuditKind.LAUNCHER_EXIT:
+            self.metrics.signals.labels(event.value.removeprefix("launcher_").upper()).inc()
+
+    def audit(self, t: str, job_id: str | None, limit: int, offset: int) -> list:
+        """The caller's audit records, oldest first (of one job with ``job_id``), paged."""
+        return self.coordinator.audit(t, job_id, limit, offset)
+
+
+def _tenant(request: Request) -> str:
+    tenant = request.scope.get("state", {}).get("tenant")  # authenticated by the Guard, before the body
+    if tenant is None:
+        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+    return tenant
+
+
+def _respond(route: Route, result: Any) -> Response:
+    """The HTTP answer of a handler's result, encoded by the route's codec (strict JSON)."""
+    value, status, headers = result if isinstance(result, Answer) else (result, None, None)
+    data = route.result.encode(value)
+    if data is None:
+        return Response(status_code=204, headers=headers)
+    return Response(json.dumps(data, allow_nan=False), status_code=status or route.status, headers=headers,
+                    media_type="application/json")
+
+
+def _run(route: Route, handler: Callable[..., Any], tenant: str, args: dict[str, Any]) -> Response:
+    return _respond(route, handler(tenant, **args))
+
+
+def _endpoint(route: Route, handler: Callable[..., Any], schema: Schema) -> Callable[..., Any]:
+    """A FastAPI endpoint for ``route``: its signature declares the path arguments and the schema
+    (so FastAPI validates them and documents them in OpenAPI); the body runs ``handler``."""
+    model, optional, is_async = schema.model, schema.optional, inspect.iscoroutinefunction(handler)
+
+    async def endpoint(request: Request, **values: Any) -> Response:
+        tenant = _tenant(request)
+        params = values.pop("params", None)
+        if params is None and model is not None:
+            params = model()  # an optional body left out: its defaults
+        args = {**values, **(dict(params) if params is not None else {})}
+        if is_async:
+            return _respond(route, await handler(tenant, **args))
+        return await run_in_threadpool(_run, route, handler, tenant, args)
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("request", kw, annotation=Request)]
+    params += [inspect.Parameter(name, kw, annotation=schema.path.get(name, str)) for name in route.path_args]
+    if model is not None:
+        annotation = Annotated[model, Query()] if schema.where == "query" else (model | None if optional else model)
+        default = None if optional else inspect.Parameter.empty
+        params.append(inspect.Parameter("params", kw, annotation=annotation, default=default))
+    endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    endpoint.__name__ = route.name
+    endpoint.__doc__ = handler.__doc__
+    return endpoint
+
+
+def mount_routes(app: FastAPI, handlers: Handlers) -> None:
+    """Register one endpoint per row of :data:`~evalstop_trl.core.api.ROUTES` on ``app``."""
+    for route in ROUTES.values():
+        handler = getattr(handlers, route.name)
+        responses = {204: {"description": "nothing now"}} if route.result.name.endswith("| None") else None
+        app.add_api_route(route.path, _endpoint(route, handler, SCHEMAS[route.name]), methods=[route.method],
+                          status_code=route.status, name=route.name, responses=responses,
+                          response_class=Response)

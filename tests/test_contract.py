@@ -1,0 +1,277 @@
+"""One contract, three backends: every API call against the embedded client, HTTP + SQLite and
+HTTP + PostgreSQL, compared field by field.
+
+One script (:func:`_script`) drives a client of tenant ``alice`` and one of tenant ``bob`` through
+every call of :class:`~evalstop_trl.core.api.EvalStopAPI`: registration (re-registration, conflict,
+bad input), reports (CONTINUE and STOP with their evidence, a duplicate, a conflict, an out-of-order
+step, bad numbers), ack, finish, fail, stop, status, listing, paged reports, snapshots, claims,
+posted evals, launcher events, the audit log, and another tenant's attempts (404). Each result is
+flattened to plain data by :func:`_plain` (independent of the codec under test); an error becomes
+its status code (and its detail, except for 422, whose wording differs between pydantic and the
+coordinator). Only timestamps are left out of the comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any
+
+import pytest
+from fastapi.routing import APIRoute
+
+from evalstop_trl import Coordinator, MemoryStore, SQLiteStore
+from evalstop_trl.clients.embedded import EmbeddedClient
+from evalstop_trl.clients.http import EvalStopClient
+from evalstop_trl.clients.local import LocalServer
+from evalstop_trl.core.api import LOCAL_METHODS, ROUTES, EvalStopAPI
+from evalstop_trl.core.errors import EvalStopError
+from evalstop_trl.service.app import ServiceSettings, create_app
+from evalstop_trl.service.routes import SCHEMAS, Handlers
+
+#: fields that hold a time: their values differ between runs and are not compared
+TIMESTAMPS = frozenset({"received_at", "created_at", "lease_until", "at"})
+BACKENDS = ("embedded", "http-sqlite", "http-postgres")
+
+
+def _plain(value: Any) -> Any:
+    """A result as plain data: records field by field, enums by value, tuples as lists, no times."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if f.name not in TIMESTAMPS}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple record
+        return {name: _plain(getattr(value, name)) for name in value._fields if name not in TIMESTAMPS}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items() if k not in TIMESTAMPS}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # what strict JSON can carry
+    return value
+
+
+def _error(exc: EvalStopError) -> dict[str, Any]:
+    status = exc.status_code
+    detail = getattr(exc, "detail", None) or str(exc)  # the HTTP client's ClientError keeps the server's detail
+    return {"error": status, "detail": None if status == 422 else detail}
+
+
+def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
+    """Every API call, in one order; returns ``[(label, plain result or error)]``."""
+    out: list[tuple[str, Any]] = []
+
+    def call(label: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        try:
+            out.append((label, _plain(fn(*args, **kwargs))))
+        except EvalStopError as exc:
+            out.append((label, _error(exc)))
+
+    grpo = {"detector": "decline", "k": 2}
+    call("register", c.register_job, "j1", "grpo", planned_steps=100, policy=grpo)
+    call("re-register", c.register_job, "j1", "grpo", planned_steps=100, policy=grpo)
+    call("register conflict", c.register_job, "j1", "grpo", planned_steps=99, policy=grpo)
+    call("register bad id", c.register_job, "a b")
+    call("register bad detector", c.register_job, "x", policy={"detector": "nope"})
+    call("register bad type", c.register_job, "x", "pretrain")
+    call("report 10", c.report, "j1", 10, eval_score=0.5, train_loss=1.0, proxy_reward=0.1)
+    call("report 20", c.report, "j1", 20, eval_score=0.7, train_loss=0.9, checkpoint="/ckpt/20")
+    call("report 20 again", c.report, "j1", 20, eval_score=0.7, train_loss=0.9, checkpoint="/ckpt/20")
+    call("report 20 different", c.report, "j1", 20, eval_score=0.9)
+    call("report out of order", c.report, "j1", 15, eval_score=0.6)
+    call("report 25 no score", c.report, "j1", 25, train_loss=0.8)
+    call("report 30 decline", c.report, "j1", 30, eval_score=0.6)
+    call("report negative step", c.report, "j1", -1)
+    call("report nan", c.report, "j1", 31, eval_score=float("nan"))
+    call("status running", c.status, "j1")
+    call("ack running", c.ack, "j1", "/ckpt/20")
+    call("report 40 stop", c.report, "j1", 40, eval_score=0.5)
+    call("report 50 after stop", c.report, "j1", 50, eval_score=0.9)
+    call("status stopped", c.status, "j1")
+    call("wait_decision", c.wait_decision, "j1", 5.0, stopped=True)
+    call("ack", c.ack, "j1", "/ckpt/20", step=50)
+    call("ack again", c.ack, "j1", "/ckpt/20", step=50)
+    call("register j2", c.register_job, "j2", "sft", planned_steps=10)
+    call("finish", c.finish, "j2")
+    call("finish again", c.finish, "j2")
+    call("register j3", c.register_job, "j3", "ppo")
+    call("report j3", c.report, "j3", 1, eval_score=0.1)
+    call("fail", c.fail, "j3", "CUDA out of memory")
+    call("fail again", c.fail, "j3", "again")
+    call("register j4", c.register_job, "j4", policy={"detector": "patience", "k": 3})
+    call("stop", c.stop, "j4", "budget")
+    call("stop again", c.stop, "j4", "again")
+    call("status unknown", c.status, "nope")
+    call("list_jobs", c.list_jobs)
+    call("list_jobs stopped", c.list_jobs, "stopped")
+    call("list_jobs bad status", c.list_jobs, "bogus")
+    call("reports", c.reports, "j1")
+    call("reports after 20", c.reports, "j1", after_step=20)
+    call("reports limit 2", c.reports, "j1", limit=2)
+    call("register e1", c.register_job, "e1", "grpo", planned_steps=40, policy=grpo)
+    call("publish 10", c.publish_snapshot, "e1", 10, "/snap/10", train_loss=1.0)
+    call("publish 10 again", c.publish_snapshot, "e1", 10, "/snap/10", train_loss=1.0)
+    call("publish 10 elsewhere", c.publish_snapshot, "e1", 10, "/snap/other")
+    call("publish 20", c.publish_snapshot, "e1", 20, "/snap/20", train_loss=0.9, proxy_reward=0.3)
+    call("publish 30", c.publish_snapshot, "e1", 30, "/snap/30")
+    call("evals before", c.evals, "e1")
+    call("claim 1", c.claim_eval, "w1", 60.0)
+    call("claim 2", c.claim_eval, "w2", 60.0)
+    call("claim bad lease", c.claim_eval, "w3", 0.5)
+    call("post 20 first", c.post_eval, "e1", 20, 0.8, "w2")
+    call("post 10", c.post_eval, "e1", 10, 0.9, "w1")
+    call("claim 3", c.claim_eval, "w3", 60.0)
+    call("claim none left", c.claim_eval, "w4", 60.0)
+    call("post 30 failed", c.post_eval, "e1", 30, None, "w3", "loader crashed")
+    call("post unknown step", c.post_eval, "e1", 99, 0.5, "w1")
+    call("evals after", c.evals, "e1")
+    call("status e1", c.status, "e1")
+    call("event sigterm", c.record_event, "j1", "launcher_sigterm", "grace over")
+    call("event exit", c.record_event, "j1", "launcher_exit", "", exit_code=-15)
+    call("event bad kind", c.record_event, "j1", "stop", "forged")
+    call("audit j1", c.audit, "j1")
+    call("audit", c.audit)
+    # another tenant sees none of it
+    for name, fn, args in [("status", other.status, ("j1",)), ("report", other.report, ("j1", 60, 0.1)),
+                           ("stop", other.stop, ("j1", "mine")), ("ack", other.ack, ("j1",)),
+                           ("finish", other.finish, ("j2",)), ("fail", other.fail, ("j3",)),
+                           ("reports", other.reports, ("j1",)), ("evals", other.evals, ("e1",)),
+                           ("publish", other.publish_snapshot, ("e1", 40, "/snap/40")),
+                           ("post", other.post_eval, ("e1", 10, 0.1)),
+                           ("event", other.record_event, ("j1", "launcher_exit")),
+                           ("list_jobs", other.list_jobs, ()), ("audit", other.audit, ()),
+                           ("claim", other.claim_eval, ("w", 60.0))]:
+        call(f"bob {name}", fn, *args)
+    call("list_jobs at the end", c.list_jobs)
+    return out
+
+
+def _run(make: Callable[[str], Any]) -> list[tuple[str, Any]]:
+    c, other = make("alice"), make("bob")
+    try:
+        return _script(c, other)
+    finally:
+        for client in (c, other):
+            client.close()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, request) -> dict[str, list[tuple[str, Any]]]:
+    tmp = tmp_path_factory.mktemp("contract")
+    out: dict[str, list[tuple[str, Any]]] = {}
+    coordinator = Coordinator(SQLiteStore(tmp / "embedded.db"))
+    out["embedded"] = _script(EmbeddedClient(coordinator, "alice"), EmbeddedClient(coordinator, "bob"))
+    coordinator.close()
+    with LocalServer(tmp / "http.db", tenants=("alice", "bob"), log=tmp / "http.log") as srv:
+        out["http-sqlite"] = _run(lambda name: EvalStopClient(srv.url, srv.tokens[name], retries=0))
+    dsn = request.getfixturevalue("postgres_cluster").create_database("contract")
+    with LocalServer(dsn, tenants=("alice", "bob"), log=tmp / "pg.log") as srv:
+        out["http-postgres"] = _run(lambda name: EvalStopClient(srv.url, srv.tokens[name], retries=0))
+    return out
+
+
+def _differences(a: Any, b: Any, where: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        found = [f"{where}.{k}: only in {'the first' if k in a else 'the second'}" for k in sorted(set(a) ^ set(b))]
+        for k in sorted(set(a) & set(b)):
+            found += _differences(a[k], b[k], f"{where}.{k}")
+        return found
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{where}[{i}]")]
+    if a != b or type(a) is not type(b):
+        return [f"{where}: {a!r} != {b!r}"]
+    return []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS[1:])
+def test_every_call_answers_as_the_embedded_client_does(results, backend):
+    expected, got = results["embedded"], results[backend]
+    assert [label for label, _ in got] == [label for label, _ in expected]
+    for (label, want), (_, have) in zip(expected, got, strict=True):
+        diffs = _differences(want, have)
+        assert not diffs, f"{backend}, call {label!r} differs from the embedded client: {'; '.join(diffs)}"
+
+
+@pytest.mark.slow
+def test_the_script_means_what_it_says(results):
+    """The embedded run checked against the rules (so the backends agree on the right answers)."""
+    r = dict(results["embedded"])
+    assert r["register"]["status"] == "pending" and r["re-register"] == r["register"]
+    assert r["register conflict"]["error"] == 409 and r["register bad id"]["error"] == 422
+    assert r["report 30 decline"]["action"] == "continue" and r["report 30 decline"]["evidence"]["declines"] == 1
+    assert r["report 20 again"] == r["report 20"]
+    assert r["report 20 different"]["error"] == 409 and r["report out of order"]["error"] == 409
+    assert r["report negative step"]["error"] == 422 and r["report nan"]["error"] == 422
+    assert r["ack running"]["error"] == 409
+    stop = r["report 40 stop"]
+    assert stop["action"] == "stop" and stop["best_step"] == 20 and stop["evidence"]["declines"] == 2
+    assert r["report 50 after stop"] == stop and r["status stopped"]["decision"] == stop
+    assert r["ack"]["acked"] and r["ack"]["best_checkpoint"] == "/ckpt/20"
+    assert r["finish"]["status"] == "finished" and r["fail"]["status"] == "failed"
+    assert r["stop"]["status"] == "stopped" and r["stop"]["decision"]["evidence"] == {"manual": True}
+    assert r["status unknown"]["error"] == 404 and r["list_jobs bad status"]["error"] == 422
+    assert [j["job_id"] for j in r["list_jobs stopped"]] == ["j1", "j4"]
+    assert [x["step"] for x in r["reports"]] == [10, 20, 25, 30, 40, 50]
+    assert [x["step"] for x in r["reports after 20"]] == [25, 30, 40, 50]
+    assert [x["step"] for x in r["reports limit 2"]] == [10, 20]
+    assert r["publish 10 again"] == r["publish 10"] and r["publish 10 elsewhere"]["error"] == 409
+    assert (r["claim 1"]["step"], r["claim 1"]["worker"], r["claim 1"]["state"]) == (10, "w1", "leased")
+    assert r["claim 2"]["step"] == 20 and r["claim none left"] is None
+    assert r["post 20 first"]["reason"] == "no eval yet"  # step 10 has no score yet: nothing fed
+    assert r["post 10"]["best_step"] == 10 and r["post unknown step"]["error"] == 404
+    assert [(t["step"], t["state"], t["fed"]) for t in r["evals after"]] == [
+        (10, "done", True), (20, "done", True), (30, "missing", True)]
+    assert r["event bad kind"]["error"] == 422
+    assert [a["kind"] for a in r["audit j1"]] == ["stop", "ack", "launcher_sigterm", "launcher_exit"]
+    assert r["audit j1"][1]["evidence"] == {"checkpoint": "/ckpt/20", "step": 50, "stop_lag": 10}
+    for name in ("status", "report", "stop", "ack", "finish", "fail", "reports", "evals", "publish", "post", "event"):
+        assert r[f"bob {name}"]["error"] == 404, name
+    assert r["bob list_jobs"] == [] and r["bob audit"] == [] and r["bob claim"] is None
+
+
+# ------------------------------------------------------------------ one API, one route table
+def _api_methods() -> dict[str, inspect.Signature]:
+    return {name: inspect.signature(fn) for name, fn in vars(EvalStopAPI).items()
+            if callable(fn) and not name.startswith("_")}
+
+
+def test_every_remote_method_of_the_api_has_a_route_a_schema_and_a_handler():
+    remote = set(_api_methods()) - LOCAL_METHODS
+    assert set(ROUTES) == remote
+    assert set(SCHEMAS) == remote
+    assert all(inspect.isfunction(getattr(Handlers, name, None)) for name in remote)
+    app = create_app(Coordinator(MemoryStore()), ServiceSettings(run_webhooks=False))
+    mounted = {(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods}
+    assert {(r.method, r.path) for r in ROUTES.values()} <= mounted
+    for route in ROUTES.values():  # the route's arguments are the method's parameters (or their wire names)
+        names = set(_api_methods()[route.name].parameters) - {"self"}
+        wire = set(route.path_args) | set(route.query) | set(route.body)
+        assert wire - {"limit", "offset", "wait"} <= names, route.name
+
+
+@pytest.mark.parametrize("make", [
+    lambda tmp: EmbeddedClient(Coordinator(MemoryStore())),
+    lambda tmp: EvalStopClient("http://127.0.0.1:9", "es_token", outbox=tmp / "outbox.jsonl"),
+], ids=["embedded", "http"])
+def test_both_clients_implement_the_protocol_with_its_signatures(make, tmp_path):
+    client = make(tmp_path)
+    assert isinstance(client, EvalStopAPI)
+    for name, want in _api_methods().items():
+        have = inspect.signature(getattr(client, name))
+        assert [(p.name, p.default) for p in have.parameters.values()] == \
+            [(p.name, p.default) for p in list(want.parameters.values())[1:]], name
+    client.close()
+
+
+def test_connect_takes_any_client_of_the_protocol_and_nothing_else(tmp_path):
+    from evalstop_trl.train.connect import connect
+
+    client = EmbeddedClient(Coordinator(MemoryStore()))
+    assert connect(client, None, tmp_path) is client
+    with pytest.raises(ValueError, match="coordinator must be None, a URL, a client or a Coordinator"):
+        connect(object(), None, tmp_path)
