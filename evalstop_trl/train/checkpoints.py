@@ -4,13 +4,19 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BEST_DIR", "read_best", "save_atomically"]
+from ..core.detectors import is_better
+from .scores import finite
+
+__all__ = ["BEST_DIR", "keep_best_copy", "read_best", "save_atomically"]
+
+log = logging.getLogger("evalstop.callback")
 
 BEST_DIR = "evalstop-best"
 INFO = "evalstop.json"
@@ -45,3 +51,18 @@ def save_atomically(output_dir: str | os.PathLike, model: Any, tokenizer: Any,
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return str(final)
+
+
+def keep_best_copy(output_dir: str | os.PathLike, model: Any, tokenizer: Any, *, job_id: str | None, step: int,
+                   score: float, direction: str) -> str:
+    """Keep a new best model as ``<output_dir>/evalstop-best`` (see :func:`save_atomically`), unless the
+    folder already holds this job's model with a score at least as good (a resumed run re-evaluating
+    an older, better step never replaces it). Returns the folder's path."""
+    kept = read_best(output_dir)
+    if kept is not None and kept.get("job_id") == job_id and finite(kept.get("score")) \
+            and not is_better(score, kept["score"], direction):
+        log.info("EvalStop: %s already holds a model at least as good (step %s, score %.4g): not replaced",
+                 BEST_DIR, kept.get("step"), kept["score"])
+        return str(Path(output_dir) / BEST_DIR)
+    return save_atomically(output_dir, model, tokenizer,
+                           {"job_id": job_id, "step": step, "score": score, "saved_at": time.time()})

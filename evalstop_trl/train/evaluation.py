@@ -6,7 +6,6 @@ after the user's function runs, so training with EvalStop is bit-identical to tr
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -14,19 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .scores import finite, to_number
+
 __all__ = ["evaluate_preserving_state", "finite", "to_number"]
-
-
-def finite(x: Any) -> bool:
-    """True for a finite int or float (not a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def to_number(value: Any) -> Any:
-    """A numpy or torch scalar as a Python number (anything else unchanged)."""
-    if hasattr(value, "item") and not isinstance(value, (int, float)):
-        return value.item()
-    return value
 
 
 def evaluate_preserving_state(fn: Callable[[Any, Any], Any], model: Any, tokenizer: Any) -> float:

@@ -1,0 +1,421 @@
+"""``EvalStopSession``: EvalStop's deciding side for one job, without a trainer (no torch, no transformers).
+
+A session talks to the coordinator through a client: it registers the job (or attaches to it as a new
+attempt), reports each world-feedback eval with the train loss and proxy reward of the same step,
+acknowledges a stop and marks the job finished or failed. It keeps the best (step, score, checkpoint),
+counts failed evals and builds the ``evalstop/*`` metrics of each eval. It fails open: a coordinator
+that errors or cannot be reached never crashes training (``fail_mode="local"``: a local detector with
+the same policy decides meanwhile; ``"open"``: no stop).
+
+The ``EvalStopCallback`` adapters call it from a trainer's events; a custom training loop can call it
+directly::
+
+    >>> from evalstop_trl.clients.embedded import EmbeddedClient
+    >>> from evalstop_trl.core.coordinator import Coordinator
+    >>> session = EvalStopSession(SessionConfig.build("decline", k=2))
+    >>> session.attach(EmbeddedClient(Coordinator()), "my-run")
+    >>> [session.report(step, score) for step, score in [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.55)]]
+    [False, False, False, True]
+    >>> session.best_step, session.best_score
+    (20, 0.7)
+    >>> session.stop_here(40)  # acknowledges the stop, logs why
+
+A failed eval is a missing one: ``session.evals.accept(step, value)`` gives the float score, or None
+after counting the failure (``session.evals.failed(step, what, exc)`` for an exception).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ..core.detectors import DETECTORS, Action, Decision, Detector, Observation, is_better
+from ..core.errors import Conflict, EvalStopError
+from .ranks import RankMessage
+from .scores import finite, to_number
+
+__all__ = ["EvalFailures", "EvalStopSession", "SessionConfig", "infer_direction", "LOSS_KEYS", "REWARD_KEYS"]
+
+log = logging.getLogger("evalstop.callback")
+
+#: Keys of a trainer's logs read as the proxy reward, and as the train loss (the first present wins).
+REWARD_KEYS = ("reward", "rewards/mean", "objective/scores", "objective/rlhf_reward", "rewards/margins",
+               "rewards/chosen")
+LOSS_KEYS = ("loss", "train_loss")
+_LOSS_LIKE = re.compile(r"(loss|perplexity|ppl|error|err|wer|cer)(\b|_|$)", re.IGNORECASE)
+_EVAL_ERRORS = ("skip", "stop", "raise")
+_FAIL_MODES = ("local", "open")
+_DIRECTIONS = ("max", "min")
+
+
+def infer_direction(metric: str) -> str:
+    """``"min"`` for loss-like metric names (loss, perplexity, error, ...), else ``"max"``.
+
+    >>> infer_direction("eval_loss"), infer_direction("eval_reward")
+    ('min', 'max')
+    """
+    return "min" if _LOSS_LIKE.search(metric) else "max"
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """The stop rule, and what to do when evals fail or the coordinator is away. Validated on creation.
+
+    Attributes:
+        detector, params: the stop rule, ``create_detector(detector, **params)``.
+        direction: ``"max"`` (higher scores are better) or ``"min"``.
+        job_type: ``rlhf``, ``grpo``, ``rloo``, ``dpo``, ``online_dpo``, ``sft``, ...
+        max_eval_failures, on_eval_error: after this many failed evals in a row, ``"skip"`` (go on),
+            ``"stop"`` (stop the job) or ``"raise"``.
+        fail_mode: ``"local"`` (a local detector decides while the coordinator is unreachable) or
+            ``"open"`` (never stop then).
+
+    Raises:
+        ValueError: an unknown detector or parameter (the message lists the valid ones), a value out
+            of range, or an option not among its allowed values.
+    """
+
+    detector: str = "decline"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    direction: str = "max"
+    job_type: str = "rlhf"
+    max_eval_failures: int = 3
+    on_eval_error: str = "skip"
+    fail_mode: str = "local"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+        for name, value, allowed in (("on_eval_error", self.on_eval_error, _EVAL_ERRORS),
+                                     ("fail_mode", self.fail_mode, _FAIL_MODES),
+                                     ("direction", self.direction, _DIRECTIONS)):
+            if value not in allowed:
+                raise ValueError(f"EvalStopCallback: {name} must be one of {', '.join(allowed)}, but got {value!r}.")
+        n = self.max_eval_failures
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"EvalStopCallback: max_eval_failures must be an integer >= 1, got {n!r}.")
+        self.new_detector()  # unknown parameters, bad values: ValueError now, not at the first eval
+
+    @classmethod
+    def build(cls, detector: str = "decline", *, k: int = 2, min_delta: float = 0.0, direction: str | None = None,
+              job_type: str = "rlhf", max_eval_failures: int = 3, on_eval_error: str = "skip",
+              fail_mode: str = "local", **detector_params: Any) -> SessionConfig:
+        """A config from ``EvalStopCallback``'s conveniences: ``k``, ``min_delta`` and ``direction`` go to
+        the detectors that take them; ``detector_params`` to the detector as they are."""
+        accepted = DETECTORS.params(detector)  # ValueError listing the valid names
+        params = {n: v for n, v in (("k", k), ("min_delta", min_delta), ("direction", direction))
+                  if n in accepted and v is not None}
+        params.update(detector_params)
+        return cls(detector, params, params.get("direction", direction or "max"), job_type, max_eval_failures,
+                   on_eval_error, fail_mode)
+
+    @property
+    def policy(self) -> dict[str, Any]:
+        """The policy registered with the job."""
+        return {"detector": self.detector, **self.params}
+
+    def new_detector(self) -> Detector:
+        """A fresh detector with this stop rule (the local one of ``fail_mode="local"``)."""
+        return DETECTORS.create(self.detector, **self.params)
+
+
+class EvalFailures:
+    """Failed evals in a row (an exception, NaN, None: a missing eval for the detector), logged once per
+    run of failures. After ``limit`` in a row, ``on_error`` says what happens: ``"skip"`` (nothing),
+    ``"stop"`` (:attr:`exhausted` turns True) or ``"raise"`` (:meth:`failed` raises).
+
+    >>> evals = EvalFailures(limit=2, on_error="stop")
+    >>> evals.accept(10, float("nan")), evals.accept(20, None), evals.exhausted
+    (None, None, True)
+    >>> evals.accept(30, 0.5), evals.count
+    (0.5, 0)
+    """
+
+    def __init__(self, limit: int = 3, on_error: str = "skip") -> None:
+        self.limit, self.on_error = limit, on_error
+        self.count = 0
+
+    @property
+    def exhausted(self) -> bool:
+        """``limit`` failures in a row with ``on_error="stop"``: the job should stop."""
+        return self.count >= self.limit and self.on_error == "stop"
+
+    def accept(self, step: int, value: Any, what: str = "the score") -> float | None:
+        """``value`` (a number, numpy or torch scalar) as a float score, or None for a failed eval."""
+        value = to_number(value)
+        if not finite(value):
+            return self.failed(step, f"{what} is {value!r}")
+        self.count = 0
+        return float(value)
+
+    def failed(self, step: int, what: str, exc: BaseException | None = None) -> None:
+        """Count a failed eval; returns None (the missing score).
+
+        Raises:
+            RuntimeError: ``limit`` failures in a row with ``on_error="raise"``.
+        """
+        self.count += 1
+        if self.count == 1:
+            log.warning("EvalStop: the eval at step %d failed (%s); counted as a missing eval", step, what,
+                        exc_info=exc)
+        if self.count >= self.limit and self.on_error == "raise":
+            raise RuntimeError(f"EvalStopCallback: {self.count} evals in a row failed (last: {what})") from exc
+
+
+class EvalStopSession:
+    """One job's decisions: what to report, whether to stop, which eval was the best.
+
+    Only the main process attaches a client; the others keep the state rank 0 broadcasts
+    (:meth:`message` / :meth:`adopt`).
+
+    Args:
+        config: the stop rule and failure handling.
+        job_id: the job's id (or give it to :meth:`attach`).
+
+    Attributes:
+        decision: the latest decision (None before the first report).
+        best_step, best_score, best_checkpoint: the best eval so far and where its model is kept.
+        history: this process's reports (``step``, ``eval_score``, ``train_loss``, ``proxy_reward``, and
+            ``checkpoint`` on a new best), oldest first.
+        stopped_at: the step training stopped at, if it did.
+        attempt: 1 for a new job, 2 when attaching to a job with stored reports.
+        stop_lag: with external evals, the steps trained after the eval that decided the stop.
+        evals: failed evals in a row (:class:`EvalFailures`): ``evals.accept(step, value)`` turns a
+            score into a float or a counted failure.
+        train_loss, proxy_reward: the latest of each seen in the trainer's logs (:meth:`observe_logs`).
+    """
+
+    def __init__(self, config: SessionConfig, job_id: str | None = None) -> None:
+        self.config = config
+        self.job_id = job_id
+        self.client: Any = None
+        self.decision: Decision | None = None
+        self.best_step: int | None = None
+        self.best_score: float | None = None
+        self.best_checkpoint: str | None = None
+        self.history: list[dict[str, Any]] = []
+        self.stopped_at: int | None = None
+        self.attempt = 0
+        self.stop_lag: int | None = None
+        self.evals = EvalFailures(config.max_eval_failures, config.on_eval_error)
+        self.ended = False
+        self.train_loss: float | None = None
+        self.proxy_reward: float | None = None
+        self._local = config.new_detector()
+        self._gave_up = False
+
+    # ------------------------------------------------------------------ the job
+    def attach(self, client: Any, job_id: str | None = None, *, step: int = 0, planned_steps: int | None = None) -> None:
+        """Register the job, or attach to it as a new attempt; the coordinator's history is the truth.
+
+        A run starting at step 0 on a job that already has reports is a new run: it takes the next free
+        id (``NAME-2``, ...). The history this session already has (a callback restored from a
+        checkpoint) is reported again, in case the coordinator lacks it.
+
+        Raises:
+            ValueError: the job exists with another registration (job type, planned steps or policy).
+        """
+        self.client = client
+        self.job_id = job_id or self.job_id
+        if not self.job_id:
+            raise ValueError("EvalStopSession.attach needs a job_id.")
+        view = self._register(planned_steps)
+        if view is not None and view.n_reports and step == 0 and not self.history:
+            base, n = self.job_id, 2
+            while view is not None and view.n_reports:
+                self.job_id = f"{base}-{n}"
+                n += 1
+                view = self._register(planned_steps)
+            log.warning("EvalStop: job %r already has reports and this run starts at step 0: it is a new run, "
+                        "reported as %r", base, self.job_id)
+        self.attempt = 1 if view is None or not view.n_reports else 2
+        for entry in self.history:
+            self._send(entry)
+        stored: list[Any] = []
+        if view is not None:
+            try:
+                view = client.status(self.job_id)
+                stored = client.reports(self.job_id)
+            except EvalStopError as exc:
+                log.warning("EvalStop: could not read job %r's history (%s); going on with what this process has",
+                            self.job_id, exc)
+        if view is not None and view.best_step is not None:
+            self.best_step, self.best_score, self.best_checkpoint = view.best_step, view.best_score, view.best_checkpoint
+            self.decision = view.decision
+        self._local = self.config.new_detector()
+        for r in stored or [_as_report(h) for h in self.history]:
+            self._local.observe(Observation(self.job_id, r.step, r.eval_score, r.train_loss, r.proxy_reward))
+        if view is not None and view.n_reports and step:
+            log.info("EvalStop: job %r resumed at step %d (attempt with %d stored reports, best step %s)",
+                     self.job_id, step, view.n_reports, self.best_step)
+
+    def _register(self, planned_steps: int | None) -> Any:
+        try:
+            return self.client.register_job(self.job_id, self.config.job_type, planned_steps=planned_steps or None,
+                                            policy=self.config.policy)
+        except Conflict as exc:
+            raise ValueError(f"EvalStopCallback: job {self.job_id!r} exists with another registration ({exc}); "
+                             "use the same job_type, max_steps and policy to resume it, or another job_id") from None
+
+    def finish(self) -> None:
+        """Training ended: mark the job finished (unless it was stopped)."""
+        self.ended = True
+        if self.client is not None and self.stopped_at is None:
+            self._safely("mark the job finished", self.client.finish, self.job_id)
+
+    def fail_unfinished(self, reason: str) -> None:
+        """Mark the job failed if training neither ended nor stopped (the process is exiting)."""
+        if not self.ended and self.stopped_at is None and self.client is not None:
+            self._safely("mark the job failed", self.client.fail, self.job_id, reason)
+
+    # ------------------------------------------------------------------ signals and evals
+    def observe_logs(self, logs: Mapping[str, Any]) -> None:
+        """Remember the train loss and the proxy reward of a trainer's log (reported with the next eval)."""
+        loss = next((logs[k] for k in LOSS_KEYS if finite(logs.get(k))), None)
+        reward = next((logs[k] for k in REWARD_KEYS if finite(logs.get(k))), None)
+        self.train_loss = float(loss) if loss is not None else self.train_loss
+        self.proxy_reward = float(reward) if reward is not None else self.proxy_reward
+
+    def improves(self, score: float | None) -> bool:
+        """Whether ``score`` beats the best so far (a new best model is worth keeping)."""
+        if score is None:
+            return False
+        return self.best_score is None or is_better(score, self.best_score, self.config.direction)
+
+    def report(self, step: int, score: float | None, checkpoint: str | None = None) -> bool:
+        """Report the eval of ``step`` (None: failed) with the latest train loss and proxy reward;
+        ``checkpoint``: where this eval's model is kept (on a new best). Returns whether to stop."""
+        entry: dict[str, Any] = {"step": step, "eval_score": score, "train_loss": self.train_loss,
+                                 "proxy_reward": self.proxy_reward}
+        if checkpoint is not None:
+            entry["checkpoint"] = checkpoint
+        improves = self.improves(score)
+        decision, reached = self._send(entry)
+        local = self._local.observe(Observation(self.job_id or "job", step, score, self.train_loss, self.proxy_reward))
+        if (not reached or getattr(self.client, "unreachable", False)) and self.config.fail_mode == "local":
+            decision = local
+        self.history.append(entry)
+        self.decision = decision
+        if decision.best_step is not None:
+            self.best_step, self.best_score = decision.best_step, decision.best_score
+        elif improves:
+            self.best_step, self.best_score = step, score
+        if improves and checkpoint:
+            self.best_checkpoint = checkpoint
+        if decision.action is Action.STOP:
+            return True
+        if score is None and self.evals.exhausted:
+            self._give_up()
+            return True
+        return False
+
+    def _send(self, entry: Mapping[str, Any]) -> tuple[Decision, bool]:
+        """The coordinator's decision on ``entry``, and whether it answered (fail-open: never raises)."""
+        if self.client is None:
+            return Decision(Action.CONTINUE, "no coordinator attached"), False
+        try:
+            return self.client.report(self.job_id, entry["step"], eval_score=entry["eval_score"],
+                                      train_loss=entry.get("train_loss"), proxy_reward=entry.get("proxy_reward"),
+                                      checkpoint=entry.get("checkpoint")), True
+        except Conflict as exc:  # a resumed run re-evaluating a step the coordinator already has
+            log.warning("EvalStop: keeping the stored report for step %s (%s)", entry["step"], exc)
+            try:
+                return self.client.status(self.job_id).decision or Decision(Action.CONTINUE, "stored report kept"), True
+            except EvalStopError:
+                return Decision(Action.CONTINUE, "stored report kept"), True
+        except EvalStopError as exc:
+            log.warning("EvalStop: the coordinator refused the report of step %s (%s); deciding locally",
+                        entry["step"], exc)
+            return Decision(Action.CONTINUE, f"coordinator error: {exc} (fail-open)"), False
+
+    def _give_up(self) -> None:
+        reason = f"{self.evals.count} evals in a row failed (on_eval_error='stop')"
+        self.decision = Decision(Action.STOP, reason, self.best_step, self.best_score)
+        self._gave_up = True
+        if self.client is not None:
+            self._safely("record the stop", self.client.stop, self.job_id, reason)
+
+    def publish_snapshot(self, step: int, path: str) -> None:
+        """Publish the snapshot of ``step`` at ``path`` for external evaluators (with the latest train loss
+        and proxy reward)."""
+        if self.client is not None:
+            self._safely("publish a snapshot", self.client.publish_snapshot, self.job_id, step, path, self.train_loss,
+                         self.proxy_reward)
+
+    # ------------------------------------------------------------------ between ranks
+    def message(self, stop: bool = False) -> RankMessage:
+        """What rank 0 tells the other ranks now."""
+        return RankMessage(stop, self.decision, self.best_step, self.best_score, self.best_checkpoint, self.job_id)
+
+    def adopt(self, message: RankMessage) -> None:
+        """Take rank 0's decision, best and job id."""
+        self.decision, self.best_step, self.best_score = message.decision, message.best_step, message.best_score
+        self.best_checkpoint = message.best_checkpoint
+        self.job_id = message.job_id or self.job_id
+
+    # ------------------------------------------------------------------ stopping
+    def stop_here(self, step: int) -> None:
+        """Training stops at ``step``, the step of the deciding eval: acknowledge the stop and say why
+        (on the main process)."""
+        self.stopped_at = step
+        if self.client is None:
+            return
+        if not self._gave_up:
+            self._safely("acknowledge the stop", self.client.ack, self.job_id, self.best_checkpoint)
+        best = "none" if self.best_score is None else f"{self.best_score:.4g}"
+        log.warning("EvalStop: stopping at step %d: %s; best step %s (score %s), checkpoint %s", step,
+                    self.decision.reason if self.decision else "", self.best_step, best, self.best_checkpoint)
+
+    def stop_after_external_eval(self, step: int, decided_at: int | None) -> None:
+        """Training stops at ``step`` on a decision external evaluators made about ``decided_at``: record
+        the stop lag, acknowledge with the step (the audit records the lag too) and say why."""
+        self.stopped_at = step
+        self.stop_lag = None if decided_at is None else max(0, step - decided_at)
+        if self.client is None:
+            return
+        self._safely("acknowledge the stop", self.client.ack, self.job_id, self.best_checkpoint, step)
+        log.warning("EvalStop: stopping at step %d (stop lag %s steps after the deciding eval): %s; best step "
+                    "%s (score %s), snapshot %s", step, self.stop_lag, self.decision.reason if self.decision else "",
+                    self.best_step, self.best_score, self.best_checkpoint)
+
+    # ------------------------------------------------------------------ what the trainer logs
+    def eval_metrics(self, score: float | None, stop: bool) -> dict[str, float]:
+        """The ``evalstop/*`` metrics of an eval (absent values left out)."""
+        declines = None
+        if self.decision is not None:
+            declines = self.decision.evidence.get("declines", self.decision.evidence.get("stale"))
+        metrics = {"evalstop/score": score, "evalstop/best_score": self.best_score,
+                   "evalstop/declines": declines, "evalstop/stop": int(stop)}
+        return {k: v for k, v in metrics.items() if v is not None}
+
+    def log_eval(self, step: int, score: float | None) -> None:
+        """One log line per eval: step, score, best, declines and the decision's reason."""
+        declines = self.eval_metrics(score, False).get("evalstop/declines")
+        log.info("EvalStop step %d: score %s, best %s (step %s), declines %s, %s", step,
+                 "failed" if score is None else f"{score:.4g}",
+                 "none" if self.best_score is None else f"{self.best_score:.4g}", self.best_step,
+                 declines, self.decision.reason if self.decision else "")
+
+    def _safely(self, what: str, fn: Any, *args: Any) -> Any:
+        """Call the client; a coordinator error is logged, never raised (fail-open)."""
+        try:
+            return fn(*args)
+        except EvalStopError as exc:
+            log.warning("EvalStop: could not %s for job %s: %s", what, self.job_id, exc)
+            return None
+
+
+@dataclass(frozen=True)
+class _StoredEntry:
+    step: int
+    eval_score: float | None
+    train_loss: float | None
+    proxy_reward: float | None
+
+
+def _as_report(entry: Mapping[str, Any]) -> _StoredEntry:
+    """A history entry seen as a stored report (to replay into the local detector)."""
+    return _StoredEntry(entry["step"], entry.get("eval_score"), entry.get("train_loss"), entry.get("proxy_reward"))
