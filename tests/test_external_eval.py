@@ -51,7 +51,7 @@ def test_external_evaluators_stop_a_hacked_run(server, tmp_path):
                     tasks = c.evals("ext")
                 except Exception:  # noqa: BLE001 - the job is not registered yet
                     tasks = []
-                held = [t["step"] for t in tasks if t["worker"] == name and t["state"] == "leased"]
+                held = [t.step for t in tasks if t.worker == name and t.state.value == "leased"]
                 if held:
                     doomed.send_signal(signal.SIGKILL)
                     killed.extend(held)
@@ -76,11 +76,11 @@ def test_external_evaluators_stop_a_hacked_run(server, tmp_path):
     assert cb.stop_lag is not None and cb.stop_lag >= 0
     with EvalStopClient(server.url, token) as c:
         job = c.status("ext")
-        tasks = {t["step"]: t for t in c.evals("ext")}
-        ack = [e for e in c.audit("ext") if e["kind"] == "ack"][0]
+        tasks = {t.step: t for t in c.evals("ext")}
+        ack = [e for e in c.audit("ext") if e.kind.value == "ack"][0]
     assert job.status == "stopped" and "consecutive declines" in job.decision.reason
-    assert ack["evidence"]["stop_lag"] == cb.stop_lag  # also in `evalstop status` / the demo
-    assert tasks[killed[0]]["state"] == "done" and tasks[killed[0]]["worker"] != f"{socket.gethostname()}-{doomed.pid}/0"
+    assert ack.evidence["stop_lag"] == cb.stop_lag  # also in `evalstop status` / the demo
+    assert tasks[killed[0]].state.value == "done" and tasks[killed[0]].worker != f"{socket.gethostname()}-{doomed.pid}/0"
     # the kept snapshot is the reported best, and scores as reported; the others were pruned
     best = Path(job.best_checkpoint)
     assert best.name == f"checkpoint-{job.best_step}" and best.is_dir()
@@ -88,7 +88,7 @@ def test_external_evaluators_stop_a_hacked_run(server, tmp_path):
 
     model, tok = load_snapshot(best)
     assert GoldEval(PRESETS["hacked"])(model, tok) == pytest.approx(job.best_score, abs=1e-5)
-    scored = [s for s, t in tasks.items() if t["fed"] and s != job.best_step]
+    scored = [s for s, t in tasks.items() if t.fed and s != job.best_step]
     assert scored and not any((tmp_path / "trainer" / f"checkpoint-{s}").exists() for s in scored)
 
 

@@ -155,7 +155,7 @@ def test_a_launcher_watch_survives_its_replica(replicas):
     out, err = launcher.communicate(timeout=90)
     assert launcher.returncode == 137, err
     with EvalStopClient(b.url, token) as c:
-        assert [e["kind"] for e in c.audit("watched")] == ["stop", "launcher_sigterm", "launcher_sigkill",
+        assert [e.kind.value for e in c.audit("watched")] == ["stop", "launcher_sigterm", "launcher_sigkill",
                                                            "launcher_exit"]
 
 

@@ -17,6 +17,7 @@ from starting.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -225,7 +226,9 @@ class ReplicatedJobs(JobCache):
         self._max_reports = max_reports
         self._clock = clock
         self._lock = threading.Lock()
-        self.register_lock = threading.Lock()
+        # no process-wide lock around a registration's store reads: the store refuses a second
+        # insert of the same job (StaleState: the client retries and finds the job)
+        self.register_lock = contextlib.nullcontext()
         self._slots, self._by_tenant, self._active = {}, {}, {}
         for record in store.jobs():
             self.insert(self._load(record), committed=True)

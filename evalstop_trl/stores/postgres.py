@@ -18,7 +18,6 @@ Select it with ``evalstop serve --db postgresql://user@host/dbname`` (or ``EVALS
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
@@ -47,6 +46,7 @@ from .sql import (
     eval_row,
     q,
 )
+from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
@@ -139,11 +139,7 @@ class PostgresStore(SQLReads, Store):
                                         open=True, timeout=30)
         except psycopg.Error as exc:
             raise ValueError(f"Cannot open the PostgreSQL database {_safe(dsn)}: {exc}") from None
-        self._cv = threading.Condition()
-        self._queue: list[tuple[Callable, Future]] = []
-        self._closing = False
-        self._writer = threading.Thread(target=self._write_loop, name="evalstop-pg-writer", daemon=True)
-        self._writer.start()
+        self._writes = WriteQueue(self._apply, 'evalstop-pg-writer', "the PostgreSQL store")
 
     def _init_schema(self) -> None:
         with self._db.transaction():
@@ -167,49 +163,29 @@ class PostgresStore(SQLReads, Store):
                 self._db.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))
 
     # ------------------------------------------------------------------ the writer
-    def _submit(self, op: Callable) -> Ticket:
-        ticket: Future = Future()
-        with self._cv:
-            if self._closing:
-                raise StoreError("the PostgreSQL store is closed")
-            self._queue.append((op, ticket))
-            self._cv.notify()
-        return ticket
-
-    def _write_loop(self) -> None:
-        psycopg = self._psycopg
-        while True:
-            with self._cv:
-                while not self._queue and not self._closing:
-                    self._cv.wait()
-                batch, self._queue = self._queue, []
-                if not batch and self._closing:
-                    return
-            done: list[tuple[Future, BaseException | None]] = []
-            try:
-                with self._db.transaction():
-                    for op, ticket in batch:
-                        try:
-                            with self._db.transaction():  # a savepoint: one refused write sinks nothing else
-                                op(self._db)
-                            done.append((ticket, None))
-                        except StaleState as exc:
-                            done.append((ticket, exc))
-                        except psycopg.Error as exc:
-                            error = StoreError(f"write not stored: {exc}")
-                            error.__cause__ = exc
-                            done.append((ticket, error))
-            except Exception as exc:  # noqa: BLE001 - the COMMIT (or the connection) failed: nothing is stored
-                error = StoreError(f"write not stored: {exc}")
-                for _, ticket in batch:
-                    ticket.set_exception(error)
-                self._reconnect()
-                continue
-            for ticket, exc in done:
-                if exc is None:
-                    ticket.set_result(None)
-                else:
-                    ticket.set_exception(exc)
+    def _apply(self, batch: Batch) -> None:
+        done: list[tuple[Future, BaseException | None]] = []
+        try:
+            with self._db.transaction():
+                for op, ticket in batch:
+                    try:
+                        with self._db.transaction():  # a savepoint: one refused write sinks nothing else
+                            op(self._db)
+                        done.append((ticket, None))
+                    except StaleState as exc:
+                        done.append((ticket, exc))
+                    except self._psycopg.Error as exc:
+                        done.append((ticket, store_error(exc)))
+        except Exception as exc:  # noqa: BLE001 - the COMMIT (or the connection) failed: nothing is stored
+            for _, ticket in batch:
+                ticket.set_exception(store_error(exc))
+            self._reconnect()
+            return
+        for ticket, exc in done:
+            if exc is None:
+                ticket.set_result(None)
+            else:
+                ticket.set_exception(exc)
 
     def _reconnect(self) -> None:
         try:
@@ -219,7 +195,7 @@ class PostgresStore(SQLReads, Store):
             pass  # the next batch fails too, and tries again
 
     def _write(self, op: Callable) -> None:
-        wait_durable(self._submit(op))
+        wait_durable(self._writes.submit(op))
 
     def _read(self, query: str, args: tuple = ()) -> list[tuple]:
         try:
@@ -292,7 +268,7 @@ class PostgresStore(SQLReads, Store):
                     f"INSERT INTO deliveries ({DELIVERY_COLS}) VALUES ({', '.join(['%s'] * 10)}) "
                     "ON CONFLICT (id) DO NOTHING", [delivery_row(d) for d in deliveries])
 
-        return self._submit(op)
+        return self._writes.submit(op)
 
     def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
         def op(db) -> None:
@@ -303,7 +279,7 @@ class PostgresStore(SQLReads, Store):
                 raise StaleState(f"job {job_id!r} was changed by another coordinator; retry")
             _insert_report(db, tenant, job_id, report)
 
-        return self._submit(op)
+        return self._writes.submit(op)
 
     def jobs(self) -> list[JobRecord]:
         return [_job_from_row(r) for r in self._read(f"SELECT {_JOB_COLS} FROM jobs ORDER BY seq")]
@@ -334,7 +310,7 @@ class PostgresStore(SQLReads, Store):
     # ------------------------------------------------------------------ external evals
     def put_eval(self, task: EvalTask) -> Ticket:
         row = eval_row(task)
-        return self._submit(lambda db: db.execute(
+        return self._writes.submit(lambda db: db.execute(
             f"INSERT INTO evals ({EVAL_COLS}) VALUES ({', '.join(['%s'] * 12)}) ON CONFLICT (tenant, job_id, step) "
             "DO UPDATE SET path=EXCLUDED.path, train_loss=EXCLUDED.train_loss, proxy_reward=EXCLUDED.proxy_reward, "
             "state=EXCLUDED.state, lease_until=EXCLUDED.lease_until, worker=EXCLUDED.worker, score=EXCLUDED.score, "
@@ -349,7 +325,7 @@ class PostgresStore(SQLReads, Store):
 
     def update_delivery(self, delivery: Delivery) -> Ticket:
         row = delivery_row(delivery)
-        return self._submit(lambda db: db.execute(
+        return self._writes.submit(lambda db: db.execute(
             f"INSERT INTO deliveries ({DELIVERY_COLS}) VALUES ({', '.join(['%s'] * 10)}) ON CONFLICT (id) DO UPDATE "
             "SET attempts=EXCLUDED.attempts, next_at=EXCLUDED.next_at, done=EXCLUDED.done, outcome=EXCLUDED.outcome",
             row))
@@ -358,12 +334,8 @@ class PostgresStore(SQLReads, Store):
         self._write(lambda db: db.execute("SELECT 1"))
 
     def close(self) -> None:
-        with self._cv:
-            if self._closing:
-                return
-            self._closing = True
-            self._cv.notify()
-        self._writer.join()
+        if not self._writes.close():
+            return
         self._pool.close()
         self._db.close()
 

@@ -11,7 +11,6 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 
 from ..core.detectors import Decision
@@ -27,7 +26,7 @@ from ..core.records import (
     Report,
     TenantRecord,
 )
-from ..core.store import Store, StoreError, Ticket, wait_durable
+from ..core.store import Store, Ticket, wait_durable
 from .sql import (
     DELIVERY_COLS,
     EVAL_COLS,
@@ -37,6 +36,7 @@ from .sql import (
     delivery_row,
     eval_row,
 )
+from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -129,11 +129,7 @@ class SQLiteStore(SQLReads, Store):
         except sqlite3.DatabaseError as exc:
             raise ValueError(f"Cannot open the database {self.path}: {exc}") from None
         self._read_lock = threading.Lock()
-        self._cv = threading.Condition()
-        self._queue: list[tuple[Callable[[sqlite3.Connection], None], Ticket]] = []
-        self._closing = False
-        self._writer = threading.Thread(target=self._write_loop, name="evalstop-sqlite-writer", daemon=True)
-        self._writer.start()
+        self._writes = WriteQueue(self._apply, 'evalstop-sqlite-writer', f"the store {self.path}")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=30)
@@ -167,50 +163,32 @@ class SQLiteStore(SQLReads, Store):
             db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
 
     # ------------------------------------------------------------------ the writer
-    def _submit(self, op: Callable[[sqlite3.Connection], None]) -> Ticket:
-        ticket: Future = Future()
-        with self._cv:
-            if self._closing:
-                raise StoreError(f"the store {self.path} is closed")
-            self._queue.append((op, ticket))
-            self._cv.notify()
-        return ticket
-
-    def _write_loop(self) -> None:
+    def _apply(self, batch: Batch) -> None:
         db = self._db
-        while True:
-            with self._cv:
-                while not self._queue and not self._closing:
-                    self._cv.wait()
-                batch, self._queue = self._queue, []
-                if not batch and self._closing:
-                    return
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                for op, _ in batch:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            for op, _ in batch:
+                op(db)
+            db.execute("COMMIT")
+        except Exception:  # one bad write must not sink the others: redo them one by one
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            for op, ticket in batch:
+                try:
+                    db.execute("BEGIN IMMEDIATE")
                     op(db)
-                db.execute("COMMIT")
-            except Exception:  # one bad write must not sink the others: redo them one by one
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                for op, ticket in batch:
-                    try:
-                        db.execute("BEGIN IMMEDIATE")
-                        op(db)
-                        db.execute("COMMIT")
-                        ticket.set_result(None)
-                    except Exception as exc:  # noqa: BLE001 - handed to the waiting caller
-                        if db.in_transaction:
-                            db.execute("ROLLBACK")
-                        error = StoreError(f"write not stored: {exc}")
-                        error.__cause__ = exc
-                        ticket.set_exception(error)
-            else:
-                for _, ticket in batch:
+                    db.execute("COMMIT")
                     ticket.set_result(None)
+                except Exception as exc:  # noqa: BLE001 - handed to the waiting caller
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    ticket.set_exception(store_error(exc))
+        else:
+            for _, ticket in batch:
+                ticket.set_result(None)
 
     def _write(self, op: Callable[[sqlite3.Connection], None]) -> None:
-        wait_durable(self._submit(op))
+        wait_durable(self._writes.submit(op))
 
     _NO_LIMIT = -1
 
@@ -251,10 +229,10 @@ class SQLiteStore(SQLReads, Store):
                 db.executemany(f"INSERT OR REPLACE INTO deliveries ({DELIVERY_COLS}) VALUES ({','.join('?' * 10)})",
                                [delivery_row(d) for d in deliveries])
 
-        return self._submit(op)
+        return self._writes.submit(op)
 
     def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
-        return self._submit(lambda db: self._insert_report(db, tenant, job_id, report))
+        return self._writes.submit(lambda db: self._insert_report(db, tenant, job_id, report))
 
     @staticmethod
     def _insert_report(db: sqlite3.Connection, tenant: str, job_id: str, r: Report) -> None:
@@ -281,7 +259,7 @@ class SQLiteStore(SQLReads, Store):
 
     def put_eval(self, task: EvalTask) -> Ticket:
         row = tuple(int(v) if isinstance(v, bool) else v for v in eval_row(task))
-        return self._submit(lambda db: db.execute(
+        return self._writes.submit(lambda db: db.execute(
             f"INSERT OR REPLACE INTO evals ({EVAL_COLS}) VALUES ({','.join('?' * 12)})", row))
 
     def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
@@ -295,7 +273,7 @@ class SQLiteStore(SQLReads, Store):
 
     def update_delivery(self, delivery: Delivery) -> Ticket:
         row = delivery_row(delivery)
-        return self._submit(lambda db: db.execute(
+        return self._writes.submit(lambda db: db.execute(
             f"INSERT OR REPLACE INTO deliveries ({DELIVERY_COLS}) VALUES ({','.join('?' * 10)})", row))
 
     def probe(self) -> None:
@@ -304,12 +282,8 @@ class SQLiteStore(SQLReads, Store):
 
     def close(self) -> None:
         """Finish queued writes, stop the writer, close the connections (idempotent)."""
-        with self._cv:
-            if self._closing:
-                return
-            self._closing = True
-            self._cv.notify()
-        self._writer.join()
+        if not self._writes.close():
+            return
         with self._read_lock:
             self._reader.close()
         self._db.close()
