@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -12,23 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, apply_overrides, load_config, parse_value
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-safe: NaN -> null, tuples -> lists, numpy scalars -> Python."""
-    if hasattr(obj, "item") and not isinstance(obj, (list, tuple, dict)):
-        obj = obj.item()
-    if isinstance(obj, float):
-        return None if math.isnan(obj) or math.isinf(obj) else obj
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
+from .results import json_safe
 
 
 def write_json(obj: Any, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(_clean(obj), indent=1, allow_nan=False))
+    """``obj`` (plain data: a result's ``to_dict()``, a list of them) as JSON, NaN as null."""
+    Path(path).write_text(json.dumps(json_safe(obj), indent=1, allow_nan=False))
 
 
 def _load(args: argparse.Namespace):
@@ -76,15 +65,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         print(f"wrote {plot_run(res, args.plot)}")
     if args.json:
-        write_json(res, args.json)
+        Path(args.json).write_text(res.to_json())
         print(f"wrote {args.json}")
     return 0
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from .experiments import reproduce
     from .plots import plot_reproduce
     from .report import markdown_report
+    from .reproduction import reproduce
 
     cfg = _load(args)
     out = Path(args.out)
@@ -93,9 +82,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     res = reproduce(cfg, args.seeds, args.workers, progress=not args.quiet, ray=args.ray, seed_start=args.seed_start)
     elapsed = time.perf_counter() - t0
     figures = plot_reproduce(res, out)
-    res.pop("jct_hours")
-    res["wall_time_s"] = elapsed
-    write_json(res, out / "results.json")
+    res = dataclasses.replace(res, wall_time_s=elapsed)
+    (out / "results.json").write_text(res.to_json())
     report = markdown_report(res)
     (out / "report.md").write_text(report)
     print(report)
@@ -117,11 +105,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
           f"{'JCT(all)':>9} {'GPU-h':>8}")
     for r in rows:
         f = lambda x: "n/a" if x is None or x != x else f"{100 * x:.1f}%"  # noqa: E731
-        print(f"{str(r['value']):>28} {f(r['precision']):>10} {f(r['recall']):>8} {f(r['fpr']):>8} "
-              f"{f(r['jct_change']):>11} {r['harmful_stops']:>8} {f(r['jct_change_all']):>9} "
-              f"{f(r['gpu_hours_change']):>8}")
+        ch, rates = r.changes, r.rates
+        print(f"{str(r.value):>28} {f(rates.precision):>10} {f(rates.recall):>8} {f(rates.fpr):>8} "
+              f"{f(ch.jct_change.mean):>11} {rates.harmful_stops:>8} {f(ch.jct_change_all.mean):>9} "
+              f"{f(ch.gpu_hours_change.mean):>8}")
     if args.json:
-        write_json(rows, args.json)
+        write_json([r.to_dict() for r in rows], args.json)
     if args.plot:
         from .plots import plot_sweep
 

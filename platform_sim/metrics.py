@@ -24,7 +24,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, astuple, dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +35,7 @@ from .engine import RunResult
 from .jobs import Timing
 from .workload import Workload
 
-__all__ = ["Detection", "RunSummary", "compare", "detection", "summarize", "DEFINITIONS"]
+__all__ = ["Changes", "Detection", "RunSummary", "compare", "detection", "summarize", "DEFINITIONS"]
 
 DEFINITIONS = {
     "jct_change": "mean JCT of the jobs completed under the overlay / mean JCT of the same jobs under the base scheduler alone - 1",
@@ -64,7 +66,7 @@ class Detection:
     flagged: int
 
     def __add__(self, other: Detection) -> Detection:
-        return Detection(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values(), strict=True)))
+        return Detection(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     @property
     def precision(self) -> float:
@@ -86,14 +88,14 @@ class Detection:
     def fpr_label(self) -> float:
         return self.fp_a / self.healthy if self.healthy else float("nan")
 
-    def rates(self) -> dict[str, float]:
-        return {"precision": self.precision, "recall": self.recall, "fpr": self.fpr,
-                "fpr_label": self.fpr_label, "precision_label": self.precision_label}
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
 class RunSummary:
-    """Per-run numbers (one seed, one scheduler, one overlay)."""
+    """Per-run numbers (one seed, one scheduler, one overlay), or their means over seeds
+    (:meth:`mean`: then ``n_stopped`` and ``events`` are means too, and ``detection`` is pooled)."""
 
     scheduler: str
     overlay: str
@@ -112,9 +114,34 @@ class RunSummary:
     w_ovh: float
     restart_gpu_hours: float
     delivered_gold_rlhf: float
-    n_stopped: int
-    events: int
+    n_stopped: float
+    events: float
     detection: Detection
+
+    @classmethod
+    def mean(cls, per_seed: Sequence[RunSummary]) -> RunSummary:
+        """Field by field means over seeds (per job type for ``mean_jct_by_type_h``, whose types are
+        the first seed's); names and the oracle flag from the first seed; detection counts summed."""
+        first = per_seed[0]
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            v = getattr(first, f.name)
+            if isinstance(v, Detection):
+                total = Detection(0, 0, 0, 0, 0, 0)
+                for s in per_seed:
+                    total = total + s.detection
+                values[f.name] = total
+            elif isinstance(v, dict):
+                values[f.name] = {k: float(np.mean([getattr(s, f.name)[k] for s in per_seed])) for k in v}
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                values[f.name] = float(np.mean([getattr(s, f.name) for s in per_seed]))
+            else:
+                values[f.name] = v
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field but ``detection`` (reported on its own)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "detection"}
 
 
 def delivered_gold(run: RunResult, workload: Workload) -> np.ndarray:
@@ -201,8 +228,27 @@ def _change(new: float, old: float) -> float:
     return new / old - 1 if old else float("nan")
 
 
+@dataclass(frozen=True)
+class Changes:
+    """Paired changes of a run (base + overlay) against the base alone, one seed (see DEFINITIONS)."""
+
+    jct_change: float
+    jct_change_all: float
+    mean_jct_completed_base_h: float
+    mean_jct_completed_h: float
+    gpu_hours_change: float
+    w_post_change: float
+    w_unprod_change: float
+    w_ovh_change: float
+    p95_jct_change: float
+    makespan_change: float
+    gpu_hours_saved: float
+    gpu_hours_saved_hacked: float
+    delivered_gold_change: float
+
+
 def compare(base: RunResult, run: RunResult, workload: Workload, cfg,
-            summaries: tuple[RunSummary, RunSummary] | None = None) -> dict[str, float]:
+            summaries: tuple[RunSummary, RunSummary] | None = None) -> Changes:
     """Paired changes of ``run`` (base + overlay) against ``base`` (the base alone), same workload.
 
     ``summaries`` may pass ``(summarize(base), summarize(run))`` already computed."""
@@ -212,19 +258,19 @@ def compare(base: RunResult, run: RunResult, workload: Workload, cfg,
     jct_base = np.array([o.jct_s for o in base.outcomes])
     jct_run = np.array([o.jct_s for o in run.outcomes])
     b, r = summaries or (summarize(base, workload, cfg), summarize(run, workload, cfg))
-    return {
-        "jct_change": _change(jct_run[completed].mean(), jct_base[completed].mean()) if completed else float("nan"),
-        "jct_change_all": _change(jct_run.mean(), jct_base.mean()),
-        "mean_jct_completed_base_h": float(jct_base[completed].mean() / 3600) if completed else float("nan"),
-        "mean_jct_completed_h": float(jct_run[completed].mean() / 3600) if completed else float("nan"),
-        "gpu_hours_change": _change(r.gpu_hours, b.gpu_hours),
-        "w_post_change": _change(r.w_post, b.w_post),
-        "w_unprod_change": _change(r.w_unprod, b.w_unprod),
-        "w_ovh_change": _change(r.w_ovh, b.w_ovh),
-        "p95_jct_change": _change(r.p95_jct_h, b.p95_jct_h),
-        "makespan_change": _change(r.makespan_h, b.makespan_h),
-        "gpu_hours_saved": b.gpu_hours - r.gpu_hours,
-        "gpu_hours_saved_hacked": sum(ob.gpu_seconds - orun.gpu_seconds for ob, orun, t in
-                                      zip(base.outcomes, run.outcomes, workload.truths, strict=True) if t.hacked) / 3600,
-        "delivered_gold_change": r.delivered_gold_rlhf - b.delivered_gold_rlhf,
-    }
+    return Changes(
+        jct_change=_change(jct_run[completed].mean(), jct_base[completed].mean()) if completed else float("nan"),
+        jct_change_all=_change(jct_run.mean(), jct_base.mean()),
+        mean_jct_completed_base_h=float(jct_base[completed].mean() / 3600) if completed else float("nan"),
+        mean_jct_completed_h=float(jct_run[completed].mean() / 3600) if completed else float("nan"),
+        gpu_hours_change=_change(r.gpu_hours, b.gpu_hours),
+        w_post_change=_change(r.w_post, b.w_post),
+        w_unprod_change=_change(r.w_unprod, b.w_unprod),
+        w_ovh_change=_change(r.w_ovh, b.w_ovh),
+        p95_jct_change=_change(r.p95_jct_h, b.p95_jct_h),
+        makespan_change=_change(r.makespan_h, b.makespan_h),
+        gpu_hours_saved=b.gpu_hours - r.gpu_hours,
+        gpu_hours_saved_hacked=sum(ob.gpu_seconds - orun.gpu_seconds for ob, orun, t in
+                                   zip(base.outcomes, run.outcomes, workload.truths, strict=True) if t.hacked) / 3600,
+        delivered_gold_change=r.delivered_gold_rlhf - b.delivered_gold_rlhf,
+    )

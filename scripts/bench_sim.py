@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from platform_sim.config import load_config  # noqa: E402
 from platform_sim.engine import Simulation  # noqa: E402
-from platform_sim.experiments import reproduce, simulate  # noqa: E402
+from platform_sim.experiments import simulate  # noqa: E402
 from platform_sim.policies import build_overlay, build_scheduler  # noqa: E402
+from platform_sim.reproduction import reproduce  # noqa: E402
 from platform_sim.schedulers import SCHEDULERS  # noqa: E402
 from platform_sim.workload import generate_workload  # noqa: E402
 

@@ -79,10 +79,12 @@ def test_detector_comparison_rows_on_a_small_workload():
     rows = aggregate_detectors(cfg, per_seed)
     assert len(rows) == len(detector_names()) * len(SETTINGS)
     for r in rows:
-        c = r["counts"]
-        assert r["harmful_stops"] == c["fp_b"] and c["tp"] <= c["hacked"] and c["fp_b"] <= c["fp_a"] <= c["healthy"]
-        seeds = [p[(r["detector"], r["sigma"], r["evals_per_job"])] for p in per_seed]
-        oracle = sum(s["oracle_saved_hacked"] for s in seeds)
-        assert r["retention"] == pytest.approx(sum(s["saved_hacked"] for s in seeds) / oracle)
-    stop = next(r for r in rows if r["detector"] == "stop_at" and r["sigma"] == 0.04 and r["evals_per_job"] == 10)
-    assert stop["recall"] == 1.0  # every hacked job peaks before 0.55 < 0.65
+        c = r.rates.counts
+        assert r.rates.harmful_stops == c.fp_b and c.tp <= c.hacked and c.fp_b <= c.fp_a <= c.healthy
+        trials = [p[(r.detector, r.sigma, r.evals_per_job)] for p in per_seed]
+        oracle = sum(t.oracle_saved_hacked for t in trials)
+        assert r.retention == pytest.approx(sum(t.saved_hacked for t in trials) / oracle)
+        row = r.to_dict()  # the results.json row
+        assert row["harmful_stops"] == c.fp_b and row["counts"] == c.to_dict() and row["precision"] == r.rates.precision
+    stop = next(r for r in rows if r.detector == "stop_at" and r.sigma == 0.04 and r.evals_per_job == 10)
+    assert stop.rates.recall == 1.0  # every hacked job peaks before 0.55 < 0.65

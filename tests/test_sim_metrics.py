@@ -32,8 +32,8 @@ def test_jct_changes_completed_and_all_jobs():
     base = result(outcome(0, 0, 10), outcome(1, 0, 20), outcome(2, 0, 30))
     run = result(outcome(0, 0, 8), outcome(1, 0, 20), outcome(2, 0, 6, stopped=True))
     ch = compare(base, run, wl, cfg)
-    assert ch["jct_change"] == pytest.approx((8 + 20) / (10 + 20) - 1)  # completed jobs 0 and 1 only
-    assert ch["jct_change_all"] == pytest.approx((8 + 20 + 6) / 60 - 1)
+    assert ch.jct_change == pytest.approx((8 + 20) / (10 + 20) - 1)  # completed jobs 0 and 1 only
+    assert ch.jct_change_all == pytest.approx((8 + 20 + 6) / 60 - 1)
 
 
 def test_detection_definitions_a_and_b():
@@ -72,7 +72,7 @@ def test_gpu_hours_saved_on_hacked_jobs():
     base = result(outcome(0, 0, 4, gpu_s=8 * 3600), outcome(1, 0, 4, gpu_s=4 * 3600))
     run = result(outcome(0, 0, 3, stopped=True, gpu_s=6 * 3600), outcome(1, 0, 2, stopped=True, gpu_s=2 * 3600))
     ch = compare(base, run, wl, cfg)
-    assert ch["gpu_hours_saved_hacked"] == pytest.approx(2.0) and ch["gpu_hours_saved"] == pytest.approx(4.0)
+    assert ch.gpu_hours_saved_hacked == pytest.approx(2.0) and ch.gpu_hours_saved == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize("p, text", [(1 / 20001, "p < 1e-04"), (5e-5, "p < 1e-04"), (0.0123, "p = 0.012"),

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from platform_sim import experiments
-from platform_sim.cli import _clean, build_parser, main
+from platform_sim.cli import build_parser, main
 from platform_sim.config import load_config
-from platform_sim.experiments import reproduce, sweep
+from platform_sim.experiments import sweep
+from platform_sim.reproduction import reproduce
+from platform_sim.results import json_safe
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG = load_config().replace(**{"workload.n_jobs": 20})
@@ -26,7 +28,10 @@ SWEEP = ("noise.sigma", [0.02, 0.08])
 
 
 def canonical(obj) -> str:
-    return json.dumps(_clean(obj), sort_keys=True)
+    """A result (or a list of sweep rows) as sorted JSON; a reproduction with its per-job JCTs."""
+    if isinstance(obj, list):
+        return json.dumps(json_safe([r.to_dict() for r in obj]), sort_keys=True)
+    return json.dumps(json_safe(obj.to_dict()), sort_keys=True) + repr(getattr(obj, "jct_hours", None))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +61,7 @@ def ray_instance(local):
 
 
 def test_importing_the_simulator_does_not_import_ray():
-    code = ("import sys, platform_sim.cli, platform_sim.experiments, platform_sim.engine;"
+    code = ("import sys, platform_sim.cli, platform_sim.experiments, platform_sim.reproduction, platform_sim.engine;"
             "print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
