@@ -1,7 +1,9 @@
-"""The package's shape: no import cycles, and each layer imports only the layers inside it.
+"""The package's shape: no import cycles, each layer imports only the layers inside it, no huge class.
 
-Module-level imports are read with ``ast`` (imports inside functions are deliberate lazy imports and
-``if TYPE_CHECKING:`` blocks are for type checkers only; neither runs at import time).
+Imports are read with ``ast``. Two graphs: the module-level imports (what runs at import time) and
+every import, those inside functions (lazy imports) included; a cycle in either fails. ``if
+TYPE_CHECKING:`` blocks are for type checkers only and count in neither. The layer rules read the
+module-level graph.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("evalstop_trl", "platform_sim")
+MAX_CLASS_LINES = 250
 
 # layer -> the layers (and outside packages) it may import at module level
 ALLOWED = {
@@ -38,6 +41,10 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _files() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
 def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
     if node.level == 0:
         base = node.module or ""
@@ -49,27 +56,46 @@ def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
     return [f"{base}.{a.name}" for a in node.names] + [base]
 
 
-def _top_level_imports(path: Path) -> set[str]:
-    module = _module_name(path)
-    tree = ast.parse(path.read_text())
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _import_nodes(tree: ast.Module, lazy: bool):
+    """Import statements at module level (inside module-level ``if``/``try`` too), or, with ``lazy``,
+    anywhere (in functions and classes); never inside an ``if TYPE_CHECKING:`` block."""
+    def walk(node: ast.AST, depth: int):
+        for child in ast.iter_child_nodes(node):
+            if _is_type_checking(child):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child
+            elif lazy or isinstance(child, (ast.If, ast.Try, ast.ExceptHandler)) or (
+                    hasattr(ast, "TryStar") and isinstance(child, ast.TryStar)):
+                yield from walk(child, depth + 1)
+    yield from walk(tree, 0)
+
+
+def _imports_in(source: str, module: str, is_package: bool, lazy: bool = False) -> set[str]:
+    """Every name ``source`` (the text of ``module``) imports (see :func:`_import_nodes`)."""
     found: set[str] = set()
-    for node in tree.body:  # module level only
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        for sub in [node, *(ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else ())]:
-            if isinstance(sub, ast.Import):
-                found.update(a.name for a in sub.names)
-            elif isinstance(sub, ast.ImportFrom):
-                found.update(_resolve(module, path.name == "__init__.py", sub))
+    for node in _import_nodes(ast.parse(source), lazy):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        else:
+            found.update(_resolve(module, is_package, node))
     return found
 
 
-def _graph() -> dict[str, set[str]]:
-    files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+def _imports(path: Path, lazy: bool = False) -> set[str]:
+    return _imports_in(path.read_text(), _module_name(path), path.name == "__init__.py", lazy)
+
+
+def _graph(lazy: bool = False) -> dict[str, set[str]]:
+    files = _files()
     graph = {}
     for name, path in files.items():
         targets = set()
-        for imported in _top_level_imports(path):
+        for imported in _imports(path, lazy):
             # the longest known module that is a prefix of what was imported
             while imported and imported not in files:
                 imported = imported.rpartition(".")[0]
@@ -80,10 +106,11 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _raw_imports() -> dict[str, set[str]]:
-    return {_module_name(p): _top_level_imports(p) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    return {name: _imports(path) for name, path in _files().items()}
 
 
 def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle (``[a, b, ..., a]``), the first a depth-first walk in sorted order meets, or None."""
     WHITE, GREY, BLACK = 0, 1, 2
     colour = dict.fromkeys(graph, WHITE)
     stack: list[str] = []
@@ -106,14 +133,113 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _all_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per group of mutually importing modules (strongly connected component): every
+    tangle is reported, not only the first. Each cycle starts at its group's first module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan (recursive: the graphs here have a few hundred nodes)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    cycles = []
+    for group in groups:
+        sub = {n: graph[n] & group for n in group}
+        cycles.append(_find_cycle(sub))
+    return sorted(cycles)
+
+
+def _in_package(cycle: list[str], package: str) -> bool:
+    return any(m == package or m.startswith(package + ".") for m in cycle)
+
+
 def test_cycle_finder_finds_a_planted_cycle():
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+    two = {"a": {"b"}, "b": {"a", "c"}, "c": set(), "x": {"y"}, "y": {"z"}, "z": {"x", "a"}}
+    assert _all_cycles(two) == [["a", "b", "a"], ["x", "y", "z", "x"]]
+    assert _all_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+PLANTED = """
+from __future__ import annotations
+from typing import TYPE_CHECKING
+from .top import A
+try:
+    from .guarded import B
+except ImportError:
+    B = None
+if TYPE_CHECKING:
+    from .typing_only import C
+
+def f():
+    from .lazy import D
+    if TYPE_CHECKING:
+        from .lazy_typing_only import E
+    return D
+
+class K:
+    def m(self):
+        import pkg.in_method
+"""
+
+
+def test_lazy_imports_are_read_and_type_checking_blocks_are_not():
+    eager = _imports_in(PLANTED, "pkg.mod", False)
+    every = _imports_in(PLANTED, "pkg.mod", False, lazy=True)
+    assert {"pkg.top", "pkg.guarded"} <= eager and not eager & {"pkg.lazy", "pkg.in_method"}
+    assert {"pkg.top", "pkg.guarded", "pkg.lazy", "pkg.in_method"} <= every
+    assert not {m for m in every if "typing_only" in m}
 
 
 def test_no_import_cycles():
     cycle = _find_cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycles_lazy_imports_included(package):
+    """A function-level import still ties two modules together: it runs on first call, and the
+    modules cannot be understood, tested or moved apart. Shared helpers belong in a module both import."""
+    cycles = [c for c in _all_cycles(_graph(lazy=True)) if _in_package(c, package)]
+    assert not cycles, (f"{len(cycles)} import cycle(s) in {package}, imports inside functions included:\n"
+                        + "\n".join(" -> ".join(c) for c in cycles))
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_class_spans_more_than_250_lines(package):
+    too_long = []
+    for name, path in _files().items():
+        if not (name == package or name.startswith(package + ".")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and (n := node.end_lineno - node.lineno + 1) > MAX_CLASS_LINES:
+                too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
+    assert not too_long, f"classes over {MAX_CLASS_LINES} lines (split them by concern):\n" + "\n".join(too_long)
 
 
 def _layer(module: str) -> str | None:
