@@ -67,10 +67,10 @@ def test_the_launcher_stops_a_loop_that_ignores_the_stop_flag(server, tmp_path, 
     with EvalStopClient(server.url, token) as c:
         audit = c.audit("stubborn")
         job = c.status("stubborn")
-    assert [a["kind"] for a in audit] == kinds
-    assert all(a["actor"] == "launcher" for a in audit if a["kind"].startswith("launcher_"))
+    assert [a.kind for a in audit] == kinds
+    assert all(a.actor == "launcher" for a in audit if a.kind.startswith("launcher_"))
     assert job.status == "stopped"  # the launcher never turns a stop into anything else
-    assert audit[-1]["evidence"]["exit_code"] == status
+    assert audit[-1].evidence["exit_code"] == status
 
 
 def test_a_crashing_command_marks_its_job_failed(server, tmp_path):
@@ -83,7 +83,7 @@ def test_a_crashing_command_marks_its_job_failed(server, tmp_path):
     assert done.returncode == 3
     with EvalStopClient(server.url, token) as c:
         assert c.status("crashy").status == "failed"
-        assert [a["kind"] for a in c.audit("crashy")] == ["launcher_exit", "failed"]
+        assert [a.kind for a in c.audit("crashy")] == ["launcher_exit", "failed"]
 
 
 def test_the_embedded_default_needs_no_server(tmp_path):

@@ -144,9 +144,9 @@ def test_webhook_is_posted_on_stop(server):
             c.report("w", 1, eval_score=0.5)
             c.report("w", 2, eval_score=0.4)
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and not any(a["kind"] == "webhook" for a in c.audit()):
+            while time.monotonic() < deadline and not any(a.kind == "webhook" for a in c.audit()):
                 time.sleep(0.1)
-            assert [a["kind"] for a in c.audit()] == ["stop", "webhook"]
+            assert [a.kind for a in c.audit()] == ["stop", "webhook"]
         body, signature = received[0]
         assert body["job_id"] == "w" and body["decision"]["action"] == "stop"
         assert signature.startswith("t=") and ",v1=" in signature
