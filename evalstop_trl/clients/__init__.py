@@ -1,5 +1,6 @@
-"""Clients of the coordinator, one interface: :class:`EvalStopClient` (HTTP, fail-open, durable
-outbox) and :class:`EmbeddedClient` (in process). Imported lazily: the HTTP client needs httpx only."""
+"""Clients of the coordinator, one interface (:class:`~evalstop_trl.core.api.EvalStopAPI`):
+:class:`EvalStopClient` (HTTP, fail-open, durable outbox; its calls derived from the route table)
+and :class:`EmbeddedClient` (in process). Imported lazily: the HTTP client needs httpx only."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.api import EvalStopAPI
 from ..core.errors import EvalStopError
 from ..core.records import Escalation
 
@@ -54,15 +55,15 @@ class Launcher:
     """Run one command for one job (see the module docstring).
 
     Args:
-        client: an ``EvalStopClient`` (with ``register_job``, ``wait_decision``, ``record_event``,
-            ``finish``, ``fail``).
+        client: an :class:`~evalstop_trl.core.api.EvalStopAPI` (it calls ``register_job``,
+            ``wait_decision``, ``record_event``, ``status``, ``finish``, ``fail``).
         job_id, job_type, planned_steps, policy: the job's registration.
         grace_s: seconds a stopped child has to acknowledge (and then to exit) before SIGTERM, and
             between SIGTERM and SIGKILL.
         url, token: exported to the child.
     """
 
-    def __init__(self, client: Any, job_id: str, *, url: str, token: str, grace_s: float = 30.0,
+    def __init__(self, client: EvalStopAPI, job_id: str, *, url: str, token: str, grace_s: float = 30.0,
                  job_type: str = "rlhf", planned_steps: int | None = None, policy: Mapping[str, Any] | None = None,
                  poll_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         if not 0 <= grace_s <= 86_400:
