@@ -13,6 +13,7 @@ coordinator). Only timestamps are left out of the comparison.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import math
@@ -275,3 +276,45 @@ def test_connect_takes_any_client_of_the_protocol_and_nothing_else(tmp_path):
     assert connect(client, None, tmp_path) is client
     with pytest.raises(ValueError, match="coordinator must be None, a URL, a client or a Coordinator"):
         connect(object(), None, tmp_path)
+
+
+class _LoopWatch(SQLiteStore):
+    """A SQLite store that notes each of its methods looked up on an event loop's thread."""
+
+    on_loop: list[str] = []
+
+    def __getattribute__(self, name: str) -> Any:
+        value = super().__getattribute__(name)
+        if not name.startswith("_") and callable(value):
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                pass  # a worker thread (or the store's own writer)
+            else:
+                type(self).on_loop.append(name)
+        return value
+
+
+def test_no_store_call_runs_on_the_event_loop(tmp_path):
+    """Authentication, the report's decision and every other handler reach the store from the
+    thread pool only (a store read on the loop would stall every other request behind it)."""
+    import httpx
+    from fastapi.testclient import TestClient
+
+    coordinator = Coordinator(_LoopWatch(tmp_path / "watch.db"))
+    tokens = {name: coordinator.tenants.add(name) for name in ("alice", "bob")}
+
+    class Via(httpx.BaseTransport):  # the client's requests, served by the app in process
+        def __init__(self, tc: TestClient) -> None:
+            self.tc = tc
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            r = self.tc.request(request.method, str(request.url), content=request.content,
+                                headers=dict(request.headers))
+            return httpx.Response(r.status_code, headers=r.headers, content=r.content)
+
+    _LoopWatch.on_loop.clear()
+    with TestClient(create_app(coordinator, ServiceSettings(run_webhooks=False))) as tc:
+        results = _run(lambda name: EvalStopClient("http://testserver", tokens[name], transport=Via(tc), retries=0))
+    assert dict(results)["report 40 stop"]["action"] == "stop"
+    assert _LoopWatch.on_loop == []

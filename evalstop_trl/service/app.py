@@ -20,6 +20,7 @@ from typing import Annotated
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from ..core.coordinator import Coordinator
 from ..core.detectors import Decision
@@ -106,10 +107,13 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
         try:
             yield
         finally:
-            for w in workers:
-                w.close()
-            coordinator.remove_stop_listener(on_stop)
-            coordinator.close()
+            def shut_down() -> None:  # joins threads and flushes the store: not on the event loop
+                for w in workers:
+                    w.close()
+                coordinator.remove_stop_listener(on_stop)
+                coordinator.close()
+
+            await run_in_threadpool(shut_down)
 
     app = FastAPI(title="EvalStop coordinator", version="1", lifespan=lifespan,
                   description="Stops reward-hacked RLHF jobs after consecutive declines of their world-feedback eval.")
