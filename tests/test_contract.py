@@ -134,6 +134,7 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
     call("event sigterm", c.record_event, "j1", "launcher_sigterm", "grace over")
     call("event exit", c.record_event, "j1", "launcher_exit", "", exit_code=-15)
     call("event bad kind", c.record_event, "j1", "stop", "forged")
+    call("event bad exit code", c.record_event, "j1", "launcher_exit", "", exit_code=999)
     call("audit j1", c.audit, "j1")
     call("audit", c.audit)
     # another tenant sees none of it
@@ -227,7 +228,7 @@ def test_the_script_means_what_it_says(results):
     assert r["post 10"]["best_step"] == 10 and r["post unknown step"]["error"] == 404
     assert [(t["step"], t["state"], t["fed"]) for t in r["evals after"]] == [
         (10, "done", True), (20, "done", True), (30, "missing", True)]
-    assert r["event bad kind"]["error"] == 422
+    assert r["event bad kind"]["error"] == 422 and r["event bad exit code"]["error"] == 422
     assert [a["kind"] for a in r["audit j1"]] == ["stop", "ack", "launcher_sigterm", "launcher_exit"]
     assert r["audit j1"][1]["evidence"] == {"checkpoint": "/ckpt/20", "step": 50, "stop_lag": 10}
     for name in ("status", "report", "stop", "ack", "finish", "fail", "reports", "evals", "publish", "post", "event"):

@@ -180,4 +180,7 @@ def launcher_event(kind: str, reason: str = "", exit_code: int | None = None) ->
     event = _LAUNCHER_KINDS.get(kind) if isinstance(kind, str) else None
     if event is None:
         raise InvalidInput(f"kind must be one of {', '.join(_LAUNCHER_KINDS)}, but got {kind!r}.")
+    if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)
+                                  or not -255 <= exit_code <= 255):
+        raise InvalidInput(f"exit_code must be an integer in [-255, 255], but got {exit_code!r}.")
     return event, reason or event.value, {} if exit_code is None else {"exit_code": exit_code}
