@@ -85,12 +85,43 @@ def test_registration_idempotent_and_conflicting(make, register):
     assert created(reg("a", "j", "grpo", planned_steps=10, policy={"detector": "decline", "k": 2}))
     # same policy once defaults are filled in
     assert not created(reg("a", "j", "grpo", planned_steps=10, policy={"detector": "decline"}))
-    with pytest.raises(Conflict):
-        reg("a", "j", "grpo", planned_steps=10, policy={"detector": "decline", "k": 3})
+    assert [a.kind for a in c.audit("a", "j")] == []  # attaching changes nothing
+    with pytest.raises(Conflict, match="is a grpo job, not dpo"):
+        reg("a", "j", "dpo")
     with pytest.raises(InvalidInput, match="planned_steps must be a positive integer"):
         reg("a", "k", "grpo", planned_steps=0)
     view = c.status("a", "j")  # either way the job is the same registered job
     assert (view.status, view.planned_steps, view.policy["k"]) == ("pending", 10, 2)
+
+
+@pytest.mark.parametrize(("first", "then", "expected", "audited"), [
+    # the launcher registers what it knows; the callback fills in the rest
+    ({}, {"job_type": "grpo", "planned_steps": 100}, ("grpo", 100, 2), "job_type rlhf -> grpo; planned_steps None -> 100"),
+    # a rerun with another max_steps: an extended plan, audited
+    ({"job_type": "grpo", "planned_steps": 100}, {"job_type": "grpo", "planned_steps": 300}, ("grpo", 300, 2),
+     "planned_steps 100 -> 300"),
+    # what a registration does not say, it keeps
+    ({"job_type": "dpo", "planned_steps": 50, "policy": {"detector": "decline", "k": 3}}, {}, ("dpo", 50, 3), None),
+    # a policy may change while no report was decided under the old one
+    ({"policy": {"detector": "decline", "k": 3}}, {"policy": {"detector": "decline", "k": 4}}, ("rlhf", None, 4),
+     "policy"),
+])
+def test_a_later_registration_attaches_and_amends(make, first, then, expected, audited):
+    c = make()
+    c.register_job("a", "j", **first)
+    view, created = c.register_job("a", "j", **then)
+    assert not created and (view.job_type, view.planned_steps, view.policy["k"]) == expected
+    assert c.status("a", "j") == view
+    amended = [a.reason for a in c.audit("a", "j") if a.kind is AuditKind.AMENDED]
+    assert amended == ([] if audited is None else [amended[0]]) and (audited is None or audited in amended[0])
+
+
+def test_a_policy_change_after_decided_reports_is_another_job(make):
+    c = make()
+    c.register_job("a", "j", "grpo", policy={"detector": "decline", "k": 2})
+    c.report("a", "j", 10, eval_score=0.5)
+    with pytest.raises(Conflict, match="1 reports decided under policy"):
+        c.register_job("a", "j", "grpo", policy={"detector": "decline", "k": 3})
 
 
 @pytest.mark.parametrize(

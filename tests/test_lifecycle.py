@@ -16,6 +16,8 @@ EXPECTED = {
     JobStatus: {
         ("pending", "running"), ("pending", "stopped"), ("pending", "finished"), ("pending", "failed"),
         ("running", "stopped"), ("running", "finished"), ("running", "failed"),
+        ("pending", "lost"), ("running", "lost"),  # silent past the lease
+        ("lost", "running"), ("lost", "stopped"), ("lost", "finished"), ("lost", "failed"),  # seen again
     },
     Escalation: {
         ("grace", "sigterm"), ("grace", "done"), ("sigterm", "sigkill"), ("sigterm", "done"), ("sigkill", "done"),

@@ -1,8 +1,8 @@
 """Memory equals disk: whatever commands come and whichever writes fail, the coordinator's answers
 equal those of a coordinator rebuilt from the store (a restart), on every store.
 
-Random command sequences (register, reports in and out of order, retries, stop, ack, finish, fail,
-launcher events) run against a coordinator whose store refuses some writes (at once or a moment
+Random command sequences (registrations that attach and amend, reports in and out of order,
+retries, stop, ack, finish, fail, launcher events, heartbeats, lease sweeps) run against a coordinator whose store refuses some writes (at once or a moment
 later, as a full disk or a lost database connection would); after each command every job's view,
 reports and audit must equal what a fresh coordinator over the same (unfailing) store answers.
 The red-team repro (a policy whose detector cannot replay its history) leaves the store loadable.
@@ -26,6 +26,14 @@ from .store_helpers import STORE_KINDS, open_store
 JOBS = ("a", "b", "c")
 POLICIES = ({"detector": "decline", "k": 2}, {"detector": "trend", "window": 3}, {"detector": "patience", "k": 2},
             {"detector": "cusum"})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
 
 
 class FlakyStore:
@@ -62,10 +70,16 @@ class FlakyStore:
 
 def _random_command(coord: Coordinator, rng: random.Random, steps: dict[str, int]) -> None:
     job = rng.choice(JOBS)
-    kind = rng.choices(["register", "report", "retry", "old", "stop", "ack", "finish", "fail", "event"],
-                       [2, 12, 2, 1, 1, 1, 1, 1, 1])[0]
+    kind = rng.choices(["register", "report", "retry", "old", "stop", "ack", "finish", "fail", "event", "heartbeat",
+                        "sweep"], [2, 12, 2, 1, 1, 1, 1, 1, 1, 1, 1])[0]
+    coord.clock.t += rng.choice((1.0, 1.0, 50.0))  # sometimes past the lease
     if kind == "register":
-        coord.register_job("acme", job, "grpo", 400, rng.choice(POLICIES))
+        coord.register_job("acme", job, rng.choice((None, "grpo")), rng.choice((None, 400, 800)),
+                           rng.choice((None, *POLICIES)))
+    elif kind == "heartbeat":
+        coord.heartbeat("acme", job)
+    elif kind == "sweep":
+        coord.sweep()
     elif kind == "report":
         steps[job] = steps.get(job, 0) + rng.randint(1, 20)
         score = None if rng.random() < 0.15 else round(rng.gauss(0.5, 0.2), 3)
@@ -100,7 +114,8 @@ def _run(kind: str, tmp_path, request, seed: int, n_commands: int, check_every: 
     rng = random.Random(seed)
     inner = open_store(kind, tmp_path / f"s{seed}.db", request)
     flaky = FlakyStore(inner, rng, p_fail=0.2)
-    coord = Coordinator(flaky, clock=lambda: 1000.0)
+    clock = Clock()
+    coord = Coordinator(flaky, clock=clock, lease_s=40)
     steps: dict[str, int] = {}
     for i in range(n_commands):
         try:
@@ -109,7 +124,7 @@ def _run(kind: str, tmp_path, request, seed: int, n_commands: int, check_every: 
             pass
         if (i + 1) % check_every == 0 or i == n_commands - 1:
             restarted = Coordinator(open_store(kind, tmp_path / f"s{seed}.db", request) if kind != "memory" else inner,
-                                    clock=lambda: 1000.0)
+                                    clock=clock)
             assert _snapshot(coord) == _snapshot(restarted), f"seed {seed}, after command {i}"
             if kind != "memory":
                 restarted.close()

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from evalstop_trl.core.detectors import Action, Decision, Observation
-from evalstop_trl.core.records import AuditKind, AuditRecord, JobView, Policy, Report
+from evalstop_trl.core.records import AuditKind, AuditRecord, JobRecord, JobType, JobView, Policy, Report
 
 DECISION = Decision(Action.STOP, "2 consecutive declines", 20, 0.7, {"declines": 2, "steps": [20, 30, 40]})
 RECORDS = [
@@ -17,6 +17,7 @@ RECORDS = [
     AuditRecord("acme", "j", 1.0, AuditKind.STOP, "detector:decline", "why", {"step": 40}),
     JobView("j", "grpo", "stopped", {"detector": "decline", "k": 2}, DECISION, 20, 0.7, None, 4, 40, 100, True),
     Report(10, 0.5, 0.1, 1.2, None, 3.0),
+    JobRecord("acme", "j", JobType.GRPO, 100, Policy(), last_seen=4.0),
     Observation("j", 10, 0.5),
 ]
 
@@ -24,8 +25,11 @@ RECORDS = [
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
 def test_frozen_and_picklable(record):
     assert pickle.loads(pickle.dumps(record)) == record
-    field = dataclasses.fields(record)[0].name
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    if isinstance(record, tuple):  # the hot-path records are NamedTuples
+        field, error = record._fields[0], AttributeError
+    else:
+        field, error = dataclasses.fields(record)[0].name, dataclasses.FrozenInstanceError
+    with pytest.raises(error):
         setattr(record, field, None)
 
 

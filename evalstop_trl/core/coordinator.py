@@ -40,9 +40,9 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from .detectors import Decision
-from .errors import Conflict, InvalidInput, NotFound, QuotaExceeded
+from .errors import EvalStopError, InvalidInput, NotFound, QuotaExceeded
 from .evals import ExternalEvals
-from .job import Ack, Event, Fail, Finish, JobState, Observe, Step, Stop, step
+from .job import Ack, Amend, Event, Expire, Fail, Finish, Heartbeat, JobState, Observe, Step, Stop, amendments, step
 from .memory_store import MemoryStore
 from .records import (
     MAX_STEP,
@@ -97,12 +97,21 @@ class Coordinator:
         default_policy: the policy of jobs registered without one (decline, k=2).
         quotas: per-tenant limits (active jobs, reports per job); unlimited-ish defaults.
         eval_gap_timeout_s: an external eval not back this long after its snapshot counts as missing.
+        lease_s: a pending or running job silent (no report, no heartbeat) for longer becomes LOST at
+            the next :meth:`sweep` and frees its quota (None: no leases, e.g. the simulator).
+        outage_grace: count silence only from this coordinator's start (a service: its clients could
+            not reach it while it was down); False for an embedded coordinator, which dies with its job.
     """
 
     def __init__(self, store: Store | None = None, clock: Callable[[], float] = time.time,
                  default_policy: Policy | None = None, quotas: Quotas | None = None,
-                 eval_gap_timeout_s: float = 600.0) -> None:
+                 eval_gap_timeout_s: float = 600.0, lease_s: float | None = None,
+                 outage_grace: bool = False) -> None:
+        if lease_s is not None and (isinstance(lease_s, bool) or not isinstance(lease_s, (int, float))
+                                    or not 1 <= lease_s <= 7 * 86400):
+            raise InvalidInput(f"lease_s must be None or in [1, 604800] seconds, but got {lease_s!r}.")
         self.store = store = MemoryStore() if store is None else store
+        self.lease_s = lease_s
         self.clock = clock
         self.default_policy = default_policy or Policy()
         self.tenants = Tenants(store, clock, quotas)
@@ -110,6 +119,9 @@ class Coordinator:
         self.jobs = repository(store, lambda t: self.tenants.quotas(t).max_reports_per_job, clock)
         self.external = ExternalEvals(self, eval_gap_timeout_s)
         self._stop_listeners: list[StopListener] = []
+        self.started_at = clock() if outage_grace else float("-inf")
+        if lease_s is not None:
+            self.sweep()
 
     @property
     def eval_gap_timeout_s(self) -> float:
@@ -160,32 +172,47 @@ class Coordinator:
             listener(record, decision)
 
     # ------------------------------------------------------------------ jobs
-    def register_job(self, tenant: str, job_id: str, job_type: str | JobType = JobType.RLHF,
+    def register_job(self, tenant: str, job_id: str, job_type: str | JobType | None = None,
                      planned_steps: int | None = None, policy: Policy | dict | None = None,
                      webhook: str | None = None) -> tuple[JobView, bool]:
-        """Register a job. Returns ``(view, created)``; an identical re-registration returns
-        ``created=False``; a different one for an existing id raises :class:`Conflict`."""
+        """Register a job, or attach to it. Returns ``(view, created)``.
+
+        Whoever registers first (a launcher, the callback, an evaluator) creates the job; a later
+        registration of the same id attaches to it (``created=False``) and fills in or changes what it
+        says (None keeps the job's value): a plan (``planned_steps``), a specific ``job_type`` for a
+        generic one, a webhook, a policy while the job has no report — each change in the audit log.
+        Another specific job type, or another policy once reports were decided, is a
+        :class:`Conflict` (a different job: use a new id). ``job_type`` None means ``rlhf``."""
         state, created = self._register(tenant, job_id, job_type, planned_steps, policy, webhook)
         return state.view(), created
 
-    def add_job(self, tenant: str, job_id: str, job_type: str | JobType = JobType.RLHF,
+    def add_job(self, tenant: str, job_id: str, job_type: str | JobType | None = None,
                 planned_steps: int | None = None, policy: Policy | dict | None = None,
                 webhook: str | None = None) -> bool:
         """:meth:`register_job` for an in-process caller that does not read the job's view (the
         simulator registers a job per arrival): returns ``created``, with the same checks."""
         return self._register(tenant, job_id, job_type, planned_steps, policy, webhook)[1]
 
-    def _register(self, tenant: str, job_id: str, job_type: str | JobType, planned_steps: int | None,
+    def _register(self, tenant: str, job_id: str, job_type: str | JobType | None, planned_steps: int | None,
                   policy: Policy | dict | None, webhook: str | None) -> tuple[JobState, bool]:
-        reg = Registration.parse(job_id, job_type, planned_steps, policy, webhook, default_policy=self.default_policy)
+        reg = Registration.parse(job_id, JobType.RLHF if job_type is None else job_type, planned_steps, policy,
+                                 webhook, default_policy=self.default_policy)
         jobs = self.jobs
         with jobs.register_lock:
             existing = jobs.find(tenant, job_id)
             if existing is not None:
-                if existing.head.record.registration() == reg:
+                changes = amendments(existing.head, None if job_type is None else reg.job_type, planned_steps,
+                                     None if policy is None else reg.policy, webhook)
+                if not changes:
                     return existing.head, False
-                raise Conflict(f"job {job_id!r} is already registered with a different job_type, planned_steps, "
-                               f"policy or webhook; use a new job_id")
+                amend = Amend(changes, f"tenant:{tenant}", self.clock())
+        if existing is not None:
+            out, ticket = self._run(existing, amend)
+            self._settle(ticket, tenant, job_id)
+            return out.state, False
+        with jobs.register_lock:
+            if jobs.find(tenant, job_id) is not None:  # registered meanwhile: attach
+                return self._register(tenant, job_id, job_type, planned_steps, policy, webhook)
             quotas = self.tenants.quotas(tenant)
             active = jobs.active(tenant)
             if active >= quotas.max_active_jobs:
@@ -263,6 +290,34 @@ class Coordinator:
         already stopped, finished or failed stays as it is."""
         _check_reason(reason)
         return self._command(tenant, job_id, Fail(reason, f"job:{job_id}", self.clock())).state.view()
+
+    def heartbeat(self, tenant: str, job_id: str, actor: str = "job") -> JobView:
+        """The job is alive: renews its lease (a LOST job is RUNNING again). Reports renew it too."""
+        if not isinstance(actor, str) or not 0 < len(actor) <= 128:
+            raise InvalidInput("actor must be a name of 1-128 characters.")
+        return self._command(tenant, job_id, Heartbeat(actor, self.clock())).state.view()
+
+    def sweep(self) -> list[tuple[str, str]]:
+        """Mark LOST every pending or running job silent for longer than ``lease_s`` (the service runs
+        this periodically; an embedded coordinator when it opens). Returns the (tenant, job_id) marked."""
+        if self.lease_s is None:
+            return []
+        now = self.clock()
+        lease = self.lease_s
+        marked = []
+        for slot in self.jobs.live_slots():
+            state = slot.head
+            if not state.record.status.active or now - max(state.last_seen, self.started_at) <= lease:
+                continue
+            r = state.record
+            try:
+                out = self._command(r.tenant, r.job_id, Expire(lease + max(0.0, self.started_at - state.last_seen),
+                                                               now))
+            except (StoreError, EvalStopError):
+                continue  # another replica changed it, or the store is down: the next sweep retries
+            if out.commit is not None:
+                marked.append((r.tenant, r.job_id))
+        return marked
 
     def record_event(self, tenant: str, job_id: str, kind: AuditKind, reason: str, evidence: dict,
                      actor: str = "coordinator") -> None:

@@ -28,14 +28,17 @@ from typing import Any, NamedTuple
 
 from .detectors import Action, Decision, Detector, Observation
 from .errors import Conflict, QuotaExceeded
-from .records import AuditKind, AuditRecord, Delivery, JobRecord, JobStatus, JobView, Report
+from .records import AuditKind, AuditRecord, Delivery, JobRecord, JobStatus, JobType, JobView, Policy, Report
+
+_GENERIC_TYPES = frozenset({JobType.RLHF, JobType.OTHER})
 
 __all__ = [
-    "Ack", "Commit", "Event", "Fail", "Finish", "JobState", "Observe", "Step", "Stop", "replay", "step",
-    "stop_delivery",
+    "Ack", "Amend", "Commit", "Event", "Expire", "Fail", "Finish", "Heartbeat", "JobState", "Observe", "Step", "Stop",
+    "amendments", "replay", "step", "stop_delivery",
 ]
 
 _RUNNING, _PENDING, _STOPPED, _FAILED = JobStatus.RUNNING, JobStatus.PENDING, JobStatus.STOPPED, JobStatus.FAILED
+_LOST = JobStatus.LOST
 _CONTINUE = Action.CONTINUE
 _NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
 
@@ -60,6 +63,13 @@ class JobState(NamedTuple):
     def new(cls, record: JobRecord, max_reports: int = 10**9, detector: Detector | None = None) -> JobState:
         """A job with no report yet (a new registration, or a stored job before its replay)."""
         return cls(record, detector or record.policy.build(), max_reports=max_reports, version=record.version)
+
+    @property
+    def last_seen(self) -> float:
+        """When the job last gave a sign of life: its registration, heartbeat or latest report."""
+        seen = self.record.last_seen or self.record.created_at
+        last = self.last
+        return seen if last is None or last.received_at < seen else last.received_at
 
     def current(self) -> Decision:
         """The decision the job's reports and status say now."""
@@ -161,6 +171,29 @@ class Event(NamedTuple):
     now: float
 
 
+class Heartbeat(NamedTuple):
+    """The job is alive (its callback or launcher says so between reports)."""
+
+    actor: str
+    now: float
+
+
+class Expire(NamedTuple):
+    """The lease check: a pending or running job silent for more than ``lease_s`` becomes LOST."""
+
+    lease_s: float
+    now: float
+
+
+class Amend(NamedTuple):
+    """A re-registration that fills in or changes the job's plan, type, policy or webhook (see
+    :func:`amendments`): ``changes`` maps field names to new values."""
+
+    changes: Mapping[str, Any]
+    actor: str
+    now: float
+
+
 def step(state: JobState, command: Any) -> Step:
     """Apply ``command`` to ``state`` (pure). Raises :class:`Conflict` or :class:`QuotaExceeded` for
     a command the job refuses; ``state`` is never changed."""
@@ -210,6 +243,9 @@ def _observe(state: JobState, cmd: Observe) -> Step:
         stopped = True
     elif status is _PENDING:
         new_record = record.evolve(status=_RUNNING, updated_at=rep.received_at)
+    elif status is _LOST:
+        new_record = record.evolve(status=_RUNNING, updated_at=rep.received_at)
+        audit = (_seen_again(state, rep.received_at, f"report of step {rep.step}"),)
     new = JobState(new_record, detector, state.first or rep, rep, state.n_reports + 1,
                    rep.checkpoint if detector.best_step == rep.step else state.best_checkpoint, decision,
                    state.max_reports, state.version + 1)
@@ -285,8 +321,79 @@ def _event(state: JobState, cmd: Event) -> Step:
     return Step(new, new.current(), Commit(record, None, (audit,), (), state.version))
 
 
+def _seen_again(state: JobState, now: float, how: str) -> AuditRecord:
+    r = state.record
+    return AuditRecord(r.tenant, r.job_id, now, AuditKind.SEEN_AGAIN, f"job:{r.job_id}",
+                       f"seen again ({how}) after {now - state.last_seen:.0f} s of silence", {})
+
+
+def _heartbeat(state: JobState, cmd: Heartbeat) -> Step:
+    record = state.record
+    if record.status.terminal:
+        return Step(state, state.current())
+    audit = _seen_again(state, cmd.now, f"heartbeat from {cmd.actor}") if record.status is _LOST else None
+    new_record = record.evolve(status=_RUNNING if record.status is _LOST else record.status, last_seen=cmd.now)
+    new = state._replace(record=new_record, version=state.version + 1)
+    return Step(new, new.current(), Commit(new_record, None, () if audit is None else (audit,), (), state.version))
+
+
+def _expire(state: JobState, cmd: Expire) -> Step:
+    record = state.record
+    silent = cmd.now - state.last_seen
+    if not record.status.active or silent <= cmd.lease_s:
+        return Step(state, state.current())
+    reason = f"no report or heartbeat for {silent:.0f} s (lease {cmd.lease_s:g} s): marked lost"
+    audit = AuditRecord(record.tenant, record.job_id, cmd.now, AuditKind.LOST, "coordinator", reason,
+                        {"last_seen": state.last_seen, "lease_s": cmd.lease_s})
+    new, commit = _transition(state, _LOST, cmd.now, audit)
+    return Step(new, new.current(), commit)
+
+
+def _amend(state: JobState, cmd: Amend) -> Step:
+    record = state.record
+    said = "; ".join(f"{k} {_shown(getattr(record, k))} -> {_shown(v)}" for k, v in cmd.changes.items())
+    audit = AuditRecord(record.tenant, record.job_id, cmd.now, AuditKind.AMENDED, cmd.actor,
+                        f"registration amended: {said}", {k: _shown(v) for k, v in cmd.changes.items()})
+    new_record = record.evolve(updated_at=cmd.now, **cmd.changes)
+    detector = new_record.policy.build() if "policy" in cmd.changes else state.detector
+    new = state._replace(record=new_record, detector=detector, version=state.version + 1)
+    return Step(new, new.current(), Commit(new_record, None, (audit,), (), state.version))
+
+
+def _shown(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return getattr(value, "value", value)
+
+
+def amendments(state: JobState, job_type: JobType | None, planned_steps: int | None, policy: Policy | None,
+               webhook: str | None) -> dict[str, Any]:
+    """What a re-registration changes (only what it says: None keeps the job's value). Raises
+    :class:`Conflict` for a change that would make it another job: another specific job type, or
+    another policy once the job has reports (its history was decided under the old one)."""
+    record = state.record
+    changes: dict[str, Any] = {}
+    if job_type is not None and job_type is not record.job_type:
+        if record.job_type not in _GENERIC_TYPES and job_type not in _GENERIC_TYPES:
+            raise Conflict(f"job {record.job_id!r} is a {record.job_type.value} job, not {job_type.value}; "
+                           f"use a new job_id for another job")
+        if record.job_type in _GENERIC_TYPES:
+            changes["job_type"] = job_type
+    if planned_steps is not None and planned_steps != record.planned_steps:
+        changes["planned_steps"] = planned_steps  # filled in, or an extended/shortened plan (audited)
+    if policy is not None and policy != record.policy:
+        if state.n_reports:
+            raise Conflict(f"job {record.job_id!r} has {state.n_reports} reports decided under policy "
+                           f"{record.policy.to_dict()}; a new policy needs a new job_id")
+        changes["policy"] = policy
+    if webhook is not None and webhook != record.webhook:
+        changes["webhook"] = webhook
+    return changes
+
+
 _HANDLERS: dict[type, Callable[[JobState, Any], Step]] = {
     Observe: _observe, Stop: _stop, Ack: _ack, Finish: _finish, Fail: _fail, Event: _event,
+    Heartbeat: _heartbeat, Expire: _expire, Amend: _amend,
 }
 
 

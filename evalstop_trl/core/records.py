@@ -122,8 +122,9 @@ _RLHF_TYPES = frozenset({JobType.RLHF, JobType.PPO, JobType.GRPO, JobType.RLOO, 
 
 
 @transitions({
-    "PENDING": {"RUNNING", "STOPPED", "FINISHED", "FAILED"},
-    "RUNNING": {"STOPPED", "FINISHED", "FAILED"},
+    "PENDING": {"RUNNING", "STOPPED", "FINISHED", "FAILED", "LOST"},
+    "RUNNING": {"STOPPED", "FINISHED", "FAILED", "LOST"},
+    "LOST": {"RUNNING", "STOPPED", "FINISHED", "FAILED"},
     "STOPPED": set(),
     "FINISHED": set(),
     "FAILED": set(),
@@ -132,13 +133,21 @@ class JobStatus(Lifecycle, str, Enum):
     """A job's life: PENDING -> RUNNING -> STOPPED | FINISHED | FAILED (the last three are terminal).
 
     PENDING until its first report; STOPPED by a detector or by hand; FINISHED when it ran to its end;
-    FAILED when its trainer reported a crash. An illegal move raises ``IllegalTransition`` (409)."""
+    FAILED when its trainer reported a crash. LOST when it was silent (no report, no heartbeat) past
+    its lease: it no longer counts against the tenant's active jobs, and a report or heartbeat brings
+    it back to RUNNING. An illegal move raises ``IllegalTransition`` (409)."""
 
     PENDING = "pending"
     RUNNING = "running"
+    LOST = "lost"
     STOPPED = "stopped"
     FINISHED = "finished"
     FAILED = "failed"
+
+    @property
+    def active(self) -> bool:
+        """Counted against the tenant's ``max_active_jobs`` (pending or running)."""
+        return self is JobStatus.PENDING or self is JobStatus.RUNNING
 
 
 _PENDING_STATUS = JobStatus.PENDING
@@ -284,6 +293,9 @@ class AuditKind(str, Enum):
     LAUNCHER_EXIT = "launcher_exit"  # the launcher's child exited (with its status)
     WEBHOOK = "webhook"
     WEBHOOK_FAILED = "webhook_failed"
+    LOST = "lost"  # silent past its lease
+    SEEN_AGAIN = "seen_again"  # a lost job reported or sent a heartbeat again
+    AMENDED = "amended"  # a re-registration filled in or changed the job's plan, policy or webhook
     SIGTERM = "sigterm"  # legacy: written by evalstop 0.1, whose service signalled processes itself
     SIGKILL = "sigkill"
 
@@ -343,6 +355,7 @@ class JobRecord(NamedTuple):
     checkpoint: str | None = None
     finished_at: float | None = None
     version: int = 0  # writes to the job so far, as a shared store counts them (0 elsewhere)
+    last_seen: float | None = None  # its last heartbeat (its reports count too: see JobState.last_seen)
 
     @classmethod
     def new(cls, tenant: str, reg: Registration, now: float) -> JobRecord:

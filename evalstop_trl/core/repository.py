@@ -132,11 +132,11 @@ class JobCache:
         return out.state
 
     def _status_changed(self, old: JobState, new: JobState) -> None:
-        was, now = old.record.status.terminal, new.record.status.terminal
+        was, now = old.record.status.active, new.record.status.active
         if was != now:
             tenant = new.record.tenant
             with self._lock:
-                self._active[tenant] = self._active.get(tenant, 0) + (1 if was else -1)
+                self._active[tenant] = self._active.get(tenant, 0) + (1 if now else -1)
 
     def insert(self, state: JobState, committed: bool) -> Slot:
         slot = Slot(state, committed, self._status_changed)
@@ -144,7 +144,7 @@ class JobCache:
         with self._lock:
             self._slots[(r.tenant, r.job_id)] = slot
             self._by_tenant.setdefault(r.tenant, {})[r.job_id] = slot
-            if not r.status.terminal:
+            if r.status.active:
                 self._active[r.tenant] = self._active.get(r.tenant, 0) + 1
         return slot
 
@@ -155,7 +155,7 @@ class JobCache:
             if self._slots.get((r.tenant, r.job_id)) is slot:
                 del self._slots[(r.tenant, r.job_id)]
                 self._by_tenant.get(r.tenant, {}).pop(r.job_id, None)
-                if not r.status.terminal:
+                if r.status.active:
                     self._active[r.tenant] -= 1
 
     # ------------------------------------------------------------------ access
@@ -199,6 +199,10 @@ class JobCache:
 
     def active(self, tenant: str) -> int:
         return self._active.get(tenant, 0)
+
+    def live_slots(self) -> list[Slot]:
+        """The jobs a lease sweep looks at (pending or running ones among them)."""
+        return [s for s in list(self._slots.values()) if s.head.record.status.active]
 
     def page(self, tenant: str, status: JobStatus | None, limit: int | None, offset: int) -> tuple[list[JobState], int]:
         """One page of the tenant's committed jobs in registration order, and the total."""
@@ -258,6 +262,17 @@ class ReplicatedJobs(JobCache):
 
     def active(self, tenant: str) -> int:
         return self.store.count_active(tenant)
+
+    def live_slots(self) -> list[Slot]:
+        """Every replica sweeps every active job in the store (a job's version check lets one win)."""
+        slots = []
+        for record in self.store.jobs():
+            if record.status.active:
+                try:
+                    slots.append(self.get(record.tenant, record.job_id))
+                except NotFound:
+                    continue
+        return slots
 
     def page(self, tenant: str, status: JobStatus | None, limit: int | None, offset: int) -> tuple[list[JobState], int]:
         ids, total = self.store.job_page(tenant, None if status is None else status.value, limit, offset)

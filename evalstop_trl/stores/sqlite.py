@@ -40,7 +40,7 @@ from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -52,7 +52,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     tenant TEXT NOT NULL, job_id TEXT NOT NULL, job_type TEXT NOT NULL, planned_steps INTEGER,
     policy TEXT NOT NULL, pid INTEGER, pid_start_time REAL, webhook TEXT, status TEXT NOT NULL,
     created_at REAL NOT NULL, updated_at REAL NOT NULL, decision TEXT, stopped_by TEXT,
-    stopped_at REAL, acked_at REAL, checkpoint TEXT, finished_at REAL,
+    stopped_at REAL, acked_at REAL, checkpoint TEXT, finished_at REAL, last_seen REAL,
     PRIMARY KEY (tenant, job_id));
 CREATE TABLE IF NOT EXISTS reports (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, job_id TEXT NOT NULL,
@@ -82,12 +82,13 @@ CREATE TABLE IF NOT EXISTS evals (
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE tenants ADD COLUMN quotas TEXT NOT NULL DEFAULT '{}'",
         "ALTER TABLE tenants ADD COLUMN webhook_secret TEXT NOT NULL DEFAULT ''"),
+    2: ("ALTER TABLE jobs ADD COLUMN last_seen REAL",),
 }
 
 
 _JOB_COLS = (
     "tenant, job_id, job_type, planned_steps, policy, pid, pid_start_time, webhook, status, "
-    "created_at, updated_at, decision, stopped_by, stopped_at, acked_at, checkpoint, finished_at"
+    "created_at, updated_at, decision, stopped_by, stopped_at, acked_at, checkpoint, finished_at, last_seen"
 )
 
 
@@ -96,7 +97,7 @@ def _job_row(j: JobRecord) -> tuple:
         j.tenant, j.job_id, j.job_type.value, j.planned_steps, json.dumps(j.policy.to_dict()), None,
         None, j.webhook, j.status.value, j.created_at, j.updated_at,
         json.dumps(j.decision.to_dict()) if j.decision else None, j.stopped_by, j.stopped_at,
-        j.acked_at, j.checkpoint, j.finished_at,
+        j.acked_at, j.checkpoint, j.finished_at, j.last_seen,
     )
 
 
@@ -106,7 +107,7 @@ def _job_from_row(r: tuple) -> JobRecord:
         policy=Policy.from_dict(json.loads(r[4]), stored=True), webhook=r[7],
         status=JobStatus(r[8]), created_at=r[9], updated_at=r[10],
         decision=Decision.from_dict(json.loads(r[11])) if r[11] else None, stopped_by=r[12],
-        stopped_at=r[13], acked_at=r[14], checkpoint=r[15], finished_at=r[16],
+        stopped_at=r[13], acked_at=r[14], checkpoint=r[15], finished_at=r[16], last_seen=r[17],
     )
 
 
@@ -221,7 +222,7 @@ class SQLiteStore(SQLReads, Store):
         deliveries = tuple(deliveries)
 
         def op(db: sqlite3.Connection) -> None:
-            db.execute(f"INSERT OR REPLACE INTO jobs ({_JOB_COLS}) VALUES ({','.join('?' * 17)})", row)
+            db.execute(f"INSERT OR REPLACE INTO jobs ({_JOB_COLS}) VALUES ({','.join('?' * 18)})", row)
             if report is not None:
                 self._insert_report(db, job.tenant, job.job_id, report)
             self._insert_audit(db, audit)
