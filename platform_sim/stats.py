@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass
 from typing import Any
@@ -70,7 +71,9 @@ def mean_of(values: Sequence[float]) -> float:
 
 
 def _mean_stat(x: np.ndarray) -> np.ndarray:
-    return np.nanmean(x, axis=-1)
+    with warnings.catch_warnings():  # a resample of NaN seeds only has no mean: NaN, dropped
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(x, axis=-1)
 
 
 def mean_ci(per_seed: Sequence[float]) -> CI:

@@ -13,6 +13,8 @@ from platform_sim.engine import JobOutcome, RunResult
 from platform_sim.experiments import bootstrap_ci, paired_permutation_p
 from platform_sim.metrics import Detection, compare, detection, detection_by_type, summarize, wasted
 from platform_sim.report import p_value
+from platform_sim.results import json_safe
+from platform_sim.stats import Metric, Rates
 
 from .sim_helpers import job, small_config, workload
 
@@ -73,6 +75,29 @@ def test_gpu_hours_saved_on_hacked_jobs():
     run = result(outcome(0, 0, 3, stopped=True, gpu_s=6 * 3600), outcome(1, 0, 2, stopped=True, gpu_s=2 * 3600))
     ch = compare(base, run, wl, cfg)
     assert ch.gpu_hours_saved_hacked == pytest.approx(2.0) and ch.gpu_hours_saved == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("seeds, precision, recall, fpr, harmful", [
+    ([Detection(9, 2, 1, 10, 20, 11), Detection(8, 0, 0, 9, 21, 8)], 17 / 18, 17 / 19, 1 / 41, 1),
+    ([Detection(0, 0, 0, 0, 5, 0)], None, None, 0.0, 0),  # nothing hacked, nothing stopped: undefined rates
+    ([Detection(0, 3, 3, 0, 3, 3)] * 3, 0.0, None, 1.0, 9),
+])
+def test_rates_pool_over_seeds(seeds, precision, recall, fpr, harmful):
+    r = Rates.pool(seeds)
+    assert (r.precision, r.recall, r.fpr, r.harmful_stops) == pytest.approx((precision, recall, fpr, harmful))
+    row = r.to_dict()  # the JSON shape of every rates block
+    assert list(row) == ["precision", "recall", "fpr", "fpr_label", "precision_label", "precision_ci", "recall_ci",
+                         "fpr_ci", "counts"]
+    assert row["counts"] == r.counts.to_dict() and r.counts.fp_b == harmful
+    if len(seeds) < 2:
+        assert json_safe(row["precision_ci"]) == [None, None]  # no interval from one seed
+
+
+def test_metric_skips_nan_seeds_and_json_has_no_nan():
+    m = Metric.over([0.1, float("nan"), 0.3])
+    assert m.mean == pytest.approx(0.2) and m.ci[0] <= m.mean <= m.ci[1]
+    assert json_safe({"a": float("nan"), "b": (1, np.float64(2.5)), 3: float("inf")}) == {"a": None, "b": [1, 2.5],
+                                                                                           "3": None}
 
 
 @pytest.mark.parametrize("p, text", [(1 / 20001, "p < 1e-04"), (5e-5, "p < 1e-04"), (0.0123, "p = 0.012"),
