@@ -91,7 +91,7 @@ def test_against_a_live_server(server, tmp_path):
     with EvalStopClient(server.url, token) as c:
         job = c.status("lab-hacked")
         assert job.status == "stopped" and job.acked and job.best_step == run.best_step
-        assert [a["kind"] for a in c.audit()] == ["stop", "ack"]
+        assert [a.kind.value for a in c.audit()] == ["stop", "ack"]
 
 
 class _Args:
@@ -213,3 +213,96 @@ def test_two_processes_stop_together(tmp_path, mode):
     if mode == "all":  # both ranks ran the (collective) eval at every eval step; rank 0's score was used
         assert [(tmp_path / f"evals-rank{r}.txt").read_text().split() for r in (0, 1)] == [["2", "2"]] * 2
         assert float(steps[0].split("best score ")[1].split(",")[0]) < 100
+
+
+def test_the_constructor_returns_the_adapter_of_its_mode():
+    from evalstop_trl.train.callback import FeedbackMode
+
+    cases = [(EvalStopCallback(lambda m, t: 0.0, eval_every=5), FeedbackMode.CALLABLE),
+             (EvalStopCallback("eval_reward"), FeedbackMode.METRIC),
+             (EvalStopCallback(external_eval=True, eval_every=5), FeedbackMode.EXTERNAL)]
+    for cb, mode in cases:
+        assert isinstance(cb, EvalStopCallback) and cb.mode is mode and cb.external_eval is (mode == "external")
+        assert type(cb).__name__ == "EvalStopCallback"  # the key of its state in a checkpoint
+    assert type(cases[0][0]) is not type(EvalStopCallback(lambda m, t: 0.0, eval_every=5))  # a class per instance
+
+
+def test_a_state_restores_only_through_the_callback_it_replaces(tmp_path):
+    from evalstop_trl.train.callback import EvalStopSession
+
+    def judge(m, t):
+        return 0.5
+
+    coord = Coordinator(MemoryStore())
+    cb = EvalStopCallback(judge, eval_every=1, coordinator=coord, job_id="r", save_best=False)
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    _eval_step(cb, tmp_path, 1, _Control(), torch.nn.Linear(1, 1))
+    state = cb.state()
+    with pytest.raises(ValueError, match="cannot be restored without the callback itself"):
+        EvalStopCallback.from_state(state)  # no callback to take the callable from
+    copy = type(cb).from_state(state)  # what transformers does: type(callback)(**args), then the attributes
+    assert copy is not cb and copy.world_feedback is judge and copy._coordinator_arg is coord
+    assert isinstance(cb.session, EvalStopSession) and cb.session is copy.session  # the user's object follows
+    assert cb.history == [{"step": 1, "eval_score": 0.5, "train_loss": pytest.approx(0.1), "proxy_reward": None}]
+    other = EvalStopCallback(lambda m, t: 1.0, eval_every=1, job_id="other")
+    assert type(other).from_state(other.state()).world_feedback is other.world_feedback is not judge
+
+
+def _restorable_trainer(out, cb, max_steps, preempt_at=None):
+    from datasets import Dataset
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
+
+    from evalstop_trl.train.tiny import build_model, build_tokenizer, make_prompts
+
+    tok = build_tokenizer()
+    ds = Dataset.from_dict(dict(tok([p + "eeee" for p in make_prompts(64, 1)], add_special_tokens=False)))
+    args = TrainingArguments(output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=8, report_to="none",
+                             use_cpu=True, save_strategy="steps", save_steps=5, logging_steps=5, disable_tqdm=True,
+                             restore_callback_states_from_checkpoint=True)
+    trainer = Trainer(model=build_model(tok), args=args, train_dataset=ds, processing_class=tok, callbacks=[cb],
+                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+    trainer.remove_callback(PrinterCallback)
+
+    class Preempted(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == preempt_at:
+                raise RuntimeError(f"preempted at step {preempt_at}")
+
+    if preempt_at is not None:
+        trainer.add_callback(Preempted())
+    return trainer
+
+
+def test_two_trainers_in_one_process_keep_their_own_world_feedback_across_a_restore(tmp_path):
+    calls: dict[str, list[int]] = {"first": [], "a": [], "b": []}
+
+    def feedback(name):
+        def score(model, tokenizer):
+            calls[name].append(1)
+            return 0.5
+
+        return score
+
+    coord_a, coord_b = Coordinator(MemoryStore()), Coordinator(MemoryStore())
+
+    def callback(name, coord, job_id):
+        return EvalStopCallback(feedback(name), eval_every=5, coordinator=coord, job_id=job_id, detector="never",
+                                save_best=False)
+
+    with pytest.raises(RuntimeError, match="preempted"):  # after checkpoint-10
+        _restorable_trainer(tmp_path / "a", callback("first", coord_a, "a"), max_steps=20, preempt_at=10).train()
+    cb_a = callback("a", coord_a, "a")
+    trainer_a = _restorable_trainer(tmp_path / "a", cb_a, max_steps=20)
+    cb_b = callback("b", coord_b, "b")  # built last: the old process-wide "latest" callback
+    trainer_b = _restorable_trainer(tmp_path / "b", cb_b, max_steps=10)
+    trainer_a.train(resume_from_checkpoint=True)
+    (live,) = [c for c in trainer_a.callback_handler.callbacks if isinstance(c, EvalStopCallback)]
+    assert live is not cb_a and live.world_feedback is cb_a.world_feedback  # transformers' copy, A's callable
+    assert (len(calls["a"]), calls["b"]) == (2, [])  # steps 15 and 20
+    assert [h["step"] for h in cb_a.history] == [5, 10, 15, 20]  # the checkpoint's history, then the copy's
+    assert [r.step for r in coord_a.reports("local", "a")] == [5, 10, 15, 20] and not coord_b.list_jobs("local")
+    trainer_b.train()
+    assert (len(calls["a"]), len(calls["b"])) == (2, 2)
+    assert cb_b.session is not cb_a.session and [h["step"] for h in cb_b.history] == [5, 10]
+    assert [v.job_id for v in coord_b.list_jobs("local")] == ["b"]

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 from . import adapters  # noqa: F401 - registers the adapter of each mode
 from .base import EvalStopCallback, FeedbackMode, default_job_id
-from .session import EvalStopSession, infer_direction
+from .session import LOSS_KEYS, REWARD_KEYS, EvalStopSession, infer_direction
 
-__all__ = ["EvalStopCallback", "EvalStopSession", "FeedbackMode", "default_job_id", "infer_direction"]
+__all__ = ["LOSS_KEYS", "REWARD_KEYS", "EvalStopCallback", "EvalStopSession", "FeedbackMode", "default_job_id",
+           "infer_direction"]
