@@ -34,7 +34,7 @@ from evalstop_trl.service.app import ServiceSettings, create_app
 from evalstop_trl.service.routes import SCHEMAS, Handlers
 
 #: fields that hold a time: their values differ between runs and are not compared
-TIMESTAMPS = frozenset({"received_at", "created_at", "lease_until", "at"})
+TIMESTAMPS = frozenset({"received_at", "created_at", "lease_until", "at", "last_seen", "ended_at"})
 BACKENDS = ("embedded", "http-sqlite", "http-postgres")
 
 
@@ -75,7 +75,10 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
     grpo = {"detector": "decline", "k": 2}
     call("register", c.register_job, "j1", "grpo", planned_steps=100, policy=grpo)
     call("re-register", c.register_job, "j1", "grpo", planned_steps=100, policy=grpo)
-    call("register conflict", c.register_job, "j1", "grpo", planned_steps=99, policy=grpo)
+    call("register conflict", c.register_job, "j1", "dpo", planned_steps=100, policy=grpo)
+    call("register amend", c.register_job, "j1", planned_steps=120)
+    call("heartbeat", c.heartbeat, "j1", "launcher")
+    call("heartbeat unknown", c.heartbeat, "nope")
     call("register bad id", c.register_job, "a b")
     call("register bad detector", c.register_job, "x", policy={"detector": "nope"})
     call("register bad type", c.register_job, "x", "pretrain")
@@ -205,6 +208,8 @@ def test_the_script_means_what_it_says(results):
     r = dict(results["embedded"])
     assert r["register"]["status"] == "pending" and r["re-register"] == r["register"]
     assert r["register conflict"]["error"] == 409 and r["register bad id"]["error"] == 422
+    assert r["register amend"]["planned_steps"] == 120 and r["heartbeat"]["status"] == "pending"
+    assert r["heartbeat unknown"]["error"] == 404
     assert r["report 30 decline"]["action"] == "continue" and r["report 30 decline"]["evidence"]["declines"] == 1
     assert r["report 20 again"] == r["report 20"]
     assert r["report 20 different"]["error"] == 409 and r["report out of order"]["error"] == 409
@@ -229,8 +234,9 @@ def test_the_script_means_what_it_says(results):
     assert [(t["step"], t["state"], t["fed"]) for t in r["evals after"]] == [
         (10, "done", True), (20, "done", True), (30, "missing", True)]
     assert r["event bad kind"]["error"] == 422 and r["event bad exit code"]["error"] == 422
-    assert [a["kind"] for a in r["audit j1"]] == ["stop", "ack", "launcher_sigterm", "launcher_exit"]
-    assert r["audit j1"][1]["evidence"] == {"checkpoint": "/ckpt/20", "step": 50, "stop_lag": 10}
+    assert [a["kind"] for a in r["audit j1"]] == ["amended", "stop", "ack", "launcher_sigterm",
+                                                 "launcher_exit"]
+    assert r["audit j1"][2]["evidence"] == {"checkpoint": "/ckpt/20", "step": 50, "stop_lag": 10}
     for name in ("status", "report", "stop", "ack", "finish", "fail", "reports", "evals", "publish", "post", "event"):
         assert r[f"bob {name}"]["error"] == 404, name
     assert r["bob list_jobs"] == [] and r["bob audit"] == [] and r["bob claim"] is None

@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 
+from evalstop_trl.core.codec import from_wire, to_wire
 from evalstop_trl.core.detectors import Action, Decision, Observation
 from evalstop_trl.core.records import AuditKind, AuditRecord, JobRecord, JobType, JobView, Policy, Report
 
@@ -42,6 +43,6 @@ def test_mappings_inside_are_read_only(mapping):
 
 def test_round_trips():
     assert Decision.from_dict(DECISION.to_dict()) == DECISION
-    assert JobView.from_dict(RECORDS[3].to_dict()) == RECORDS[3]
+    assert from_wire(JobView, to_wire(RECORDS[3])) == RECORDS[3]
     assert Policy.from_dict(RECORDS[1].to_dict()) == RECORDS[1]
     assert RECORDS[4].payload() == (10, 0.5, 0.1, 1.2, None)  # what idempotency compares: not the arrival time

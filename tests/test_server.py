@@ -28,7 +28,7 @@ def test_register_report_stop_ack_finish(api):
     r = api.post("/v1/jobs", json={"job_id": "run-1", "job_type": "grpo", "planned_steps": 100}, headers=h)
     assert r.status_code == 201 and r.json()["status"] == "pending"
     assert api.post("/v1/jobs", json={"job_id": "run-1", "job_type": "grpo", "planned_steps": 100}, headers=h).status_code == 200
-    assert api.post("/v1/jobs", json={"job_id": "run-1", "job_type": "grpo", "planned_steps": 99}, headers=h).status_code == 409
+    assert api.post("/v1/jobs", json={"job_id": "run-1", "job_type": "dpo", "planned_steps": 99}, headers=h).status_code == 409
     actions = []
     for step, score in [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.5)]:
         r = api.post("/v1/jobs/run-1/reports", json={"step": step, "eval_score": score, "train_loss": 1.0}, headers=h)

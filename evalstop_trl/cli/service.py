@@ -194,7 +194,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     quotas = _quotas_from_env(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    coord = Coordinator(_open_store(path), quotas=quotas)
+    lease = args.lease_s if args.lease_s is not None else _env("EVALSTOP_LEASE_S", float, 300.0, "a number of seconds")
+    if not (lease == 0 or 1 <= lease <= 7 * 86400):
+        raise CLIError(f"--lease-s must be 0 (no leases) or in [1, 604800] seconds, got {lease:g}")
+    coord = Coordinator(_open_store(path), quotas=quotas, lease_s=lease or None, outage_grace=True)
     _raise_fd_limit(max_conn + 256)
     _tune_gc()
     _tune_gil()
@@ -273,6 +276,8 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-connections", type=int, help="open connections at most (env EVALSTOP_MAX_CONNECTIONS; 1000)")
     s.add_argument("--header-timeout-s", type=float, help="seconds for a request head to arrive (10)")
     s.add_argument("--body-timeout-s", type=float, help="seconds for a request body to arrive (10)")
+    s.add_argument("--lease-s", type=float, help="a job silent (no report, no heartbeat) this long becomes 'lost' "
+                   "and frees its quota; 0 turns leases off (env EVALSTOP_LEASE_S; default 300)")
     _add_quota_flags(s, "default quota")
     s.set_defaults(func=_cmd_serve)
 

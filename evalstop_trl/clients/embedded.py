@@ -30,7 +30,7 @@ class EmbeddedClient:
     def __init__(self, coordinator: Coordinator, tenant: str = "local") -> None:
         self.coordinator, self.tenant = coordinator, tenant
 
-    def register_job(self, job_id: str, job_type: str = "rlhf", planned_steps: int | None = None,
+    def register_job(self, job_id: str, job_type: str | None = None, planned_steps: int | None = None,
                      policy: dict[str, Any] | None = None, webhook: str | None = None) -> JobView:
         return self.coordinator.register_job(self.tenant, job_id, job_type, planned_steps, policy, webhook)[0]
 
@@ -49,6 +49,9 @@ class EmbeddedClient:
 
     def stop(self, job_id: str, reason: str = "") -> JobView:
         return self.coordinator.stop(self.tenant, job_id, reason)
+
+    def heartbeat(self, job_id: str, actor: str = "job") -> JobView:
+        return self.coordinator.heartbeat(self.tenant, job_id, actor)
 
     def status(self, job_id: str) -> JobView:
         return self.coordinator.status(self.tenant, job_id)

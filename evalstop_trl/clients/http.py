@@ -193,7 +193,7 @@ class EvalStopClient:
                 args["after_step"] = page[-1].step
 
     # ------------------------------------------------------------------ the API (EvalStopAPI)
-    def register_job(self, job_id: str, job_type: str = "rlhf", planned_steps: int | None = None,
+    def register_job(self, job_id: str, job_type: str | None = None, planned_steps: int | None = None,
                      policy: dict[str, Any] | None = None, webhook: str | None = None) -> JobView | None:
         return self.call("register_job", job_id=job_id, job_type=job_type, planned_steps=planned_steps, policy=policy,
                          webhook=webhook)
@@ -215,6 +215,10 @@ class EvalStopClient:
 
     def stop(self, job_id: str, reason: str = "") -> JobView:
         return self.call("stop", job_id=job_id, reason=reason)
+
+    def heartbeat(self, job_id: str, actor: str = "job") -> JobView:
+        """Renew the job's lease (not kept in the outbox: a heartbeat is only worth sending now)."""
+        return self.call("heartbeat", job_id=job_id, actor=actor)
 
     def status(self, job_id: str) -> JobView:
         return self.call("status", job_id=job_id)

@@ -52,7 +52,7 @@ class EvalStopAPI(Protocol):
     unreachable: bool  # the HTTP client is in an outage (always False in process)
     pending: int  # operations waiting in the outbox
 
-    def register_job(self, job_id: str, job_type: str = "rlhf", planned_steps: int | None = None,
+    def register_job(self, job_id: str, job_type: str | None = None, planned_steps: int | None = None,
                      policy: dict[str, Any] | None = None, webhook: str | None = None) -> JobView | None: ...
 
     def report(self, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
@@ -65,6 +65,8 @@ class EvalStopAPI(Protocol):
     def fail(self, job_id: str, reason: str = "") -> JobView | None: ...
 
     def stop(self, job_id: str, reason: str = "") -> JobView: ...
+
+    def heartbeat(self, job_id: str, actor: str = "job") -> JobView: ...
 
     def status(self, job_id: str) -> JobView: ...
 
@@ -158,6 +160,7 @@ ROUTES: Mapping[str, Route] = {r.name: r for r in (
     Route("stop", "POST", "/v1/jobs/{job_id}/stop", codec.JOB, body=("reason",)),
     Route("ack", "POST", "/v1/jobs/{job_id}/ack", codec.JOB, body=("checkpoint", "step"), fail_open=True),
     Route("finish", "POST", "/v1/jobs/{job_id}/finish", codec.JOB, fail_open=True),
+    Route("heartbeat", "POST", "/v1/jobs/{job_id}/heartbeat", codec.JOB, body=("actor",)),
     Route("fail", "POST", "/v1/jobs/{job_id}/fail", codec.JOB, body=("reason",), fail_open=True),
     Route("publish_snapshot", "POST", "/v1/jobs/{job_id}/snapshots", codec.EVAL_TASK,
           body=("step", "path", "train_loss", "proxy_reward"), status=201, fail_open=True),

@@ -40,17 +40,17 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from .detectors import Decision
-from .errors import EvalStopError, InvalidInput, NotFound, QuotaExceeded
+from .errors import InvalidInput, NotFound, QuotaExceeded
 from .evals import ExternalEvals
-from .job import Ack, Amend, Event, Expire, Fail, Finish, Heartbeat, JobState, Observe, Step, Stop, amendments, step
+from .job import Ack, Amend, Event, Fail, Finish, JobState, Observe, Step, Stop, amendments, step
+from .leases import JobLeases
 from .memory_store import MemoryStore
+from .reads import JobReads
 from .records import (
     MAX_STEP,
     AuditKind,
-    AuditRecord,
     EvalTask,
     JobRecord,
-    JobStatus,
     JobType,
     JobView,
     Policy,
@@ -87,7 +87,7 @@ class PendingReport(NamedTuple):
     stopped: JobRecord | None  # the job's record if this report stopped it
 
 
-class Coordinator:
+class Coordinator(JobReads, JobLeases):
     """Make and record stop decisions for many tenants' jobs.
 
     Args:
@@ -235,16 +235,23 @@ class Coordinator:
                train_loss: float | None = None, proxy_reward: float | None = None,
                checkpoint: str | None = None) -> Decision:
         """Record one report (durably, before returning) and return the job's decision."""
-        pending = self.submit_report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
-        if pending.stopped is not None or pending.ticket is not DONE:
-            self.complete(pending)
-        return pending.decision
+        out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
+        if ticket is not DONE:
+            self._settle(ticket, tenant, job_id)
+        if out.stopped:
+            self._notify(out.state.record, out.decision)
+        return out.decision
 
     def submit_report(self, tenant: str, job_id: str, step: int, eval_score: float | None = None,
                       train_loss: float | None = None, proxy_reward: float | None = None,
                       checkpoint: str | None = None) -> PendingReport:
         """Decide on one report and queue its durable write; :meth:`complete` waits for it (the
         async service awaits ``pending.ticket``, a Future, instead)."""
+        out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
+        return PendingReport(tenant, job_id, out.decision, ticket, out.state.record if out.stopped else None)
+
+    def _report(self, tenant: str, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
+                proxy_reward: float | None, checkpoint: str | None) -> tuple[Step, Future]:
         if not (type(step) is int and 0 <= step <= MAX_STEP
                 and (eval_score is None or type(eval_score) is float and _isfinite(eval_score))
                 and (train_loss is None or type(train_loss) is float and _isfinite(train_loss))
@@ -259,8 +266,7 @@ class Coordinator:
         if last is not None and step < last.step:  # a late retry of an old step: read the store (no lock held)
             self._settle(slot.ticket, tenant, job_id)
             stored = self.store.report(tenant, job_id, step)
-        out, ticket = self._run(slot, Observe(rep, stored))
-        return PendingReport(tenant, job_id, out.decision, ticket, out.state.record if out.stopped else None)
+        return self._run(slot, Observe(rep, stored))
 
     def complete(self, pending: PendingReport) -> None:
         """Wait until ``pending`` is durable, then run the stop listeners (re-raises a store error)."""
@@ -291,34 +297,6 @@ class Coordinator:
         _check_reason(reason)
         return self._command(tenant, job_id, Fail(reason, f"job:{job_id}", self.clock())).state.view()
 
-    def heartbeat(self, tenant: str, job_id: str, actor: str = "job") -> JobView:
-        """The job is alive: renews its lease (a LOST job is RUNNING again). Reports renew it too."""
-        if not isinstance(actor, str) or not 0 < len(actor) <= 128:
-            raise InvalidInput("actor must be a name of 1-128 characters.")
-        return self._command(tenant, job_id, Heartbeat(actor, self.clock())).state.view()
-
-    def sweep(self) -> list[tuple[str, str]]:
-        """Mark LOST every pending or running job silent for longer than ``lease_s`` (the service runs
-        this periodically; an embedded coordinator when it opens). Returns the (tenant, job_id) marked."""
-        if self.lease_s is None:
-            return []
-        now = self.clock()
-        lease = self.lease_s
-        marked = []
-        for slot in self.jobs.live_slots():
-            state = slot.head
-            if not state.record.status.active or now - max(state.last_seen, self.started_at) <= lease:
-                continue
-            r = state.record
-            try:
-                out = self._command(r.tenant, r.job_id, Expire(lease + max(0.0, self.started_at - state.last_seen),
-                                                               now))
-            except (StoreError, EvalStopError):
-                continue  # another replica changed it, or the store is down: the next sweep retries
-            if out.commit is not None:
-                marked.append((r.tenant, r.job_id))
-        return marked
-
     def record_event(self, tenant: str, job_id: str, kind: AuditKind, reason: str, evidence: dict,
                      actor: str = "coordinator") -> None:
         """Append a launcher or webhook event to the job's audit log."""
@@ -340,54 +318,5 @@ class Coordinator:
         """An evaluator's result for a snapshot (see :meth:`.evals.ExternalEvals.post`)."""
         return self.external.post(tenant, job_id, step, score, worker, error)
 
-    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
-        """The job's published snapshots and their evals' states, in step order."""
-        self.jobs.read(tenant, job_id)
-        return self.store.evals(tenant, job_id)
-
-    # ------------------------------------------------------------------ reads (committed state only)
-    def state(self, tenant: str, job_id: str) -> JobState:
-        """The job's durable state (what a restart would rebuild)."""
-        return self.jobs.read(tenant, job_id)
-
-    def status(self, tenant: str, job_id: str) -> JobView:
-        return self.jobs.read(tenant, job_id).view()
-
-    def list_jobs(self, tenant: str, status: JobStatus | str | None = None, limit: int | None = None,
-                  offset: int = 0) -> list[JobView]:
-        """The tenant's jobs in registration order, optionally of one ``status``, paged."""
-        return self.page_jobs(tenant, status, limit, offset)[0]
-
-    def page_jobs(self, tenant: str, status: JobStatus | str | None = None, limit: int | None = None,
-                  offset: int = 0) -> tuple[list[JobView], int]:
-        """``(views, total)``: one page of the tenant's jobs (``total`` counts every match). No lock is
-        held while views are built, so listing thousands of jobs never holds up another tenant."""
-        wanted = None if status is None else (status if isinstance(status, JobStatus) else _parse_status(status))
-        states, total = self.jobs.page(tenant, wanted, limit, offset)
-        return [s.view() for s in states], total
-
-    def report_span(self, tenant: str, job_id: str) -> tuple[Report | None, Report | None]:
-        """The job's first and last durable report (None before any)."""
-        state = self.jobs.read(tenant, job_id)
-        return state.first, state.last
-
-    def reports(self, tenant: str, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[Report]:
-        """The job's durable reports in step order: those after ``after_step``, at most ``limit``."""
-        self.jobs.read(tenant, job_id)
-        return self.store.reports(tenant, job_id, after_step, limit)
-
-    def audit(self, tenant: str, job_id: str | None = None, limit: int | None = None,
-              offset: int = 0) -> list[AuditRecord]:
-        """The tenant's audit records (of one job if ``job_id``), oldest first, paged."""
-        return self.store.audit(tenant, job_id, limit, offset)
-
     def close(self) -> None:
         self.store.close()
-
-
-def _parse_status(value: str) -> JobStatus:
-    try:
-        return JobStatus(value)
-    except ValueError:
-        raise InvalidInput(f"Unknown status {value!r}; valid statuses are: {', '.join(s.value for s in JobStatus)}.") \
-            from None

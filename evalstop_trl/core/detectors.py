@@ -40,12 +40,10 @@ import math
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
-from .frozen import trusted_init
 from .registry import Registry
 
 __all__ = [
@@ -110,15 +108,7 @@ def all_finite_floats(*values: Any) -> bool:
 _NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class Observation:
-    """What a detector may see about one report of one job (immutable; validated on creation).
-
-    ``progress`` is step / planned steps (None when unknown). Building one checks every number
-    (ValueError for NaN, infinity, a negative step); the coordinator, which has already checked the
-    values at its boundary, builds them with :meth:`trusted` instead (the simulator's hot path).
-    """
-
+class _ObservationFields(NamedTuple):
     job_id: str
     step: int
     eval_score: float | None = None
@@ -127,40 +117,65 @@ class Observation:
     job_type: str = "rlhf"
     progress: float | None = None
 
-    def __post_init__(self) -> None:
-        step = self.step
+
+class Observation(_ObservationFields):
+    """What a detector may see about one report of one job (immutable; validated on creation).
+
+    ``progress`` is step / planned steps (None when unknown). Building one checks every number
+    (ValueError for NaN, infinity, a negative step); the coordinator, which has already checked the
+    values at its boundary, builds them with :meth:`trusted` instead (the simulator's hot path).
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
+                proxy_reward: float | None = None, job_type: str = "rlhf", progress: float | None = None
+                ) -> Observation:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative integer, but got {step!r}.")
         if step > MAX_STEP:
             raise ValueError(f"step must be at most {MAX_STEP}, but got {step}.")
-        if not all_finite_floats(self.eval_score, self.train_loss, self.proxy_reward, self.progress):
-            check_finite("eval_score", self.eval_score)
-            check_finite("train_loss", self.train_loss)
-            check_finite("proxy_reward", self.proxy_reward)
-            check_finite("progress", self.progress)
-        if self.progress is not None and self.progress < 0:
-            raise ValueError(f"progress must be >= 0, but got {self.progress!r}.")
+        if not all_finite_floats(eval_score, train_loss, proxy_reward, progress):
+            check_finite("eval_score", eval_score)
+            check_finite("train_loss", train_loss)
+            check_finite("proxy_reward", proxy_reward)
+            check_finite("progress", progress)
+        if progress is not None and progress < 0:
+            raise ValueError(f"progress must be >= 0, but got {progress!r}.")
+        return tuple.__new__(cls, (job_id, step, eval_score, train_loss, proxy_reward, job_type, progress))
+
+    @classmethod
+    def trusted(cls, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
+                proxy_reward: float | None, job_type: str, progress: float | None) -> Observation:
+        """An Observation of values already checked at an API boundary (not checked again)."""
+        return tuple.__new__(cls, (job_id, step, eval_score, train_loss, proxy_reward, job_type, progress))
 
 
-#: Build an Observation without re-validating: only for values already checked at an API boundary
-#: (positional: job_id, step, eval_score, train_loss, proxy_reward, job_type, progress).
-Observation.trusted = staticmethod(trusted_init(Observation))
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A detector's answer: the action, a sentence saying why, the best checkpoint so far, and the
-    numbers used (``evidence``, a read-only mapping). Immutable."""
-
+class _DecisionFields(NamedTuple):
     action: Action
     reason: str
     best_step: int | None = None
     best_score: float | None = None
-    evidence: Mapping[str, Any] = field(default_factory=lambda: _NO_EVIDENCE)
+    evidence: Mapping[str, Any] = _NO_EVIDENCE
 
-    def __post_init__(self) -> None:
-        if type(self.evidence) is not MappingProxyType:
-            object.__setattr__(self, "evidence", MappingProxyType(dict(self.evidence)))
+
+class Decision(_DecisionFields):
+    """A detector's answer: the action, a sentence saying why, the best checkpoint so far, and the
+    numbers used (``evidence``, a read-only mapping). Immutable (a NamedTuple: one is made per report)."""
+
+    __slots__ = ()
+
+    def __new__(cls, action: Action, reason: str, best_step: int | None = None, best_score: float | None = None,
+                evidence: Mapping[str, Any] | None = None) -> Decision:
+        if type(evidence) is not MappingProxyType:
+            evidence = _NO_EVIDENCE if not evidence else MappingProxyType(dict(evidence))
+        return tuple.__new__(cls, (action, reason, best_step, best_score, evidence))
+
+    @classmethod
+    def trusted(cls, action: Action, reason: str, best_step: int | None, best_score: float | None,
+                evidence: MappingProxyType) -> Decision:
+        """A Decision of a read-only ``evidence`` a detector built (not converted again)."""
+        return tuple.__new__(cls, (action, reason, best_step, best_score, evidence))
 
     @property
     def stop(self) -> bool:
@@ -187,10 +202,6 @@ class Decision:
             best_score=data.get("best_score"),
             evidence=dict(data.get("evidence") or {}),
         )
-
-
-#: A Decision from a read-only ``evidence`` (MappingProxyType), skipping __post_init__.
-_decision = trusted_init(Decision)
 
 
 _DIRECTIONS = ("max", "min")
@@ -267,10 +278,10 @@ class Detector(ABC):
         return new
 
     def _continue(self, reason: str, **evidence: Any) -> Decision:
-        return _decision(_CONTINUE, reason, self.best_step, self.best_score, MappingProxyType(evidence))
+        return Decision.trusted(_CONTINUE, reason, self.best_step, self.best_score, MappingProxyType(evidence))
 
     def _stop(self, reason: str, **evidence: Any) -> Decision:
-        return _decision(Action.STOP, reason, self.best_step, self.best_score, MappingProxyType(evidence))
+        return Decision.trusted(Action.STOP, reason, self.best_step, self.best_score, MappingProxyType(evidence))
 
 
 #: Bounds of every detector parameter: no work or memory may grow with a number a caller sends.
@@ -348,7 +359,7 @@ class DeclineDetector(Detector):
         if said is None:
             said = self._said[self.count] = (f"{self.count} consecutive decline(s) of {self.k}",
                                              MappingProxyType({"declines": self.count}))
-        return _decision(_CONTINUE, said[0], self.best_step, self.best_score, said[1])
+        return Decision.trusted(_CONTINUE, said[0], self.best_step, self.best_score, said[1])
 
 
 class PatienceDetector(Detector):

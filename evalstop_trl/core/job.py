@@ -89,13 +89,14 @@ class JobState(NamedTuple):
             decision=self.current() if self.n_reports or r.decision else None, best_step=det.best_step,
             best_score=det.best_score, best_checkpoint=r.checkpoint or self.best_checkpoint,
             n_reports=self.n_reports, last_step=None if self.last is None else self.last.step,
-            planned_steps=r.planned_steps, acked=r.acked_at is not None,
+            planned_steps=r.planned_steps, acked=r.acked_at is not None, created_at=r.created_at,
+            last_seen=self.last_seen, ended_at=r.stopped_at if r.stopped_at is not None else r.finished_at,
         )
 
     def observation(self, rep: Report) -> Observation:
         planned = self.record.planned_steps
-        return Observation(self.record.job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
-                           self.record.job_type.value, rep.step / planned if planned else None)
+        return Observation.trusted(self.record.job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
+                                   self.record.job_type.value, rep.step / planned if planned else None)
 
 
 class Commit(NamedTuple):
@@ -408,8 +409,8 @@ def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**
     best_checkpoint = decision = None
     planned, job_id, job_type = record.planned_steps, record.job_id, record.job_type.value
     for rep in reports:
-        decision = detector.observe(Observation(job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
-                                                job_type, rep.step / planned if planned else None))
+        decision = detector.observe(Observation.trusted(job_id, rep.step, rep.eval_score, rep.train_loss,
+                                                        rep.proxy_reward, job_type, rep.step / planned if planned else None))
         first = first or rep
         last = rep
         n += 1

@@ -20,7 +20,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .detectors import DETECTORS, Action, Decision, check_finite
+from .detectors import DETECTORS, Decision, check_finite
+from .detectors import MAX_STEP as _MAX_STEP
 from .errors import InvalidInput
 from .lifecycle import Lifecycle, transitions
 
@@ -33,7 +34,7 @@ __all__ = [
 #: letter or digit. The pattern is for ``re.fullmatch`` (a trailing newline does not match).
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}"
 _NAME_RE = re.compile(NAME_PATTERN)
-MAX_STEP = 2**53
+MAX_STEP = _MAX_STEP  # one bound for steps everywhere (the detectors define it)
 MAX_PATH = 4096
 
 
@@ -374,7 +375,9 @@ class JobRecord(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class JobView:
-    """What a tenant may read about one of its jobs (the API's job object)."""
+    """What a tenant may read about one of its jobs (the API's job object; its wire form is in
+    :mod:`.codec`). ``created_at``, ``last_seen`` (its last report or heartbeat) and ``ended_at``
+    (stopped, finished, failed) are times in seconds since the epoch."""
 
     job_id: str
     job_type: str
@@ -388,6 +391,9 @@ class JobView:
     last_step: int | None
     planned_steps: int | None
     acked: bool
+    created_at: float = 0.0
+    last_seen: float | None = None
+    ended_at: float | None = None
 
     def __post_init__(self) -> None:
         if type(self.policy) is not MappingProxyType:
@@ -401,36 +407,6 @@ class JobView:
         values = [getattr(self, f.name) for f in fields(self)]
         values[3] = dict(self.policy)
         return (JobView, tuple(values))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "job_type": self.job_type,
-            "status": self.status,
-            "policy": dict(self.policy),
-            "decision": self.decision.to_dict() if self.decision else None,
-            "best_step": self.best_step,
-            "best_score": self.best_score,
-            "best_checkpoint": self.best_checkpoint,
-            "n_reports": self.n_reports,
-            "last_step": self.last_step,
-            "planned_steps": self.planned_steps,
-            "acked": self.acked,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> JobView:
-        dec = d.get("decision")
-        decision = None
-        if dec:
-            decision = Decision(Action(dec["action"]), dec["reason"], dec.get("best_step"), dec.get("best_score"),
-                                dec.get("evidence") or {})
-        return cls(
-            job_id=d["job_id"], job_type=d["job_type"], status=d["status"], policy=d.get("policy") or {},
-            decision=decision, best_step=d.get("best_step"), best_score=d.get("best_score"),
-            best_checkpoint=d.get("best_checkpoint"), n_reports=d.get("n_reports", 0),
-            last_step=d.get("last_step"), planned_steps=d.get("planned_steps"), acked=d.get("acked", False),
-        )
 
 
 @transitions({

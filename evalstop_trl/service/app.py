@@ -28,6 +28,7 @@ from ..core.errors import EvalStopError, QuotaExceeded, Unauthorized
 from ..core.records import JobRecord
 from ..core.store import StoreError
 from .dashboard import mount_dashboard
+from .liveness import LeaseSweeper
 from .metrics import Metrics, reclaimed_seconds
 from .middleware import Guard
 from .routes import Handlers, mount_routes
@@ -102,6 +103,8 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
         anyio.to_thread.current_default_thread_limiter().total_tokens = 256  # many jobs report at once
         coordinator.add_stop_listener(on_stop)
         workers = app.state.workers = [WebhookSender(coordinator, settings.webhooks)] if settings.run_webhooks else []
+        if coordinator.lease_s is not None:
+            workers.append(LeaseSweeper(coordinator))
         for w in workers:
             w.start()
         try:

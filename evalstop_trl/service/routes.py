@@ -40,6 +40,7 @@ from .schemas import (
     EvalResultIn,
     EventIn,
     FailIn,
+    HeartbeatIn,
     JobIn,
     JobsQuery,
     ReportIn,
@@ -81,6 +82,7 @@ SCHEMAS: Mapping[str, Schema] = {
     "ack": Schema(AckIn, optional=True),
     "finish": Schema(),
     "fail": Schema(FailIn, optional=True),
+    "heartbeat": Schema(HeartbeatIn, optional=True),
     "publish_snapshot": Schema(SnapshotIn),
     "evals": Schema(),
     "claim_eval": Schema(ClaimIn),
@@ -159,6 +161,10 @@ class Handlers:
 
     def fail(self, t: str, job_id: str, reason: str) -> JobView:
         return self.coordinator.fail(t, job_id, reason)
+
+    def heartbeat(self, t: str, job_id: str, actor: str) -> JobView:
+        """The job is alive: renews its lease (a lost job runs again)."""
+        return self.coordinator.heartbeat(t, job_id, actor)
 
     def publish_snapshot(self, t: str, job_id: str, step: int, path: str, train_loss: float | None,
                          proxy_reward: float | None) -> Any:

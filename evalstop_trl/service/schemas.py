@@ -52,7 +52,7 @@ class _In(BaseModel):
 
 class JobIn(_In):
     job_id: str = Field(pattern=_ID_PATTERN, description="unique per tenant; letters, digits and _ . : @ -")
-    job_type: str = Field("rlhf", max_length=32)
+    job_type: str | None = Field(None, max_length=32, description="rlhf when the job is created without one")
     planned_steps: Annotated[int | None, BeforeValidator(lambda v: v if v is None else _integer(v))] = Field(
         None, gt=0, le=MAX_STEP)
     policy: dict[str, Any] | None = Field(
@@ -76,6 +76,10 @@ class StopIn(_In):
 
 class FailIn(_In):
     reason: str = Field("", max_length=2000)
+
+
+class HeartbeatIn(_In):
+    actor: str = Field("job", min_length=1, max_length=128, description="who says the job is alive")
 
 
 class EventIn(_In):

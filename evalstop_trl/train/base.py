@@ -53,6 +53,20 @@ def default_job_id(args: Any) -> str:
     return re.sub(r"[^A-Za-z0-9_.:@-]", "-", name).lstrip("-_.:@")[:120] or "job"
 
 
+def _check_options(keep_best: str, detector_params: dict[str, Any], restored: bool) -> None:
+    """Raise ValueError for a bad ``keep_best`` or an option that was removed (dropped from a checkpoint's
+    state written by evalstop 0.1)."""
+    if keep_best not in _KEEP_BEST:
+        raise ValueError(f"EvalStopCallback: keep_best must be one of {', '.join(_KEEP_BEST)}, but got {keep_best!r}.")
+    for gone in ("enforce", "grace_s"):
+        if gone in detector_params:
+            if not restored:
+                raise ValueError(f"EvalStopCallback: {gone} was removed (the service never signals a process); "
+                                 "run the training under 'evalstop run --grace-s S -- CMD' to stop a loop that "
+                                 "ignores the stop flag.")
+            detector_params.pop(gone)
+
+
 class FeedbackMode(str, Enum):
     """Where the world feedback comes from; each mode has its own adapter class."""
 
@@ -176,6 +190,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         if adapter is None:
             raise LookupError(f"EvalStopCallback: no adapter for {mode.value!r} world feedback is registered; "
                               "import EvalStopCallback from evalstop_trl.train.callback")
+        # the mode's adapter; a user's subclass of EvalStopCallback comes first, before the adapter
         bases = (cls,) if issubclass(cls, adapter) else (adapter,) if cls is EvalStopCallback else (cls, adapter)
         own = type(cls.__name__, bases, {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
                                          "__doc__": cls.__doc__})
@@ -215,16 +230,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         if _restored and world_feedback is None and self.mode is not FeedbackMode.EXTERNAL:
             raise ValueError(_NO_DONOR)
         self._check(world_feedback, eval_every, _restored)
-        if keep_best not in _KEEP_BEST:
-            raise ValueError(f"EvalStopCallback: keep_best must be one of {', '.join(_KEEP_BEST)}, "
-                             f"but got {keep_best!r}.")
-        for gone in ("enforce", "grace_s"):
-            if gone in detector_params:
-                if not _restored:
-                    raise ValueError(f"EvalStopCallback: {gone} was removed (the service never signals a process); "
-                                     "run the training under 'evalstop run --grace-s S -- CMD' to stop a loop that "
-                                     "ignores the stop flag.")
-                detector_params.pop(gone)  # a checkpoint written by evalstop 0.1
+        _check_options(keep_best, detector_params, _restored)
         if direction is None and "direction" not in detector_params:
             direction = self._default_direction(world_feedback, quiet=_restored)
         config = SessionConfig.build(detector, k=k, min_delta=min_delta, direction=direction, job_type=job_type,
@@ -327,7 +333,9 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         s = self.session
         stop = False
         if self._is_main:
-            kept = self._keep(control, ev) if self.save_best and ev.model is not None and s.improves(ev.score) else None
+            kept = None
+            if self.save_best and ev.model is not None and ev.score is not None and s.improves(ev.score):
+                kept = self._keep(control, ev, ev.score)
             stop = s.report(ev.step, ev.score, kept)
         message = share(s.message(stop) if self._is_main else None)
         if message is not None:
@@ -343,14 +351,13 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             control.should_training_stop = True
             s.stop_here(ev.step)
 
-    def _keep(self, control: Any, ev: _Eval) -> str:
+    def _keep(self, control: Any, ev: _Eval, score: float) -> str:
         """Keep the new best: a copy with evalstop.json (never over a better one), or the trainer's checkpoint."""
         out = self._output_dir or "."
         if self.keep_best == "checkpoint":
             control.should_save = True  # the trainer writes checkpoint-<step> at the end of this step
             return str(snapshot_path(out, ev.step))
-        assert ev.score is not None  # improves(None) is False
-        return keep_best_copy(out, ev.model, ev.tokenizer, job_id=self.job_id, step=ev.step, score=ev.score,
+        return keep_best_copy(out, ev.model, ev.tokenizer, job_id=self.job_id, step=ev.step, score=score,
                               direction=self.direction)
 
 
