@@ -214,9 +214,12 @@ def test_a_restored_history_is_reported_again_to_a_coordinator_that_lacks_it():
 
 def test_another_registration_under_the_same_id_is_a_clear_error():
     coord = Coordinator()
-    _session(coord, "x", k=2)
+    first = _session(coord, "x", k=2, job_type="grpo")
+    first.report(10, 0.5)  # decided with k=2: another policy cannot take over the job now
     with pytest.raises(ValueError, match="job 'x' exists with another registration"):
-        _session(coord, "x", k=3)
+        _session(coord, "x", step=10, k=3, job_type="grpo")
+    with pytest.raises(ValueError, match="job 'x' exists with another registration"):
+        _session(coord, "x", step=10, job_type="dpo", k=2)
 
 
 def test_attach_needs_a_job_id():
