@@ -306,3 +306,19 @@ def test_two_trainers_in_one_process_keep_their_own_world_feedback_across_a_rest
     assert (len(calls["a"]), len(calls["b"])) == (2, 2)
     assert cb_b.session is not cb_a.session and [h["step"] for h in cb_b.history] == [5, 10]
     assert [v.job_id for v in coord_b.list_jobs("local")] == ["b"]
+
+
+def _half(model, tokenizer):
+    return 0.5
+
+
+def test_a_callback_pickles_as_its_own_class_again():
+    import pickle
+
+    cb = EvalStopCallback(_half, eval_every=5, job_id="p", detector="stop_at", fraction=0.5)
+    cb.history.append({"step": 5, "eval_score": 0.5, "train_loss": None, "proxy_reward": None})
+    copy = pickle.loads(pickle.dumps(cb))
+    assert isinstance(copy, EvalStopCallback) and type(copy).__name__ == "EvalStopCallback"
+    assert type(copy) is not type(cb) and type(copy)._owner() is copy and copy.mode is cb.mode
+    assert (copy.world_feedback, copy.job_id, dict(copy.params), copy.history) == \
+        (_half, "p", {"fraction": 0.5, "direction": "max"}, cb.history)

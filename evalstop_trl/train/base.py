@@ -162,6 +162,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
     #: with ``type(callback)(**state["args"])``, so the copy finds the callback it replaces through the
     #: trainer that held it, not through a process-wide list.
     _owner: ClassVar[weakref.ref[EvalStopCallback] | None] = None
+    _face: ClassVar[type[EvalStopCallback]]
 
     decision: _OnSession[Decision | None] = _OnSession()
     best_step: _OnSession[int | None] = _OnSession()
@@ -192,11 +193,11 @@ class EvalStopCallback(TrainerCallback, ExportableState):
                               "import EvalStopCallback from evalstop_trl.train.callback")
         # the mode's adapter; a user's subclass of EvalStopCallback comes first, before the adapter
         bases = (cls,) if issubclass(cls, adapter) else (adapter,) if cls is EvalStopCallback else (cls, adapter)
-        own = type(cls.__name__, bases, {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                                         "__doc__": cls.__doc__})
-        self = super().__new__(own)
-        own._owner = weakref.ref(self)
-        return self
+        return _new_owned(cls, bases)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # its own class cannot be pickled by name: rebuild one over the same bases
+        return _new_owned, (type(self)._face, type(self).__bases__), self.__dict__
 
     def __init__(
         self,
@@ -259,6 +260,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
     # ------------------------------------------------------------------ configuration, read-only
     @property
     def external_eval(self) -> bool:
+        """Whether snapshots go to ``evalstop evaluate`` workers (the external mode)."""
         return self.mode is FeedbackMode.EXTERNAL
 
     @property
@@ -268,18 +270,22 @@ class EvalStopCallback(TrainerCallback, ExportableState):
 
     @property
     def detector(self) -> str:
+        """The stop rule's detector name."""
         return self.config.detector
 
     @property
     def params(self) -> Mapping[str, Any]:
+        """The detector's parameters (read-only)."""
         return self.config.params
 
     @property
     def direction(self) -> str:
+        """``"max"`` (higher scores are better) or ``"min"``."""
         return self.config.direction
 
     @property
     def job_type(self) -> str:
+        """The job type registered with the coordinator."""
         return self.config.job_type
 
     @staticmethod
@@ -359,6 +365,16 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             return str(snapshot_path(out, ev.step))
         return keep_best_copy(out, ev.model, ev.tokenizer, job_id=self.job_id, step=ev.step, score=score,
                               direction=self.direction)
+
+
+def _new_owned(face: type[EvalStopCallback], bases: tuple[type[EvalStopCallback], ...]) -> EvalStopCallback:
+    """An instance of a class made for it alone, over ``bases``, named as ``face``, the class the user
+    called (its name is the key of the callback's state in a checkpoint; see ``EvalStopCallback._owner``)."""
+    own = type(face.__name__, bases, {"__module__": face.__module__, "__qualname__": face.__qualname__,
+                                      "__doc__": face.__doc__, "_face": face})
+    self = object.__new__(own)
+    own._owner = weakref.ref(self)
+    return self
 
 
 def _fail_at_exit(ref: weakref.ref[EvalStopSession]) -> None:

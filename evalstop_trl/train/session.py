@@ -99,6 +99,10 @@ class SessionConfig:
             raise ValueError(f"EvalStopCallback: max_eval_failures must be an integer >= 1, got {n!r}.")
         self.new_detector()  # unknown parameters, bad values: ValueError now, not at the first eval
 
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable: the read-only params view is not
+        return SessionConfig, (self.detector, dict(self.params), self.direction, self.job_type,
+                               self.max_eval_failures, self.on_eval_error, self.fail_mode)
+
     @classmethod
     def build(cls, detector: str = "decline", *, k: int = 2, min_delta: float = 0.0, direction: str | None = None,
               job_type: str = "rlhf", max_eval_failures: int = 3, on_eval_error: str = "skip",
