@@ -62,7 +62,7 @@ def test_1_a_tenant_cannot_make_the_service_signal_any_process(two):
             a.report("own", 1, eval_score=0.5)
             assert a.report("own", 2, eval_score=0.1).stop
             time.sleep(1.0)
-            assert {e["kind"] for e in a.audit()} == {"stop"}  # no pid oracle in the audit log either
+            assert {e.kind.value for e in a.audit()} == {"stop"}  # no pid oracle in the audit log either
         assert victim.poll() is None and two.proc.poll() is None
     finally:
         victim.kill()
@@ -150,7 +150,7 @@ def _wait_for_webhook_audit(url: str, token: str, job: str, timeout: float = 20.
     deadline = time.monotonic() + timeout
     with EvalStopClient(url, token) as c:
         while time.monotonic() < deadline:
-            entries = [a for a in c.audit(job) if a["kind"].startswith("webhook")]
+            entries = [a for a in c.audit(job) if a.kind.value.startswith("webhook")]
             if entries:
                 return entries[-1]
             time.sleep(0.1)
@@ -164,8 +164,8 @@ def test_3_internal_destinations_are_refused_by_default(two, host):
     try:
         _stop_with_webhook(two.url, two.alice, "ssrf", f"http://{host}:{receiver.port}/admin")
         outcome = _wait_for_webhook_audit(two.url, two.alice, "ssrf")
-        assert outcome["kind"] == "webhook_failed" and "not allowed" in outcome["reason"]
-        assert "refused" not in outcome["reason"].lower() and "HTTP" not in outcome["reason"]  # no port-scan oracle
+        assert outcome.kind.value == "webhook_failed" and "not allowed" in outcome.reason
+        assert "refused" not in outcome.reason.lower() and "HTTP" not in outcome.reason  # no port-scan oracle
         assert receiver.received == []
     finally:
         receiver.close()
@@ -189,7 +189,7 @@ def test_3_allowed_webhooks_are_signed_strict_json_and_bounded(two):
         for i in range(12):
             _stop_with_webhook(two.url, two.alice, f"slow{i}", f"http://127.0.0.1:{slow.port}/h")
         t0 = time.monotonic()
-        assert _wait_for_webhook_audit(two.url, two.alice, "big2")["kind"] == "webhook"
+        assert _wait_for_webhook_audit(two.url, two.alice, "big2").kind.value == "webhook"
         assert _rss_kib(two.proc.pid) - rss0 < 64 * 1024  # the answers were not read whole
         assert _threads(two.proc.pid) - threads0 <= 8  # a bounded pool, not a thread per hook
         for i in range(12):
@@ -420,7 +420,7 @@ def test_a_tenant_cannot_claim_or_score_another_tenants_snapshots(two):
         with pytest.raises(NotFound):
             b.post_eval("ext", 10, 0.9)
         task = a.claim_eval("alice-worker", 5)
-        assert (task["job_id"], task["step"]) == ("ext", 10)
+        assert (task.job_id, task.step) == ("ext", 10)
     r = httpx.post(f"{two.url}/v1/evals/claim", json={"worker": "w", "lease_s": 10**9}, headers=_h(two.alice))
     assert r.status_code == 422 and "lease_s" in r.json()["detail"]
 
