@@ -25,6 +25,7 @@ ALLOWED = {
     "evalstop_trl.stores": {"evalstop_trl.core", "evalstop_trl.stores"},
     "evalstop_trl.clients": {"evalstop_trl.core", "evalstop_trl.clients"},
     "evalstop_trl.analysis": {"evalstop_trl.core", "evalstop_trl.analysis"},
+    "evalstop_trl.integrations": {"evalstop_trl.core", "evalstop_trl.integrations"},
     "evalstop_trl.service": {"evalstop_trl.core", "evalstop_trl.stores", "evalstop_trl.service",
                              "evalstop_trl.clients.local"},
     "evalstop_trl.launcher": {"evalstop_trl.core", "evalstop_trl.launcher"},
