@@ -262,7 +262,7 @@ class EvalStopSession:
                                             policy=self.config.policy)
         except Conflict as exc:
             raise ValueError(f"EvalStopCallback: job {self.job_id!r} exists with another registration ({exc}); "
-                             "use the same job_type, max_steps and policy to resume it, or another job_id") from None
+                             "use the same job_type and policy to resume it, or another job_id") from None
 
     def finish(self) -> None:
         """Training ended: mark the job finished (unless it was stopped)."""
