@@ -15,10 +15,13 @@ def add_replay_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "replay",
         help="what a detector would have done on a recorded eval curve",
-        description="Replay a trainer_state.json, CSV (step + score columns) or JSONL curve "
-        "through a detector and print whether and where it stops.",
+        description="Replay a trainer_state.json, CSV (step + score columns) or JSONL curve, or a job of an "
+        "embedded coordinator's evalstop.db, through a detector and print whether and where it stops.",
     )
-    p.add_argument("file", help="trainer_state.json, .csv or .jsonl")
+    p.add_argument("file", help="trainer_state.json, .csv, .jsonl, or an evalstop.db (SQLite store)")
+    p.add_argument("--job", help="evalstop.db: the job to replay (default: the tenant's only job)")
+    p.add_argument("--tenant", default="local", help="evalstop.db: the jobs' tenant (default: local, the "
+                   "embedded coordinator's)")
     p.add_argument("--metric", help="score column or key (default: the only numeric one, else the first eval_*)")
     p.add_argument("--detector", default="decline",
                    help="decline (default), patience, drop, trend, cusum, stop_at, loss_plateau, never")
@@ -52,7 +55,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.planned_steps is not None and args.planned_steps < 1:
         raise CLIError(f"--planned-steps must be a positive number of steps, got {args.planned_steps}")
     try:
-        curve = load_curve(args.file, args.metric)
+        curve = _store_curve(args) if _is_sqlite(args.file) else load_curve(args.file, args.metric)
         result = replay_curve(curve, args.detector, planned_steps=args.planned_steps, **params)
     except ReplayError as exc:
         raise CLIError(str(exc)) from None
@@ -74,6 +77,42 @@ def _cmd_replay(args: argparse.Namespace) -> int:
               f"detector {args.detector}{' ' + desc if desc else ''}")
         print(format_table(curve, result))
     return 0
+
+
+def _is_sqlite(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+def _store_curve(args: argparse.Namespace):
+    """The world-feedback curve of one job of an embedded coordinator's SQLite store."""
+    from ..analysis.replay import Curve, ReplayError
+    from ..stores.sqlite import SQLiteStore
+
+    if args.metric not in (None, "eval_score"):
+        raise CLIError(f"an evalstop.db holds each job's eval_score (world feedback), not {args.metric!r}")
+    store = SQLiteStore(args.file)
+    try:
+        jobs = [j for j in store.jobs() if j.tenant == args.tenant]
+        if args.job is None and len(jobs) != 1:
+            names = ", ".join(j.job_id for j in jobs) or "(none)"
+            raise CLIError(f"{args.file} has {len(jobs)} jobs of tenant {args.tenant!r} ({names}): pick one with --job")
+        job = next((j for j in jobs if args.job in (None, j.job_id)), None)
+        if job is None:
+            raise CLIError(f"{args.file} has no job {args.job!r} of tenant {args.tenant!r}; its jobs: "
+                           f"{', '.join(j.job_id for j in jobs) or '(none)'}")
+        scored = [r for r in store.reports(job.tenant, job.job_id) if r.eval_score is not None]
+    finally:
+        store.close()
+    if not scored:
+        raise ReplayError(f"{args.file}: job {job.job_id!r} has no report with an eval score")
+    if args.planned_steps is None:
+        args.planned_steps = job.planned_steps
+    return Curve("eval_score", tuple(r.step for r in scored), tuple(r.eval_score for r in scored),
+                 tuple(r.train_loss for r in scored), job.planned_steps, f"evalstop.db job {job.job_id}")
 
 
 def _value(raw: str):

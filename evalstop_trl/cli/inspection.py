@@ -1,0 +1,99 @@
+"""Looking into a coordinator from the command line, the embedded default included.
+
+``evalstop audit [JOB] --db PATH`` reads an embedded coordinator's ``evalstop.db`` (the file the
+callback keeps in its output folder, tenant ``local``); ``--url URL`` a running ``evalstop serve``
+with the tenant's token (``$EVALSTOP_TOKEN``). :func:`open_client` is the one place a command picks
+between the two, so every inspection command reads both the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .common import CLIError
+
+__all__ = ["add_inspect_commands", "add_target_flags", "open_client"]
+
+
+def add_target_flags(p: argparse.ArgumentParser) -> None:
+    """``--db PATH [--tenant T]`` or ``--url URL [--token T]``."""
+    p.add_argument("--db", help="an embedded coordinator's SQLite file (e.g. out/evalstop.db); no server needed")
+    p.add_argument("--tenant", default="local", help="with --db: the tenant (default: local, the embedded one)")
+    p.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL or http://127.0.0.1:8765)")
+    p.add_argument("--token", help="tenant token (default: $EVALSTOP_TOKEN; visible in ps: prefer the variable)")
+
+
+def open_client(args: argparse.Namespace):
+    """An :class:`~evalstop_trl.core.api.EvalStopAPI` client for ``args``: embedded over ``--db`` (leases
+    applied: a job whose process died shows as lost), else HTTP to ``--url``."""
+    if getattr(args, "db", None):
+        from ..clients.embedded import EmbeddedClient
+        from ..core.coordinator import Coordinator
+        from ..stores.sqlite import SQLiteStore
+
+        if not os.path.exists(args.db):
+            raise CLIError(f"no database at {args.db} (the callback writes <output_dir>/evalstop.db)")
+        try:
+            store = SQLiteStore(args.db)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        return EmbeddedClient(Coordinator(store, lease_s=_lease()), tenant=args.tenant)
+    from ..clients.http import EvalStopClient
+
+    url = args.url or os.environ.get("EVALSTOP_URL", "http://127.0.0.1:8765")
+    token = args.token or os.environ.get("EVALSTOP_TOKEN")
+    if not token:
+        raise CLIError("no token: set EVALSTOP_TOKEN (or pass --token), or read a local file with --db PATH")
+    return EvalStopClient(url, token, retries=0)
+
+
+def _lease() -> float | None:
+    raw = os.environ.get("EVALSTOP_LEASE_S", "300")
+    try:
+        lease = float(raw)
+    except ValueError:
+        raise CLIError(f"EVALSTOP_LEASE_S must be a number of seconds, got {raw!r}") from None
+    return lease or None
+
+
+def add_inspect_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("audit", help="a job's (or every job's) audit trail: stops, acks, launcher events, ...",
+                       description="Print the append-only audit trail of one job, or of all the tenant's jobs, "
+                                   "from a running service (--url) or an embedded evalstop.db (--db).")
+    p.add_argument("job_id", nargs="?")
+    add_target_flags(p)
+    p.add_argument("--json", action="store_true", help="one JSON array of audit records")
+    p.set_defaults(func=_cmd_audit)
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from ..core.codec import to_wire
+    from ..core.errors import EvalStopError
+
+    client = open_client(args)
+    try:
+        records = client.audit(args.job_id)
+    except EvalStopError as exc:
+        raise CLIError(str(exc)) from None
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps([to_wire(a) for a in records]))
+        return 0
+    if not records:
+        print("no audit records" + (f" for job {args.job_id}" if args.job_id else ""), file=sys.stderr)
+    for a in records:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.at))
+        evidence = ", ".join(f"{k}={v}" for k, v in a.evidence.items())
+        line = f"{when}  {a.job_id:<24} {a.kind.value:<17} {a.actor:<22} {a.reason}"
+        print(_printable(line + (f"  [{evidence}]" if evidence else "")))
+    return 0
+
+
+def _printable(text: str) -> str:
+    """Tenant text on one terminal line: control characters escaped (no forged lines)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

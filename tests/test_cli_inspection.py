@@ -1,0 +1,54 @@
+"""Inspecting the embedded default from the command line: `evalstop audit --db`, `evalstop replay
+PATH/evalstop.db` (real subprocesses over a real SQLite file an embedded coordinator wrote)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from evalstop_trl import Coordinator, SQLiteStore
+
+HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3)]
+
+
+def _evalstop(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "evalstop_trl", *args], capture_output=True, text=True, timeout=60)
+    assert (out.returncode == 0) == ok, out.stderr
+    return out
+
+
+@pytest.fixture
+def db(tmp_path):
+    """What an EvalStopCallback leaves in its output folder: an evalstop.db of tenant 'local'."""
+    path = tmp_path / "evalstop.db"
+    c = Coordinator(SQLiteStore(path))
+    c.register_job("local", "run-a", "grpo", 100)
+    for step, score in HACKED:
+        c.report("local", "run-a", step, eval_score=score, train_loss=1.0 / step)
+    c.ack("local", "run-a", "out/checkpoint-20", step=45)
+    c.close()
+    return path
+
+
+def test_audit_reads_an_embedded_database(db):
+    table = _evalstop("audit", "--db", str(db)).stdout
+    assert "run-a" in table and "stop" in table and "2 consecutive declines" in table and "ack" in table
+    records = json.loads(_evalstop("audit", "run-a", "--db", str(db), "--json").stdout)
+    assert [r["kind"] for r in records] == ["stop", "ack"] and records[1]["evidence"]["stop_lag"] == 5
+    assert "no database at" in _evalstop("audit", "--db", str(db) + ".missing", ok=False).stderr
+
+
+def test_replay_reads_a_job_of_an_embedded_database(db):
+    result = json.loads(_evalstop("replay", str(db), "--json").stdout)
+    assert (result["stopped"], result["stop_step"], result["best_step"]) == (True, 40, 20)
+    patience = json.loads(_evalstop("replay", str(db), "--detector", "patience", "--k", "4", "--json").stdout)
+    assert patience["stopped"] is False
+    c = Coordinator(SQLiteStore(db))
+    c.register_job("local", "run-b", "dpo", 10)
+    c.close()
+    err = _evalstop("replay", str(db), ok=False).stderr
+    assert "2 jobs of tenant 'local' (run-a, run-b): pick one with --job" in err
+    assert "has no report with an eval score" in _evalstop("replay", str(db), "--job", "run-b", ok=False).stderr
