@@ -138,9 +138,11 @@ def test_a_poisoned_outbox_line_is_dropped_not_retried_forever(tmp_path):
         + "\n")
     fake = FakeServer()
     c = make(fake, tmp_path)
-    assert c.pending == 1
+    assert c.pending == 0  # not strict JSON: quarantined when the outbox is opened, never sent
     assert c.report("j", 2, eval_score=0.5).reason == "ok" and c.pending == 0
     assert [b["step"] for _, p, b in fake.received if p.endswith("/reports")] == [2]
+    [kept] = [json.loads(line) for line in (tmp_path / "outbox.jsonl.quarantine").read_text().splitlines()]
+    assert kept["reason"] == "NaN is not strict JSON" and '"eval_score": NaN' in kept["line"]
 
 
 def _answering(routes):

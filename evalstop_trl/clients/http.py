@@ -16,7 +16,11 @@ The HTTP client never raises into a training loop because the coordinator is unr
 * during an outage the client probes at most every ``probe_interval_s`` seconds, so a training
   step never waits on timeouts again and again;
 * when the coordinator answers again, the outbox is replayed in order (registrations first, then
-  each job's reports in step order) before the new call, then cleared.
+  each job's reports in step order) before the new call, then cleared;
+* every answer is checked against its route's codec: a 2xx that is not what the route returns
+  (``{}``, HTML from a proxy, a list, an unknown action) counts as an outage, never as an exception
+  into training (a fail-open call stays in the outbox and ``report`` returns CONTINUE; any other
+  call raises :class:`~evalstop_trl.core.errors.EvalStopError` saying so).
 
 Contract errors (4xx) raise a :class:`ClientError` naming the method, URL, status and the server's
 detail. Its subclass for the status is also the core's error class, so one ``except`` serves both
@@ -53,6 +57,7 @@ log = logging.getLogger("evalstop.client")
 
 #: the outbox's name of a fail-open route (kept: outboxes written by earlier versions replay as before)
 _OUTBOX_OP = {"register_job": "register", "publish_snapshot": "snapshot"}
+_ROUTE_OF_OP = {_OUTBOX_OP.get(r.name, r.name): r for r in ROUTES.values() if r.fail_open}
 _KEPT = Decision(Action.CONTINUE, "coordinator unreachable: report kept in the outbox (fail-open)")
 
 
@@ -115,11 +120,11 @@ class EvalStopClient:
         try:
             while outbox:
                 e = outbox.peek()
-                try:
-                    answer = self.transport.call("POST", e.path, e.body)
+                try:  # a malformed answer raises Unreachable: the operation stays queued
+                    answer = self.transport.call("POST", e.path, e.body, decode=_ROUTE_OF_OP[e.op].result.decode)
                     if e.op == "report":
                         last = answer
-                except (ClientError, ValueError) as exc:  # cannot succeed later either: drop it, say so
+                except ClientError as exc:  # cannot succeed later either: drop it, say so
                     log.error("dropping queued %s for job %s: %s", e.op, e.job_id, exc)
                 outbox.pop()
                 sent += 1
@@ -129,23 +134,35 @@ class EvalStopClient:
                 log.warning("replayed %d queued operation(s) to %s", sent, self.url)
         return last
 
-    def _fail_open(self, op: str, job_id: str, path: str, body: dict[str, Any] | None) -> Any:
-        """Send now, or keep in the outbox. Only a refusal (4xx: a contract error) raises; nothing else
-        that can go wrong here (network, outbox I/O, a bug) escapes into the training loop."""
+    def _fail_open(self, route: Route, op: Operation) -> Any:
+        """Send now (the decoded answer), or keep in the outbox (None). Only a refusal (4xx: a contract
+        error) raises; nothing else that can go wrong here (network, a malformed answer, outbox I/O, a
+        bug) escapes into the training loop. The coordinator accepts the same operation twice once, so
+        one whose answer was lost or garbled is safe to send again."""
         with self._lock:
             try:
                 if self.outbox:
                     self._replay()
-                return self.transport.call("POST", path, body)
+                return self.transport.call("POST", op.path, op.body, decode=route.result.decode)
             except ClientError:
                 raise
             except Unreachable:
-                self.outbox.append(Operation(op, job_id, path, body))
+                self._queue(op)
                 return None
             except Exception:  # noqa: BLE001 - fail open, loudly
-                log.exception("EvalStop client: unexpected error on %s %s; kept in the outbox (fail-open)", op, path)
-                self.outbox.append(Operation(op, job_id, path, body))
+                log.exception("EvalStop client: unexpected error on %s %s; kept in the outbox (fail-open)", op.op,
+                              op.path)
+                self._queue(op)
                 return None
+
+    def _queue(self, op: Operation) -> None:
+        """Keep ``op`` for the replay; InvalidInput (what the coordinator would answer) for one that the
+        outbox could not load again (a step that is not an integer, say): it would block the replay."""
+        try:
+            op.checked()
+        except ValueError as exc:
+            raise InvalidInput(f"{op.op} for job {op.job_id}: {exc}.") from None
+        self.outbox.append(op)
 
     def flush(self) -> bool:
         """Try to send the outbox now; True if it is empty afterwards."""
@@ -170,13 +187,16 @@ class EvalStopClient:
     def _send(self, route: Route, args: dict[str, Any], timeout: float | None = None) -> Any:
         path, body = route.target(args), _body_checked(route.payload(args))
         if route.fail_open:
-            answer = self._fail_open(_OUTBOX_OP.get(route.name, route.name), args["job_id"], path, body)
-            return None if answer is None else route.result.decode(answer)
+            return self._fail_open(route, Operation(_OUTBOX_OP.get(route.name, route.name), args["job_id"], path, body))
         try:
             answer = self.transport.send(route.method, path, body, timeout=timeout)
         except Unreachable as exc:
             raise EvalStopError(f"{route.method} {self.url}{path}: coordinator unreachable ({exc})") from None
-        return route.result.decode(answer)
+        try:
+            return route.result.decode(answer)
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+            raise EvalStopError(f"{route.method} {self.url}{path}: coordinator unreachable (a malformed answer: "
+                                f"{exc})") from None
 
     def _pages(self, route: Route, args: dict[str, Any]) -> list[Any]:
         limit = args.pop("limit", None)

@@ -2,7 +2,12 @@
 
 A JSONL file (one operation a line, fsync'd on append) or memory only. Replay order is
 registrations first, then each job's operations in order: reports by step, then ack, finish, fail.
-A torn last line (a crash mid-write) is skipped with a warning.
+
+A line that is not a valid operation (a torn last line after a crash, bytes that are not UTF-8, JSON
+nested too deep to parse, a NaN or a string where a step goes, an unknown operation) never blocks
+the replay nor crashes the training process that opens the outbox: it is moved to
+``<outbox>.quarantine`` (one JSON object a line: ``{"reason": ..., "line": ...}``), one warning is
+logged, and the other lines replay.
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.records import NAME_PATTERN
+from ..core.records import MAX_STEP, NAME_PATTERN
 
-__all__ = ["OP_ORDER", "Operation", "Outbox"]
+__all__ = ["MAX_LINE", "OP_ORDER", "Operation", "Outbox"]
 
 log = logging.getLogger("evalstop.client")
 
@@ -25,6 +30,47 @@ _NAME = re.compile(NAME_PATTERN)
 
 #: fail-open operations, in the order they replay within one job
 OP_ORDER = {"register": 0, "report": 1, "snapshot": 1, "ack": 2, "finish": 3, "fail": 4}
+MAX_LINE = 1 << 20  # bytes of one outbox line (a request body is far smaller)
+_MAX_DEPTH = 16  # nesting of one line's JSON (a policy is two levels deep)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not strict JSON")
+
+
+def _depth(raw: bytes) -> int:
+    """How deep the brackets of a JSON text nest (an upper bound: brackets in strings count too),
+    measured before parsing, so a line of a million '[' is refused without a RecursionError."""
+    depth = deepest = 0
+    for byte in raw:
+        if byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
+
+
+def _parse(raw: bytes) -> Operation:
+    """One outbox line -> its Operation; ValueError with the reason otherwise."""
+    if len(raw) > MAX_LINE:
+        raise ValueError(f"the line is longer than {MAX_LINE} bytes")
+    if _depth(raw) > _MAX_DEPTH:
+        raise ValueError(f"the line nests deeper than {_MAX_DEPTH} levels")
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise ValueError("the line is not UTF-8") from None
+    except RecursionError:
+        raise ValueError("the line nests too deep") from None
+    return Operation.from_dict(data)
+
+
+def _check_step(op: str, step: Any, required: bool) -> None:
+    if step is None and not required:
+        return
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        raise ValueError(f"a {op}'s step must be an integer in [0, {MAX_STEP}], but got {step!r:.40}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +99,18 @@ class Operation:
             raise ValueError(f"bad path {path!r}")
         if body is not None and not isinstance(body, dict):
             raise ValueError("body must be an object or null")
-        if op == "report" and (body is None or not isinstance(body.get("step"), int)):
-            raise ValueError("a report needs an integer step")
+        if (body is not None and "step" in body) or op in ("report", "snapshot"):
+            _check_step(op, (body or {}).get("step"), required=op in ("report", "snapshot"))
+        try:
+            json.dumps(body, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ValueError(f"the body is not strict JSON ({exc})") from None
         return cls(op, job_id, path, body)
+
+    def checked(self) -> Operation:
+        """This operation if an outbox line of it would load again (ValueError otherwise): what is
+        queued must be able to replay."""
+        return Operation.from_dict(self.to_dict())
 
 
 class Outbox:
@@ -83,21 +138,32 @@ class Outbox:
     def _load(self) -> list[Operation]:
         if not self.path or not self.path.exists():
             return []
-        ops, bad = [], []
+        ops: list[Operation] = []
+        bad: list[tuple[bytes, str]] = []
         for raw in self.path.read_bytes().splitlines():
+            if not raw.strip():
+                continue
             try:
-                ops.append(Operation.from_dict(json.loads(raw.decode("utf-8"))))
-            except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
-                bad.append((raw, exc))
+                ops.append(_parse(raw))
+            except ValueError as exc:  # JSONDecodeError is a ValueError
+                bad.append((raw, str(exc)))
         if bad:
-            quarantine = self.path.with_name(self.path.name + ".bad")
-            with open(quarantine, "ab") as fh:
-                fh.write(b"".join(raw + b"\n" for raw, _ in bad))
-            log.warning("EvalStop outbox %s: %d invalid line(s) moved to %s (first: %s)", self.path, len(bad),
-                        quarantine, bad[0][1])
+            self._quarantine(bad)
             self._ops = ops
             self.save()
         return ops
+
+    def _quarantine(self, bad: list[tuple[bytes, str]]) -> None:
+        """Move invalid lines to ``<outbox>.quarantine`` with the reason; one warning for all of them."""
+        quarantine = self.path.with_name(self.path.name + ".quarantine")
+        lines = "".join(json.dumps({"reason": reason, "line": raw[:MAX_LINE].decode("utf-8", "backslashreplace")})
+                        + "\n" for raw, reason in bad)
+        with open(quarantine, "a") as fh:
+            fh.write(lines)
+            fh.flush()
+            os.fsync(fh.fileno())
+        log.warning("EvalStop outbox %s: %d invalid line(s) moved to %s (first: %s)", self.path, len(bad),
+                    quarantine, bad[0][1])
 
     def append(self, op: Operation) -> None:
         self._ops.append(op)
@@ -117,7 +183,7 @@ class Outbox:
         for e in self._ops:
             first_seen.setdefault(e.job_id, len(first_seen))
         self._ops.sort(key=lambda e: (-1 if e.op == "register" else first_seen[e.job_id], OP_ORDER[e.op],
-                                      (e.body or {}).get("step", 0)))
+                                      (e.body or {}).get("step") or 0))
 
     def peek(self) -> Operation:
         return self._ops[0]

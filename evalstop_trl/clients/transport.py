@@ -5,13 +5,15 @@ retries with exponential backoff, and an outage state that probes the coordinato
 4xx answers raise a :class:`ClientError` subclass that is also the core's error class for that
 status (401 :class:`Unauthorized`, 404 :class:`NotFound`, 409 :class:`Conflict`, 422
 :class:`InvalidInput`), so ``except Conflict`` works the same against the embedded coordinator and
-the service. Connection errors and 5xx after the retries raise :class:`Unreachable`.
+the service. Connection errors, 5xx and 2xx answers that are not JSON, after the retries, raise
+:class:`Unreachable`; so does an answer that is not what the route returns (``call(decode=...)``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound, Unauthorized
@@ -55,8 +57,10 @@ _BY_STATUS: dict[int, type[ClientError]] = {401: UnauthorizedError, 404: NotFoun
                                             422: InvalidInputError}
 
 
-class _Unreachable(Exception):
-    pass
+def _excerpt(text: str, n: int = 200) -> str:
+    """The start of a text someone else wrote, on one line (control characters escaped)."""
+    text = text[:n]
+    return text.encode("unicode_escape", "backslashreplace").decode("ascii") if not text.isprintable() else text
 
 
 class Unreachable(Exception):
@@ -116,27 +120,41 @@ class Transport:
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 if r.status_code < 400:
-                    return None if r.status_code == 204 else r.json()
-                if r.status_code < 500 and r.status_code != 429:
+                    if r.status_code == 204:
+                        return None
+                    try:
+                        return r.json()
+                    except (ValueError, RecursionError):  # HTML from a proxy, a torn or absurdly nested body
+                        last = f"HTTP {r.status_code} with an answer that is not JSON: {_excerpt(r.text)}"
+                elif r.status_code < 500 and r.status_code != 429:
                     try:
                         detail = r.json().get("detail", r.text)
-                    except ValueError:
+                    except (ValueError, RecursionError, AttributeError):
                         detail = r.text
-                    raise ClientError.of(method, f"{base}{path}", r.status_code, str(detail))
-                last = f"HTTP {r.status_code}"
+                    raise ClientError.of(method, f"{base}{path}", r.status_code, _excerpt(str(detail), 2000))
+                else:
+                    last = f"HTTP {r.status_code}"
             if len(self.urls) > 1:
                 self._current = (self._current + 1) % len(self.urls)  # the next replica
             if attempt + 1 < attempts:
                 time.sleep(self.backoff_s * 2**attempt)
         raise Unreachable(last)
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One request, honouring the outage back-off; raises Unreachable."""
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None,
+             decode: Callable[[Any], Any] | None = None) -> Any:
+        """One request, honouring the outage back-off; returns the answer (``decode(answer)`` with a
+        ``decode``). Raises Unreachable when no replica answers, and also when the answer is not what
+        the route returns (``decode`` raises): a coordinator that answers nonsense is treated as away."""
         now = time.monotonic()
         if self.unreachable and now < self._next_probe:
             raise Unreachable("in back-off")
         try:
             result = self.send(method, path, body, retries=0 if self.unreachable else None)
+            if decode is not None:
+                try:
+                    result = decode(result)
+                except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+                    raise Unreachable(f"a malformed answer to {method} {path}: {_excerpt(str(exc))}") from None
         except Unreachable as exc:
             if not self.unreachable:
                 log.warning(

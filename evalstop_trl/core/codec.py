@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -38,15 +39,29 @@ __all__ = ["AUDIT", "DECISION", "EVAL_TASK", "JOB", "RECORDS", "REPORT", "Codec"
 T = TypeVar("T")
 
 
-def json_safe(value: Any) -> Any:
-    """``value`` as strict JSON can carry it: non-finite floats -> None, tuples -> lists, keys -> str."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
+def json_safe(value: Any, _depth: int = 0) -> Any:
+    """``value`` as strict JSON can carry it: non-finite floats -> None (also numpy's and other
+    ``numbers.Real``), tuples and sets -> lists, keys -> str, anything else JSON has no type for -> its
+    ``str``; nesting deeper than 32 levels is cut (``"..."``). Used for every free-form mapping an
+    answer carries (a decision's and an audit record's evidence, a job's policy), so ``/v1/jobs`` and
+    ``/v1/audit`` stay strict JSON whatever a detector or an old database put there."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        try:
+            f = float(value)
+        except (OverflowError, ValueError):
+            return None
+        return f if math.isfinite(f) else None
+    if _depth >= 32:
+        return "..."
     if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
+        return {str(k): json_safe(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(v, _depth + 1) for v in value]
+    return str(value)
 
 
 def _num(value: float | None) -> float | None:
@@ -64,8 +79,14 @@ def _decision_to(d: Decision) -> dict[str, Any]:
 
 
 def _decision_from(w: Mapping[str, Any]) -> Decision:
-    return Decision(Action(w["action"]), w["reason"], w.get("best_step"), _float(w.get("best_score")),
-                    w.get("evidence") or {})
+    reason, best_step, evidence = w["reason"], w.get("best_step"), w.get("evidence") or {}
+    if not isinstance(reason, str):
+        raise TypeError(f"reason must be a string, but got {type(reason).__name__}")
+    if best_step is not None and (isinstance(best_step, bool) or not isinstance(best_step, int)):
+        raise TypeError(f"best_step must be an integer or null, but got {best_step!r:.40}")
+    if not isinstance(evidence, Mapping):
+        raise TypeError(f"evidence must be an object, but got {type(evidence).__name__}")
+    return Decision(Action(w["action"]), reason, best_step, _float(w.get("best_score")), evidence)
 
 
 def _job_to(v: JobView) -> dict[str, Any]:
@@ -148,7 +169,7 @@ def from_wire(cls: type[T], data: Any) -> T:
         raise ValueError(f"a {cls.__name__} on the wire is an object, but got {type(data).__name__}.")
     try:
         return decode(data)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"not a {cls.__name__} on the wire ({type(exc).__name__}: {exc}): {dict(data)!r:.300}") \
             from None
 
@@ -172,7 +193,13 @@ def _record(cls: type) -> Codec:
 def many(item: Codec) -> Codec:
     """A list of ``item``."""
     enc, dec = item.encode, item.decode
-    return Codec(f"list[{item.name}]", lambda values: [enc(v) for v in values], lambda data: [dec(d) for d in data])
+
+    def decode(data: Any) -> list[Any]:
+        if not isinstance(data, list):
+            raise ValueError(f"a list[{item.name}] on the wire is a list, but got {type(data).__name__}.")
+        return [dec(d) for d in data]
+
+    return Codec(f"list[{item.name}]", lambda values: [enc(v) for v in values], decode)
 
 
 def optional(item: Codec) -> Codec:
@@ -185,7 +212,14 @@ def optional(item: Codec) -> Codec:
 def under(key: str, item: Codec) -> Codec:
     """``item`` as the one key of an object (``{"decision": {...}}``)."""
     enc, dec = item.encode, item.decode
-    return Codec(f"{{{key}: {item.name}}}", lambda v: {key: enc(v)}, lambda data: dec(data[key]))
+
+    def decode(data: Any) -> Any:
+        if not isinstance(data, Mapping) or key not in data:
+            raise ValueError(f"a {{{key}: {item.name}}} on the wire is an object with {key!r}, but got "
+                             f"{type(data).__name__} {data!r:.100}.")
+        return dec(data[key])
+
+    return Codec(f"{{{key}: {item.name}}}", lambda v: {key: enc(v)}, decode)
 
 
 def nothing(status: str) -> Codec:

@@ -28,6 +28,7 @@ from .lifecycle import Lifecycle, transitions
 __all__ = [
     "AuditKind", "AuditRecord", "Escalation", "EvalState", "EvalTask", "JobRecord", "JobStatus", "JobType", "JobView", "MAX_STEP", "NAME_PATTERN",
     "Delivery", "Policy", "Quotas", "Registration", "Report", "TenantRecord", "check_name", "check_checkpoint", "check_report",
+    "check_text",
 ]
 
 #: tenant names and job ids: 1-128 characters of letters, digits and ``_ . : @ -``, starting with a
@@ -84,10 +85,27 @@ def check_report(step: Any, eval_score: Any = None, train_loss: Any = None, prox
                 raise InvalidInput(str(exc)) from None
 
 
+_LINE_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # no control character makes sense in a path or a name
+_TEXT_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # free text may hold tabs and line breaks
+
+
+def check_text(kind: str, value: Any, max_len: int = 2000, *, multiline: bool = False) -> str:
+    """Return ``value`` if it is a string of at most ``max_len`` characters with no NUL or other
+    control character (``multiline``: tabs and line breaks allowed), else raise :class:`InvalidInput`.
+    A NUL in particular is refused here: PostgreSQL cannot store one."""
+    if not isinstance(value, str) or len(value) > max_len:
+        raise InvalidInput(f"{kind} must be a string of at most {max_len} characters, but got {value!r:.80}.")
+    bad = (_TEXT_CONTROL if multiline else _LINE_CONTROL).search(value)
+    if bad:
+        raise InvalidInput(f"{kind} must not contain control characters, but got {bad.group()!r} at position "
+                           f"{bad.start()}.")
+    return value
+
+
 def check_checkpoint(value: Any) -> str | None:
     if value is not None and (not isinstance(value, str) or len(value) > MAX_PATH):
         raise InvalidInput(f"checkpoint must be a path string of at most {MAX_PATH} characters.")
-    return value
+    return value if value is None else check_text("checkpoint", value, MAX_PATH)
 
 
 class JobType(str, Enum):

@@ -1,7 +1,9 @@
 """The service's request schemas (pydantic): one model per route's body or query string.
 
 Names use the one rule of :mod:`evalstop_trl.core.records` (``NAME_PATTERN``); numbers are checked
-to be finite here, so a NaN never reaches the coordinator. Answers are encoded by the route's codec
+to be finite here, so a NaN never reaches the coordinator; strings hold no NUL (PostgreSQL cannot
+store one: it would be a 503 for ever, and a fail-open outbox would never drain) and no other control
+character, except tabs and line breaks in free text (reasons, errors) (``check_text``). Answers are encoded by the route's codec
 (:mod:`evalstop_trl.core.codec`), never here.
 """
 
@@ -10,10 +12,11 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..core.api import MAX_PAGE, MAX_WAIT_S
-from ..core.records import MAX_PATH, MAX_STEP, NAME_PATTERN
+from ..core.errors import InvalidInput
+from ..core.records import MAX_PATH, MAX_STEP, NAME_PATTERN, check_text
 
 __all__ = ["AckIn", "AuditQuery", "ClaimIn", "EvalResultIn", "EventIn", "FailIn", "JobIn", "JobsQuery", "ReportIn",
            "ReportsQuery", "SnapshotIn", "StopIn", "WaitQuery"]
@@ -42,8 +45,22 @@ def _integer(v: Any) -> Any:
     return v
 
 
+def _text(multiline: bool) -> AfterValidator:
+    def check(v: Any) -> Any:
+        if v is None:
+            return v
+        try:
+            return check_text("the text", v, len(v), multiline=multiline)
+        except InvalidInput as exc:
+            raise ValueError(str(exc).replace("the text must", "must")) from None
+
+    return AfterValidator(check)
+
+
 Num = Annotated[float | None, BeforeValidator(_number)]
 Int = Annotated[int, BeforeValidator(_integer)]
+Line = Annotated[str, _text(multiline=False)]  # a path, a name: no control character at all
+Text = Annotated[str, _text(multiline=True)]  # free text: tabs and line breaks allowed, no NUL
 
 
 class _In(BaseModel):
@@ -52,13 +69,13 @@ class _In(BaseModel):
 
 class JobIn(_In):
     job_id: str = Field(pattern=_ID_PATTERN, description="unique per tenant; letters, digits and _ . : @ -")
-    job_type: str | None = Field(None, max_length=32, description="rlhf when the job is created without one")
+    job_type: Line | None = Field(None, max_length=32, description="rlhf when the job is created without one")
     planned_steps: Annotated[int | None, BeforeValidator(lambda v: v if v is None else _integer(v))] = Field(
         None, gt=0, le=MAX_STEP)
     policy: dict[str, Any] | None = Field(
         None, description='e.g. {"detector": "decline", "k": 2, "min_delta": 0}; every parameter is bounded '
                           '(k and window in [1, 1000], min_delta in [0, 1e6])')
-    webhook: str | None = Field(None, max_length=2048, description="http(s) URL notified on stop (signed; the "
+    webhook: Line | None = Field(None, max_length=2048, description="http(s) URL notified on stop (signed; the "
                                 "operator's allowlist decides where webhooks may go)")
 
 
@@ -67,54 +84,54 @@ class ReportIn(_In):
     eval_score: Num = None
     train_loss: Num = None
     proxy_reward: Num = None
-    checkpoint: str | None = Field(None, max_length=MAX_PATH)
+    checkpoint: Line | None = Field(None, max_length=MAX_PATH)
 
 
 class StopIn(_In):
-    reason: str = Field("", max_length=2000)
+    reason: Text = Field("", max_length=2000)
 
 
 class FailIn(_In):
-    reason: str = Field("", max_length=2000)
+    reason: Text = Field("", max_length=2000)
 
 
 class HeartbeatIn(_In):
-    actor: str = Field("job", min_length=1, max_length=128, description="who says the job is alive")
+    actor: Line = Field("job", min_length=1, max_length=128, description="who says the job is alive")
 
 
 class EventIn(_In):
-    kind: str = Field(description='"launcher_sigterm", "launcher_sigkill" or "launcher_exit"')
-    reason: str = Field("", max_length=2000)
+    kind: Line = Field(description='"launcher_sigterm", "launcher_sigkill" or "launcher_exit"')
+    reason: Text = Field("", max_length=2000)
     exit_code: Annotated[int | None, BeforeValidator(lambda v: v if v is None else _integer(v))] = Field(
         None, ge=-255, le=255)
 
 
 class AckIn(_In):
-    checkpoint: str | None = Field(None, max_length=MAX_PATH)
+    checkpoint: Line | None = Field(None, max_length=MAX_PATH)
     step: Annotated[int | None, BeforeValidator(lambda v: v if v is None else _integer(v))] = Field(
         None, ge=0, le=MAX_STEP, description="the step the job stopped at (gives the stop lag)")
 
 
 class SnapshotIn(_In):
     step: Int = Field(ge=0, le=MAX_STEP)
-    path: str = Field(min_length=1, max_length=MAX_PATH, description="the snapshot's folder, as evaluators see it")
+    path: Line = Field(min_length=1, max_length=MAX_PATH, description="the snapshot's folder, as evaluators see it")
     train_loss: Num = None
     proxy_reward: Num = None
 
 
 class ClaimIn(_In):
-    worker: str = Field(min_length=1, max_length=128)
+    worker: Line = Field(min_length=1, max_length=128)
     lease_s: float = Field(300.0, ge=1, le=3600)
 
 
 class EvalResultIn(_In):
     score: Num = None
-    error: str | None = Field(None, max_length=2000, description="why the eval failed (then score is null)")
-    worker: str = Field("", max_length=128)
+    error: Text | None = Field(None, max_length=2000, description="why the eval failed (then score is null)")
+    worker: Line = Field("", max_length=128)
 
 
 class JobsQuery(BaseModel):
-    status: str | None = Field(None, max_length=32, description="only jobs with this status")
+    status: Line | None = Field(None, max_length=32, description="only jobs with this status")
     limit: int = Field(MAX_PAGE, ge=1, le=MAX_PAGE)
     offset: int = Field(0, ge=0, le=10**9)
 
@@ -125,7 +142,7 @@ class ReportsQuery(BaseModel):
 
 
 class AuditQuery(BaseModel):
-    job_id: str | None = Field(None, max_length=128, description="only this job's records")
+    job_id: Line | None = Field(None, max_length=128, description="only this job's records")
     limit: int = Field(MAX_PAGE, ge=1, le=MAX_PAGE)
     offset: int = Field(0, ge=0, le=10**9)
 
