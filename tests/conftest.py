@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+# torch's default of one thread per core oversubscribes a busy 2-core machine by an order of magnitude
+# (a tiny GRPO test: 7 s with one thread, 499 s without); subprocesses inherit it
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from evalstop_trl.clients.local import free_loopback_port as free_port
 from evalstop_trl.clients.local import wait_until_healthy
 
