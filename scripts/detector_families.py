@@ -53,11 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         per_seed = _map(_seed, [(cfg.to_dict(), args.seed_start + s) for s in range(args.seeds)], args.workers,
                         False, family)
         rows = aggregate_detectors(cfg, per_seed, SETTINGS)
-        out[family] = rows
+        out[family] = [r.to_dict() for r in rows]
         for r in rows:
             f = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
-            print(f"| {family} | {r['detector']} | {r['sigma']} | {f(r['precision'])} | {f(r['recall'])} | "
-                  f"{f(r['fpr'])} | {f(r['retention'])} | {r['harmful_stops']} | {r['counts']['hacked']} |", flush=True)
+            print(f"| {family} | {r.detector} | {r.sigma} | {f(r.rates.precision)} | {f(r.rates.recall)} | "
+                  f"{f(r.rates.fpr)} | {f(r.retention)} | {r.rates.harmful_stops} | {r.rates.counts.hacked} |",
+                  flush=True)
     print(f"\nseeds {args.seed_start}-{args.seed_start + args.seeds - 1}, {time.perf_counter() - t0:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
