@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from .detectors import Decision
 from .errors import InvalidInput, NotFound, QuotaExceeded
-from .evals import ExternalEvals
+from .evals import ExternalEvalMethods, ExternalEvals
 from .job import Ack, Amend, Event, Fail, Finish, JobState, Observe, Step, Stop, amendments, step
 from .leases import JobLeases
 from .memory_store import MemoryStore
@@ -49,7 +49,6 @@ from .reads import JobReads
 from .records import (
     MAX_STEP,
     AuditKind,
-    EvalTask,
     JobRecord,
     JobType,
     JobView,
@@ -61,7 +60,7 @@ from .records import (
     check_report,
 )
 from .repository import JobCache, ReplicatedJobs, Slot
-from .store import DONE, Store, StoreError, wait_durable
+from .store import DONE, JobLimits, LimitReached, Store, StoreError, wait_durable
 from .tenants import Tenants
 
 __all__ = ["Coordinator", "PendingReport", "check_report"]
@@ -87,7 +86,7 @@ class PendingReport(NamedTuple):
     stopped: JobRecord | None  # the job's record if this report stopped it
 
 
-class Coordinator(JobReads, JobLeases):
+class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
     """Make and record stop decisions for many tenants' jobs.
 
     Args:
@@ -95,7 +94,8 @@ class Coordinator(JobReads, JobLeases):
             MemoryStore if None). A shared store (several replicas) gets a replicated repository.
         clock: a function returning the current time in seconds (virtual time in the simulator).
         default_policy: the policy of jobs registered without one (decline, k=2).
-        quotas: per-tenant limits (active jobs, reports per job); unlimited-ish defaults.
+        quotas: per-tenant limits (see :class:`~.records.Quotas`: jobs, active jobs, reports per job and
+            per tenant, launcher events and snapshots per job, their rates).
         eval_gap_timeout_s: an external eval not back this long after its snapshot counts as missing.
         lease_s: a pending or running job silent (no report, no heartbeat) for longer becomes LOST at
             the next :meth:`sweep` and frees its quota (None: no leases, e.g. the simulator).
@@ -214,20 +214,27 @@ class Coordinator(JobReads, JobLeases):
             if jobs.find(tenant, job_id) is not None:  # registered meanwhile: attach
                 return self._register(tenant, job_id, job_type, planned_steps, policy, webhook)
             quotas = self.tenants.quotas(tenant)
+            total = jobs.total(tenant)
+            if total >= quotas.max_jobs:
+                raise QuotaExceeded(f"tenant {tenant!r} has {total} jobs, the most allowed (max_jobs={quotas.max_jobs},"
+                                    " finished ones included); prune old ones ('evalstop prune') or ask for more")
             active = jobs.active(tenant)
             if active >= quotas.max_active_jobs:
                 raise QuotaExceeded(f"tenant {tenant!r} has {active} active jobs, the most allowed "
                                     f"(max_active_jobs={quotas.max_active_jobs}); finish or stop some first")
             record = JobRecord.new(tenant, reg, self.clock())
             state = JobState(record, reg.policy.build(), max_reports=quotas.max_reports_per_job, version=1)
-            ticket = self.store.commit(record, expect=0)
+            # a shared store checks the quotas again inside the insert's transaction (replicas race)
+            ticket = self.store.register(record, JobLimits(quotas.max_jobs, quotas.max_active_jobs))
             slot = jobs.insert(state, committed=False)
             slot.push(state, ticket)
         if ticket is not DONE:
             try:
                 wait_durable(ticket)
-            except StoreError:
+            except StoreError as exc:
                 jobs.remove(slot)
+                if isinstance(exc, LimitReached):
+                    raise QuotaExceeded(str(exc)) from None
                 raise
         return state, True
 
@@ -262,6 +269,11 @@ class Coordinator(JobReads, JobLeases):
         slot = self.jobs.get(tenant, job_id)
         rep = Report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock())
         last = slot.head.last
+        if last is None or step > last.step:  # a new report (a retry is answered whatever the quota)
+            limit = self.tenants.quotas(tenant).max_reports_per_tenant
+            if self.jobs.reports(tenant) >= limit:
+                raise QuotaExceeded(f"tenant {tenant!r} has {limit} stored reports, the most allowed "
+                                    f"(max_reports_per_tenant={limit}); prune finished jobs ('evalstop prune')")
         stored = None
         if last is not None and step < last.step:  # a late retry of an old step: read the store (no lock held)
             self._settle(slot.ticket, tenant, job_id)
@@ -301,22 +313,21 @@ class Coordinator(JobReads, JobLeases):
                      actor: str = "coordinator") -> None:
         """Append a launcher or webhook event to the job's audit log."""
         _check_reason(reason)
-        self._command(tenant, job_id, Event(kind, reason, dict(evidence), actor, self.clock()))
-
-    # ------------------------------------------------------------------ external evals
-    def publish_snapshot(self, tenant: str, job_id: str, step: int, path: str, train_loss: float | None = None,
-                         proxy_reward: float | None = None) -> EvalTask:
-        """A job saved a snapshot for external evaluators (see :meth:`.evals.ExternalEvals.publish`)."""
-        return self.external.publish(tenant, job_id, step, path, train_loss, proxy_reward)
-
-    def claim_eval(self, tenant: str, worker: str, lease_s: float) -> EvalTask | None:
-        """Lease the tenant's oldest snapshot waiting for an eval (see :meth:`.evals.ExternalEvals.claim`)."""
-        return self.external.claim(tenant, worker, lease_s)
-
-    def post_eval(self, tenant: str, job_id: str, step: int, score: float | None, worker: str = "",
-                  error: str | None = None) -> Decision:
-        """An evaluator's result for a snapshot (see :meth:`.evals.ExternalEvals.post`)."""
-        return self.external.post(tenant, job_id, step, score, worker, error)
+        command = Event(kind, reason, dict(evidence), actor, self.clock())
+        if not kind.from_launcher:
+            self._command(tenant, job_id, command)
+            return
+        slot = self.jobs.get(tenant, job_id)
+        limit = self.tenants.quotas(tenant).max_events_per_job
+        if slot.events is None:
+            slot.events = self.store.count_events(tenant, job_id)  # once per job (no lock held)
+        with slot.lock:  # counted and queued together: concurrent events cannot pass the quota
+            if slot.events >= limit:
+                raise QuotaExceeded(f"job {job_id!r} has {slot.events} launcher events, the most a job may have "
+                                    f"(max_events_per_job={limit})")
+            out, ticket = self._run(slot, command)
+            slot.events += 1
+        self._settle(ticket, tenant, job_id)
 
     def close(self) -> None:
         self.store.close()

@@ -4,7 +4,10 @@ fed to the job's detector in step order.
 A snapshot's eval moves PENDING → LEASED → DONE | MISSING (see :class:`~.records.EvalState`).
 Scores may come in any order; a job's detector gets them in step order as soon as every earlier
 snapshot has one (a gap older than ``gap_timeout_s`` counts as a missing eval). Claims are
-serialised per tenant and feeds per job: one tenant's evaluators never wait for another's.
+serialised per tenant and feeds per job: one tenant's evaluators never wait for another's; a shared
+store leases in one statement, so two replicas never lease one snapshot twice. A catch-up feed
+(many snapshots scored at once) queues all its reports and waits for them together: one fsync for
+the batch, not one per snapshot. A job has at most ``max_snapshots_per_job`` snapshots (a quota).
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from .detectors import Decision
-from .errors import Conflict, InvalidInput, NotFound
+from .errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from .records import EvalState, EvalTask, check_checkpoint, check_report
 from .store import wait_durable
 
 if TYPE_CHECKING:
     from .coordinator import Coordinator
 
-__all__ = ["ExternalEvals"]
+__all__ = ["ExternalEvalMethods", "ExternalEvals"]
+
+_FEED_BATCH = 500  # snapshots read and fed at a time by a catch-up
 
 
 class ExternalEvals:
@@ -55,6 +60,10 @@ class ExternalEvals:
                 if existing.path != path:
                     raise Conflict(f"step {step} of job {job_id!r} already has a snapshot at {existing.path!r}")
                 return existing
+            limit = self.coordinator.tenants.quotas(tenant).max_snapshots_per_job
+            if self.store.count_evals(tenant, job_id) >= limit:
+                raise QuotaExceeded(f"job {job_id!r} has {limit} snapshots, the most a job may have "
+                                    f"(max_snapshots_per_job={limit}); start a new job")
             if state.last is not None and step <= state.last.step:
                 raise Conflict(f"step {step} of job {job_id!r} is not after its last report (step {state.last.step})")
             task = EvalTask(tenant, job_id, step, path, self.coordinator.clock(), train_loss, proxy_reward)
@@ -70,13 +79,7 @@ class ExternalEvals:
         if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not 1 <= lease_s <= 3600:
             raise InvalidInput(f"lease_s must be in [1, 3600] seconds, but got {lease_s!r}.")
         with self._lock("claim", tenant):  # a lease must be durable before the next claim reads
-            now = self.coordinator.clock()
-            for task in self.store.claimable_evals(tenant, now, 1):
-                claimed = dataclasses.replace(task, state=task.state.to(EvalState.LEASED), lease_until=now + lease_s,
-                                              worker=worker)
-                wait_durable(self.store.put_eval(claimed))
-                return claimed
-        return None
+            return self.store.claim_eval(tenant, self.coordinator.clock(), lease_s, worker)
 
     def post(self, tenant: str, job_id: str, step: int, score: float | None, worker: str = "",
              error: str | None = None) -> Decision:
@@ -97,17 +100,58 @@ class ExternalEvals:
         return self.coordinator.jobs.read(tenant, job_id).current()
 
     def _feed(self, tenant: str, job_id: str) -> None:
-        """Report every scored snapshot whose earlier snapshots are all scored, in step order."""
+        """Report every scored snapshot whose earlier snapshots are all scored, in step order: each
+        batch's reports are queued together and waited for once, then marked fed together."""
+        while True:
+            batch = self._feedable(tenant, job_id)
+            if not batch:
+                return
+            pending = []
+            for task in batch:
+                done = task.state is EvalState.DONE
+                try:
+                    pending.append(self.coordinator.submit_report(
+                        tenant, job_id, task.step, task.score if done else None, task.train_loss, task.proxy_reward,
+                        task.path if done else None))
+                except Conflict:
+                    pass  # fed before a crash, or reported some other way: the stored report stands
+            for p in pending:
+                self.coordinator.complete(p)  # durable (or raises: nothing of the batch is marked fed)
+            tickets = [self.store.put_eval(dataclasses.replace(t, fed=True)) for t in batch]
+            for ticket in tickets:
+                wait_durable(ticket)
+            if len(batch) < _FEED_BATCH:
+                return
+
+    def _feedable(self, tenant: str, job_id: str) -> list[EvalTask]:
+        """The next unfed snapshots that can be fed now (a complete prefix), at most a batch."""
         now = self.coordinator.clock()
-        for task in self.store.unfed_evals(tenant, job_id):
+        out = []
+        for task in self.store.unfed_evals(tenant, job_id, _FEED_BATCH):
             if not task.state.terminal:
                 if now - task.created_at <= self.gap_timeout_s:
                     break  # the prefix is not complete yet
                 task = dataclasses.replace(task, state=EvalState.MISSING)
-            done = task.state is EvalState.DONE
-            try:
-                self.coordinator.report(tenant, job_id, task.step, task.score if done else None, task.train_loss,
-                                        task.proxy_reward, task.path if done else None)
-            except Conflict:
-                pass  # fed before a crash, or reported some other way: the stored report stands
-            wait_durable(self.store.put_eval(dataclasses.replace(task, fed=True)))
+            out.append(task)
+        return out
+
+
+class ExternalEvalMethods:
+    """The :class:`~.coordinator.Coordinator`'s external-eval methods (over its ``external``)."""
+
+    external: ExternalEvals
+
+    def publish_snapshot(self, tenant: str, job_id: str, step: int, path: str, train_loss: float | None = None,
+                         proxy_reward: float | None = None) -> EvalTask:
+        """A job saved a snapshot for external evaluators (see :meth:`.evals.ExternalEvals.publish`)."""
+        return self.external.publish(tenant, job_id, step, path, train_loss, proxy_reward)
+
+    def claim_eval(self, tenant: str, worker: str, lease_s: float) -> EvalTask | None:
+        """Lease the tenant's oldest snapshot waiting for an eval (see :meth:`.evals.ExternalEvals.claim`)."""
+        return self.external.claim(tenant, worker, lease_s)
+
+    def post_eval(self, tenant: str, job_id: str, step: int, score: float | None, worker: str = "",
+                  error: str | None = None) -> Decision:
+        """An evaluator's result for a snapshot (see :meth:`.evals.ExternalEvals.post`)."""
+        return self.external.post(tenant, job_id, step, score, worker, error)
+

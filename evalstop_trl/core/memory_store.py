@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from .errors import Conflict
 from .records import AuditRecord, Delivery, EvalState, EvalTask, JobRecord, Report, TenantRecord
-from .store import DONE, Store, Ticket
+from .store import DONE, PRUNABLE, PruneCounts, Store, Ticket
 
 __all__ = ["MemoryStore"]
 
@@ -20,7 +20,8 @@ class MemoryStore(Store):
         self._tenants: dict[str, TenantRecord] = {}
         self._jobs: dict[tuple[str, str], JobRecord] = {}
         self._reports: dict[tuple[str, str], list[Report]] = {}  # in step order (the coordinator's rule)
-        self._audit: list[AuditRecord] = []
+        self._audit: list[AuditRecord] = []  # seq = index + 1
+        self._audit_by: dict[tuple[str, ...], list[int]] = {}  # (tenant,) and (tenant, job_id) -> indexes
         self._deliveries: dict[str, Delivery] = {}
         self._evals: dict[tuple[str, str, int], EvalTask] = {}
 
@@ -53,8 +54,11 @@ class MemoryStore(Store):
         reports = self._reports.setdefault(key, [])
         if report is not None:
             reports.append(report)
-        if audit:
-            self._audit.extend(audit)
+        for a in audit:
+            i = len(self._audit)
+            self._audit.append(a)
+            self._audit_by.setdefault((a.tenant,), []).append(i)
+            self._audit_by.setdefault((a.tenant, a.job_id), []).append(i)
         for d in deliveries:
             self._deliveries[d.id] = d
         return DONE
@@ -77,10 +81,41 @@ class MemoryStore(Store):
         i = bisect.bisect_left(reports, step, key=lambda r: r.step)
         return reports[i] if i < len(reports) and reports[i].step == step else None
 
-    def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
-              offset: int = 0) -> list[AuditRecord]:
-        rows = [a for a in self._audit if (tenant is None or a.tenant == tenant) and (job_id is None or a.job_id == job_id)]
-        return rows[offset:] if limit is None else rows[offset:offset + limit]
+    def audit_page(self, tenant: str | None, job_id: str | None, limit: int | None, offset: int = 0,
+                   after: int | None = None) -> tuple[list[AuditRecord], int | None]:
+        if tenant is None:
+            indexes = [i for i, a in enumerate(self._audit) if job_id is None or a.job_id == job_id]
+        else:
+            indexes = self._audit_by.get((tenant,) if job_id is None else (tenant, job_id), [])
+        start = offset if after is None else bisect.bisect_right(indexes, after - 1)
+        page = indexes[start:] if limit is None else indexes[start:start + limit]
+        return [self._audit[i] for i in page], (page[-1] + 1 if page else None)
+
+    def count_jobs(self, tenant: str) -> int:
+        return sum(1 for t, _ in self._jobs if t == tenant)
+
+    def count_reports(self, tenant: str) -> int:
+        return sum(len(v) for (t, _), v in self._reports.items() if t == tenant)
+
+    def count_events(self, tenant: str, job_id: str) -> int:
+        return sum(1 for i in self._audit_by.get((tenant, job_id), []) if self._audit[i].kind.from_launcher)
+
+    def prune(self, before: float, tenant: str | None = None, dry_run: bool = False) -> PruneCounts:
+        keys = [k for k, j in self._jobs.items()
+                if j.status.value in PRUNABLE and j.updated_at < before and (tenant is None or j.tenant == tenant)]
+        gone = set(keys)
+        evals = [k for k in self._evals if k[:2] in gone]
+        deliveries = [k for k, d in self._deliveries.items() if (d.tenant, d.job_id) in gone]
+        counts = PruneCounts(len(keys), sum(len(self._reports.get(k, ())) for k in keys), len(evals), len(deliveries))
+        if not dry_run:
+            for k in keys:
+                del self._jobs[k]
+                self._reports.pop(k, None)
+            for k in evals:
+                del self._evals[k]
+            for k in deliveries:
+                del self._deliveries[k]
+        return counts
 
     # webhook deliveries
     def job(self, tenant: str, job_id: str) -> JobRecord | None:
@@ -90,9 +125,11 @@ class MemoryStore(Store):
         self._evals[(task.tenant, task.job_id, task.step)] = task
         return DONE
 
-    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
-        return sorted((t for t in self._evals.values() if (t.tenant, t.job_id) == (tenant, job_id)),
-                      key=lambda t: t.step)
+    def evals(self, tenant: str, job_id: str, after_step: int | None = None,
+              limit: int | None = None) -> list[EvalTask]:
+        tasks = sorted((t for t in self._evals.values() if (t.tenant, t.job_id) == (tenant, job_id)
+                        and (after_step is None or t.step > after_step)), key=lambda t: t.step)
+        return tasks if limit is None else tasks[:limit]
 
     def eval(self, tenant: str, job_id: str, step: int) -> EvalTask | None:
         return self._evals.get((tenant, job_id, step))

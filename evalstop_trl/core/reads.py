@@ -23,10 +23,11 @@ class JobReads:
     jobs: JobCache
     store: Store
 
-    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
-        """The job's published snapshots and their evals' states, in step order."""
+    def evals(self, tenant: str, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[EvalTask]:
+        """The job's published snapshots and their evals' states, in step order: those after
+        ``after_step``, at most ``limit`` (a keyed read of one page)."""
         self.jobs.read(tenant, job_id)
-        return self.store.evals(tenant, job_id)
+        return self.store.evals(tenant, job_id, after_step, limit)
 
     def state(self, tenant: str, job_id: str) -> JobState:
         """The job's durable state (what a restart would rebuild)."""
@@ -59,9 +60,15 @@ class JobReads:
         return self.store.reports(tenant, job_id, after_step, limit)
 
     def audit(self, tenant: str, job_id: str | None = None, limit: int | None = None,
-              offset: int = 0) -> list[AuditRecord]:
-        """The tenant's audit records (of one job if ``job_id``), oldest first, paged."""
-        return self.store.audit(tenant, job_id, limit, offset)
+              offset: int = 0, after: int | None = None) -> list[AuditRecord]:
+        """The tenant's audit records (of one job if ``job_id``), oldest first, paged by ``offset`` or
+        by keyset (``after``: the sequence number :meth:`audit_page` gave for the previous page)."""
+        return self.store.audit_page(tenant, job_id, limit, offset, after)[0]
+
+    def audit_page(self, tenant: str, job_id: str | None = None, limit: int | None = None, offset: int = 0,
+                   after: int | None = None) -> tuple[list[AuditRecord], int | None]:
+        """:meth:`audit` and the ``after`` of the next page (None after an empty page)."""
+        return self.store.audit_page(tenant, job_id, limit, offset, after)
 
 
 def _parse_status(value: str) -> JobStatus:

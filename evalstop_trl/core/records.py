@@ -465,22 +465,50 @@ class EvalTask:
 @dataclass(frozen=True, slots=True)
 class Quotas:
     """Per-tenant limits. Defaults suit a shared coordinator; the operator sets them with
-    ``evalstop serve`` flags (server-wide) or ``evalstop tenants quota NAME`` (one tenant)."""
+    ``evalstop serve`` flags (server-wide) or ``evalstop tenants quota NAME`` (one tenant).
+
+    Every count is checked before the write it limits (429 beyond it), atomically: in one process
+    under the job's or the registration lock; on PostgreSQL the job counts inside the insert's
+    transaction (under a per-tenant advisory lock), so replicas registering together cannot pass
+    them. What a tenant stores is bounded by these and by retention (``evalstop prune``).
+
+    ======================== ========== ====================================================
+    quota                    default    what it bounds
+    ======================== ========== ====================================================
+    max_jobs                 100,000    all of a tenant's jobs, finished ones included
+    max_active_jobs          1,000      jobs pending or running (lost ones do not count)
+    max_reports_per_job      100,000    reports of one job
+    max_reports_per_tenant   10,000,000 stored reports of all the tenant's jobs
+    max_events_per_job       1,000      launcher events (``/events``) of one job
+    max_snapshots_per_job    10,000     snapshots published (``/snapshots``) by one job
+    report_rate/burst        1000/s, 2000   reports per second per tenant (token bucket)
+    event_rate/burst         50/s, 500  launcher events + snapshots per second per tenant
+    ======================== ========== ====================================================
+    """
 
     max_active_jobs: int = 1000  # jobs not yet stopped, finished or failed
     max_reports_per_job: int = 100_000
     report_rate: float = 1000.0  # reports per second, per tenant (token bucket)
     report_burst: int = 2000
+    max_jobs: int = 100_000  # every status: finished jobs count until pruned
+    max_reports_per_tenant: int = 10_000_000
+    max_events_per_job: int = 1000
+    max_snapshots_per_job: int = 10_000
+    event_rate: float = 50.0  # launcher events and snapshots per second, per tenant (token bucket)
+    event_burst: int = 500
 
     def __post_init__(self) -> None:
         for name, low, high in (("max_active_jobs", 1, 10**7), ("max_reports_per_job", 1, 10**9),
-                                ("report_burst", 1, 10**7)):
+                                ("report_burst", 1, 10**7), ("max_jobs", 1, 10**8),
+                                ("max_reports_per_tenant", 1, 10**11), ("max_events_per_job", 1, 10**7),
+                                ("max_snapshots_per_job", 1, 10**7), ("event_burst", 1, 10**7)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
                 raise InvalidInput(f"{name} must be an integer in [{low}, {high}], but got {v!r}.")
-        r = self.report_rate
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not (0 < r <= 1e7):
-            raise InvalidInput(f"report_rate must be a number of reports per second in (0, 1e7], but got {r!r}.")
+        for name in ("report_rate", "event_rate"):
+            r = getattr(self, name)
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not (0 < r <= 1e7):
+                raise InvalidInput(f"{name} must be a number per second in (0, 1e7], but got {r!r}.")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

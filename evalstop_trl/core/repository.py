@@ -4,8 +4,10 @@
   this), ``head`` (``committed`` plus the writes queued but not yet durable: the next command is
   computed on it, so a job's writes stay in order without holding a lock across a disk wait) and a
   per-job lock held only while a command is computed and its write queued.
-* :class:`JobCache` — the single-process repository (SQLite, memory): every job is loaded once at
-  start and the store is only written.
+* :class:`JobCache` — the single-process repository (SQLite, memory): every job's record is loaded
+  once at start and the store is only written. A job that is over (stopped, finished, failed) is
+  loaded lazily: its record at start, its reports replayed on first access, so start-up does not
+  grow with finished history.
 * :class:`ReplicatedJobs` — several coordinators over one shared store (PostgreSQL): a job is
   re-read when another replica wrote it since (version check), listing and quotas ask the store.
 
@@ -18,7 +20,6 @@ from starting.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -52,7 +53,7 @@ class Slot:
     """One job in memory (see the module docstring). ``committed`` is None until the job's
     registration is durable (the job is not visible before)."""
 
-    __slots__ = ("lock", "committed", "head", "ticket", "generation", "broken", "_on_status")
+    __slots__ = ("lock", "committed", "head", "ticket", "generation", "broken", "lazy", "events", "_on_status")
 
     def __init__(self, state: JobState, committed: bool, on_status: Callable[[JobState, JobState], None]) -> None:
         self.lock = threading.RLock()
@@ -61,6 +62,8 @@ class Slot:
         self.ticket: Future = DONE  # the job's latest queued write
         self.generation = 0  # bumped by a reload: writes queued before it no longer swap
         self.broken = False  # a write failed: reload before the next command
+        self.lazy = False  # only the record is loaded (a finished job): replay on first access
+        self.events: int | None = None  # the job's launcher events (read from the store when first needed)
         self._on_status = on_status
 
     def push(self, state: JobState, ticket: Future) -> None:
@@ -91,6 +94,8 @@ class Slot:
         self.committed = state
         self.ticket = DONE
         self.broken = False
+        self.lazy = False
+        self.events = None
         if old.record.status is not state.record.status:
             self._on_status(old, state)
 
@@ -114,11 +119,33 @@ class JobCache:
         self._slots: dict[tuple[str, str], Slot] = {}
         self._by_tenant: dict[str, dict[str, Slot]] = {}  # registration order, for listing
         self._active: dict[str, int] = {}  # tenant -> jobs not yet stopped, finished or failed (heads)
-        self._order = itertools.count()
-        for record in store.jobs():
-            self.insert(self._load(record), committed=True)
+        self._reports: dict[str, list[float]] = {}  # tenant -> [stored reports, when counted]
+        self._load_all()
 
     # ------------------------------------------------------------------ loading
+    def _load_all(self) -> None:
+        """Every job's record; only the jobs still going replay their reports now (see :meth:`_ready`)."""
+        for record in self.store.jobs():
+            if record.status.terminal:
+                self._insert_lazy(record)
+            else:
+                self.insert(self._load(record), committed=True)
+
+    def _insert_lazy(self, record: JobRecord) -> None:
+        # a stand-in state: its record only (no detector, no counts) until _ready() replays the job
+        stub = JobState(record, None, max_reports=self._max_reports(record.tenant), version=record.version)  # type: ignore[arg-type]
+        self.insert(stub, committed=True).lazy = True
+
+    def _ready(self, slot: Slot) -> Slot:
+        """A lazily loaded job, replayed now (once; under its lock)."""
+        if slot.lazy:
+            with slot.lock:
+                if slot.lazy:
+                    state, _ = load_state(self.store, slot.head.record, self._max_reports(slot.head.record.tenant))
+                    slot.head = slot.committed = state
+                    slot.lazy = False
+        return slot
+
     def _load(self, record: JobRecord) -> JobState:
         state, broken = load_state(self.store, record, self._max_reports(record.tenant))
         if broken is None:
@@ -161,7 +188,8 @@ class JobCache:
     # ------------------------------------------------------------------ access
     def find(self, tenant: str, job_id: str) -> Slot | None:
         """The job's slot, or None (the caller holds :attr:`register_lock`)."""
-        return self._slots.get((tenant, job_id))
+        slot = self._slots.get((tenant, job_id))
+        return None if slot is None else self._ready(slot)
 
     def get(self, tenant: str, job_id: str) -> Slot:
         """The job's slot for a command (reloaded first if a write of it failed)."""
@@ -170,7 +198,7 @@ class JobCache:
             raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
         if slot.broken:
             self.reload(slot)
-        return slot
+        return self._ready(slot)
 
     def read(self, tenant: str, job_id: str) -> JobState:
         """The job's committed state (what a restart would rebuild)."""
@@ -200,20 +228,39 @@ class JobCache:
     def active(self, tenant: str) -> int:
         return self._active.get(tenant, 0)
 
+    def total(self, tenant: str) -> int:
+        """All of the tenant's jobs (every status): the ``max_jobs`` quota."""
+        return len(self._by_tenant.get(tenant, ()))
+
+    _REPORTS_TTL_S = float("inf")  # one process writes the store: its count stays right
+
+    def reports(self, tenant: str) -> int:
+        """The tenant's stored reports (counted once, then kept by :meth:`commit`)."""
+        hit = self._reports.get(tenant)
+        now = self._clock()
+        if hit is None or now - hit[1] > self._REPORTS_TTL_S:
+            hit = self._reports[tenant] = [self.store.count_reports(tenant), now]
+        return int(hit[0])
+
     def live_slots(self) -> list[Slot]:
         """The jobs a lease sweep looks at (pending or running ones among them)."""
         return [s for s in list(self._slots.values()) if s.head.record.status.active]
 
     def page(self, tenant: str, status: JobStatus | None, limit: int | None, offset: int) -> tuple[list[JobState], int]:
-        """One page of the tenant's committed jobs in registration order, and the total."""
-        states = [s.committed for s in list(self._by_tenant.get(tenant, {}).values()) if s.committed is not None]
+        """One page of the tenant's committed jobs in registration order, and the total (only the
+        page's lazily loaded jobs are replayed)."""
+        slots = [s for s in list(self._by_tenant.get(tenant, {}).values()) if s.committed is not None]
         if status is not None:
-            states = [s for s in states if s.record.status is status]
-        end = len(states) if limit is None else offset + limit
-        return states[offset:end], len(states)
+            slots = [s for s in slots if s.committed.record.status is status]
+        end = len(slots) if limit is None else offset + limit
+        return [self._ready(s).committed for s in slots[offset:end]], len(slots)
 
     def commit(self, c: Commit, tenant: str, job_id: str) -> Future:
         """Queue a step's rows (the caller holds the job's lock)."""
+        if c.report is not None:
+            hit = self._reports.get(tenant)
+            if hit is not None:
+                hit[0] += 1
         if c.job is None:
             return self.store.add_report(tenant, job_id, c.report, c.expect)
         return self.store.commit(c.job, c.report, c.audit, c.deliveries, expect=c.expect)
@@ -233,9 +280,10 @@ class ReplicatedJobs(JobCache):
         # no process-wide lock around a registration's store reads: the store refuses a second
         # insert of the same job (StaleState: the client retries and finds the job)
         self.register_lock = contextlib.nullcontext()
-        self._slots, self._by_tenant, self._active = {}, {}, {}
-        for record in store.jobs():
-            self.insert(self._load(record), committed=True)
+        self._slots, self._by_tenant, self._active, self._reports = {}, {}, {}, {}
+        self._load_all()
+
+    _REPORTS_TTL_S = 5.0  # other replicas add reports too: count again this often
 
     def find(self, tenant: str, job_id: str) -> Slot | None:
         try:
@@ -253,6 +301,7 @@ class ReplicatedJobs(JobCache):
         if slot.broken:
             self.reload(slot)
         elif not slot.pending and slot.committed is not None:
+            self._ready(slot)
             stored = self.store.job_versions(tenant, [job_id]).get(job_id, 0)
             if stored > slot.committed.version:
                 self.reload(slot)
@@ -262,6 +311,9 @@ class ReplicatedJobs(JobCache):
 
     def active(self, tenant: str) -> int:
         return self.store.count_active(tenant)
+
+    def total(self, tenant: str) -> int:
+        return self.store.count_jobs(tenant)
 
     def live_slots(self) -> list[Slot]:
         """Every replica sweeps every active job in the store (a job's version check lets one win)."""

@@ -14,13 +14,16 @@ or fails with :class:`StoreError`. Async code awaits it with ``asyncio.wrap_futu
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import NamedTuple
 
-from .records import AuditRecord, Delivery, EvalTask, JobRecord, Report, TenantRecord
+from .records import AuditRecord, Delivery, EvalState, EvalTask, JobRecord, Report, TenantRecord
 
-__all__ = ["DONE", "StaleState", "Store", "StoreError", "TenantRecord", "Ticket", "wait_durable"]
+__all__ = ["DONE", "JobLimits", "LimitReached", "PruneCounts", "StaleState", "Store", "StoreError", "TenantRecord",
+           "Ticket", "wait_durable"]
 
 #: A pending durable write: resolves to None when on disk, or fails with StoreError.
 Ticket = Future
@@ -33,6 +36,31 @@ class StoreError(RuntimeError):
 class StaleState(StoreError):
     """A shared store refused a write made on stale state: another coordinator (replica) wrote the
     job since this one last read it. The coordinator reloads the job; the caller retries (503)."""
+
+
+class LimitReached(StoreError):
+    """A shared store refused a registration over the tenant's quota (checked in the insert's own
+    transaction, so concurrent registrations on several replicas cannot pass it together)."""
+
+
+class JobLimits(NamedTuple):
+    """The quotas a new job's insert checks atomically: all of the tenant's jobs, its active ones."""
+
+    max_jobs: int
+    max_active_jobs: int
+
+
+class PruneCounts(NamedTuple):
+    """What :meth:`Store.prune` deleted (or would delete, in a dry run)."""
+
+    jobs: int
+    reports: int
+    evals: int
+    deliveries: int
+
+
+#: the statuses a job may be pruned in (it is over: nothing reports to it any more)
+PRUNABLE = ("stopped", "finished", "failed", "lost")
 
 
 def _done() -> Future:
@@ -89,6 +117,12 @@ class Store(ABC):
         Writes are applied in call order; the returned :class:`Ticket` says when it is durable.
         ``expect``: the job's version this write replaces (shared stores; 0 for a new job)."""
 
+    def register(self, job: JobRecord, limits: JobLimits) -> Ticket:
+        """Insert a new job. A shared store checks ``limits`` in the insert's transaction and fails the
+        ticket with :class:`LimitReached`; a store of one process leaves them to the coordinator, which
+        checks them under its registration lock."""
+        return self.commit(job, expect=0)
+
     @abstractmethod
     def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
         """Insert one report of a job whose record does not change (the common case)."""
@@ -111,6 +145,29 @@ class Store(ABC):
     def count_active(self, tenant: str) -> int:
         """The tenant's jobs that are not stopped, finished or failed (shared stores only)."""
         raise NotImplementedError
+
+    def count_jobs(self, tenant: str) -> int:
+        """All of the tenant's jobs, whatever their status."""
+        return sum(1 for j in self.jobs() if j.tenant == tenant)
+
+    def count_reports(self, tenant: str) -> int:
+        """All of the tenant's stored reports (the per-tenant report quota)."""
+        return sum(len(self.reports(j.tenant, j.job_id)) for j in self.jobs() if j.tenant == tenant)
+
+    def count_events(self, tenant: str, job_id: str) -> int:
+        """The job's launcher events in the audit log (the per-job event quota)."""
+        return sum(1 for a in self.audit(tenant, job_id) if a.kind.from_launcher)
+
+    def count_evals(self, tenant: str, job_id: str) -> int:
+        """The job's published snapshots (the per-job snapshot quota)."""
+        return len(self.evals(tenant, job_id))
+
+    def prune(self, before: float, tenant: str | None = None, dry_run: bool = False) -> PruneCounts:
+        """Delete the jobs that ended (stopped, finished, failed or lost) and were last updated before
+        ``before``, with their reports, evals and webhook deliveries; the audit log is append-only and
+        kept. ``dry_run``: only count. Run it while no coordinator serves the store (a running one
+        keeps the jobs it loaded until it restarts)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot prune")
     @abstractmethod
     def reports(self, tenant: str, job_id: str, after_step: int | None = None,
                 limit: int | None = None) -> list[Report]:
@@ -118,10 +175,17 @@ class Store(ABC):
     @abstractmethod
     def report(self, tenant: str, job_id: str, step: int) -> Report | None:
         """The job's report of ``step``, if stored."""
-    @abstractmethod
     def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
-              offset: int = 0) -> list[AuditRecord]:
-        """Audit records, oldest first, of one tenant (and job) if given, paged."""
+              offset: int = 0, after: int | None = None) -> list[AuditRecord]:
+        """Audit records, oldest first, of one tenant (and job) if given, paged: by ``offset``, or by
+        keyset (``after``: the sequence number of the last record of the previous page)."""
+        return self.audit_page(tenant, job_id, limit, offset, after)[0]
+
+    @abstractmethod
+    def audit_page(self, tenant: str | None, job_id: str | None, limit: int | None, offset: int = 0,
+                   after: int | None = None) -> tuple[list[AuditRecord], int | None]:
+        """:meth:`audit` and the sequence number of the page's last record (None for an empty page),
+        the ``after`` of the next page. An index on (tenant, seq) keeps a page's cost bounded."""
 
     @abstractmethod
     def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
@@ -137,19 +201,31 @@ class Store(ABC):
     def put_eval(self, task: EvalTask) -> Ticket:
         """Insert or replace the eval task of (tenant, job_id, step)."""
     @abstractmethod
-    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
-        """A job's eval tasks in step order."""
+    def evals(self, tenant: str, job_id: str, after_step: int | None = None,
+              limit: int | None = None) -> list[EvalTask]:
+        """A job's eval tasks in step order: those after ``after_step``, at most ``limit``."""
     def eval(self, tenant: str, job_id: str, step: int) -> EvalTask | None:
         """The eval task of one snapshot (SQL stores override this with a keyed query)."""
         return next((t for t in self.evals(tenant, job_id) if t.step == step), None)
 
-    def unfed_evals(self, tenant: str, job_id: str) -> list[EvalTask]:
-        """A job's eval tasks not yet fed to its detector, in step order."""
-        return [t for t in self.evals(tenant, job_id) if not t.fed]
+    def unfed_evals(self, tenant: str, job_id: str, limit: int | None = None) -> list[EvalTask]:
+        """A job's eval tasks not yet fed to its detector, in step order (the first ``limit``)."""
+        return [t for t in self.evals(tenant, job_id) if not t.fed][:limit]
 
     @abstractmethod
     def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
         """The tenant's tasks a worker may take now (pending, or leased with the lease run out), oldest first."""
+
+    def claim_eval(self, tenant: str, now: float, lease_s: float, worker: str) -> EvalTask | None:
+        """Lease the tenant's oldest claimable task to ``worker`` until ``now + lease_s``, durably, and
+        return it (None if none). A shared store does it in one statement (``FOR UPDATE SKIP LOCKED``),
+        so two replicas never lease one snapshot twice; here the caller serialises claims."""
+        for task in self.claimable_evals(tenant, now, 1):
+            claimed = dataclasses.replace(task, state=task.state.to(EvalState.LEASED), lease_until=now + lease_s,
+                                          worker=worker)
+            wait_durable(self.put_eval(claimed))
+            return claimed
+        return None
 
     def probe(self) -> None:  # noqa: B027 - stores that write at once are always ready
         """Raise if the store cannot take a write now (readiness checks)."""

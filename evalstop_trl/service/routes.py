@@ -9,30 +9,39 @@ name, a few lines calling the :class:`~evalstop_trl.core.coordinator.Coordinator
 Nothing that touches the store runs on the event loop: a plain handler runs in the thread pool
 (its answer is encoded there too); the two coroutine handlers (``report``, whose durable write is
 awaited, and the ``wait_decision`` long poll) hand every coordinator call to the thread pool.
+
+Fair sharing: the expensive reads (listing jobs, reports, evals, the audit log) take one of
+:data:`READS_PER_TENANT` slots of their tenant, and claims and posted evals one of
+:data:`EVAL_CALLS_PER_TENANT`; beyond them a request gets 429 at once (``Retry-After: 1``), so one
+tenant's flood holds at most that many threads and store connections. Launcher events and
+snapshots are rate limited per tenant (the ``event_rate``/``event_burst`` quota).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, NamedTuple
 
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from ..core.api import ROUTES, Route, launcher_event
+from ..core.api import MAX_PAGE, ROUTES, Route, launcher_event
 from ..core.coordinator import Coordinator
 from ..core.detectors import Decision
-from ..core.errors import Unauthorized
+from ..core.errors import QuotaExceeded, Unauthorized
 from ..core.records import MAX_STEP, AuditKind, JobView
 from ..core.store import StoreError
 from .metrics import Metrics
+from .middleware import TokenBuckets
 from .schemas import (
     AckIn,
     AuditQuery,
@@ -50,7 +59,49 @@ from .schemas import (
     WaitQuery,
 )
 
-__all__ = ["SCHEMAS", "Answer", "Handlers", "Schema", "mount_routes"]
+__all__ = ["EVAL_CALLS_PER_TENANT", "READS_PER_TENANT", "SCHEMAS", "Answer", "Handlers", "Schema", "TenantGate",
+           "mount_routes"]
+
+READS_PER_TENANT = 2  # expensive reads of one tenant served at once
+EVAL_CALLS_PER_TENANT = 4  # claims and posted evals of one tenant served at once
+
+
+class EvalsQuery(BaseModel):
+    after_step: int | None = Field(None, ge=-1, le=MAX_STEP, description="only snapshots after this step")
+    limit: int | None = Field(None, ge=1, le=MAX_PAGE, description="at most this many (default: every one, at most "
+                              "the max_snapshots_per_job quota)")
+
+
+class AuditPageQuery(AuditQuery):
+    after: int | None = Field(None, ge=0, le=2**62, description="keyset paging: the X-Next-After of the previous "
+                              "page (cheaper than offset)")
+
+
+class TenantGate:
+    """At most ``n`` concurrent calls per tenant; beyond them :class:`QuotaExceeded` (429) at once."""
+
+    def __init__(self, n: int, what: str) -> None:
+        self.n, self.what = n, what
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def __call__(self, tenant: str) -> Iterator[None]:
+        with self._lock:
+            held = self._held.get(tenant, 0)
+            if held >= self.n:
+                raise QuotaExceeded(f"tenant {tenant!r} already has {held} {self.what} in progress, the most "
+                                    "served at once; retry when one is done", retry_after=1.0)
+            self._held[tenant] = held + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._held[tenant] - 1
+                if left:
+                    self._held[tenant] = left
+                else:
+                    del self._held[tenant]
 
 
 class Answer(NamedTuple):
@@ -84,11 +135,11 @@ SCHEMAS: Mapping[str, Schema] = {
     "fail": Schema(FailIn, optional=True),
     "heartbeat": Schema(HeartbeatIn, optional=True),
     "publish_snapshot": Schema(SnapshotIn),
-    "evals": Schema(),
+    "evals": Schema(EvalsQuery, "query"),
     "claim_eval": Schema(ClaimIn),
     "post_eval": Schema(EvalResultIn, path={"step": Annotated[int, Path(ge=0, le=MAX_STEP)]}),
     "record_event": Schema(EventIn),
-    "audit": Schema(AuditQuery, "query"),
+    "audit": Schema(AuditPageQuery, "query"),
 }
 
 _POLL_S = 0.25
@@ -100,6 +151,17 @@ class Handlers:
 
     def __init__(self, coordinator: Coordinator, metrics: Metrics) -> None:
         self.coordinator, self.metrics = coordinator, metrics
+        self.reads = TenantGate(READS_PER_TENANT, "expensive reads (listing jobs, reports, evals, audit)")
+        self.eval_calls = TenantGate(EVAL_CALLS_PER_TENANT, "claims or posted evals")
+        self.buckets = TokenBuckets()
+
+    def _event_budget(self, t: str) -> None:
+        """One token of the tenant's event budget (launcher events and snapshots), or 429."""
+        q = self.coordinator.tenants.quotas(t)
+        wait = self.buckets.take(t, q.event_rate, q.event_burst)
+        if wait:
+            raise QuotaExceeded(f"tenant {t!r} sends launcher events and snapshots faster than its quota "
+                                f"(event_rate={q.event_rate:g}/s, event_burst={q.event_burst})", retry_after=wait)
 
     def register_job(self, t: str, job_id: str, job_type: str, planned_steps: int | None, policy: dict | None,
                      webhook: str | None) -> Answer:
@@ -108,7 +170,8 @@ class Handlers:
 
     def list_jobs(self, t: str, status: str | None, limit: int, offset: int) -> Answer:
         """The caller's jobs in registration order, paged (``X-Total-Count`` has the total)."""
-        views, total = self.coordinator.page_jobs(t, status, limit, offset)
+        with self.reads(t):
+            views, total = self.coordinator.page_jobs(t, status, limit, offset)
         return Answer(views, headers={"X-Total-Count": str(total)})
 
     def status(self, t: str, job_id: str) -> JobView:
@@ -146,7 +209,8 @@ class Handlers:
 
     def reports(self, t: str, job_id: str, after_step: int | None, limit: int) -> list:
         """Stored reports in step order, paged: those after ``after_step``, at most ``limit``."""
-        return self.coordinator.reports(t, job_id, after_step, limit)
+        with self.reads(t):
+            return self.coordinator.reports(t, job_id, after_step, limit)
 
     def stop(self, t: str, job_id: str, reason: str) -> JobView:
         return self.coordinator.stop(t, job_id, reason)
@@ -170,29 +234,38 @@ class Handlers:
                          proxy_reward: float | None) -> Any:
         """A snapshot for an external evaluator (``external_eval``): the path is only stored and handed
         to the tenant's own evaluators; the service never reads it."""
+        self._event_budget(t)
         return self.coordinator.publish_snapshot(t, job_id, step, path, train_loss, proxy_reward)
 
-    def evals(self, t: str, job_id: str) -> list:
-        return self.coordinator.evals(t, job_id)
+    def evals(self, t: str, job_id: str, after_step: int | None, limit: int | None) -> list:
+        """The job's snapshots in step order, paged: those after ``after_step``, at most ``limit``."""
+        with self.reads(t):
+            return self.coordinator.evals(t, job_id, after_step, limit)
 
     def claim_eval(self, t: str, worker: str, lease_s: float) -> Any:
         """Lease the caller's oldest snapshot waiting for an eval (204 if none)."""
-        return self.coordinator.claim_eval(t, worker, lease_s)
+        with self.eval_calls(t):
+            return self.coordinator.claim_eval(t, worker, lease_s)
 
     def post_eval(self, t: str, job_id: str, step: int, score: float | None, worker: str, error: str | None) -> Decision:
         """An evaluator's score for a snapshot (or ``score: null`` with ``error``): fed in step order."""
-        return self.coordinator.post_eval(t, job_id, step, score, worker, error)
+        with self.eval_calls(t):
+            return self.coordinator.post_eval(t, job_id, step, score, worker, error)
 
     def record_event(self, t: str, job_id: str, kind: str, reason: str, exit_code: int | None) -> None:
         """Record what the job's launcher (``evalstop run``) did: an escalation or the child's exit."""
         event, reason, evidence = launcher_event(kind, reason, exit_code)
+        self._event_budget(t)
         self.coordinator.record_event(t, job_id, event, reason, evidence, actor="launcher")
         if event is not AuditKind.LAUNCHER_EXIT:
             self.metrics.signals.labels(event.value.removeprefix("launcher_").upper()).inc()
 
-    def audit(self, t: str, job_id: str | None, limit: int, offset: int) -> list:
-        """The caller's audit records, oldest first (of one job with ``job_id``), paged."""
-        return self.coordinator.audit(t, job_id, limit, offset)
+    def audit(self, t: str, job_id: str | None, limit: int, offset: int, after: int | None) -> Answer:
+        """The caller's audit records, oldest first (of one job with ``job_id``), paged by ``offset`` or,
+        cheaper, by keyset: ``after`` = the ``X-Next-After`` header of the previous page."""
+        with self.reads(t):
+            records, last = self.coordinator.audit_page(t, job_id, limit, offset, after)
+        return Answer(records, headers=None if last is None else {"X-Next-After": str(last)})
 
 
 def _tenant(request: Request) -> str:

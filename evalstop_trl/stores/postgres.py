@@ -34,7 +34,7 @@ from ..core.records import (
     Report,
     TenantRecord,
 )
-from ..core.store import StaleState, Store, StoreError, Ticket, wait_durable
+from ..core.store import JobLimits, LimitReached, StaleState, Store, StoreError, Ticket, wait_durable
 from .sql import (
     DELIVERY_COLS,
     EVAL_COLS,
@@ -43,6 +43,7 @@ from .sql import (
     SQLReads,
     delivery_from_row,
     delivery_row,
+    eval_from_row,
     eval_row,
     q,
 )
@@ -52,6 +53,7 @@ __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
 SCHEMA_VERSION = 2
 _LOCK_KEY = 0x45564C53  # "EVLS": the advisory lock that serialises schema creation and migrations
+_TENANT_LOCK = 0x45565154  # "EVQT" + hashtext(tenant): serialises a tenant's registrations (its quotas)
 
 _SCHEMA = [
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
@@ -75,6 +77,8 @@ _SCHEMA = [
         seq BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, job_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,
         kind TEXT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL, evidence TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS audit_by_job ON audit (tenant, job_id, seq)",
+    "CREATE INDEX IF NOT EXISTS audit_by_tenant ON audit (tenant, seq)",
+    "CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (tenant, status)",
     """CREATE OR REPLACE FUNCTION evalstop_audit_append_only() RETURNS trigger AS $$
         BEGIN RAISE EXCEPTION 'the audit log is append-only'; END; $$ LANGUAGE plpgsql""",
     "DROP TRIGGER IF EXISTS audit_append_only ON audit",
@@ -91,6 +95,8 @@ _SCHEMA = [
         created_at DOUBLE PRECISION NOT NULL, train_loss DOUBLE PRECISION, proxy_reward DOUBLE PRECISION,
         state TEXT NOT NULL, lease_until DOUBLE PRECISION NOT NULL, worker TEXT NOT NULL, score DOUBLE PRECISION,
         fed BOOLEAN NOT NULL, PRIMARY KEY (tenant, job_id, step))""",
+    "CREATE INDEX IF NOT EXISTS evals_claim ON evals (tenant, state, created_at, job_id, step)",
+    "CREATE INDEX IF NOT EXISTS evals_unfed ON evals (tenant, job_id, step) WHERE NOT fed",
 ]
 # version -> statements that bring a database of that version to the next one (none yet)
 _MIGRATIONS: dict[int, tuple[str, ...]] = {1: ("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS last_seen DOUBLE PRECISION",)}
@@ -124,6 +130,7 @@ class PostgresStore(SQLReads, Store):
     """
 
     shared = True
+    _POSTGRES = True
 
     def __init__(self, dsn: str, pool_size: int = 4) -> None:
         try:
@@ -173,7 +180,7 @@ class PostgresStore(SQLReads, Store):
                         with self._db.transaction():  # a savepoint: one refused write sinks nothing else
                             op(self._db)
                         done.append((ticket, None))
-                    except StaleState as exc:
+                    except StoreError as exc:  # StaleState, LimitReached: this write refused, no other
                         done.append((ticket, exc))
                     except self._psycopg.Error as exc:
                         done.append((ticket, store_error(exc)))
@@ -272,6 +279,10 @@ class PostgresStore(SQLReads, Store):
 
         return self._writes.submit(op)
 
+    def register(self, job: JobRecord, limits: JobLimits) -> Ticket:
+        """Insert a new job if the tenant's quotas allow (see :func:`_insert_within_limits`)."""
+        return self._writes.submit(lambda db: _insert_within_limits(db, job, limits))
+
     def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
         def op(db) -> None:
             if expect is None:
@@ -318,6 +329,12 @@ class PostgresStore(SQLReads, Store):
             "state=EXCLUDED.state, lease_until=EXCLUDED.lease_until, worker=EXCLUDED.worker, score=EXCLUDED.score, "
             "fed=EXCLUDED.fed", row))
 
+    def claim_eval(self, tenant: str, now: float, lease_s: float, worker: str) -> EvalTask | None:
+        """One statement: the oldest claimable task, locked (``SKIP LOCKED``: a concurrent claim on
+        another replica takes the next one) and leased; committed when it returns."""
+        rows = self._read(_CLAIM, (now + lease_s, worker, tenant, now))
+        return eval_from_row(rows[0]) if rows else None
+
     def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
         rows = self._read(
             f"UPDATE deliveries SET next_at = %s WHERE id IN (SELECT id FROM deliveries WHERE NOT done AND next_at <= %s "
@@ -340,6 +357,34 @@ class PostgresStore(SQLReads, Store):
             return
         self._pool.close()
         self._db.close()
+
+
+def _insert_within_limits(db, job: JobRecord, limits: JobLimits) -> None:
+    """Insert a new job in a transaction that holds the tenant's advisory lock and counts its jobs
+    first: registrations racing on several replicas are counted one after another."""
+    db.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_TENANT_LOCK, job.tenant))
+    total, active = db.execute(
+        "SELECT count(*), count(*) FILTER (WHERE status IN ('pending', 'running')) FROM jobs WHERE tenant=%s",
+        (job.tenant,)).fetchone()
+    if total >= limits.max_jobs:
+        raise LimitReached(f"tenant {job.tenant!r} has {total} jobs, the most allowed (max_jobs={limits.max_jobs}, "
+                           "finished ones included); prune old ones ('evalstop prune') or ask for more")
+    if active >= limits.max_active_jobs:
+        raise LimitReached(f"tenant {job.tenant!r} has {active} active jobs, the most allowed "
+                           f"(max_active_jobs={limits.max_active_jobs}); finish or stop some first")
+    cur = db.execute(f"INSERT INTO jobs ({_JOB_COLS}) VALUES ({', '.join(['%s'] * 17)}) "
+                     "ON CONFLICT (tenant, job_id) DO NOTHING", (job.tenant, job.job_id, *_job_values(job), 1,
+                                                                 job.last_seen))
+    if cur.rowcount == 0:
+        raise StaleState(f"job {job.job_id!r} was changed by another coordinator; retry")
+
+
+#: lease the tenant's oldest claimable task in one statement (args: lease_until, worker, tenant, now)
+_CLAIM = ("UPDATE evals e SET state='leased', lease_until=%s, worker=%s FROM (SELECT tenant, job_id, step FROM evals "
+          "WHERE tenant=%s AND (state='pending' OR (state='leased' AND lease_until<=%s)) "
+          "ORDER BY created_at, job_id, step LIMIT 1 FOR UPDATE SKIP LOCKED) c "
+          "WHERE e.tenant=c.tenant AND e.job_id=c.job_id AND e.step=c.step RETURNING "
+          + ", ".join(f"e.{c.strip()}" for c in EVAL_COLS.split(",")))
 
 
 def _insert_report(db, tenant: str, job_id: str, r: Report) -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 
 from ..core.records import AuditKind, AuditRecord, Delivery, EvalState, EvalTask, Report, TenantRecord
+from ..core.store import PRUNABLE, PruneCounts
 
-__all__ = ["SQLReads", "AUDIT_COLS", "DELIVERY_COLS", "EVAL_COLS", "REPORT_COLS", "TENANT_COLS", "audit_from_row", "audit_query",
+__all__ = ["SQLReads", "AUDIT_COLS", "DELIVERY_COLS", "EVAL_COLS", "REPORT_COLS", "TENANT_COLS", "audit_from_row",
            "delivery_from_row", "delivery_row", "eval_from_row", "eval_row", "q", "tenant_from_row"]
 
 TENANT_COLS = "name, token_hash, created_at, revoked, quotas, webhook_secret"
@@ -28,8 +29,7 @@ def tenant_from_row(r: tuple) -> TenantRecord:
     return TenantRecord(r[0], r[1], r[2], bool(r[3]), json.loads(r[4]), r[5])
 
 
-def audit_query(tenant: str | None, job_id: str | None) -> tuple[str, list]:
-    """SELECT of audit records (of a tenant, of a job), oldest first, with ``? ?`` left for LIMIT/OFFSET."""
+def _audit_where(tenant: str | None, job_id: str | None) -> tuple[list[str], list]:
     where, args = [], []
     if tenant is not None:
         where.append("tenant=?")
@@ -37,8 +37,11 @@ def audit_query(tenant: str | None, job_id: str | None) -> tuple[str, list]:
     if job_id is not None:
         where.append("job_id=?")
         args.append(job_id)
-    query = f"SELECT {AUDIT_COLS} FROM audit" + (" WHERE " + " AND ".join(where) if where else "")
-    return query + " ORDER BY seq LIMIT ? OFFSET ?", args
+    return where, args
+
+
+#: SQL of the jobs :meth:`SQLReads.prune` deletes (``?``: updated before, then the tenant if given)
+_PRUNED = f"status IN ({', '.join(repr(s) for s in PRUNABLE)}) AND updated_at < ?"
 
 
 def audit_from_row(r: tuple) -> AuditRecord:
@@ -68,6 +71,7 @@ class SQLReads:
     ``LIMIT`` takes for "no limit" (-1 for SQLite, NULL for PostgreSQL)."""
 
     _NO_LIMIT: int | None = None
+    _POSTGRES = False
 
     def _read(self, query: str, args: tuple = ()) -> list[tuple]:  # pragma: no cover - each store's own
         raise NotImplementedError
@@ -98,26 +102,77 @@ class SQLReads:
                           (tenant, job_id, step))
         return Report(*rows[0]) if rows else None
 
-    def audit(self, tenant: str | None = None, job_id: str | None = None, limit: int | None = None,
-              offset: int = 0) -> list[AuditRecord]:
-        query, args = audit_query(tenant, job_id)
-        return [audit_from_row(r) for r in self._read(query, (*args, self._limit(limit), offset))]
+    def audit_page(self, tenant: str | None, job_id: str | None, limit: int | None, offset: int = 0,
+                   after: int | None = None) -> tuple[list[AuditRecord], int | None]:
+        """Keyset (``seq > after``) over the (tenant, seq) or (tenant, job_id, seq) index; an offset
+        is found in the index alone (``seq >=`` the offset-th seq), never by sorting or reading rows."""
+        where, args = _audit_where(tenant, job_id)
+        if after is not None:
+            where, args = [*where, "seq>?"], [*args, after]
+        elif offset:
+            inner = " AND ".join(where) or "1=1"
+            where, args = [*where, f"seq>=(SELECT seq FROM audit WHERE {inner} ORDER BY seq LIMIT 1 OFFSET ?)"], \
+                [*args, *args, offset]
+        query = f"SELECT seq, {AUDIT_COLS} FROM audit" + (" WHERE " + " AND ".join(where) if where else "")
+        rows = self._read(query + " ORDER BY seq LIMIT ?", (*args, self._limit(limit)))
+        return [audit_from_row(r[1:]) for r in rows], (rows[-1][0] if rows else None)
 
-    def evals(self, tenant: str, job_id: str) -> list[EvalTask]:
-        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? ORDER BY step", (tenant, job_id))
+    def evals(self, tenant: str, job_id: str, after_step: int | None = None,
+              limit: int | None = None) -> list[EvalTask]:
+        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? AND step>? ORDER BY step LIMIT ?",
+                          (tenant, job_id, -1 if after_step is None else after_step, self._limit(limit)))
         return [eval_from_row(r) for r in rows]
+
+    def count_jobs(self, tenant: str) -> int:
+        return self._read("SELECT count(*) FROM jobs WHERE tenant=?", (tenant,))[0][0]
+
+    def count_reports(self, tenant: str) -> int:
+        return self._read("SELECT count(*) FROM reports WHERE tenant=?", (tenant,))[0][0]
+
+    def count_events(self, tenant: str, job_id: str) -> int:
+        return self._read("SELECT count(*) FROM audit WHERE tenant=? AND job_id=? AND kind IN "
+                          "('launcher_sigterm', 'launcher_sigkill', 'launcher_exit')", (tenant, job_id))[0][0]
+
+    def count_evals(self, tenant: str, job_id: str) -> int:
+        return self._read("SELECT count(*) FROM evals WHERE tenant=? AND job_id=?", (tenant, job_id))[0][0]
+
+    def _write(self, op) -> None:  # pragma: no cover - each store's own
+        raise NotImplementedError
+
+    def prune(self, before: float, tenant: str | None = None, dry_run: bool = False) -> PruneCounts:
+        cond, args = _PRUNED + ("" if tenant is None else " AND tenant=?"), (before,) + (() if tenant is None else (tenant,))
+        keys = f"(tenant, job_id) IN (SELECT tenant, job_id FROM jobs WHERE {cond})"
+        tables = ("reports", "evals", "deliveries")
+        if dry_run:
+            jobs = self._read(f"SELECT count(*) FROM jobs WHERE {cond}", args)[0][0]
+            return PruneCounts(jobs, *(self._read(f"SELECT count(*) FROM {t} WHERE {keys}", args)[0][0] for t in tables))
+        counts: list[int] = []
+
+        def op(db) -> None:  # one transaction: a job goes with all its rows, or not at all
+            counts.clear()
+            for t in tables:
+                counts.append(db.execute(q(f"DELETE FROM {t} WHERE {keys}", self._POSTGRES), args).rowcount)
+            counts.insert(0, db.execute(q(f"DELETE FROM jobs WHERE {cond}", self._POSTGRES), args).rowcount)
+
+        self._write(op)
+        return PruneCounts(*counts)
 
     def eval(self, tenant: str, job_id: str, step: int) -> EvalTask | None:
         rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? AND step=?", (tenant, job_id, step))
         return eval_from_row(rows[0]) if rows else None
 
-    def unfed_evals(self, tenant: str, job_id: str) -> list[EvalTask]:
-        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? AND NOT fed ORDER BY step",
-                          (tenant, job_id))
+    def unfed_evals(self, tenant: str, job_id: str, limit: int | None = None) -> list[EvalTask]:
+        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? AND NOT fed ORDER BY step "
+                          "LIMIT ?", (tenant, job_id, self._limit(limit)))  # the partial index evals_unfed
         return [eval_from_row(r) for r in rows]
 
     def claimable_evals(self, tenant: str, now: float, limit: int) -> list[EvalTask]:
-        rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND (state='pending' OR "
-                          "(state='leased' AND lease_until<=?)) ORDER BY created_at, job_id, step LIMIT ?",
-                          (tenant, now, limit))
-        return [eval_from_row(r) for r in rows]
+        """Pending and expired leased tasks, each read in order from the index (tenant, state,
+        created_at, job_id, step), never sorted whole."""
+        rows = []
+        for state, extra in (("pending", ""), ("leased", " AND lease_until<=?")):
+            rows += self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND state='{state}'{extra} "
+                               "ORDER BY created_at, job_id, step LIMIT ?",
+                               (tenant, *((now,) if extra else ()), limit))
+        tasks = sorted((eval_from_row(r) for r in rows), key=lambda t: (t.created_at, t.job_id, t.step))
+        return tasks[:limit]

@@ -11,6 +11,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..core.detectors import Decision
@@ -67,6 +68,7 @@ CREATE TRIGGER IF NOT EXISTS audit_append_only_u BEFORE UPDATE ON audit
 CREATE TRIGGER IF NOT EXISTS audit_append_only_d BEFORE DELETE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 CREATE INDEX IF NOT EXISTS audit_by_job ON audit (tenant, job_id, seq);
+CREATE INDEX IF NOT EXISTS audit_by_tenant ON audit (tenant, seq);
 CREATE TABLE IF NOT EXISTS deliveries (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, job_id TEXT NOT NULL, url TEXT NOT NULL, body TEXT NOT NULL,
     created_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL DEFAULT 0,
@@ -76,6 +78,9 @@ CREATE TABLE IF NOT EXISTS evals (
     tenant TEXT NOT NULL, job_id TEXT NOT NULL, step INTEGER NOT NULL, path TEXT NOT NULL, created_at REAL NOT NULL,
     train_loss REAL, proxy_reward REAL, state TEXT NOT NULL, lease_until REAL NOT NULL, worker TEXT NOT NULL,
     score REAL, fed INTEGER NOT NULL, PRIMARY KEY (tenant, job_id, step));
+CREATE INDEX IF NOT EXISTS evals_claim ON evals (tenant, state, created_at, job_id, step);
+CREATE INDEX IF NOT EXISTS evals_unfed ON evals (tenant, job_id, step) WHERE NOT fed;
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (tenant, status);
 """
 
 # version -> statements that bring a database of that version to the next one
@@ -116,8 +121,11 @@ class SQLiteStore(SQLReads, Store):
 
     Writes go through one writer thread that commits whatever is queued in one transaction
     (group commit): many concurrent reports share one fsync, and each caller's :class:`Ticket`
-    resolves only after its transaction is on disk. Reads use their own connection.
+    resolves only after its transaction is on disk. Reads use a small pool of their own connections
+    (WAL readers never wait for each other), so one tenant's long read never holds up another's.
     """
+
+    READERS = 8  # reader connections at most; a read waits for a free one beyond that
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -126,10 +134,12 @@ class SQLiteStore(SQLReads, Store):
         try:
             self._db = self._connect()
             self._init_schema()
-            self._reader = self._connect()
+            self._readers = [self._connect()]  # idle reader connections
         except sqlite3.DatabaseError as exc:
             raise ValueError(f"Cannot open the database {self.path}: {exc}") from None
-        self._read_lock = threading.Lock()
+        self._read_lock = threading.Lock()  # guards the idle list
+        self._read_slots = threading.BoundedSemaphore(self.READERS)
+        self._closed = False
         self._writes = WriteQueue(self._apply, 'evalstop-sqlite-writer', f"the store {self.path}")
 
     def _connect(self) -> sqlite3.Connection:
@@ -193,9 +203,27 @@ class SQLiteStore(SQLReads, Store):
 
     _NO_LIMIT = -1
 
+    @contextmanager
+    def _reader(self):
+        with self._read_slots:
+            with self._read_lock:
+                if self._closed:
+                    raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+                conn = self._readers.pop() if self._readers else None
+            if conn is None:
+                conn = self._connect()
+            try:
+                yield conn
+            finally:
+                with self._read_lock:
+                    if self._closed:
+                        conn.close()
+                    else:
+                        self._readers.append(conn)
+
     def _read(self, query: str, args: tuple = ()) -> list[tuple]:
-        with self._read_lock:
-            return self._reader.execute(query, args).fetchall()
+        with self._reader() as conn:
+            return conn.execute(query, args).fetchall()
 
     # ------------------------------------------------------------------ tenants
     def add_tenant(self, tenant: TenantRecord) -> None:
@@ -286,5 +314,8 @@ class SQLiteStore(SQLReads, Store):
         if not self._writes.close():
             return
         with self._read_lock:
-            self._reader.close()
+            self._closed = True
+            idle, self._readers = self._readers, []
+        for conn in idle:
+            conn.close()
         self._db.close()
