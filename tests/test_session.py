@@ -139,6 +139,12 @@ def test_lower_is_better_with_direction_min():
     session = _session(direction="min")
     assert _run(session, [(10, 2.0), (20, 1.0), (30, 1.5), (40, 1.7)]) == 40
     assert (session.best_step, session.best_score) == (20, 1.0)
+    # issue 20.8: a minimised metric that goes up "rose"; the evidence keys stay the same
+    assert session.decision.reason == "2 consecutive rises: 1 → 1.5 → 1.7 at step 40"
+    assert session.decision.evidence["declines"] == 2 and session.history[-1]["eval_score"] == 1.7
+    half = _session(direction="min", job_id="half")
+    _run(half, [(10, 1.0), (20, 1.5)])
+    assert half.decision.reason == "1 consecutive rise(s) of 2"
 
 
 def test_eval_metrics_for_the_trainers_logs():
@@ -146,9 +152,11 @@ def test_eval_metrics_for_the_trainers_logs():
     session.report(10, 0.5)
     session.report(20, 0.4)
     assert session.eval_metrics(0.4, False) == {"evalstop/score": 0.4, "evalstop/best_score": 0.5,
-                                                "evalstop/declines": 1, "evalstop/stop": 0}
+                                                "evalstop/declines": 1, "evalstop/stop": 0,
+                                                "evalstop/eval_failures": 0}
+    session.evals.accept(30, float("nan"))  # issue 20.8: a failed eval is counted where the trainer logs
     assert session.eval_metrics(None, True) == {"evalstop/best_score": 0.5, "evalstop/declines": 1,
-                                                "evalstop/stop": 1}
+                                                "evalstop/stop": 1, "evalstop/eval_failures": 1}
 
 
 def test_finish_marks_the_job_finished_unless_it_was_stopped():
@@ -216,15 +224,124 @@ def test_another_registration_under_the_same_id_is_a_clear_error():
     coord = Coordinator()
     first = _session(coord, "x", k=2, job_type="grpo")
     first.report(10, 0.5)  # decided with k=2: another policy cannot take over the job now
-    with pytest.raises(ValueError, match="job 'x' exists with another registration"):
+    with pytest.raises(ValueError, match="job 'x' is another job .*reports decided under policy"):
         _session(coord, "x", step=10, k=3, job_type="grpo")
-    with pytest.raises(ValueError, match="job 'x' exists with another registration"):
+    with pytest.raises(ValueError, match="job 'x' is another job .*grpo job, not dpo"):
         _session(coord, "x", step=10, job_type="dpo", k=2)
+
+
+def test_the_callback_adopts_the_launchers_job_and_fills_in_its_plan():
+    """Issue 20.1: ``evalstop run`` registers the job first, without planned steps or a type."""
+    coord = Coordinator()
+    client = EmbeddedClient(coord)
+    client.register_job("launched")  # what the launcher does before starting the command
+    session = EvalStopSession(SessionConfig.build(k=3))
+    session.attach(client, "launched", planned_steps=100, job_type="grpo")
+    job = client.status("launched")
+    assert session.job_id == "launched" and session.attempt == 1  # adopted: no "-2", no 409
+    assert (job.job_type, job.planned_steps, job.policy["k"]) == ("grpo", 100, 3)
+    assert [a.kind.value for a in client.audit("launched")] == ["amended"]
+
+
+def test_a_resume_with_a_changed_max_steps_extends_the_plan():
+    """Issue 20.5: a resumed run with another max_steps is an extended plan, audited, never a crash."""
+    coord = Coordinator()
+    first = _session(coord, "grow", job_type="grpo")
+    first.attach(first.client, "grow", planned_steps=100)
+    _run(first, HACKED[:2])
+    resumed = EvalStopSession(SessionConfig.build(job_type="grpo"))
+    resumed.attach(EmbeddedClient(coord), "grow", step=20, planned_steps=300)
+    assert resumed.job_id == "grow" and resumed.attempt == 2 and resumed.best_step == 20
+    assert coord.status("local", "grow").planned_steps == 300
+    amended = [a for a in coord.audit("local", "grow") if a.kind.value == "amended"]
+    assert amended and "planned_steps 100 -> 300" in amended[-1].reason
+
+
+def test_a_rerun_with_a_changed_max_steps_is_a_new_run_and_leaves_the_old_job_alone():
+    coord = Coordinator()
+    old = _session(coord, "again", job_type="grpo")
+    old.attach(old.client, "again", planned_steps=100)
+    _run(old, HACKED[:2])
+    rerun = EvalStopSession(SessionConfig.build(job_type="grpo", k=3))  # another max_steps and policy
+    rerun.attach(EmbeddedClient(coord), "again", step=0, planned_steps=300)
+    assert rerun.job_id == "again-2" and rerun.attempt == 1
+    assert coord.status("local", "again").planned_steps == 100  # only read, never amended
+    assert coord.status("local", "again-2").planned_steps == 300
+    assert not [a for a in coord.audit("local", "again") if a.kind.value == "amended"][1:]
+
+
+def test_a_job_type_inferred_from_the_trainer_yields_to_the_jobs_own():
+    """Issue 20.10: the type a trainer's class says fills in a generic job; a given one must agree."""
+    coord = Coordinator()
+    client = EmbeddedClient(coord)
+    client.register_job("typed", "dpo")
+    session = EvalStopSession(SessionConfig.build())  # job_type None: inferred
+    session.attach(client, "typed", job_type="grpo")
+    assert client.status("typed").job_type == "dpo"
+    session.attach(client, "fresh", job_type="online_dpo")
+    assert client.status("fresh").job_type == "online_dpo"
+    with pytest.raises(ValueError, match="dpo job, not grpo"):
+        EvalStopSession(SessionConfig.build(job_type="grpo")).attach(client, "typed", step=10)
 
 
 def test_attach_needs_a_job_id():
     with pytest.raises(ValueError, match="needs a job_id"):
         EvalStopSession(SessionConfig()).attach(EmbeddedClient(Coordinator()))
+
+
+# ---------------------------------------------------------------------------------------------- liveness
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("heartbeat_s, lost", [(75.0, False), (None, True)])
+def test_heartbeats_keep_a_job_with_long_gaps_between_evals_alive(heartbeat_s, lost):
+    """Issue 20 liveness: an eval every 20 minutes, a lease of 5: the steps in between send heartbeats,
+    at most one per heartbeat_s however many steps there are."""
+    clock = Clock()
+    coord = Coordinator(clock=clock, lease_s=300)
+    session = EvalStopSession(SessionConfig.build(), heartbeat_s=heartbeat_s, clock=clock)
+    session.attach(EmbeddedClient(coord), "slow")
+    session.report(10, 0.5)
+    statuses = set()
+    for _ in range(20 * 60):  # a step a second
+        clock.now += 1
+        session.beat()
+        coord.sweep()
+        statuses.add(coord.status("local", "slow").status)
+    assert ("lost" in statuses) is lost
+    if not lost:
+        assert statuses == {"running"} and session.heartbeat.sent == 16  # every 75 s of 1200
+        assert session.report(20, 0.6) is False
+    session.report(30, 0.7)  # a report brings a lost job back
+    assert coord.status("local", "slow").status == "running"
+    session.finish()
+    sent = session.heartbeat.sent
+    clock.now += 1000
+    session.beat()
+    assert session.heartbeat.sent == sent  # nothing after the end
+
+
+def test_a_heartbeat_that_fails_is_logged_once_and_never_raised(caplog):
+    clock = Clock()
+    session = EvalStopSession(SessionConfig.build(), heartbeat_s=10, clock=clock)
+    session.attach(Refusing(EmbeddedClient(Coordinator())), "quiet")
+    with caplog.at_level(logging.WARNING, "evalstop.callback"):
+        for _ in range(5):
+            clock.now += 11
+            session.beat()
+    assert sum("could not send a heartbeat" in r.message for r in caplog.records) == 1
+    down = EvalStopSession(SessionConfig.build(), heartbeat_s=10, clock=clock)
+    down.attach(Unreachable(EmbeddedClient(Coordinator())), "down")
+    clock.now += 11
+    down.beat()  # in an outage: nothing sent, nothing waited for
+    assert down.heartbeat.sent == 0
+    with pytest.raises(ValueError, match="heartbeat_s must be None or a number of seconds >= 0"):
+        EvalStopSession(SessionConfig(), heartbeat_s=-1)
 
 
 # ---------------------------------------------------------------------------------------------- fail-open
@@ -268,13 +385,17 @@ def test_eval_failures(on_error, values, exhausted):
     assert evals.exhausted is exhausted
 
 
-def test_eval_failures_raise_and_are_logged_once(caplog):
-    evals = EvalFailures(limit=2, on_error="raise")
+def test_eval_failures_raise_and_each_is_logged(caplog):
+    evals = EvalFailures(limit=3, on_error="raise")
     with caplog.at_level(logging.WARNING, "evalstop.callback"):
         evals.failed(1, "TimeoutError: the judge timed out", TimeoutError("the judge timed out"))
-        with pytest.raises(RuntimeError, match="2 evals in a row failed.*judge timed out"):
-            evals.failed(2, "TimeoutError: the judge timed out")
-    assert sum("failed" in r.message for r in caplog.records) == 1
+        evals.accept(2, float("nan"))  # issue 20.8: the NaN after an exception is logged too
+        with pytest.raises(RuntimeError, match="3 evals in a row failed.*judge timed out"):
+            evals.failed(3, "TimeoutError: the judge timed out")
+    lines = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(lines) == 3 and "score is nan" in lines[1].getMessage()
+    assert [r.exc_info is not None for r in lines] == [True, False, False]  # the traceback once per run
+    assert evals.total == 3
 
 
 def test_scores_from_numpy_and_torch_like_scalars():

@@ -348,7 +348,7 @@ class DeclineDetector(Detector):
         if self.count >= self.k:
             path = " → ".join(_fmt(s) for _, s in self._run)
             return self._stop(
-                f"{self.k} consecutive declines: {path} at step {obs.step}",
+                f"{self.k} consecutive {'declines' if self.direction == 'max' else 'rises'}: {path} at step {obs.step}",
                 declines=self.count,
                 scores=[s for _, s in self._run],
                 steps=[st for st, _ in self._run],
@@ -357,7 +357,8 @@ class DeclineDetector(Detector):
             )
         said = self._said.get(self.count)
         if said is None:
-            said = self._said[self.count] = (f"{self.count} consecutive decline(s) of {self.k}",
+            said = self._said[self.count] = (f"{self.count} consecutive "
+                                             f"{'decline' if self.direction == 'max' else 'rise'}(s) of {self.k}",
                                              MappingProxyType({"declines": self.count}))
         return Decision.trusted(_CONTINUE, said[0], self.best_step, self.best_score, said[1])
 

@@ -3,13 +3,14 @@ eval comes from and when it is decided. Each is a thin shell over the callback's
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
-from .base import EvalStopCallback, FeedbackMode, _Eval
+from .base import EvalStopCallback, FeedbackMode, _Eval, calling_trainer
 from .evaluation import evaluate_preserving_state
 from .external import DecisionWatcher, prune_snapshots, snapshot_path
 from .ranks import RankMessage, share
-from .session import infer_direction, log
+from .session import infer_direction
 
 __all__: list[str] = []  # reached through EvalStopCallback(...), never by name
 
@@ -32,6 +33,7 @@ class _CallableFeedback(EvalStopCallback, mode=FeedbackMode.CALLABLE):
         _check_every(eval_every, "a world_feedback callable")
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        self.session.beat()
         if self._pending is not None:  # the trainer did not log the last eval's step: decide without it
             self._decide_pending(state, control, None)
             if control.should_training_stop:
@@ -62,32 +64,45 @@ class _CallableFeedback(EvalStopCallback, mode=FeedbackMode.CALLABLE):
     def _evaluate(self, model: Any, tokenizer: Any, step: int) -> float | None:
         """World feedback, or None for a failed eval (an exception, NaN or None), logged once."""
         try:
-            score = evaluate_preserving_state(self.world_feedback, model, tokenizer)
+            score = evaluate_preserving_state(self.world_feedback, model, tokenizer, check=False)
         except Exception as exc:  # noqa: BLE001 - a failing judge must not kill the run
             return self.session.evals.failed(step, f"{type(exc).__name__}: {exc}", exc)
-        return self.session.evals.accept(step, score)
+        return self.session.evals.accept(step, score, "world_feedback's score")
 
 
 class _MetricFeedback(EvalStopCallback, mode=FeedbackMode.METRIC):
-    """A metric of the trainer's own evaluation, decided at each ``on_evaluate``."""
+    """A metric of the trainer's own evaluation, decided at each ``on_evaluate``. The trainer must
+    evaluate (``eval_strategy`` not ``"no"``: checked when training begins) and report the metric
+    (checked at the first eval, listing the names there are). The trainer has logged the eval before
+    ``on_evaluate``: the ``evalstop/*`` metrics go out in a log event of their own."""
 
     @classmethod
     def _default_direction(cls, world_feedback: Any, quiet: bool) -> str | None:
-        direction = infer_direction(world_feedback)
-        if direction == "min" and not quiet:
-            log.info("EvalStop: %r looks like a loss: lower is better (direction='min'); pass direction= "
-                     "to say otherwise", world_feedback)
-        return direction
+        return infer_direction(world_feedback)  # said at WARNING when training begins
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        strategy = getattr(args, "eval_strategy", None)
+        if strategy is not None and getattr(strategy, "value", strategy) == "no":
+            raise ValueError(f"EvalStopCallback({self.world_feedback!r}) reads a metric of the trainer's evaluation, "
+                             "but the trainer never evaluates (eval_strategy='no'); set eval_strategy='steps' with "
+                             "eval_steps (or 'epoch') and an eval_dataset, or pass a world_feedback callable with "
+                             "eval_every.")
+        super().on_train_begin(args, state, control, **kwargs)
 
     def on_evaluate(self, args, state, control, metrics=None, model=None, processing_class=None, **kwargs):
         metrics = metrics if metrics is not None else {}
         name = self.world_feedback
         if name not in metrics:
+            close = difflib.get_close_matches(name, [str(m) for m in metrics], n=1)
             raise ValueError(f"EvalStopCallback: metric {name!r} is not in the evaluation metrics; "
-                             f"available: {', '.join(sorted(metrics)) or '(none)'}.")
+                             f"available: {', '.join(sorted(metrics)) or '(none)'}"
+                             f"{f' (did you mean {close[0]!r}?)' if close else ''}.")
         score = self.session.evals.accept(state.global_step, metrics[name], f"metric {name!r}")
         tokenizer = processing_class if processing_class is not None else kwargs.get("tokenizer")
-        self._decide(state, control, _Eval(state.global_step, score, model, tokenizer), metrics)
+        out = self._decide(state, control, _Eval(state.global_step, score, model, tokenizer), metrics)
+        handler, _ = calling_trainer()
+        if handler is not None:  # the report_to integrations (and the printer) see them at this step
+            handler.on_log(args, state, control, logs=dict(out))
 
 
 class _ExternalFeedback(EvalStopCallback, mode=FeedbackMode.EXTERNAL):
@@ -117,6 +132,7 @@ class _ExternalFeedback(EvalStopCallback, mode=FeedbackMode.EXTERNAL):
             self._watcher = DecisionWatcher(self.client, self.session.job_id or "")
 
     def on_step_end(self, args, state, control, **kwargs):
+        self.session.beat()
         if state.global_step % self.eval_every == 0:
             control.should_save = True  # the trainer's own save path writes checkpoint-<step> (FSDP/ZeRO-3 too)
             control.should_log = True
@@ -124,9 +140,12 @@ class _ExternalFeedback(EvalStopCallback, mode=FeedbackMode.EXTERNAL):
         message = share(None if seen is None else RankMessage.from_view(seen, stop=True))
         if message is None:
             return
-        self.session.adopt(message)
+        s = self.session
+        s.adopt(message)
         control.should_training_stop = True
-        self.session.stop_after_external_eval(state.global_step, None if seen is None else _decided_at(seen))
+        s.stop_after_external_eval(state.global_step, None if seen is None else _decided_at(seen))
+        stopped = {"evalstop/stop": 1, "evalstop/best_score": s.best_score, "evalstop/stop_lag": s.stop_lag}
+        self._log_later(state, control, state.global_step, {k: v for k, v in stopped.items() if v is not None})
         if self._is_main:
             self._prune(final=True)
 

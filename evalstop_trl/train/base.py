@@ -23,21 +23,56 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from transformers import TrainerCallback
-from transformers.trainer_callback import ExportableState
+from transformers.trainer_callback import CallbackHandler, ExportableState
 
 from ..core.detectors import Decision
-from .checkpoints import keep_best_copy
+from .checkpoints import keep_best_copy, load_best_weights, remove_checkpoints_after
 from .connect import connect
 from .external import snapshot_path
 from .ranks import share
-from .session import EvalStopSession, SessionConfig
+from .session import DEFAULT_LEASE_S, EvalStopSession, SessionConfig, log
 
-__all__ = ["EvalStopCallback", "FeedbackMode", "default_job_id"]
+__all__ = ["EvalStopCallback", "FeedbackMode", "calling_trainer", "default_job_id", "infer_job_type"]
 
 _KEEP_BEST = ("copy", "checkpoint")
 _NO_DONOR = ("EvalStopCallback: a checkpoint's callback state cannot be restored without the callback itself: "
              "pass callbacks=[EvalStopCallback(world_feedback, ...)] to the trainer again.")
 T = TypeVar("T")
+#: Job types by the class of the trainer, else of its arguments (the first match in the class's MRO).
+_TRAINER_TYPES = {"GRPOTrainer": "grpo", "RLOOTrainer": "rloo", "OnlineDPOTrainer": "online_dpo", "DPOTrainer": "dpo",
+                  "PPOTrainer": "ppo", "PPOv2Trainer": "ppo", "SFTTrainer": "sft", "Trainer": "other"}
+_ARGS_TYPES = {"GRPOConfig": "grpo", "RLOOConfig": "rloo", "OnlineDPOConfig": "online_dpo", "DPOConfig": "dpo",
+               "PPOConfig": "ppo", "SFTConfig": "sft", "TrainingArguments": "other"}
+
+
+def infer_job_type(trainer: Any = None, args: Any = None) -> str | None:
+    """The job type of a trainer (``GRPOTrainer`` -> ``grpo``, ``RLOOTrainer`` -> ``rloo``, ``DPOTrainer`` ->
+    ``dpo``, ``OnlineDPOTrainer`` -> ``online_dpo``, ``PPOTrainer`` -> ``ppo``, ``SFTTrainer`` -> ``sft``, a
+    plain ``Trainer`` -> ``other``; subclasses count as their base), else of its arguments' class
+    (``GRPOConfig``, ...); None when neither says."""
+    for obj, table in ((trainer, _TRAINER_TYPES), (args, _ARGS_TYPES)):
+        for klass in type(obj).__mro__ if obj is not None else ():
+            if klass.__name__ in table:
+                return table[klass.__name__]
+    return None
+
+
+def calling_trainer(depth: int = 16) -> tuple[Any, Any]:
+    """The ``CallbackHandler`` running the current callback event and the trainer that owns it, found on
+    the call stack (callback events are not given either); ``(None, None)`` outside a trainer (a custom
+    loop calling the callback itself)."""
+    handler = None
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            break
+        me = frame.f_locals.get("self")
+        if handler is None and isinstance(me, CallbackHandler):
+            handler = me
+        elif handler is not None and getattr(me, "callback_handler", None) is handler:
+            return handler, me
+        frame = frame.f_back
+    return handler, None
 
 
 def default_job_id(args: Any) -> str:
@@ -123,7 +158,81 @@ class _Eval:
     tokenizer: Any
 
 
-class EvalStopCallback(TrainerCallback, ExportableState):
+class _Configured:
+    """``EvalStopCallback``'s configuration, read-only (it lives in its session's config)."""
+
+    session: EvalStopSession
+    mode: ClassVar[FeedbackMode]
+    _trainer_job_type: str | None = None
+    job_id: Any
+    eval_every: int | None
+    save_best: bool
+    keep_best: str
+    keep_snapshots: bool
+    eval_on_all_ranks: bool
+    load_best_at_end: bool
+    keep_checkpoints: bool
+    history: Any
+    best_step: Any
+    best_score: Any
+    best_checkpoint: Any
+
+    @property
+    def external_eval(self) -> bool:
+        """Whether snapshots go to ``evalstop evaluate`` workers (the external mode)."""
+        return self.mode is FeedbackMode.EXTERNAL
+
+    @property
+    def config(self) -> SessionConfig:
+        """The stop rule and failure handling (``detector``, ``params``, ``direction``, ...)."""
+        return self.session.config
+
+    @property
+    def detector(self) -> str:
+        """The stop rule's detector name."""
+        return self.config.detector
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        """The detector's parameters (read-only)."""
+        return self.config.params
+
+    @property
+    def direction(self) -> str:
+        """``"max"`` (higher scores are better) or ``"min"``."""
+        return self.config.direction
+
+    @property
+    def job_type(self) -> str | None:
+        """The job type given, else the one inferred from the trainer (None before training)."""
+        return self.config.job_type or self._trainer_job_type
+
+    # ------------------------------------------------------------------ ExportableState
+    def state(self) -> dict[str, Any]:
+        """The callback's arguments and history, for a checkpoint (``TrainerState.stateful_callbacks``)."""
+        c = self.config
+        return {
+            "args": {"job_id": self.job_id, "eval_every": self.eval_every, "job_type": c.job_type,
+                     "detector": c.detector, "save_best": self.save_best, "keep_best": self.keep_best,
+                     "max_eval_failures": c.max_eval_failures, "on_eval_error": c.on_eval_error,
+                     "fail_mode": c.fail_mode, "external_eval": self.external_eval,
+                     "keep_snapshots": self.keep_snapshots, "eval_on_all_ranks": self.eval_on_all_ranks,
+                     "load_best_at_end": self.load_best_at_end, "keep_checkpoints": self.keep_checkpoints,
+                     "heartbeat_s": self.session.heartbeat.every_s, "_restored": True, **c.params},
+            "attributes": {"history": self.history, "best_step": self.best_step, "best_score": self.best_score,
+                           "best_checkpoint": self.best_checkpoint},
+        }
+
+    @staticmethod
+    def first_in(trainer: Any) -> None:
+        """Move this trainer's EvalStopCallback to the front of its callbacks (it does so itself when the
+        trainer is built and when training begins; kept for scripts that call it)."""
+        handler = trainer.callback_handler
+        mine = [c for c in handler.callbacks if isinstance(c, EvalStopCallback)]
+        handler.callbacks[:] = mine + [c for c in handler.callbacks if not isinstance(c, EvalStopCallback)]
+
+
+class EvalStopCallback(_Configured, TrainerCallback, ExportableState):
     """Stop training when world feedback declines ``k`` evals in a row (see the module docstring).
 
     ``EvalStopCallback(...)`` returns the adapter of its :class:`FeedbackMode` (a subclass); every one
@@ -137,12 +246,17 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             ``http(s)://`` URL of ``evalstop serve``, an ``EvalStopClient``/``EmbeddedClient`` or a ``Coordinator``.
         token: the tenant token for a URL (default: ``$EVALSTOP_TOKEN``).
         job_id: the job's id (default: see :func:`default_job_id`).
-        job_type: ``rlhf``, ``grpo``, ``rloo``, ``dpo``, ``online_dpo``, ``sft``, ...
+        job_type: ``grpo``, ``rloo``, ``dpo``, ``online_dpo``, ``ppo``, ``sft``, ``rlhf``, ``other``; None: from
+            the trainer's class (:func:`infer_job_type`).
         detector, k, min_delta, **detector_params: the stop rule (see ``create_detector``).
         direction: ``"max"`` (higher is better) or ``"min"``; None: ``"min"`` for a loss-like metric
             name, else ``"max"``.
-        save_best: keep the best checkpoint; keep_best: ``"copy"`` (to ``<output_dir>/evalstop-best``)
-            or ``"checkpoint"`` (the trainer saves ``checkpoint-N`` at each new best; its path is kept).
+        save_best: keep the best checkpoint; keep_best: ``"copy"`` (to ``<output_dir>/evalstop-best``, or
+            ``evalstop-best-<job_id>`` when it holds another job's) or ``"checkpoint"`` (the trainer saves
+            ``checkpoint-N`` at each new best; its path is kept).
+        load_best_at_end: at the end of training (a stop included) load the best weights into the model.
+        keep_checkpoints: after a stop, keep the trainer's checkpoints newer than the best (default: removed).
+        heartbeat_s: seconds between heartbeats that keep the job's lease (None or 0: none).
         max_eval_failures, on_eval_error: after this many failed evals in a row, ``"skip"`` (go on),
             ``"stop"`` (stop the job) or ``"raise"``.
         fail_mode: ``"local"`` (a local detector decides while the coordinator is unreachable) or
@@ -207,7 +321,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         coordinator: Any = None,
         token: str | None = None,
         job_id: str | None = None,
-        job_type: str = "rlhf",
+        job_type: str | None = None,
         detector: str = "decline",
         k: int = 2,
         min_delta: float = 0.0,
@@ -220,6 +334,9 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         external_eval: bool = False,
         keep_snapshots: bool = False,
         eval_on_all_ranks: bool = False,
+        load_best_at_end: bool = False,
+        keep_checkpoints: bool = False,
+        heartbeat_s: float | None = DEFAULT_LEASE_S / 4,
         _restored: bool = False,
         **detector_params: Any,
     ) -> None:
@@ -232,8 +349,10 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             raise ValueError(_NO_DONOR)
         self._check(world_feedback, eval_every, _restored)
         _check_options(keep_best, detector_params, _restored)
+        self._direction_note = None
         if direction is None and "direction" not in detector_params:
             direction = self._default_direction(world_feedback, quiet=_restored)
+            self._direction_note = None if _restored or self.mode is not FeedbackMode.METRIC else direction
         config = SessionConfig.build(detector, k=k, min_delta=min_delta, direction=direction, job_type=job_type,
                                      max_eval_failures=max_eval_failures, on_eval_error=on_eval_error,
                                      fail_mode=fail_mode, **detector_params)
@@ -241,9 +360,12 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         self.eval_every, self._coordinator_arg, self.token = eval_every, coordinator, token
         self.save_best, self.keep_best, self.keep_snapshots = save_best, keep_best, keep_snapshots
         self.eval_on_all_ranks = bool(eval_on_all_ranks)
-        self.session = EvalStopSession(config, job_id)
+        self.load_best_at_end, self.keep_checkpoints = bool(load_best_at_end), bool(keep_checkpoints)
+        self.session = EvalStopSession(config, job_id, heartbeat_s=heartbeat_s)
         self._is_main = True
         self._output_dir: str | None = None
+        self._trainer_job_type: str | None = None
+        self._pending_logs: dict[str, float] = {}
         if donor is not None:
             donor.session = self.session  # the user's own object follows this copy
 
@@ -257,61 +379,12 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         """The direction when none is given (None: the detector's default)."""
         return "max"
 
-    # ------------------------------------------------------------------ configuration, read-only
-    @property
-    def external_eval(self) -> bool:
-        """Whether snapshots go to ``evalstop evaluate`` workers (the external mode)."""
-        return self.mode is FeedbackMode.EXTERNAL
-
-    @property
-    def config(self) -> SessionConfig:
-        """The stop rule and failure handling (``detector``, ``params``, ``direction``, ...)."""
-        return self.session.config
-
-    @property
-    def detector(self) -> str:
-        """The stop rule's detector name."""
-        return self.config.detector
-
-    @property
-    def params(self) -> Mapping[str, Any]:
-        """The detector's parameters (read-only)."""
-        return self.config.params
-
-    @property
-    def direction(self) -> str:
-        """``"max"`` (higher scores are better) or ``"min"``."""
-        return self.config.direction
-
-    @property
-    def job_type(self) -> str:
-        """The job type registered with the coordinator."""
-        return self.config.job_type
-
-    @staticmethod
-    def first_in(trainer: Any) -> None:
-        """Move this trainer's EvalStopCallback to the front of its callbacks, so that the
-        ``report_to`` integrations also see the ``evalstop/*`` metrics of each eval."""
-        handler = trainer.callback_handler
-        mine = [c for c in handler.callbacks if isinstance(c, EvalStopCallback)]
-        handler.callbacks[:] = mine + [c for c in handler.callbacks if not isinstance(c, EvalStopCallback)]
-
-    # ------------------------------------------------------------------ ExportableState
-    def state(self) -> dict[str, Any]:
-        c = self.config
-        return {
-            "args": {"job_id": self.job_id, "eval_every": self.eval_every, "job_type": c.job_type,
-                     "detector": c.detector, "save_best": self.save_best, "keep_best": self.keep_best,
-                     "max_eval_failures": c.max_eval_failures, "on_eval_error": c.on_eval_error,
-                     "fail_mode": c.fail_mode, "external_eval": self.external_eval,
-                     "keep_snapshots": self.keep_snapshots, "eval_on_all_ranks": self.eval_on_all_ranks,
-                     "_restored": True, **c.params},
-            "attributes": {"history": self.history, "best_step": self.best_step, "best_score": self.best_score,
-                           "best_checkpoint": self.best_checkpoint},
-        }
-
     # ------------------------------------------------------------------ events every mode handles
+    def on_init_end(self, args, state, control, **kwargs):
+        self._join(*calling_trainer())
+
     def on_train_begin(self, args, state, control, **kwargs):
+        self._join(*calling_trainer())
         self._is_main = state.is_world_process_zero
         self._output_dir = args.output_dir
         s = self.session
@@ -319,23 +392,56 @@ class EvalStopCallback(TrainerCallback, ExportableState):
             s.job_id = default_job_id(args)
         if self._is_main and s.client is None:
             s.attach(connect(self._coordinator_arg, self.token, args.output_dir), step=state.global_step,
-                     planned_steps=state.max_steps or None)
+                     planned_steps=state.max_steps or None, job_type=self._trainer_job_type or infer_job_type(args=args))
             atexit.register(_fail_at_exit, weakref.ref(s))
+            if self._direction_note is not None:
+                log.warning("EvalStop: metric %r: %s is better (direction=%r, from its name); pass direction= to say "
+                            "otherwise", self.world_feedback, "lower" if self.direction == "min" else "higher",
+                            self.direction)
         message = share(s.message() if self._is_main else None)
         if message is not None:
             s.adopt(message)
 
+    def on_step_end(self, args, state, control, **kwargs):
+        self.session.beat()
+
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._pending_logs and logs is not None:  # metrics of a decision made between logs
+            logs.update(self._pending_logs)
+            self._pending_logs = {}
         self.session.observe_logs(logs or {})
 
-    def on_train_end(self, args, state, control, **kwargs):
-        self.session.finish()
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        s = self.session
+        s.finish()
+        if s.stopped_at is not None and self._is_main and not self.keep_checkpoints:
+            remove_checkpoints_after(args.output_dir, s.best_step)
+        if self.load_best_at_end and model is not None and s.best_checkpoint and s.best_step != state.global_step \
+                and load_best_weights(model, s.best_checkpoint):
+            log.warning("EvalStop: loaded the best weights (step %s, score %s) from %s into the model "
+                        "(load_best_at_end=True)", s.best_step, s.best_score, s.best_checkpoint)
+
+    def _join(self, handler: Any, trainer: Any) -> None:
+        """Take the front of the trainer's callbacks, so that every ``report_to`` integration (they come
+        first in a trainer's list) sees the ``evalstop/*`` metrics; learn the job type from the trainer."""
+        if handler is not None and handler.callbacks and handler.callbacks[0] is not self and self in handler.callbacks:
+            # safe inside the handler's loop: only the callbacks before this one move, one place on
+            handler.callbacks.remove(self)
+            handler.callbacks.insert(0, self)
+        if trainer is not None:
+            self._trainer_job_type = infer_job_type(trainer)
+
+    def _log_later(self, state: Any, control: Any, step: int, metrics: dict[str, float]) -> None:
+        """``metrics`` in ``log_history`` now and in the trainer's next log (``report_to`` integrations)."""
+        state.log_history.append({**metrics, "step": step})
+        self._pending_logs.update(metrics)
+        control.should_log = True
 
     # ------------------------------------------------------------------ an eval, decided
-    def _decide(self, state: Any, control: Any, ev: _Eval, logs: dict[str, Any] | None) -> None:
+    def _decide(self, state: Any, control: Any, ev: _Eval, logs: dict[str, Any] | None) -> dict[str, float]:
         """Rank 0 reports the eval (keeping a new best's model); every rank applies its message, logs the
         ``evalstop/*`` metrics (in ``logs`` too: the integrations after this callback see them) and stops
-        if told to."""
+        if told to. Returns the metrics."""
         s = self.session
         stop = False
         if self._is_main:
@@ -356,6 +462,7 @@ class EvalStopCallback(TrainerCallback, ExportableState):
         if stop:
             control.should_training_stop = True
             s.stop_here(ev.step)
+        return metrics
 
     def _keep(self, control: Any, ev: _Eval, score: float) -> str:
         """Keep the new best: a copy with evalstop.json (never over a better one), or the trainer's checkpoint."""

@@ -1,11 +1,19 @@
 """The best checkpoint: model (or PEFT adapter) and tokenizer saved atomically to one folder, with an
-``evalstop.json`` beside them saying whose and how good it is."""
+``evalstop.json`` beside them saying whose and how good it is; after a stop, what to keep on disk and
+which weights to restore.
+
+Bests never go backwards: ``<output_dir>/evalstop-best`` belongs to the job that first kept a model
+there, and a resume of that job replaces it only with a better one. Another job writing to the same
+folder (a rerun, ``NAME-2``) keeps its own best in ``<output_dir>/evalstop-best-NAME-2`` and says so at
+WARNING, with both scores.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -14,29 +22,41 @@ from typing import Any
 from ..core.detectors import is_better
 from .scores import finite
 
-__all__ = ["BEST_DIR", "keep_best_copy", "read_best", "save_atomically"]
+__all__ = ["BEST_DIR", "best_folder", "keep_best_copy", "load_best_weights", "read_best", "remove_checkpoints_after",
+           "save_atomically"]
 
 log = logging.getLogger("evalstop.callback")
 
 BEST_DIR = "evalstop-best"
 INFO = "evalstop.json"
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
-def read_best(output_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The ``evalstop.json`` of ``<output_dir>/evalstop-best`` (job_id, step, score, saved_at), if any."""
+def read_best(output_dir: str | os.PathLike, folder: str = BEST_DIR) -> dict[str, Any] | None:
+    """The ``evalstop.json`` of ``<output_dir>/<folder>`` (job_id, step, score, direction, saved_at), if any."""
     try:
-        return json.loads((Path(output_dir) / BEST_DIR / INFO).read_text())
+        info = json.loads((Path(output_dir) / folder / INFO).read_text())
     except (OSError, ValueError):
         return None
+    return info if isinstance(info, dict) else None
+
+
+def best_folder(output_dir: str | os.PathLike, job_id: str | None) -> Path:
+    """Where ``job_id`` keeps its best model: ``<output_dir>/evalstop-best`` unless another job's best is
+    there (then ``evalstop-best-<job_id>``)."""
+    main = Path(output_dir) / BEST_DIR
+    if not main.exists() or (read_best(output_dir) or {}).get("job_id") == job_id:
+        return main
+    return main.with_name(f"{BEST_DIR}-{job_id or 'job'}")
 
 
 def save_atomically(output_dir: str | os.PathLike, model: Any, tokenizer: Any,
-                    info: dict[str, Any] | None = None) -> str:
-    """Save model (or adapter), tokenizer and ``info`` (as evalstop.json) to ``<output_dir>/evalstop-best``:
+                    info: dict[str, Any] | None = None, *, folder: str = BEST_DIR) -> str:
+    """Save model (or adapter), tokenizer and ``info`` (as evalstop.json) to ``<output_dir>/<folder>``:
     write aside, then swap folders, so a crash never leaves a half-written best checkpoint. Returns the
     folder's path."""
-    final = Path(output_dir) / BEST_DIR
-    tmp = final.with_name(f".{BEST_DIR}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+    final = Path(output_dir) / folder
+    tmp = final.with_name(f".{folder}.tmp-{os.getpid()}-{time.monotonic_ns()}")
     unwrapped = getattr(model, "module", model)
     unwrapped.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
@@ -45,7 +65,7 @@ def save_atomically(output_dir: str | os.PathLike, model: Any, tokenizer: Any,
         (tmp / INFO).write_text(json.dumps(info))
     old = None
     if final.exists():
-        old = final.with_name(f".{BEST_DIR}.old-{time.monotonic_ns()}")
+        old = final.with_name(f".{folder}.old-{time.monotonic_ns()}")
         os.replace(final, old)
     os.replace(tmp, final)
     if old is not None:
@@ -55,14 +75,85 @@ def save_atomically(output_dir: str | os.PathLike, model: Any, tokenizer: Any,
 
 def keep_best_copy(output_dir: str | os.PathLike, model: Any, tokenizer: Any, *, job_id: str | None, step: int,
                    score: float, direction: str) -> str:
-    """Keep a new best model as ``<output_dir>/evalstop-best`` (see :func:`save_atomically`), unless the
-    folder already holds this job's model with a score at least as good (a resumed run re-evaluating
-    an older, better step never replaces it). Returns the folder's path."""
-    kept = read_best(output_dir)
+    """Keep a new best model of ``job_id`` in its :func:`best_folder` (see :func:`save_atomically`),
+    unless the folder already holds this job's model with a score at least as good (a resumed run
+    re-evaluating an older, better step never replaces it). Another job's best is never replaced: a
+    rerun keeps its own folder, and the first time it does, a WARNING compares the two. Returns the
+    folder's path."""
+    folder = best_folder(output_dir, job_id)
+    kept = read_best(output_dir, folder.name)
     if kept is not None and kept.get("job_id") == job_id and finite(kept.get("score")) \
             and not is_better(score, kept["score"], direction):
         log.info("EvalStop: %s already holds a model at least as good (step %s, score %.4g): not replaced",
-                 BEST_DIR, kept.get("step"), kept["score"])
-        return str(Path(output_dir) / BEST_DIR)
-    return save_atomically(output_dir, model, tokenizer,
-                           {"job_id": job_id, "step": step, "score": score, "saved_at": time.time()})
+                 folder.name, kept.get("step"), kept["score"])
+        return str(folder)
+    if folder.name != BEST_DIR and not folder.exists():
+        _say_whose(output_dir, folder, job_id, step, score, direction)
+    return save_atomically(output_dir, model, tokenizer, {"job_id": job_id, "step": step, "score": score,
+                                                          "direction": direction, "saved_at": time.time()},
+                           folder=folder.name)
+
+
+def _say_whose(output_dir: str | os.PathLike, folder: Path, job_id: str | None, step: int, score: float,
+               direction: str) -> None:
+    other = read_best(output_dir) or {}
+    theirs = other.get("score")
+    if finite(theirs) and other.get("direction", direction) == direction:
+        verdict = "better than" if is_better(score, theirs, direction) else "not better than"
+        compared = f"this run's best so far (score {score:.4g} at step {step}) is {verdict} theirs"
+    else:
+        compared = f"this run's best so far: score {score:.4g} at step {step}"
+    log.warning("EvalStop: %s holds job %r's best (step %s, score %s); job %r never replaces it and keeps its "
+                "own best in %s (%s)", BEST_DIR, other.get("job_id"), other.get("step"),
+                f"{theirs:.4g}" if finite(theirs) else theirs, job_id, folder, compared)
+
+
+def remove_checkpoints_after(output_dir: str | os.PathLike, step: int | None) -> list[str]:
+    """After a stop: delete the trainer's ``checkpoint-N`` folders newer than the best eval's ``step``
+    (a model past the best is what EvalStop stopped). None (no best): nothing. Returns the names removed."""
+    if step is None:
+        return []
+    removed = []
+    root = Path(output_dir)
+    for path in sorted(root.glob("checkpoint-*")) if root.is_dir() else []:
+        match = _CHECKPOINT.fullmatch(path.name)
+        if match and int(match.group(1)) > step and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    if removed:
+        log.warning("EvalStop: removed %s, newer than the best (step %d); keep_checkpoints=True keeps them",
+                    ", ".join(removed), step)
+    return removed
+
+
+def load_best_weights(model: Any, folder: str | os.PathLike) -> bool:
+    """Load the weights kept in ``folder`` (a full model, sharded or not, or a PEFT adapter) into
+    ``model`` in place, as transformers' ``load_best_model_at_end`` does. Returns whether it did
+    (False, with a WARNING, when the folder holds no weights this model can take)."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    target = getattr(model, "module", model)
+    adapter = folder / "adapter_model.safetensors"
+    if adapter.exists() and hasattr(target, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(target, load_file(str(adapter)), adapter_name=getattr(target, "active_adapter",
+                                                                                       "default"))
+        return True
+    single = folder / "model.safetensors"
+    if single.exists():
+        with torch.no_grad():
+            result = target.load_state_dict(load_file(str(single)), strict=False)
+    elif (folder / "model.safetensors.index.json").exists():
+        from transformers.modeling_utils import load_sharded_checkpoint
+
+        result = load_sharded_checkpoint(target, str(folder), strict=False)
+    else:
+        log.warning("EvalStop: load_best_at_end: no model weights in %s; the model keeps its last weights", folder)
+        return False
+    if result.unexpected_keys:
+        log.warning("EvalStop: load_best_at_end: %d weights of %s are not in this model (e.g. %s)",
+                    len(result.unexpected_keys), folder, result.unexpected_keys[0])
+    return True

@@ -11,6 +11,7 @@ from ..clients.http import EvalStopClient
 from ..core.api import EvalStopAPI
 from ..core.coordinator import Coordinator
 from ..stores.sqlite import SQLiteStore
+from .session import DEFAULT_LEASE_S
 
 __all__ = ["connect"]
 
@@ -19,7 +20,8 @@ def connect(coordinator: Any, token: str | None, output_dir: str | os.PathLike) 
     """A client for ``coordinator``:
 
     * None: ``$EVALSTOP_URL`` if set (e.g. by ``evalstop run``), else an embedded coordinator over
-      ``<output_dir>/evalstop.db``;
+      ``<output_dir>/evalstop.db`` with the service's default lease (a job silent for 300 s is
+      ``lost`` to whoever opens the file next; the session's heartbeats keep a live one running);
     * an ``http(s)://`` URL: :class:`EvalStopClient` with ``token`` (or ``$EVALSTOP_TOKEN``) and a
       durable outbox at ``<output_dir>/evalstop-outbox.jsonl``;
     * a :class:`Coordinator`: an embedded client over it; an :class:`EvalStopAPI` (either client,
@@ -30,7 +32,7 @@ def connect(coordinator: Any, token: str | None, output_dir: str | os.PathLike) 
     if coordinator is None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        return EmbeddedClient(Coordinator(SQLiteStore(out / "evalstop.db")))
+        return EmbeddedClient(Coordinator(SQLiteStore(out / "evalstop.db"), lease_s=DEFAULT_LEASE_S))
     if isinstance(coordinator, str):
         token = token or os.environ.get("EVALSTOP_TOKEN")
         if not token:

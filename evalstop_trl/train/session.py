@@ -22,23 +22,29 @@ directly::
 
 A failed eval is a missing one: ``session.evals.accept(step, value)`` gives the float score, or None
 after counting the failure (``session.evals.failed(step, what, exc)`` for an exception).
+
+The job stays alive between evals: ``session.beat()`` (the callback calls it at every step) sends a
+heartbeat at most every ``heartbeat_s`` seconds, so a long gap between evals never makes a healthy run
+``lost``; a heartbeat that fails is logged once and never raised.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from ..core.detectors import DETECTORS, Action, Decision, Detector, Observation, is_better
-from ..core.errors import Conflict, EvalStopError
+from ..core.errors import Conflict, EvalStopError, NotFound
 from .ranks import RankMessage
 from .scores import finite, to_number
 
-__all__ = ["EvalFailures", "EvalStopSession", "SessionConfig", "infer_direction", "LOSS_KEYS", "REWARD_KEYS"]
+__all__ = ["DEFAULT_LEASE_S", "EvalFailures", "EvalStopSession", "Heartbeat", "SessionConfig", "infer_direction",
+           "LOSS_KEYS", "REWARD_KEYS"]
 
 log = logging.getLogger("evalstop.callback")
 
@@ -50,6 +56,8 @@ _LOSS_LIKE = re.compile(r"(loss|perplexity|ppl|error|err|wer|cer)(\b|_|$)", re.I
 _EVAL_ERRORS = ("skip", "stop", "raise")
 _FAIL_MODES = ("local", "open")
 _DIRECTIONS = ("max", "min")
+#: The coordinator's default lease (``evalstop serve --lease-s``); the session beats four times per lease.
+DEFAULT_LEASE_S = 300.0
 
 
 def infer_direction(metric: str) -> str:
@@ -68,7 +76,8 @@ class SessionConfig:
     Attributes:
         detector, params: the stop rule, ``create_detector(detector, **params)``.
         direction: ``"max"`` (higher scores are better) or ``"min"``.
-        job_type: ``rlhf``, ``grpo``, ``rloo``, ``dpo``, ``online_dpo``, ``sft``, ...
+        job_type: ``rlhf``, ``grpo``, ``rloo``, ``dpo``, ``online_dpo``, ``sft``, ...; None: unspecified (the
+            job keeps the type it has; a new job is ``rlhf`` unless :meth:`EvalStopSession.attach` is told one).
         max_eval_failures, on_eval_error: after this many failed evals in a row, ``"skip"`` (go on),
             ``"stop"`` (stop the job) or ``"raise"``.
         fail_mode: ``"local"`` (a local detector decides while the coordinator is unreachable) or
@@ -82,7 +91,7 @@ class SessionConfig:
     detector: str = "decline"
     params: Mapping[str, Any] = field(default_factory=dict)
     direction: str = "max"
-    job_type: str = "rlhf"
+    job_type: str | None = None
     max_eval_failures: int = 3
     on_eval_error: str = "skip"
     fail_mode: str = "local"
@@ -105,7 +114,7 @@ class SessionConfig:
 
     @classmethod
     def build(cls, detector: str = "decline", *, k: int = 2, min_delta: float = 0.0, direction: str | None = None,
-              job_type: str = "rlhf", max_eval_failures: int = 3, on_eval_error: str = "skip",
+              job_type: str | None = None, max_eval_failures: int = 3, on_eval_error: str = "skip",
               fail_mode: str = "local", **detector_params: Any) -> SessionConfig:
         """A config from ``EvalStopCallback``'s conveniences: ``k``, ``min_delta`` and ``direction`` go to
         the detectors that take them; ``detector_params`` to the detector as they are."""
@@ -127,20 +136,25 @@ class SessionConfig:
 
 
 class EvalFailures:
-    """Failed evals in a row (an exception, NaN, None: a missing eval for the detector), logged once per
-    run of failures. After ``limit`` in a row, ``on_error`` says what happens: ``"skip"`` (nothing),
-    ``"stop"`` (:attr:`exhausted` turns True) or ``"raise"`` (:meth:`failed` raises).
+    """Failed evals (an exception, NaN, None: a missing eval for the detector), each logged at WARNING
+    (the traceback with the first of a run of failures). After ``limit`` in a row, ``on_error`` says
+    what happens: ``"skip"`` (nothing), ``"stop"`` (:attr:`exhausted` turns True) or ``"raise"``
+    (:meth:`failed` raises).
+
+    Attributes:
+        count: failed evals in a row; total: failed evals in this process (``evalstop/eval_failures``).
 
     >>> evals = EvalFailures(limit=2, on_error="stop")
     >>> evals.accept(10, float("nan")), evals.accept(20, None), evals.exhausted
     (None, None, True)
-    >>> evals.accept(30, 0.5), evals.count
-    (0.5, 0)
+    >>> evals.accept(30, 0.5), evals.count, evals.total
+    (0.5, 0, 2)
     """
 
     def __init__(self, limit: int = 3, on_error: str = "skip") -> None:
         self.limit, self.on_error = limit, on_error
         self.count = 0
+        self.total = 0
 
     @property
     def exhausted(self) -> bool:
@@ -162,11 +176,59 @@ class EvalFailures:
             RuntimeError: ``limit`` failures in a row with ``on_error="raise"``.
         """
         self.count += 1
-        if self.count == 1:
-            log.warning("EvalStop: the eval at step %d failed (%s); counted as a missing eval", step, what,
-                        exc_info=exc)
+        self.total += 1
+        log.warning("EvalStop: the eval at step %d failed (%s); counted as a missing eval (%d in a row, "
+                    "on_eval_error=%r after %d)", step, what, self.count, self.on_error, self.limit,
+                    exc_info=exc if self.count == 1 else None)
         if self.count >= self.limit and self.on_error == "raise":
             raise RuntimeError(f"EvalStopCallback: {self.count} evals in a row failed (last: {what})") from exc
+
+
+class Heartbeat:
+    """Renews a job's lease at most every ``every_s`` seconds (a report renews it too: :meth:`seen`).
+    Fail-open: an error (a coordinator that is away, an older one without heartbeats) is logged once
+    at WARNING, then at DEBUG, and never raised; while the HTTP client is in an outage nothing is sent.
+
+    Args:
+        every_s: seconds between heartbeats; None or 0: none.
+        clock: monotonic seconds (injected by tests).
+    """
+
+    def __init__(self, every_s: float | None = DEFAULT_LEASE_S / 4,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if every_s is not None and (isinstance(every_s, bool) or not isinstance(every_s, (int, float))
+                                    or every_s < 0):
+            raise ValueError(f"EvalStopCallback: heartbeat_s must be None or a number of seconds >= 0, "
+                             f"but got {every_s!r}.")
+        self.every_s, self.clock = every_s or None, clock
+        self.last: float | None = None
+        self.sent = 0
+        self._warned = False
+
+    def seen(self) -> None:
+        """The coordinator just heard from the job (a registration, a report): the lease is fresh."""
+        self.last = self.clock()
+
+    def beat(self, client: Any, job_id: str) -> bool:
+        """Send a heartbeat if one is due; returns whether one was sent and answered."""
+        now = self.clock()
+        if self.every_s is None or (self.last is not None and now - self.last < self.every_s):
+            return False
+        self.last = now
+        if getattr(client, "unreachable", False):
+            return False
+        try:
+            client.heartbeat(job_id)
+        except Exception as exc:  # noqa: BLE001 - liveness must never cost the run
+            if not self._warned:
+                self._warned = True
+                log.warning("EvalStop: could not send a heartbeat for job %s (%s: %s); training goes on "
+                            "(said once)", job_id, type(exc).__name__, exc)
+            else:
+                log.debug("EvalStop: heartbeat for job %s failed: %s", job_id, exc)
+            return False
+        self.sent += 1
+        return True
 
 
 class EvalStopSession:
@@ -178,6 +240,9 @@ class EvalStopSession:
     Args:
         config: the stop rule and failure handling.
         job_id: the job's id (or give it to :meth:`attach`).
+        heartbeat_s: seconds between heartbeats sent by :meth:`beat` (None or 0: none); the default is
+            a quarter of the coordinator's default lease.
+        clock: monotonic seconds for the heartbeats (injected by tests).
 
     Attributes:
         decision: the latest decision (None before the first report).
@@ -192,7 +257,8 @@ class EvalStopSession:
         train_loss, proxy_reward: the latest of each seen in the trainer's logs (:meth:`observe_logs`).
     """
 
-    def __init__(self, config: SessionConfig, job_id: str | None = None) -> None:
+    def __init__(self, config: SessionConfig, job_id: str | None = None, *,
+                 heartbeat_s: float | None = DEFAULT_LEASE_S / 4, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.job_id = job_id
         self.client: Any = None
@@ -208,33 +274,34 @@ class EvalStopSession:
         self.ended = False
         self.train_loss: float | None = None
         self.proxy_reward: float | None = None
+        self.heartbeat = Heartbeat(heartbeat_s, clock)
         self._local = config.new_detector()
         self._gave_up = False
 
     # ------------------------------------------------------------------ the job
-    def attach(self, client: Any, job_id: str | None = None, *, step: int = 0, planned_steps: int | None = None) -> None:
-        """Register the job, or attach to it as a new attempt; the coordinator's history is the truth.
+    def attach(self, client: Any, job_id: str | None = None, *, step: int = 0, planned_steps: int | None = None,
+               job_type: str | None = None) -> None:
+        """Register the job, or attach to it; the coordinator's history is the truth.
 
-        A run starting at step 0 on a job that already has reports is a new run: it takes the next free
-        id (``NAME-2``, ...). The history this session already has (a callback restored from a
-        checkpoint) is reported again, in case the coordinator lacks it.
+        Whoever registered the job first (``evalstop run``, an evaluator), the session adopts it and fills
+        in what it knows: ``planned_steps`` (a changed one is an extended plan, audited ``amended``), the
+        job type (``job_type``: inferred from the trainer, used when the config names none; it yields to
+        the job's own specific type), the policy while no report was decided. A run at step 0 on a job
+        with reports is a new run: the next free id (``NAME-2``, ...; see :func:`free_job_id`). A resumed
+        run (``step`` > 0, or a restored history) attaches as a new attempt and reports its history again.
 
         Raises:
-            ValueError: the job exists with another registration (job type, planned steps or policy).
+            ValueError: another job has this id (another specific job type, or another policy once its
+                reports were decided; see :func:`register`).
         """
         self.client = client
         self.job_id = job_id or self.job_id
         if not self.job_id:
             raise ValueError("EvalStopSession.attach needs a job_id.")
-        view = self._register(planned_steps)
-        if view is not None and view.n_reports and step == 0 and not self.history:
-            base, n = self.job_id, 2
-            while view is not None and view.n_reports:
-                self.job_id = f"{base}-{n}"
-                n += 1
-                view = self._register(planned_steps)
-            log.warning("EvalStop: job %r already has reports and this run starts at step 0: it is a new run, "
-                        "reported as %r", base, self.job_id)
+        if step == 0 and not self.history:
+            self.job_id = free_job_id(client, self.job_id)
+        view = register(client, self.job_id, self.config, planned_steps, job_type)
+        self.heartbeat.seen()
         self.attempt = 1 if view is None or not view.n_reports else 2
         for entry in self.history:
             self._send(entry)
@@ -256,19 +323,17 @@ class EvalStopSession:
             log.info("EvalStop: job %r resumed at step %d (attempt with %d stored reports, best step %s)",
                      self.job_id, step, view.n_reports, self.best_step)
 
-    def _register(self, planned_steps: int | None) -> Any:
-        try:
-            return self.client.register_job(self.job_id, self.config.job_type, planned_steps=planned_steps or None,
-                                            policy=self.config.policy)
-        except Conflict as exc:
-            raise ValueError(f"EvalStopCallback: job {self.job_id!r} exists with another registration ({exc}); "
-                             "use the same job_type and policy to resume it, or another job_id") from None
-
     def finish(self) -> None:
         """Training ended: mark the job finished (unless it was stopped)."""
         self.ended = True
         if self.client is not None and self.stopped_at is None:
             self._safely("mark the job finished", self.client.finish, self.job_id)
+
+    def beat(self) -> None:
+        """Renew the job's lease if a heartbeat is due (see :class:`Heartbeat`); nothing once training
+        ended or stopped, or without a client (the other ranks)."""
+        if self.client is not None and self.job_id and not self.ended and self.stopped_at is None:
+            self.heartbeat.beat(self.client, self.job_id)
 
     def fail_unfinished(self, reason: str) -> None:
         """Mark the job failed if training neither ended nor stopped (the process is exiting)."""
@@ -298,6 +363,8 @@ class EvalStopSession:
             entry["checkpoint"] = checkpoint
         improves = self.improves(score)
         decision, reached = self._send(entry)
+        if reached:
+            self.heartbeat.seen()
         local = self._local.observe(Observation(self.job_id or "job", step, score, self.train_loss, self.proxy_reward))
         if (not reached or getattr(self.client, "unreachable", False)) and self.config.fail_mode == "local":
             decision = local
@@ -387,12 +454,14 @@ class EvalStopSession:
 
     # ------------------------------------------------------------------ what the trainer logs
     def eval_metrics(self, score: float | None, stop: bool) -> dict[str, float]:
-        """The ``evalstop/*`` metrics of an eval (absent values left out)."""
+        """The ``evalstop/*`` metrics of an eval (absent values left out); ``evalstop/eval_failures`` counts
+        the failed evals of this process so far."""
         declines = None
         if self.decision is not None:
             declines = self.decision.evidence.get("declines", self.decision.evidence.get("stale"))
         metrics = {"evalstop/score": score, "evalstop/best_score": self.best_score,
-                   "evalstop/declines": declines, "evalstop/stop": int(stop)}
+                   "evalstop/declines": declines, "evalstop/stop": int(stop),
+                   "evalstop/eval_failures": self.evals.total}
         return {k: v for k, v in metrics.items() if v is not None}
 
     def log_eval(self, step: int, score: float | None) -> None:
@@ -410,6 +479,46 @@ class EvalStopSession:
         except EvalStopError as exc:
             log.warning("EvalStop: could not %s for job %s: %s", what, self.job_id, exc)
             return None
+
+
+def free_job_id(client: Any, job_id: str) -> str:
+    """``job_id``, or the first of ``job_id-2``, ``job_id-3``, ... without reports when it has some (a
+    fresh run on a used id is a new run). Existing jobs are only read, never amended; a coordinator that
+    cannot be read leaves the id as it is (the registration decides)."""
+    candidate, n = job_id, 2
+    while True:
+        try:
+            view = client.status(candidate)
+        except NotFound:
+            break
+        except EvalStopError:
+            return job_id
+        if not view.n_reports:
+            break
+        candidate, n = f"{job_id}-{n}", n + 1
+    if candidate != job_id:
+        log.warning("EvalStop: job %r already has reports and this run starts at step 0: it is a new run, "
+                    "reported as %r", job_id, candidate)
+    return candidate
+
+
+def register(client: Any, job_id: str, config: SessionConfig, planned_steps: int | None,
+             job_type: str | None) -> Any:
+    """Register ``job_id`` or attach to it (the coordinator fills in or amends what differs); a job type
+    only inferred from the trainer (``config.job_type`` None) yields to the job's own specific type.
+
+    Raises:
+        ValueError: the coordinator says it is another job (see :meth:`EvalStopSession.attach`).
+    """
+    policy, planned = config.policy, planned_steps or None
+    types = [config.job_type] if config.job_type is not None else [job_type, None] if job_type else [None]
+    for kind in types:
+        try:
+            return client.register_job(job_id, kind, planned_steps=planned, policy=policy)
+        except Conflict as exc:
+            conflict = exc
+    raise ValueError(f"EvalStopCallback: job {job_id!r} is another job ({conflict}); pass another job_id "
+                     "(or the job's own job_type and policy to resume it)") from None
 
 
 @dataclass(frozen=True)
