@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .evaluate import add_evaluate_command
     from .inspection import add_inspect_commands
     from .outbox import add_outbox_command
+    from .prune import add_prune_command
     from .replay import add_replay_command
     from .run import add_run_command
     from .service import add_service_commands  # light: heavy imports happen inside the commands
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_command(sub)
     add_outbox_command(sub)
     add_evaluate_command(sub)
+    add_prune_command(sub)
     add_inspect_commands(sub)
     return parser
 

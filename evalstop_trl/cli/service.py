@@ -82,8 +82,7 @@ def _tenant_rotate(tenants, args: argparse.Namespace) -> int:
 
 
 def _tenant_quota(tenants, args: argparse.Namespace) -> int:
-    overrides = {k: getattr(args, k) for k in ("max_active_jobs", "max_reports_per_job", "report_rate", "report_burst")
-                 if getattr(args, k) is not None}
+    overrides = {k: getattr(args, k) for k in _QUOTA_FLAGS if getattr(args, k) is not None}
     quotas = tenants.set_quotas(args.name, overrides) if overrides else tenants.quotas(args.name)
     print(json.dumps({"tenant": args.name, "quotas": quotas.to_dict()}) if args.json else
           f"tenant {args.name}: " + ", ".join(f"{k}={v:g}" for k, v in quotas.to_dict().items()))
@@ -111,8 +110,8 @@ def _quotas_from_env(args: argparse.Namespace | None = None):
 
     d = Quotas()
     values = {}
-    for field, cast, what in (("max_active_jobs", int, "an integer"), ("max_reports_per_job", int, "an integer"),
-                              ("report_rate", float, "a number"), ("report_burst", int, "an integer")):
+    for field, cast in _QUOTA_FLAGS.items():
+        what = "an integer" if cast is int else "a number"
         flag = getattr(args, field, None) if args is not None else None
         values[field] = flag if flag is not None else _env(f"EVALSTOP_{field.upper()}", cast, getattr(d, field), what)
     try:
@@ -254,6 +253,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+#: every quota (core.records.Quotas) as a flag --max-jobs ... and a variable EVALSTOP_MAX_JOBS ...
+_QUOTA_FLAGS = {"max_active_jobs": int, "max_reports_per_job": int, "report_rate": float, "report_burst": int,
+                "max_jobs": int, "max_reports_per_tenant": int, "max_events_per_job": int,
+                "max_snapshots_per_job": int, "event_rate": float, "event_burst": int}
+
+
 def _add_quota_flags(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--max-active-jobs", type=int, help=f"{what}: jobs not yet stopped/finished/failed "
                    "(env EVALSTOP_MAX_ACTIVE_JOBS; default 1000)")
@@ -261,6 +266,17 @@ def _add_quota_flags(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--report-rate", type=float, help=f"{what}: reports per second per tenant, beyond it 429 "
                    "(env EVALSTOP_REPORT_RATE; default 1000)")
     p.add_argument("--report-burst", type=int, help=f"{what} (env EVALSTOP_REPORT_BURST; default 2000)")
+    p.add_argument("--max-jobs", type=int, help=f"{what}: all jobs, finished ones included, until pruned "
+                   "(env EVALSTOP_MAX_JOBS; default 100000)")
+    p.add_argument("--max-reports-per-tenant", type=int, help=f"{what}: stored reports of all the tenant's jobs "
+                   "(env EVALSTOP_MAX_REPORTS_PER_TENANT; default 10000000)")
+    p.add_argument("--max-events-per-job", type=int, help=f"{what}: launcher events of one job "
+                   "(env EVALSTOP_MAX_EVENTS_PER_JOB; default 1000)")
+    p.add_argument("--max-snapshots-per-job", type=int, help=f"{what}: snapshots one job publishes "
+                   "(env EVALSTOP_MAX_SNAPSHOTS_PER_JOB; default 10000)")
+    p.add_argument("--event-rate", type=float, help=f"{what}: launcher events and snapshots per second per tenant, "
+                   "beyond it 429 (env EVALSTOP_EVENT_RATE; default 50)")
+    p.add_argument("--event-burst", type=int, help=f"{what} (env EVALSTOP_EVENT_BURST; default 500)")
 
 
 def add_service_commands(sub: argparse._SubParsersAction) -> None:

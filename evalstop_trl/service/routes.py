@@ -68,8 +68,8 @@ EVAL_CALLS_PER_TENANT = 4  # claims and posted evals of one tenant served at onc
 
 class EvalsQuery(BaseModel):
     after_step: int | None = Field(None, ge=-1, le=MAX_STEP, description="only snapshots after this step")
-    limit: int | None = Field(None, ge=1, le=MAX_PAGE, description="at most this many (default: every one, at most "
-                              "the max_snapshots_per_job quota)")
+    limit: int = Field(MAX_PAGE, ge=1, le=MAX_PAGE, description="at most this many: a page (the next one: "
+                       "after_step = the last step of this one)")
 
 
 class AuditPageQuery(AuditQuery):
@@ -237,7 +237,7 @@ class Handlers:
         self._event_budget(t)
         return self.coordinator.publish_snapshot(t, job_id, step, path, train_loss, proxy_reward)
 
-    def evals(self, t: str, job_id: str, after_step: int | None, limit: int | None) -> list:
+    def evals(self, t: str, job_id: str, after_step: int | None, limit: int) -> list:
         """The job's snapshots in step order, paged: those after ``after_step``, at most ``limit``."""
         with self.reads(t):
             return self.coordinator.evals(t, job_id, after_step, limit)
