@@ -172,6 +172,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from ..core.coordinator import Coordinator
     from ..service.app import ServiceSettings, create_app
+    from ..service.middleware import PerAddress
     from ..service.protocol import guarded_protocol
     from ..service.webhooks import WebhookPolicy
 
@@ -186,9 +187,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     body_timeout = args.body_timeout_s or _env("EVALSTOP_BODY_TIMEOUT_S", float, 10.0, "a number of seconds")
     if not 1 <= max_conn <= 100_000 or not 0 < header_timeout <= 600 or not 0 < body_timeout <= 600:
         raise CLIError("--max-connections must be in [1, 100000] and the timeouts in (0, 600] seconds")
+    unauth = _unauth_limits(args)
     try:
         settings = ServiceSettings(webhooks=WebhookPolicy(allow=allow), body_timeout_s=body_timeout,
-                                   metrics_token=args.metrics_token or os.environ.get("EVALSTOP_METRICS_TOKEN") or None)
+                                   metrics_token=args.metrics_token or os.environ.get("EVALSTOP_METRICS_TOKEN") or None,
+                                   metrics_public=args.metrics_public or os.environ.get("EVALSTOP_METRICS_PUBLIC") == "1",
+                                   per_address=PerAddress(unauth["rate"], unauth["burst"]))
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     quotas = _quotas_from_env(args)
@@ -200,12 +204,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _raise_fd_limit(max_conn + 256)
     _tune_gc()
     _tune_gil()
-    print(f"evalstop serving {path} on http://{host}:{port} (API under /v1, docs at /docs; webhooks allowed to: "
+    print(f"evalstop serving {path} on http://{host}:{port} (API under /v1, OpenAPI at /openapi.json; webhooks to: "
           f"{', '.join(allow) or 'nowhere'})", flush=True)
     uvicorn.run(create_app(coord, settings), host=host, port=port, log_level=args.log_level, access_log=False,
-                http=guarded_protocol(header_timeout, max_conn),
+                http=guarded_protocol(header_timeout, max_conn, unauth["connections"]),
                 timeout_keep_alive=30)  # training jobs report every few seconds: keep their connections
     return 0
+
+
+def _unauth_limits(args: argparse.Namespace) -> dict:
+    """Per-address limits on unauthenticated connections and requests: flags, else EVALSTOP_*, else defaults."""
+    limits = {}
+    for key, flag, cast, default in (("connections", "unauth_connections_per_ip", int, 16),
+                                     ("rate", "unauth_rate_per_ip", float, 20.0),
+                                     ("burst", "unauth_burst_per_ip", int, 100)):
+        value = getattr(args, flag)
+        limits[key] = value if value is not None else _env(f"EVALSTOP_{flag.upper()}", cast, default, "a number")
+    if not 0 <= limits["connections"] <= 100_000:
+        raise CLIError(f"--unauth-connections-per-ip must be in [0, 100000] (0: no limit), got {limits['connections']}")
+    return limits
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -288,10 +305,21 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--webhook-allow", action="append", metavar="PATTERN",
                    help="where webhooks may go: a host, a host glob (*.example.com) or an address/network "
                         "(10.0.0.0/8); repeatable (env EVALSTOP_WEBHOOK_ALLOW, comma-separated; default: nowhere)")
-    s.add_argument("--metrics-token", help="require this bearer token on /metrics (env EVALSTOP_METRICS_TOKEN)")
+    s.add_argument("--metrics-token", help="require this bearer token on /metrics (env EVALSTOP_METRICS_TOKEN); "
+                   "without it /metrics answers 401 unless --metrics-public")
+    s.add_argument("--metrics-public", action="store_true",
+                   help="serve /metrics to anyone without a token (env EVALSTOP_METRICS_PUBLIC=1; default: off)")
+    s.add_argument("--unauth-connections-per-ip", type=int, help="connections per client address (IPv6: per /64) "
+                   "not yet authenticated, beyond it closed at once; 0 = no limit (env "
+                   "EVALSTOP_UNAUTH_CONNECTIONS_PER_IP; default 16)")
+    s.add_argument("--unauth-rate-per-ip", type=float, help="unauthenticated requests (public paths, refused tokens) "
+                   "per second per client address, beyond it 429; 0 = no limit (env EVALSTOP_UNAUTH_RATE_PER_IP; "
+                   "default 20)")
+    s.add_argument("--unauth-burst-per-ip", type=int, help="the burst of --unauth-rate-per-ip "
+                   "(env EVALSTOP_UNAUTH_BURST_PER_IP; default 100)")
     s.add_argument("--max-connections", type=int, help="open connections at most (env EVALSTOP_MAX_CONNECTIONS; 1000)")
     s.add_argument("--header-timeout-s", type=float, help="seconds for a request head to arrive (10)")
-    s.add_argument("--body-timeout-s", type=float, help="seconds for a request body to arrive (10)")
+    s.add_argument("--body-timeout-s", type=float, help="seconds for a whole request body to arrive (10)")
     s.add_argument("--lease-s", type=float, help="a job silent (no report, no heartbeat) this long becomes 'lost' "
                    "and frees its quota; 0 turns leases off (env EVALSTOP_LEASE_S; default 300)")
     _add_quota_flags(s, "default quota")

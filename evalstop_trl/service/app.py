@@ -4,15 +4,23 @@ The API's endpoints are mounted from the route table (:mod:`.routes`, one short 
 :data:`~evalstop_trl.core.api.ROUTES`); one exception handler maps the
 :mod:`evalstop_trl.core.errors` hierarchy to ``{"detail": ...}`` with its status code. Every
 ``/v1`` route needs ``Authorization: Bearer <token>``, checked by :class:`~.middleware.Guard` before
-the body is read (which also limits bodies, their arrival time and each tenant's report rate).
-Background workers (webhook deliveries) start in the app's lifespan and stop with it. The service
-never signals a process: jobs whose loop ignores the stop flag run under ``evalstop run``.
+the body is read (which also limits bodies, their arrival time, each tenant's report rate and each
+client address's unauthenticated requests). Background workers (webhook deliveries) start in the
+app's lifespan and stop with it. The service never signals a process: jobs whose loop ignores the stop
+flag run under ``evalstop run``.
+
+Public routes: ``/healthz``, ``/readyz`` (the store's probe at most once per :data:`READY_PROBE_S`,
+whatever the number of callers), ``/openapi.json`` and the dashboard. There is no ``/docs`` page (it
+would load swagger-ui from a CDN on the dashboard's origin). ``/metrics`` needs the operator's metrics
+token unless ``metrics_public``.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import threading
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated
@@ -30,14 +38,15 @@ from ..core.store import StoreError
 from .dashboard import mount_dashboard
 from .liveness import LeaseSweeper
 from .metrics import Metrics, reclaimed_seconds
-from .middleware import Guard
+from .middleware import Guard, PerAddress
 from .routes import Handlers, mount_routes
 from .webhooks import WebhookPolicy, WebhookSender
 
-__all__ = ["MAX_BODY_BYTES", "ServiceSettings", "create_app"]
+__all__ = ["MAX_BODY_BYTES", "READY_PROBE_S", "ServiceSettings", "StoreProbe", "create_app"]
 
 log = logging.getLogger("evalstop")
 MAX_BODY_BYTES = 1024 * 1024
+READY_PROBE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -46,9 +55,50 @@ class ServiceSettings:
 
     webhooks: WebhookPolicy = WebhookPolicy()
     metrics_token: str | None = None  # if set, /metrics needs "Authorization: Bearer <it>"
+    #: without a token, is /metrics readable by anyone? True for an app built in-process (tests,
+    #: embedding); ``evalstop serve`` passes False unless the operator gives ``--metrics-public``
+    metrics_public: bool = True
     max_body_bytes: int = MAX_BODY_BYTES
-    body_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0  # for a whole request body, from its head
+    per_address: PerAddress = PerAddress()  # unauthenticated requests per client address
     run_webhooks: bool = True
+
+
+class StoreProbe:
+    """The store's readiness for ``/readyz``: ``store.probe()`` runs at most once every ``every_s``
+    and never twice at once, whatever the number of callers (an unauthenticated flood of ``/readyz``
+    costs the store nothing); callers in between get the last answer.
+
+    Args:
+        probe: raises if the store cannot take writes; every_s: how long an answer is reused.
+    """
+
+    def __init__(self, probe, every_s: float = READY_PROBE_S, clock=time.monotonic) -> None:
+        self.probe, self.every_s, self.clock = probe, every_s, clock
+        self._lock = threading.Lock()
+        self._at: float | None = None  # when the last probe ended
+        self._started: float | None = None  # when the probe in flight began
+        self._problem: str | None = None
+
+    def problem(self) -> str | None:
+        """None when ready, else why not."""
+        now = self.clock()
+        with self._lock:
+            if self._started is not None:  # another caller is probing: its last answer, or that it hangs
+                if now - self._started > self.every_s:
+                    return f"the store has not answered a probe for {now - self._started:.0f} s"
+                return self._problem
+            if self._at is not None and now - self._at < self.every_s:
+                return self._problem
+            self._started = now
+        try:
+            self.probe()
+            problem = None
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+            problem = f"the store does not take writes ({type(exc).__name__})"
+        with self._lock:
+            self._at, self._started, self._problem = self.clock(), None, problem
+        return problem
 
 
 def _log_safe(text: str) -> str:
@@ -118,10 +168,11 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
 
             await run_in_threadpool(shut_down)
 
-    app = FastAPI(title="EvalStop coordinator", version="1", lifespan=lifespan,
+    app = FastAPI(title="EvalStop coordinator", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Stops reward-hacked RLHF jobs after consecutive declines of their world-feedback eval.")
     app.add_middleware(Guard, tenants=lambda: coordinator.tenants, limit=settings.max_body_bytes,
-                       body_timeout_s=settings.body_timeout_s)
+                       body_timeout_s=settings.body_timeout_s, per_address=settings.per_address)
+    store_probe = StoreProbe(lambda: coordinator.store.probe())
     app.state.coordinator = coordinator
     app.state.metrics = metrics
     app.state.workers = []
@@ -134,12 +185,12 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
 
     @app.get("/readyz")
     def readyz() -> JSONResponse:
-        """Ready: the store takes writes and every background worker is alive (503 otherwise)."""
+        """Ready: the store takes writes (probed at most every few seconds) and every background worker
+        is alive (503 otherwise)."""
         problems = [f"worker {type(w).__name__} is not running" for w in app.state.workers if not w.alive]
-        try:
-            coordinator.store.probe()
-        except Exception as exc:  # noqa: BLE001 - any failure means not ready
-            problems.append(f"the store does not take writes ({type(exc).__name__})")
+        store_problem = store_probe.problem()
+        if store_problem is not None:
+            problems.append(store_problem)
         if problems:
             return JSONResponse({"status": "not ready", "problems": problems}, status_code=503)
         return JSONResponse({"status": "ready"})
@@ -151,7 +202,11 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
         if settings.metrics_token is not None:
             given = (authorization or "").removeprefix("Bearer ").strip()
             if not hmac.compare_digest(given.encode(), settings.metrics_token.encode()):
-                raise Unauthorized("/metrics needs the operator's metrics token: 'Authorization: Bearer <token>'")
+                raise Unauthorized("/metrics needs the operator's metrics token (evalstop serve --metrics-token): "
+                                   "'Authorization: Bearer <token>'")
+        elif not settings.metrics_public:
+            raise Unauthorized("/metrics is not public: start evalstop serve with --metrics-token TOKEN and send "
+                               "'Authorization: Bearer <token>' (or --metrics-public to publish it)")
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     mount_routes(app, Handlers(coordinator, metrics))

@@ -10,28 +10,70 @@
 * listing jobs costs one token per job asked for (``limit``) from a per-tenant read budget
   (:data:`LIST_RATE` jobs per second, :data:`LIST_BURST` at once), so one tenant paging through
   thousands of jobs in a tight loop cannot take the CPU another tenant's reports need;
-* bodies over the limit get 413 (declared or streamed), and a body that does not arrive within
-  ``body_timeout_s`` gets 408, so an unfinished upload cannot hold memory or a slot for long.
+* bodies are read only for authenticated ``/v1`` requests: every other path is ``GET``/``HEAD`` only
+  (405 for another method, 413 for a declared body, both before a byte of it is read);
+* bodies over the limit get 413 (declared or streamed), and a whole body that has not arrived within
+  ``body_timeout_s`` of its request head gets 408 (one deadline per body, not per chunk), so an
+  unfinished upload cannot hold memory or a slot for long;
+* unauthenticated requests (every path off ``/v1``, and ``/v1`` requests whose token is refused) come
+  out of a budget per client address (:class:`PerAddress`: ``rate`` per second, ``burst`` at once;
+  IPv6 addresses by /64): beyond it 429, and an address over its budget gets 429 on ``/v1`` too,
+  before its token is looked up. Behind a reverse proxy every client shares the proxy's address: set
+  these limits at the proxy and turn them off here (rate 0).
+
+Every refusal closes the connection (``Connection: close``): a body that was not read is not waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
 
 from ..core.errors import EvalStopError, Unauthorized
 from ..core.tenants import Tenants
 
-__all__ = ["LIST_BURST", "LIST_RATE", "Guard", "TokenBuckets"]
+__all__ = ["AUTHENTICATED", "LIST_BURST", "LIST_RATE", "Guard", "PerAddress", "TokenBuckets", "address_key"]
 
 LIST_RATE = 5_000.0  # jobs listed per second per tenant: 5 full pages a second
 LIST_BURST = 20_000  # 20 full pages at once: a client paging through 20,000 jobs is not held up
+#: scope key of a callable the connection's protocol may install: the Guard calls it once a request on
+#: that connection authenticated (the connection then no longer counts as unauthenticated)
+AUTHENTICATED = "evalstop.authenticated"
+_BODYLESS = ("GET", "HEAD")
+
+
+@dataclass(frozen=True)
+class PerAddress:
+    """The budget of unauthenticated requests per client address: ``rate`` per second (0: no limit),
+    ``burst`` at once."""
+
+    rate: float = 20.0
+    burst: int = 100
+
+    def __post_init__(self) -> None:
+        if not (self.rate >= 0 and math.isfinite(self.rate)) or not 1 <= self.burst <= 1_000_000:
+            raise ValueError(f"per-address rate must be >= 0 (0: no limit) and burst in [1, 1000000], but got "
+                             f"rate={self.rate!r}, burst={self.burst!r}.")
+
+
+def address_key(host: str | None) -> str:
+    """The key a client address is limited under: the IPv4 address, or the /64 of an IPv6 one (one
+    host or site gets a whole /64, so per-address limits by single IPv6 address would not hold)."""
+    try:
+        addr = ipaddress.ip_address((host or "").split("%")[0])
+    except ValueError:
+        return host or "?"
+    if addr.version == 6 and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(ipaddress.ip_network(f"{addr}/64", strict=False)) if addr.version == 6 else str(addr)
 
 
 class TokenBuckets:
@@ -57,6 +99,13 @@ class TokenBuckets:
             self._state[key] = (tokens, now)
             return (cost - tokens) / rate
 
+    def wait(self, key: str, rate: float, burst: int) -> float:
+        """The seconds until one token is available (0 if one is), taking nothing."""
+        with self._lock:
+            tokens, last = self._state.get(key, (float(burst), self.clock()))
+        tokens = min(float(burst), tokens + (self.clock() - last) * rate)
+        return 0.0 if tokens >= 1 else (1 - tokens) / rate
+
 
 def _is_report(method: str, path: str) -> bool:
     return method == "POST" and path.startswith("/v1/jobs/") and path.endswith("/reports")
@@ -66,9 +115,9 @@ class Guard:
     """Pure ASGI middleware: authenticate, rate limit, bound the body (see the module docstring)."""
 
     def __init__(self, app, tenants: Callable[[], Tenants], limit: int, body_timeout_s: float = 10.0,
-                 buckets: TokenBuckets | None = None) -> None:
+                 buckets: TokenBuckets | None = None, per_address: PerAddress = PerAddress()) -> None:
         self.app, self.tenants, self.limit, self.body_timeout_s = app, tenants, limit, body_timeout_s
-        self.buckets = buckets or TokenBuckets()
+        self.buckets, self.per_address = buckets or TokenBuckets(), per_address
 
     def _admit(self, authorization: bytes | None, method: str, path: str, scope) -> tuple[str | None, tuple | None]:
         """``(tenant, None)``, or ``(None, (status, detail, headers))`` to refuse the request. Reads the
@@ -77,48 +126,64 @@ class Guard:
         try:
             tenant = tenants.authenticate(_bearer(authorization))
         except Unauthorized as exc:
+            self._unauthenticated(scope)
             return _refusal(401, str(exc), [(b"www-authenticate", b"Bearer")])
         if _is_report(method, path):
             quotas = tenants.quotas(tenant)
             wait = self.buckets.take(tenant, quotas.report_rate, quotas.report_burst)
             if wait > 0:
                 return _refusal(429, f"report rate over this tenant's quota of {quotas.report_rate:g}/s; "
-                                f"retry after {wait:.2f} s", [(b"retry-after", str(math.ceil(wait)).encode())])
+                                f"retry after {wait:.2f} s", _retry_after(wait))
         elif method == "GET" and path == "/v1/jobs":
             wait = self.buckets.take(f"{tenant}\x00list", LIST_RATE, LIST_BURST, _limit(scope))
             if wait > 0:
                 return _refusal(429, f"listing over this tenant's read budget of {LIST_RATE:g} jobs/s; "
-                                f"retry after {wait:.2f} s", [(b"retry-after", str(math.ceil(wait)).encode())])
+                                f"retry after {wait:.2f} s", _retry_after(wait))
         return tenant, None
+
+    def _unauthenticated(self, scope, take: bool = True) -> tuple | None:
+        """Charge (or with ``take=False`` only check) the client address's budget of unauthenticated
+        requests; a 429 refusal when it is spent."""
+        rate, burst = self.per_address.rate, self.per_address.burst
+        if rate <= 0:
+            return None
+        key = "\x00ip " + address_key((scope.get("client") or ("?",))[0])
+        wait = self.buckets.take(key, rate, burst) if take else self.buckets.wait(key, rate, burst)
+        if wait <= 0:
+            return None
+        return 429, (f"too many unauthenticated requests from this address (over {rate:g}/s); "
+                     f"retry after {wait:.2f} s"), _retry_after(wait)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers", ()))
-        declared = headers.get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.limit:
-            return await _reply(send, 413, f"request body over the {_size(self.limit)} limit")
         path, method = scope.get("path", ""), scope.get("method", "")
-        if path.startswith("/v1/"):
-            tenant, refusal = await run_in_threadpool(self._admit, headers.get(b"authorization"), method, path, scope)
+        declared = headers.get(b"content-length", b"")
+        has_body = b"transfer-encoding" in headers or (declared != b"" and declared.strip(b" \t") != b"0")
+        if not path.startswith("/v1/"):  # public, static, GET only: no body is ever read here
+            refusal = self._unauthenticated(scope)
+            if refusal is None and method not in _BODYLESS:
+                refusal = 405, f"{method} is not allowed here: only GET and HEAD", [(b"allow", b"GET, HEAD")]
+            elif refusal is None and has_body:
+                refusal = 413, f"{method} {path} takes no request body", []
             if refusal is not None:
                 return await _reply(send, *refusal)
-            scope.setdefault("state", {})["tenant"] = tenant
-        chunks, size, more = [], 0, True
-        while more:  # read the body (bounded in size and time), then hand it on
-            try:
-                message = await asyncio.wait_for(receive(), self.body_timeout_s)
-            except asyncio.TimeoutError:
-                return await _reply(send, 408, f"the request body did not arrive within {self.body_timeout_s:g} s")
-            if message["type"] != "http.request":
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                return await _reply(send, 413, f"request body over the {_size(self.limit)} limit")
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body, replayed = b"".join(chunks), False
+            return await self.app(scope, receive, send)
+        if declared.isdigit() and int(declared) > self.limit:
+            return await _reply(send, 413, f"request body over the {_size(self.limit)} limit")
+        refusal = self._unauthenticated(scope, take=False)  # an address over its budget: no token lookup
+        if refusal is None:
+            tenant, refusal = await run_in_threadpool(self._admit, headers.get(b"authorization"), method, path, scope)
+        if refusal is not None:
+            return await _reply(send, *refusal)
+        scope.setdefault("state", {})["tenant"] = tenant
+        if callable(scope.get(AUTHENTICATED)):
+            scope[AUTHENTICATED]()
+        body = await self._read_body(receive, send) if has_body else b""
+        if body is None:
+            return None
+        replayed = False
 
         async def replay():
             nonlocal replayed
@@ -132,9 +197,35 @@ class Guard:
         except EvalStopError as exc:  # raised before routing (should not happen), answered all the same
             await _reply(send, exc.status_code, str(exc))
 
+    async def _read_body(self, receive, send) -> bytes | None:
+        """The whole body, bounded in size and in time (one deadline for all of it); None once refused."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
+        chunks, size, more = [], 0, True
+        while more:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                await _reply(send, 408, f"the request body did not arrive within {self.body_timeout_s:g} s")
+                return None
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await _reply(send, 413, f"request body over the {_size(self.limit)} limit")
+                return None
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return b"".join(chunks)
+
 
 def _refusal(status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> tuple[None, tuple]:
     return None, (status, detail, list(headers))
+
+
+def _retry_after(wait: float) -> list[tuple[bytes, bytes]]:
+    return [(b"retry-after", str(math.ceil(wait)).encode())]
 
 
 def _limit(scope) -> float:
@@ -160,8 +251,9 @@ def _bearer(value: bytes | None) -> str | None:
 
 
 async def _reply(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """A refusal: ``{"detail": ...}``, and the connection closed after it (its body is never read)."""
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *headers]})
+                            (b"connection", b"close"), *headers]})
     await send({"type": "http.response.body", "body": body})

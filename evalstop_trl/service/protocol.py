@@ -6,27 +6,53 @@
   are closed by uvicorn's ``timeout_keep_alive``.
 * **Connection limit**: beyond ``max_connections`` open connections, a new one is closed at once, so
   the process never runs out of file descriptors for the requests that matter.
+* **Unauthenticated connections per address**: a connection counts as unauthenticated until one of
+  its requests authenticates (the :class:`~.middleware.Guard` says so through the
+  :data:`~.middleware.AUTHENTICATED` scope key); at most ``unauth_per_address`` of them per client
+  address (IPv6: per /64; 0 = no limit), beyond that a new connection from the address is closed at
+  once. One address can then hold only a few of the ``max_connections`` slots, however slowly it sends.
 """
 
 from __future__ import annotations
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from .middleware import AUTHENTICATED, address_key
+
 __all__ = ["guarded_protocol"]
 
 
-def guarded_protocol(header_timeout_s: float = 10.0, max_connections: int = 1000) -> type[HttpToolsProtocol]:
+def guarded_protocol(header_timeout_s: float = 10.0, max_connections: int = 1000,
+                     unauth_per_address: int = 16) -> type[HttpToolsProtocol]:
     """A protocol class for ``uvicorn.run(..., http=...)`` with these limits."""
+    unauthenticated: dict[str, int] = {}  # address key -> its open unauthenticated connections (event loop only)
 
     class GuardedHttpTools(HttpToolsProtocol):
         _header_timer = None
+        _address: str | None = None  # set while this connection counts as unauthenticated
 
         def connection_made(self, transport):  # type: ignore[override]
             super().connection_made(transport)
             if len(self.connections) > max_connections:
                 transport.close()
                 return
+            if unauth_per_address:
+                key = address_key(self.client[0] if self.client else None)
+                if unauthenticated.get(key, 0) >= unauth_per_address:
+                    transport.close()
+                    return
+                unauthenticated[key] = unauthenticated.get(key, 0) + 1
+                self._address = key
             self._arm()
+
+        def _authenticated(self) -> None:
+            key, self._address = self._address, None
+            if key is not None:
+                left = unauthenticated.get(key, 1) - 1
+                if left > 0:
+                    unauthenticated[key] = left
+                else:
+                    unauthenticated.pop(key, None)
 
         def _arm(self) -> None:
             self._disarm()
@@ -44,6 +70,7 @@ def guarded_protocol(header_timeout_s: float = 10.0, max_connections: int = 1000
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self.scope[AUTHENTICATED] = self._authenticated  # type: ignore[literal-required]
             if self._header_timer is None:
                 self._arm()
 
@@ -53,6 +80,7 @@ def guarded_protocol(header_timeout_s: float = 10.0, max_connections: int = 1000
 
         def connection_lost(self, exc):  # type: ignore[override]
             self._disarm()
+            self._authenticated()  # no longer counted either way
             super().connection_lost(exc)
 
     return GuardedHttpTools
