@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _worker(server, token, fn: str, tmp_path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "evalstop_trl", "evaluate", "--url", server.url, "--token", token, "--fn", fn,
+        [sys.executable, "-m", "evalstop_trl", "evaluate", "--url", server.url, "--fn", fn, "--fn-path", str(ROOT),
          "--lease-s", "4", "--root", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        env={**os.environ, "OMP_NUM_THREADS": "1", "EVALSTOP_TOKEN": token})
 
 
 def test_external_evaluators_stop_a_hacked_run(server, tmp_path):

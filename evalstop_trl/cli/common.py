@@ -1,11 +1,67 @@
-"""What every ``evalstop`` subcommand shares: the user-error exception and its exit status."""
+"""What every ``evalstop`` subcommand shares: the user-error exception and its exit status, and how a
+command that talks to a coordinator gets its tenant token."""
 
 from __future__ import annotations
 
-__all__ = ["EXIT_BAD_INPUT", "CLIError"]
+import argparse
+import os
+import stat
+import sys
+from pathlib import Path
+
+__all__ = ["EXIT_BAD_INPUT", "CLIError", "add_token_flags", "read_token"]
 
 EXIT_BAD_INPUT = 2
+_MAX_TOKEN = 4096
 
 
 class CLIError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+def add_token_flags(parser: argparse.ArgumentParser) -> None:
+    """``--token-file PATH`` and ``--token T`` (the token's sources, see :func:`read_token`)."""
+    parser.add_argument("--token-file", metavar="PATH",
+                        help="read the tenant token from this file (default: $EVALSTOP_TOKEN)")
+    parser.add_argument("--token", help="tenant token; visible to every user in `ps`: prefer --token-file or "
+                                        "$EVALSTOP_TOKEN")
+
+
+def read_token(args: argparse.Namespace, required: bool = True) -> str | None:
+    """The tenant token of a command: ``--token-file PATH`` (its first line), else ``--token`` (with a
+    warning on stderr: any user of the machine can read a command line), else ``$EVALSTOP_TOKEN``.
+
+    Raises:
+        CLIError: both --token and --token-file; an unreadable, empty or oversized token file; no
+            token at all (with ``required``).
+    """
+    given, path = getattr(args, "token", None), getattr(args, "token_file", None)
+    if given and path:
+        raise CLIError("pass --token or --token-file, not both")
+    if path:
+        file = Path(path)
+        try:
+            mode = file.stat().st_mode
+            if not stat.S_ISREG(mode):
+                raise CLIError(f"--token-file {path} is not a regular file")
+            text = file.read_text(encoding="utf-8", errors="strict")[: _MAX_TOKEN + 1]
+        except OSError as exc:
+            raise CLIError(f"cannot read --token-file {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise CLIError(f"--token-file {path} is not UTF-8 text") from None
+        token = text.strip().splitlines()[0].strip() if text.strip() else ""
+        if not token or len(token) > _MAX_TOKEN:
+            raise CLIError(f"--token-file {path} holds no token (one line of at most {_MAX_TOKEN} characters)")
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            print(f"warning: --token-file {path} can be read by other users (chmod 600 it)", file=sys.stderr)
+        return token
+    if given:
+        print("warning: --token is visible to every user of this machine (`ps`); use --token-file PATH or "
+              "$EVALSTOP_TOKEN", file=sys.stderr)
+        return given
+    token = os.environ.get("EVALSTOP_TOKEN", "").strip()
+    if token:
+        return token
+    if required:
+        raise CLIError("no token: pass --token-file PATH or set EVALSTOP_TOKEN (or pass --token)")
+    return None

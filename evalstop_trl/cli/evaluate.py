@@ -1,5 +1,12 @@
-"""``evalstop evaluate --url URL --token T --fn package.module:function [--workers K] [--device D]
-[--max-evals M] [--root DIR] [--lease-s S]`` (or ``--db PATH`` for the embedded default)."""
+"""``evalstop evaluate --url URL --token-file F --fn package.module:function [--fn-path DIR] [--workers K]
+[--device D] [--max-evals M] [--root DIR] [--lease-s S] [--allow-pickle]`` (or ``--db PATH`` for the
+embedded default).
+
+The function is imported from the installed packages, or from ``--fn-path`` (which must not be the
+root or under it: tenants write there); neither the root nor the current folder is ever on
+``sys.path``. Snapshots load from safetensors only unless ``--allow-pickle``. See
+:mod:`evalstop_trl.train.evaluator` for the security model.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +14,27 @@ import argparse
 import logging
 import os
 import signal
-import sys
+from pathlib import Path
 
-from .common import CLIError
+from .common import CLIError, add_token_flags, read_token
 
 __all__ = ["add_evaluate_command"]
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from ..train.evaluator import Evaluator, load_function
+    from ..train.evaluator import Evaluator, isolate_sys_path, load_function
 
-    sys.path.insert(0, os.getcwd())  # --fn may name a module of the current folder
+    root = Path(args.root).resolve()
+    if not root.is_dir():
+        raise CLIError(f"--root {args.root} is not a folder")
+    if args.fn_path is not None:
+        fn_path = Path(args.fn_path).resolve()
+        if fn_path == root or root in fn_path.parents:
+            raise CLIError(f"--fn-path {fn_path} is the root or under it ({root}): tenants write there; keep the "
+                           "function's code elsewhere")
+    isolate_sys_path(root)  # the function and what the loaders import come from the installed packages
     try:
-        fn = load_function(args.fn)
+        fn = load_function(args.fn, args.fn_path)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     if not 1 <= args.workers <= 64 or not 1 <= args.lease_s <= 3600:
@@ -28,10 +43,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if url:
         from ..clients.http import EvalStopClient
 
-        token = args.token or os.environ.get("EVALSTOP_TOKEN")
-        if not token:
-            raise CLIError("no token: pass --token or set EVALSTOP_TOKEN")
-        client = EvalStopClient(url, token, retries=2)
+        try:
+            client = EvalStopClient(url, read_token(args), retries=2)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
     elif args.db:
         from ..clients.embedded import EmbeddedClient
         from ..core.coordinator import Coordinator
@@ -44,8 +59,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     else:
         raise CLIError("pass --url (a coordinator) or --db (an embedded database)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    evaluator = Evaluator(client, fn, args.root, workers=args.workers, device=args.device, lease_s=args.lease_s,
-                          max_evals=args.max_evals)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per claim (one a second when idle)
+    evaluator = Evaluator(client, fn, root, workers=args.workers, device=args.device, lease_s=args.lease_s,
+                          max_evals=args.max_evals, allow_pickle=args.allow_pickle)
     signal.signal(signal.SIGTERM, lambda *a: evaluator.stop())
     try:
         done = evaluator.run()
@@ -61,12 +77,18 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 def add_evaluate_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="score jobs' snapshots with a world-feedback function (external evaluators)")
     p.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL)")
-    p.add_argument("--token", help="tenant token (default: $EVALSTOP_TOKEN)")
+    add_token_flags(p)
     p.add_argument("--db", help="an embedded database instead of a URL")
-    p.add_argument("--fn", required=True, help="package.module:function, called as function(model, tokenizer) -> float")
+    p.add_argument("--fn", required=True, help="package.module:function, called as function(model, tokenizer) -> float; "
+                                               "imported from the installed packages or --fn-path")
+    p.add_argument("--fn-path", metavar="DIR", help="import --fn's top-level package from this folder (not the root "
+                                                    "nor under it; default: installed packages only)")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="also load pickled weights (pytorch_model.bin); default: safetensors only")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-evals", type=int, help="stop after this many evals")
     p.add_argument("--lease-s", type=float, default=300.0, help="how long a claimed snapshot stays with a worker")
-    p.add_argument("--root", default=".", help="only snapshots under this folder are opened (default: here)")
+    p.add_argument("--root", default=".", help="only snapshots (and adapters' base models) under this folder are "
+                                               "opened; symlinks out of it are refused (default: here)")
     p.set_defaults(func=_cmd_evaluate)

@@ -1,7 +1,8 @@
-"""``evalstop outbox flush PATH --url URL [--token T]``: replay a leftover outbox.
+"""``evalstop outbox flush PATH --url URL [--token-file F]``: replay a leftover outbox.
 
 A training process whose coordinator was unreachable until it ended leaves its queued operations in
-``<output_dir>/evalstop-outbox.jsonl``; this sends them, in order, to the coordinator now.
+``<output_dir>/evalstop-outbox.jsonl``; this sends them, in order, to the coordinator now. Lines that
+cannot be replayed go to ``<outbox>.quarantine`` with the reason (see :mod:`evalstop_trl.clients.outbox`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from .common import CLIError
+from .common import CLIError, add_token_flags, read_token
 
 __all__ = ["add_outbox_command"]
 
@@ -23,9 +24,9 @@ def _cmd_flush(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise CLIError(f"no outbox at {path}")
     url = args.url or os.environ.get("EVALSTOP_URL")
-    token = args.token or os.environ.get("EVALSTOP_TOKEN")
-    if not url or not token:
-        raise CLIError("pass --url and --token (or set EVALSTOP_URL and EVALSTOP_TOKEN)")
+    if not url:
+        raise CLIError("pass --url (or set EVALSTOP_URL)")
+    token = read_token(args)
     try:
         client = EvalStopClient(url, token, outbox=path, retries=1)
     except ValueError as exc:
@@ -49,5 +50,5 @@ def add_outbox_command(sub: argparse._SubParsersAction) -> None:
     f = osub.add_parser("flush", help="send the queued operations of an outbox file to a coordinator")
     f.add_argument("path", help="the outbox, e.g. OUTPUT_DIR/evalstop-outbox.jsonl")
     f.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL)")
-    f.add_argument("--token", help="tenant token (default: $EVALSTOP_TOKEN)")
+    add_token_flags(f)
     f.set_defaults(func=_cmd_flush)

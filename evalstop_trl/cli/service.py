@@ -230,11 +230,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from ..core.codec import to_wire
     from ..core.errors import EvalStopError
     from ..core.records import AuditKind
+    from .common import read_token
 
     url = args.url or os.environ.get("EVALSTOP_URL", "http://127.0.0.1:8765")
-    token = args.token or os.environ.get("EVALSTOP_TOKEN")
-    if not token:
-        raise CLIError("no token: pass --token or set EVALSTOP_TOKEN")
+    token = read_token(args)
     if args.plot and not args.job_id:
         raise CLIError("--plot draws one job: evalstop status JOB_ID --plot OUT.png")
     client = EvalStopClient(url, token, retries=0)
@@ -328,7 +327,9 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
     st = sub.add_parser("status", help="show a tenant's jobs on a running coordinator")
     st.add_argument("job_id", nargs="?")
     st.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL or http://127.0.0.1:8765)")
-    st.add_argument("--token", help="tenant token (default: $EVALSTOP_TOKEN)")
+    st.add_argument("--token-file", metavar="PATH", help="read the tenant token from this file (default: "
+                                                         "$EVALSTOP_TOKEN)")
+    st.add_argument("--token", help="tenant token; visible in `ps`: prefer --token-file or $EVALSTOP_TOKEN")
     st.add_argument("--json", action="store_true")
     st.add_argument("--plot", metavar="OUT.png", help="draw JOB_ID's curves with its best and stop steps (.png, .svg, .pdf)")
     st.set_defaults(func=_cmd_status)

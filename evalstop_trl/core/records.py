@@ -85,8 +85,8 @@ def check_report(step: Any, eval_score: Any = None, train_loss: Any = None, prox
                 raise InvalidInput(str(exc)) from None
 
 
-_LINE_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # no control character makes sense in a path or a name
-_TEXT_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # free text may hold tabs and line breaks
+_LINE_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # no control character (nor line separator) in a path or a name
+_TEXT_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # free text may hold tabs and line breaks
 
 
 def check_text(kind: str, value: Any, max_len: int = 2000, *, multiline: bool = False) -> str:

@@ -4,16 +4,40 @@ A worker claims a job's snapshot (a lease: if the worker dies, the lease runs ou
 goes back to the queue), loads it (transformers, or a PEFT adapter over its base model), runs
 ``function(model, tokenizer) -> float`` and posts the score; an exception, NaN or None posts a failed
 eval (a missing eval for the detector). The coordinator feeds the scores to the detector in step
-order. Only snapshots under ``root`` are ever opened: a path is a capability, and the evaluator's
-operator decides which folders it may read.
+order.
+
+Security model: tenants write the snapshots (and name their paths); the evaluator's operator
+decides which folder it may read (``root``) and which code it runs (``--fn``). So:
+
+* a snapshot is opened only if its path resolves inside ``root``; so must a PEFT adapter's base
+  model (``base_model_name_or_path`` in ``adapter_config.json``: a relative name is taken under
+  ``root``; a hub name or any path outside is refused, nothing is downloaded);
+* every file and folder of a snapshot (and of the base model) is checked before it is loaded: a
+  symlink whose target leaves ``root``, a FIFO, socket or device is refused;
+* weights load from safetensors only (``pytorch_model.bin`` and other pickles are refused unless the
+  operator passes ``allow_pickle``); no remote code (``trust_remote_code=False``), no download;
+* the function is imported from the installed packages, or from the one folder the operator names
+  (``fn_path``), never from ``root`` or the current folder (:func:`isolate_sys_path` takes both off
+  ``sys.path``, so a ``transformers.py`` a tenant left there is never imported);
+* tenant text (paths, error messages) is escaped in log lines.
+
+A snapshot checked here could still be changed by its tenant between the check and the load; run
+evaluators on a copy, or on storage tenants cannot write while a snapshot is evaluated, where that
+matters.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
+import json
 import logging
 import math
 import os
+import re
+import stat
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,17 +47,76 @@ from typing import Any
 from ..core.api import EvalStopAPI
 from ..core.records import EvalTask
 
-__all__ = ["Evaluator", "load_function", "load_snapshot"]
+__all__ = ["Evaluator", "SnapshotRefused", "check_tree", "inside", "isolate_sys_path", "load_function",
+           "load_snapshot", "printable"]
 
 log = logging.getLogger("evalstop.evaluate")
 
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_MAX_ENTRIES = 100_000  # files and folders of one snapshot that are checked
+_MAX_CONFIG = 1 << 20  # bytes of an adapter_config.json
+#: weight files that are pickles (refused without allow_pickle); safetensors files are not
+_PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.bin")
 
-def load_function(spec: str) -> Callable[[Any, Any], float]:
-    """``package.module:function`` -> the function (ValueError with the reason otherwise)."""
+
+class SnapshotRefused(ValueError):
+    """A snapshot this evaluator will not open (outside its root, a symlink out, pickled weights)."""
+
+
+def printable(text: Any, limit: int = 500) -> str:
+    """``text`` for a log line: control and other unprintable characters escaped (a tenant's path or
+    error cannot forge a line), at most ``limit`` characters."""
+    text = str(text)
+    cut = len(text) > limit
+    text = text[:limit]
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return text + ("..." if cut else "")
+
+
+def _clean_error(text: str) -> str:
+    """An error message the service accepts (no NUL or control character but tabs and line breaks)."""
+    text = text[:2000]
+    return "".join(c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode("ascii")
+                   for c in text)[:2000]
+
+
+def isolate_sys_path(*folders: str | os.PathLike) -> None:
+    """Take the current folder (``""``, ``"."``) and ``folders`` off ``sys.path`` (for good), so that
+    modules imported from now on (transformers, peft, the function's own imports) come from the
+    installed packages, never from a folder tenants write (``python -m`` and the old ``evalstop
+    evaluate`` put the current folder first). Modules imported before this call are not affected:
+    run the ``evalstop`` command (or ``python -P -m evalstop_trl``), not ``python -m`` from a root."""
+    unsafe = {Path.cwd().resolve(), *(Path(f).resolve() for f in folders)}
+
+    def keep(entry: Any) -> bool:
+        if not isinstance(entry, str):
+            return True
+        try:
+            return Path(entry or ".").resolve() not in unsafe
+        except (OSError, RuntimeError, ValueError):
+            return False
+
+    sys.path[:] = [e for e in sys.path if keep(e)]
+    importlib.invalidate_caches()
+
+
+def load_function(spec: str, path: str | os.PathLike | None = None) -> Callable[[Any, Any], float]:
+    """``package.module:function`` -> the function (ValueError with the reason otherwise).
+
+    Args:
+        spec: ``package.module:function``.
+        path: a folder to import ``package`` from (only that top-level name comes from there; its own
+            imports and everything else come from the installed packages). None: the installed
+            packages only.
+    """
     module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
+    if not module_name or not attr or not _MODULE.fullmatch(module_name) or not attr.isidentifier():
         raise ValueError(f"--fn must look like package.module:function, but got {spec!r}.")
+    top = module_name.partition(".")[0]
     try:
+        if path is not None:
+            _import_top_from(top, Path(path).resolve(), spec)
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot load --fn {spec!r}: {exc}") from None
@@ -42,18 +125,128 @@ def load_function(spec: str) -> Callable[[Any, Any], float]:
     return fn
 
 
-def load_snapshot(path: str | os.PathLike, device: str = "cpu") -> tuple[Any, Any]:
-    """(model, tokenizer) of a saved checkpoint folder: a full model, or a PEFT adapter."""
+def _import_top_from(top: str, folder: Path, spec: str) -> None:
+    if not folder.is_dir():
+        raise ValueError(f"--fn-path {folder} is not a folder.")
+    found = importlib.machinery.PathFinder.find_spec(top, [str(folder)])
+    if found is None or found.loader is None:
+        raise ValueError(f"cannot load --fn {spec!r}: no module {top!r} in --fn-path {folder}.")
+    loaded = sys.modules.get(top)
+    if loaded is not None:
+        if getattr(loaded.__spec__, "origin", None) == found.origin:
+            return
+        raise ValueError(f"cannot load --fn {spec!r} from --fn-path {folder}: a module {top!r} is already imported "
+                         f"from {getattr(loaded, '__file__', None)}; rename the function's package.")
+    module = importlib.util.module_from_spec(found)
+    sys.modules[top] = module
+    try:
+        found.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(top, None)
+        raise
+
+
+def inside(root: Path, path: str | os.PathLike) -> Path:
+    """``path`` resolved (symlinks followed) if that is ``root`` or under it; SnapshotRefused otherwise.
+    ``root`` must be resolved already."""
+    try:
+        resolved = Path(path).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise SnapshotRefused(f"cannot open {printable(path, 300)} ({type(exc).__name__}: {exc})") from None
+    if resolved != root and root not in resolved.parents:
+        raise SnapshotRefused(f"{printable(path, 300)} is outside this evaluator's root {root}")
+    return resolved
+
+
+def check_tree(root: Path, folder: Path) -> None:
+    """Refuse (SnapshotRefused) a folder holding a symlink whose target is outside ``root`` (or dangling),
+    or anything that is not a regular file or a folder (a FIFO would hang the loader). A symlink to a
+    folder under ``root`` is checked as well (once)."""
+    count, seen, todo = 0, {folder}, [folder]
+    while todo:
+        for dirpath, dirnames, filenames in os.walk(todo.pop(), followlinks=False):
+            for name in dirnames + filenames:
+                count += 1
+                if count > _MAX_ENTRIES:
+                    raise SnapshotRefused(f"{printable(folder, 300)} holds more than {_MAX_ENTRIES} files")
+                entry = Path(dirpath, name)
+                target = inside(root, entry) if entry.is_symlink() else entry
+                mode = os.stat(target, follow_symlinks=False).st_mode
+                if stat.S_ISDIR(mode) and target is not entry and target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+                elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    raise SnapshotRefused(f"{printable(entry, 300)} is not a regular file or a folder")
+
+
+def _safetensors_only(folder: Path, weights: str, allow_pickle: bool) -> None:
+    if allow_pickle:
+        return
+    if not any(folder.glob(f"{weights}*.safetensors")) and not (folder / f"{weights}.safetensors.index.json").is_file():
+        found = [n for n in _PICKLE_WEIGHTS if (folder / n).exists()]
+        raise SnapshotRefused(f"{printable(folder, 300)} has no safetensors weights ({weights}.safetensors)"
+                              + (f"; {', '.join(found)} is a pickle" if found else "")
+                              + "; this evaluator loads safetensors only (the operator may pass --allow-pickle)")
+
+
+def _adapter_base(root: Path, folder: Path) -> Path:
+    """The adapter's base model folder, resolved inside ``root`` (SnapshotRefused otherwise)."""
+    config = folder / "adapter_config.json"
+    if config.stat().st_size > _MAX_CONFIG:
+        raise SnapshotRefused(f"{printable(config, 300)} is larger than {_MAX_CONFIG} bytes")
+    try:
+        base = json.loads(config.read_text()).get("base_model_name_or_path")
+    except (ValueError, AttributeError) as exc:
+        raise SnapshotRefused(f"{printable(config, 300)} is not a JSON object ({exc})") from None
+    if not isinstance(base, str) or not base:
+        raise SnapshotRefused(f"{printable(config, 300)} names no base model (base_model_name_or_path)")
+    base_path = Path(base) if Path(base).is_absolute() else root / base
+    try:
+        resolved = inside(root, base_path)
+    except SnapshotRefused:
+        raise SnapshotRefused(f"the adapter's base model {printable(base, 300)} is not a folder under this "
+                              f"evaluator's root {root} (hub names are not downloaded)") from None
+    if not resolved.is_dir():
+        raise SnapshotRefused(f"the adapter's base model {printable(base, 300)} is not a folder")
+    return resolved
+
+
+def load_snapshot(path: str | os.PathLike, device: str = "cpu", root: str | os.PathLike | None = None,
+                  allow_pickle: bool = False) -> tuple[Any, Any]:
+    """(model, tokenizer) of a saved checkpoint folder: a full model, or a PEFT adapter over its base.
+
+    Args:
+        path: the snapshot folder.
+        device: where the model goes.
+        root: everything read must be under this folder (default: the snapshot folder itself).
+        allow_pickle: also load pickled weights (``pytorch_model.bin``); off by default.
+
+    Raises:
+        SnapshotRefused: the snapshot (or its adapter's base) leaves ``root``, holds a symlink out of
+            it or a special file, or has no safetensors weights without ``allow_pickle``.
+    """
+    root_path = Path(root if root is not None else path).resolve()
+    folder = inside(root_path, path)
+    if not folder.is_dir():
+        raise SnapshotRefused(f"{printable(path, 300)} is not a folder")
+    check_tree(root_path, folder)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = Path(path)
-    if (folder / "adapter_config.json").exists():
-        from peft import AutoPeftModelForCausalLM
+    local = {"local_files_only": True, "trust_remote_code": False}
+    if (folder / "adapter_config.json").is_file():
+        from peft import PeftModel
 
-        model = AutoPeftModelForCausalLM.from_pretrained(folder)
+        base = _adapter_base(root_path, folder)
+        if base != folder:
+            check_tree(root_path, base)
+        _safetensors_only(folder, "adapter_model", allow_pickle)
+        _safetensors_only(base, "model", allow_pickle)
+        model = AutoModelForCausalLM.from_pretrained(base, use_safetensors=None if allow_pickle else True, **local)
+        model = PeftModel.from_pretrained(model, folder, is_trainable=False, local_files_only=True)
     else:
-        model = AutoModelForCausalLM.from_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder) if (folder / "tokenizer_config.json").exists() else None
+        _safetensors_only(folder, "model", allow_pickle)
+        model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=None if allow_pickle else True, **local)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **local) if (folder / "tokenizer_config.json").exists() else None
     return model.to(device).eval(), tokenizer
 
 
@@ -63,18 +256,20 @@ class Evaluator:
     Args:
         client: an :class:`~evalstop_trl.core.api.EvalStopAPI` (``claim_eval``, ``post_eval``).
         function: ``(model, tokenizer) -> float``, higher is better (the job's policy says the direction).
-        root: only snapshots under this folder are opened.
+        root: only snapshots (and adapters' base models) under this folder are opened.
         workers: threads; device: where models go; lease_s: how long a claim lasts.
         max_evals: stop after this many evals (None: run until stopped).
+        allow_pickle: also load pickled weights (``pytorch_model.bin``); safetensors only by default.
     """
 
     def __init__(self, client: EvalStopAPI, function: Callable[[Any, Any], float], root: str | os.PathLike,
                  workers: int = 1, device: str = "cpu", lease_s: float = 300.0, max_evals: int | None = None,
-                 idle_s: float = 1.0, name: str | None = None) -> None:
+                 idle_s: float = 1.0, name: str | None = None, allow_pickle: bool = False) -> None:
         if not 1 <= workers <= 64:
             raise ValueError(f"workers must be in [1, 64], but got {workers}.")
         self.client, self.function, self.root = client, function, Path(root).resolve()
         self.workers, self.device, self.lease_s, self.max_evals, self.idle_s = workers, device, lease_s, max_evals, idle_s
+        self.allow_pickle = allow_pickle
         self.name = name or f"{os.uname().nodename}-{os.getpid()}"
         self.done = 0
         self._lock = threading.Lock()
@@ -108,7 +303,7 @@ class Evaluator:
             try:
                 task = self.client.claim_eval(worker, self.lease_s)
             except Exception as exc:  # noqa: BLE001 - the coordinator may be away: wait and retry
-                log.warning("evalstop evaluate: cannot claim (%s)", exc)
+                log.warning("evalstop evaluate: cannot claim (%s)", printable(exc))
                 task = None
             if task is None:
                 self._stop.wait(self.idle_s)
@@ -121,30 +316,31 @@ class Evaluator:
         """Score one claimed snapshot and post the result; returns the score (None: failed)."""
         job, step, path = task.job_id, task.step, task.path
         score, error = None, None
-        resolved = Path(path).resolve()
-        if self.root != resolved and self.root not in resolved.parents:
-            error = f"the snapshot {path} is outside this evaluator's root {self.root}"
-        else:
-            t0 = time.monotonic()
-            try:
-                model, tokenizer = load_snapshot(resolved, self.device)
-                import torch
+        t0 = time.monotonic()
+        try:
+            model, tokenizer = load_snapshot(path, self.device, root=self.root, allow_pickle=self.allow_pickle)
+            import torch
 
-                with torch.no_grad():
-                    value = self.function(model, tokenizer)
-                value = value.item() if hasattr(value, "item") else value
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                    error = f"the function returned {value!r}, not a finite number"
-                else:
-                    score = float(value)
-            except Exception as exc:  # noqa: BLE001 - a failed eval is a missing eval, not a dead worker
-                error = f"{type(exc).__name__}: {exc}"
-            log.info("evalstop evaluate: %s step %d -> %s (%.1f s)", job, step, score if error is None else error,
+            with torch.no_grad():
+                value = self.function(model, tokenizer)
+            value = value.item() if hasattr(value, "item") else value
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                error = f"the function returned {printable(repr(value), 200)}, not a finite number"
+            else:
+                score = float(value)
+        except SnapshotRefused as exc:
+            error = f"refused: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a failed eval is a missing eval, not a dead worker
+            error = f"{type(exc).__name__}: {exc}"
+        if error is None:
+            log.info("evalstop evaluate: %s step %d -> %s (%.1f s)", printable(job), step, score,
                      time.monotonic() - t0)
-        if error:
-            log.warning("evalstop evaluate: %s step %d failed: %s", job, step, error)
+        else:
+            error = _clean_error(error)
+            log.warning("evalstop evaluate: %s step %d failed: %s", printable(job), step, printable(error))
         try:
             self.client.post_eval(job, step, score, worker, error)
         except Exception as exc:  # noqa: BLE001
-            log.warning("evalstop evaluate: could not post %s step %d (%s); its lease will run out", job, step, exc)
+            log.warning("evalstop evaluate: could not post %s step %d (%s); its lease will run out", printable(job),
+                        step, printable(exc))
         return score
