@@ -18,7 +18,7 @@ from evalstop_trl.clients.local import free_loopback_port as free_port
 from evalstop_trl.clients.local import wait_until_healthy
 
 # a script run by test_callback.py under torch.distributed.run, not a test module (it trains on import)
-collect_ignore = ["dist_worker.py"]
+collect_ignore = ["dist_worker.py", "composition_job.py"]
 
 
 class Server:

@@ -1,0 +1,444 @@
+"""The composition matrix (issue 20): the ways users combine EvalStop, each a real tiny hacked GRPO run.
+
+Factors: store {embedded (SQLite in the output folder), HTTP + SQLite (a real ``evalstop serve``), HTTP +
+PostgreSQL (``evalstop serve --db postgresql://...``)} x world feedback {callable, metric (the trainer's
+own evaluation), external (``evalstop evaluate`` workers)} x launch {direct, under ``evalstop run``} x
+scenario {fresh, resume (SIGKILLed at step 35, rerun with ``resume_from_checkpoint`` and a longer
+``max_steps``), rerun (the same output folder again, another seed and a longer ``max_steps``), killed
+(SIGKILLed at step 35: ``lost`` after the lease, ``failed`` when a launcher saw it die)}.
+
+Each defect of issue 20 is a row, named after it; the rows :func:`pairwise` adds after them cover every
+remaining pair of factor values (greedy, deterministic). ``test_the_table_is_the_docstrings`` keeps this
+table equal to :data:`ROWS`:
+
+    row  name                        store        feedback  launch    scenario
+    1    D1-launcher-callback        embedded     callable  launcher  fresh
+    2    D2-external-embedded        embedded     external  direct    fresh
+    3    D3-killed-lost              http_sqlite  callable  direct    killed
+    4    D3-killed-launcher-failed   http_pg      external  launcher  killed
+    5    D4-rerun-best               embedded     metric    direct    rerun
+    6    D5-changed-max-steps        http_pg      callable  direct    resume
+    7    D7-integrations-see-scores  http_pg      metric    direct    fresh
+    8    D8-diagnostics              http_sqlite  callable  direct    fresh
+    9    D9-inspect-embedded         embedded     metric    launcher  killed
+    10   D10-launcher-exit-0         http_pg      callable  launcher  rerun
+    11   pairs-11                    http_sqlite  metric    launcher  resume
+    12   pairs-12                    http_sqlite  external  direct    rerun
+    13   pairs-13                    embedded     external  direct    resume
+    14   D6-metric-without-eval      embedded     metric    direct    fresh   (no training: eval_strategy="no")
+
+Every training row asserts: the stop step is the one ``create_detector("decline", k=2)`` gives on the
+scores the coordinator recorded (external: the decision's step, and the stop lag), the best step and
+score, the job's final status read back through the API (stopped / lost / failed), the job type, the
+launcher's exit status, and the checkpoints on disk (the best kept, nothing newer than the best after a
+stop). Defect rows assert their defect on top (see :data:`DEFECTS`). External rows start their worker
+before the training process. A row takes 15-40 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from evalstop_trl.clients.embedded import EmbeddedClient  # noqa: E402
+from evalstop_trl.clients.http import EvalStopClient  # noqa: E402
+from evalstop_trl.clients.local import LocalServer  # noqa: E402
+from evalstop_trl.core.coordinator import Coordinator  # noqa: E402
+from evalstop_trl.core.detectors import Observation, create_detector  # noqa: E402
+from evalstop_trl.stores.sqlite import SQLiteStore  # noqa: E402
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+JOB = Path(__file__).resolve().parent / "composition_job.py"
+FACTORS = (("embedded", "http_sqlite", "http_pg"), ("callable", "metric", "external"), ("direct", "launcher"),
+           ("fresh", "resume", "rerun", "killed"))
+LEASE_S = 3  # HTTP services run with --lease-s 3; an embedded file is read with EVALSTOP_LEASE_S=3
+DIE_AT = 35  # after checkpoint-30, before any stop (gold peaks near step 30: the stop comes at 50 or later)
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    store: str
+    mode: str
+    launch: str
+    scenario: str
+    note: str = ""
+
+    @property
+    def values(self) -> tuple[str, str, str, str]:
+        return (self.store, self.mode, self.launch, self.scenario)
+
+
+#: issue 20's defects, one row each: (name, store, feedback, launch, scenario, what the row asserts on top)
+DEFECTS = (
+    ("D1-launcher-callback", "embedded", "callable", "launcher", "fresh",
+     "item 1: evalstop run registers first without planned_steps; the callback adopts the job (no 409)"),
+    ("D2-external-embedded", "embedded", "external", "direct", "fresh",
+     "item 2: an `evalstop evaluate --db` worker started before the job scores it, and the run stops"),
+    ("D3-killed-lost", "http_sqlite", "callable", "direct", "killed",
+     "item 3: a SIGKILLed job ends lost after the lease (--lease-s 3)"),
+    ("D3-killed-launcher-failed", "http_pg", "external", "launcher", "killed",
+     "item 3: a SIGKILLed child ends failed, reported by its launcher"),
+    ("D4-rerun-best", "embedded", "metric", "direct", "rerun",
+     "item 4: the rerun (NAME-2) keeps its best elsewhere; evalstop-best still holds the first run's"),
+    ("D5-changed-max-steps", "http_pg", "callable", "direct", "resume",
+     "item 5: the resume with a longer max_steps extends the plan (planned_steps 100) instead of crashing"),
+    ("D7-integrations-see-scores", "http_pg", "metric", "direct", "fresh",
+     "item 7: a report_to integration (before the user's callbacks) sees evalstop/* at every eval"),
+    ("D8-diagnostics", "http_sqlite", "callable", "direct", "fresh",
+     "item 8: a minimised loss-like feedback whose 2nd eval raises: the failure at WARNING, "
+     "evalstop/eval_failures in log_history, the stop line at WARNING, a reason that says 'rose'"),
+    ("D9-inspect-embedded", "embedded", "metric", "launcher", "killed",
+     "item 9: evalstop status --db, evalstop replay DB --job, evalstop audit --db read the embedded file"),
+    ("D10-launcher-exit-0", "http_pg", "callable", "launcher", "rerun",
+     "item 10: a stopped job under the launcher exits 0; job type grpo; checkpoints newer than the best removed"),
+)
+
+
+def _pairs(values: tuple[str, ...]) -> set[tuple]:
+    return {(i, values[i], j, values[j]) for i, j in itertools.combinations(range(len(values)), 2)}
+
+
+def pairwise(rows: list[Row]) -> list[Row]:
+    """``rows`` and, while a pair of factor values is uncovered, the first combination (in
+    :data:`FACTORS` order) that covers the most uncovered pairs."""
+    needed = set().union(*(_pairs(v) for v in itertools.product(*FACTORS)))
+    covered = set().union(*(_pairs(r.values) for r in rows))
+    out = list(rows)
+    while needed - covered:
+        best = max(itertools.product(*FACTORS), key=lambda v: len(_pairs(v) - covered))
+        out.append(Row(f"pairs-{len(out) + 1}", *best))
+        covered |= _pairs(best)
+    return out
+
+
+ROWS = pairwise([Row(*d) for d in DEFECTS]) + [
+    Row("D6-metric-without-eval", "embedded", "metric", "direct", "fresh",
+        "item 6: metric mode with eval_strategy='no' fails at on_train_begin naming eval_strategy")]
+
+
+def table() -> str:
+    lines = [f"{'row':<5}{'name':<28}{'store':<13}{'feedback':<10}{'launch':<10}scenario"]
+    for i, r in enumerate(ROWS, 1):
+        extra = "   (no training: eval_strategy=\"no\")" if r.name.startswith("D6") else ""
+        lines.append(f"{i:<5}{r.name:<28}{r.store:<13}{r.mode:<10}{r.launch:<10}{r.scenario}{extra}")
+    return "\n".join(lines)
+
+
+def test_the_table_is_the_docstrings():
+    assert table() in "\n".join(line[4:] for line in __doc__.splitlines()), "\n" + table()
+    assert len(ROWS) == len({r.name for r in ROWS})
+    assert not set().union(*(_pairs(v) for v in itertools.product(*FACTORS))) - set().union(
+        *(_pairs(r.values) for r in ROWS))
+
+
+# ---------------------------------------------------------------------------------------------- running
+def _env(token: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVALSTOP_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    if token:
+        env["EVALSTOP_TOKEN"] = token
+    return env
+
+
+@dataclass
+class Target:
+    """Where a row's job reports: the embedded file in the output folder, or a real `evalstop serve`."""
+
+    store: str
+    out: Path
+    url: str | None = None
+    token: str | None = None
+    server: LocalServer | None = None
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def db(self) -> Path:
+        return self.out / "evalstop.db"
+
+    def client(self):
+        if self.url:
+            return EvalStopClient(self.url, self.token, retries=0)
+        return EmbeddedClient(Coordinator(SQLiteStore(self.db), lease_s=LEASE_S), tenant="local")
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        if self.server is not None:
+            self.server.stop()
+
+
+def _target(row: Row, tmp_path: Path, request) -> Target:
+    out = tmp_path / "out"
+    out.mkdir()
+    if row.store == "embedded":
+        return Target(row.store, out)
+    db = request.getfixturevalue("pg_dsn") if row.store == "http_pg" else str(tmp_path / "coord.db")
+    server = LocalServer(db, tenants=("lab",), args=("--lease-s", str(LEASE_S)), log=tmp_path / "serve.log").start()
+    return Target(row.store, out, server.url, server.tokens["lab"], server)
+
+
+def _worker(t: Target, log: Path) -> subprocess.Popen:
+    where = ["--url", t.url] if t.url else ["--db", str(t.db)]
+    p = subprocess.Popen([sys.executable, "-m", "evalstop_trl", "evaluate", *where, "--fn",
+                          "evalstop_trl.train.tiny:gold_hacked", "--root", str(t.out), "--lease-s", "30"],
+                         cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=_env(t.token))  # noqa: SIM115
+    t.procs.append(p)
+    return p
+
+
+@dataclass
+class Run:
+    rc: int
+    log: str
+    result: dict | None
+
+
+def _job(row: Row, t: Target, job_id: str, n: int, *args: str, timeout: float = 240) -> Run:
+    """One training process (directly, or under `evalstop run`); its log and result.json."""
+    result = t.out / f"result-{n}.json"
+    cmd = [sys.executable, str(JOB), "--out", str(t.out), "--mode", row.mode, "--result", str(result), *args]
+    if row.launch == "direct":
+        cmd += ["--job-id", job_id] + (["--coordinator", t.url] if t.url else [])
+    else:
+        where = ["--url", t.url, "--lease-s", str(LEASE_S)] if t.url else ["--db", str(t.db)]
+        cmd = [sys.executable, "-m", "evalstop_trl", "run", "--job-id", job_id, "--grace-s", "10", *where, "--",
+               *cmd]
+    log = t.out.parent / f"run-{n}.log"
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=_env(t.token),
+                            timeout=timeout).returncode
+    return Run(rc, log.read_text(), json.loads(result.read_text()) if result.exists() else None)
+
+
+def replay(scores: list[tuple[int, float | None]], direction: str = "max"):
+    """What ``decline`` (k=2) decides on these scores: (stop step or None, best step, best score, reason)."""
+    det = create_detector("decline", k=2, direction=direction)
+    decision = None
+    for step, score in scores:
+        decision = det.observe(Observation("replay", step, score))
+        if decision.stop:
+            return step, decision.best_step, decision.best_score, decision.reason
+    return None, decision.best_step if decision else None, decision.best_score if decision else None, ""
+
+
+def _checkpoints(out: Path) -> list[int]:
+    return sorted(int(m.group(1)) for p in out.iterdir() if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+
+
+def _wait_status(t: Target, job_id: str, wanted: str, timeout: float = 20.0):
+    """The job once its status is ``wanted`` (a lease runs out in the service's sweeper), or as it is then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        c = t.client()
+        try:
+            job = c.status(job_id)
+        finally:
+            c.close()
+        if job.status == wanted or time.monotonic() > deadline:
+            return job
+        time.sleep(0.5)
+
+
+def _ok(run: Run, what: str) -> None:
+    assert run.rc == 0 and run.result is not None, f"{what} exited {run.rc}:\n{run.log[-4000:]}"
+
+
+# ------------------------------------------------------------------------------------------------ rows
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_composition(row: Row, tmp_path, request):
+    t = _target(row, tmp_path, request)
+    try:
+        if row.name.startswith("D6"):
+            _metric_without_eval(row, t)
+            return
+        _train_row(row, t, tmp_path)
+    finally:
+        t.close()
+
+
+def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
+    job_id = f"comp-{ROWS.index(row) + 1}"
+    external = row.mode == "external"
+    # external: a real step is slower than a tiny eval, so the workers keep up (0.1 s more per step)
+    steps, more = (["--max-steps", "130", "--slow", "0.1"], "140") if external else (["--max-steps", "90"], "100")
+    extra = ["--flaky-at", "2", "--callback-kwargs", '{"direction": "min"}'] if row.name.startswith("D8") else []
+    if external:
+        _worker(t, tmp_path / "worker.log")  # before the training process (issue 20, item 2)
+        time.sleep(1.0)
+    killed_rc = -signal.SIGKILL if row.launch == "direct" else 128 + signal.SIGKILL
+    first = _job(row, t, job_id, 1, *steps, *extra, *(["--die-at", str(DIE_AT)] if row.scenario in ("resume", "killed") else []))
+    final_job = job_id
+    if row.scenario in ("resume", "killed"):
+        assert first.rc == killed_rc and first.result is None, f"exit {first.rc}:\n{first.log[-4000:]}"
+    else:
+        _ok(first, "the first run")
+    if row.scenario == "killed":
+        _check_killed(row, t, job_id)
+        return
+    if row.scenario == "resume":
+        time.sleep(LEASE_S + 1)  # preempted longer than the lease: the job is lost meanwhile, and comes back
+        run = _job(row, t, job_id, 2, *steps[:1], more, *steps[2:], *extra, "--resume")
+        _ok(run, "the resumed run")
+        assert run.result["job_id"] == job_id and run.result["attempt"] >= 2, run.result
+    elif row.scenario == "rerun":
+        before = _check_stopped(row, t, job_id, first)
+        first_best = (before.best_step, before.best_checkpoint)
+        run = _job(row, t, job_id, 2, *steps[:1], more, *steps[2:], *extra, "--seed", "1")
+        _ok(run, "the rerun")
+        final_job = run.result["job_id"]
+        assert final_job != job_id, f"the rerun from step 0 reported to {job_id} again: {run.result}"
+        # item 4: the first run's best is still where it was, still its own
+        c = t.client()
+        try:
+            again = c.status(job_id)
+        finally:
+            c.close()
+        assert (again.status, again.best_step, again.best_checkpoint) == ("stopped", *first_best), again
+        if not external:
+            info = json.loads((t.out / "evalstop-best" / "evalstop.json").read_text())
+            assert (info["job_id"], info["step"]) == (job_id, first_best[0]), info
+        assert Path(first_best[1]).exists(), f"the first run's best {first_best[1]} is gone"
+    else:
+        run = first
+    job = _check_stopped(row, t, final_job, run, planned=int(more) if row.scenario != "fresh" else None)
+    if row.name.startswith("D7"):
+        evals = {e["step"] for e in run.result["evalstop_logs"] if "evalstop/score" in e}
+        seen = {e["step"] for e in run.result["integration_logs"] if "evalstop/score" in e}
+        assert evals and seen == evals, (sorted(evals), run.result["integration_logs"])
+    if row.name.startswith("D8"):
+        assert re.search(r"\b(rose|rises?)\b", job.decision.reason) and "decline" not in job.decision.reason, \
+            job.decision.reason
+        assert re.search(r"the eval at step 20 failed .*TimeoutError", run.log), run.log[-3000:]
+        assert re.search(r"EvalStop: stopping at step \d+", run.log), run.log[-3000:]
+        failures = [e.get("evalstop/eval_failures") for e in run.result["evalstop_logs"] if e["step"] >= 20]
+        assert failures and all(f == 1 for f in failures), run.result["evalstop_logs"]
+
+
+def _check_stopped(row: Row, t: Target, job_id: str, run: Run, planned: int | None = None):
+    """The job stopped where the detector says on its recorded scores, with that best, and what is on disk."""
+    c = t.client()
+    try:
+        job = c.status(job_id)
+        scores = [(r.step, r.eval_score) for r in sorted(c.reports(job_id), key=lambda r: r.step)]
+    finally:
+        c.close()
+    direction = "min" if row.name.startswith("D8") else "max"
+    stop_step, best_step, best_score, reason = replay(scores, direction)
+    res = run.result
+    assert stop_step is not None, f"the detector never stops on {scores}"
+    assert job.status == "stopped", (job.status, job.decision, scores)
+    assert job.job_type == "grpo", job.job_type
+    assert job.decision is not None and job.decision.stop and f"at step {stop_step}" in job.decision.reason, \
+        (job.decision, stop_step)
+    assert (job.best_step, res["best_step"]) == (best_step, best_step), (job, res, scores)
+    assert math.isclose(job.best_score, best_score, rel_tol=1e-9) and math.isclose(res["best_score"], best_score,
+                                                                                    rel_tol=1e-9)
+    if row.mode == "external":
+        assert res["stopped_at"] is not None and res["stopped_at"] >= stop_step, res
+        assert res["stop_lag"] == res["stopped_at"] - stop_step, res
+    else:
+        assert res["stopped_at"] == stop_step and res["steps_done"] == stop_step, res
+    if planned is not None:
+        assert job.planned_steps == planned, job.planned_steps
+    # on disk: the best is kept and says whose it is; nothing newer than the best after the stop
+    best = Path(job.best_checkpoint or "")
+    assert job.best_checkpoint and best.is_dir() and best == Path(res["best_checkpoint"]), (job.best_checkpoint, res)
+    if row.mode == "external":
+        assert best.name == f"checkpoint-{best_step}", best
+    else:
+        info = json.loads((best / "evalstop.json").read_text())
+        assert (info["job_id"], info["step"]) == (job_id, best_step), info
+    newer = [s for s in _checkpoints(t.out) if s > best_step]
+    assert not newer, f"checkpoints newer than the best ({best_step}) left after the stop: {newer}"
+    if row.launch == "launcher":
+        assert run.rc == 0  # item 10: a stop is not a failure a scheduler would retry
+    if row.name.startswith("D1"):
+        assert job.planned_steps == 90, job.planned_steps  # the callback filled in the launcher's registration
+    if row.name.startswith("D10"):
+        assert "launcher_exit" in _audit_kinds(t, job_id)
+    return job
+
+
+def _audit_kinds(t: Target, job_id: str) -> list[str]:
+    c = t.client()
+    try:
+        return [a.kind.value for a in c.audit(job_id)]
+    finally:
+        c.close()
+
+
+def _check_killed(row: Row, t: Target, job_id: str) -> None:
+    wanted = "lost" if row.launch == "direct" else "failed"
+    if t.url is None:
+        time.sleep(LEASE_S + 1)
+    job = _wait_status(t, job_id, wanted, timeout=LEASE_S * 5)
+    c = t.client()
+    try:
+        scores = [(r.step, r.eval_score) for r in sorted(c.reports(job_id), key=lambda r: r.step)]
+    finally:
+        c.close()
+    stop_step, best_step, best_score, _ = replay(scores)
+    assert job.status == wanted, (job.status, job.decision)
+    assert stop_step is None and (job.decision is None or not job.decision.stop), (scores, job.decision)
+    assert job.best_step == best_step and (best_step is None or math.isclose(job.best_score, best_score))
+    if best_step is not None:  # the best so far is kept; the trainer's checkpoints up to the kill stay
+        assert job.best_checkpoint and Path(job.best_checkpoint).is_dir(), job.best_checkpoint
+    assert all(s <= DIE_AT for s in _checkpoints(t.out)), _checkpoints(t.out)
+    if row.name.startswith("D9"):
+        _inspect_embedded(t, job_id, wanted, scores)
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evalstop_trl", *args], cwd=ROOT, capture_output=True, text=True,
+                          env=env or _env(), timeout=120)
+
+
+def _inspect_embedded(t: Target, job_id: str, status: str, scores) -> None:
+    """Item 9: the embedded file is read by status, replay and audit, without a server."""
+    env = {**_env(), "EVALSTOP_LEASE_S": str(LEASE_S)}
+    st = _cli("status", job_id, "--db", str(t.db), "--json", env=env)
+    assert st.returncode == 0, st.stderr
+    assert [j["status"] for j in json.loads(st.stdout)] == [status], st.stdout
+    rp = _cli("replay", str(t.db), "--job", job_id, "--json")
+    assert rp.returncode == 0, rp.stderr
+    got = json.loads(rp.stdout)
+    stop_step, best_step, best_score, _ = replay(scores)
+    assert (got["stopped"], got["stop_step"], got["best_step"]) == (False, stop_step, best_step), got
+    au = _cli("audit", job_id, "--db", str(t.db), "--json", env=env)
+    assert au.returncode == 0, au.stderr
+    assert "launcher_exit" in [a["kind"] for a in json.loads(au.stdout)], au.stdout
+
+
+def _metric_without_eval(row: Row, t: Target) -> None:
+    """Item 6: a metric the trainer never computes fails before training, naming eval_strategy."""
+    run = _job(row, t, "comp-no-eval", 1, "--eval-strategy", "no", "--max-steps", "30")
+    assert run.rc != 0 and "eval_strategy" in run.log, f"exit {run.rc}:\n{run.log[-3000:]}"
+    assert _checkpoints(t.out) == [], _checkpoints(t.out)
+    if t.db.exists():
+        c = t.client()
+        try:
+            jobs = {j.job_id: j.status for j in c.list_jobs()}
+        finally:
+            c.close()
+        assert jobs.get("comp-no-eval") in (None, "failed"), jobs
