@@ -54,7 +54,8 @@ def test_an_optuna_study_prunes_hacked_trials_where_the_detector_stops(direction
     assert states == {"hacked": optuna.trial.TrialState.PRUNED, "healthy": optuna.trial.TrialState.COMPLETE}
     assert last_step == {"hacked": _stop_step(HACKED), "healthy": len(HEALTHY)}
     hacked = next(t for t in study.trials if t.params["curve"] == "hacked")
-    assert "2 consecutive declines" in pruner.reason(study, hacked.number)
+    worse = "declines" if direction == "maximize" else "rises"  # a minimised score that goes up rose
+    assert f"2 consecutive {worse}" in pruner.reason(study, hacked.number)
 
 
 def test_the_pruner_checks_its_policy_at_once():
