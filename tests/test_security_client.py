@@ -1,0 +1,237 @@
+"""Issue 17, item 9 (the client's and the boundary's part), each attack run for real: a real client
+against a real `evalstop serve` on loopback, a real fake HTTP server on loopback, the real commands."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from evalstop_trl.clients.http import EvalStopClient
+from evalstop_trl.core.errors import EvalStopError, InvalidInput
+
+
+@pytest.fixture
+def lab(server):
+    token = server.add_tenant("lab")
+    server.start()
+    with EvalStopClient(server.url, token, retries=0) as client:
+        client.register_job("j", "grpo")
+        yield server, token, client
+
+
+# ---------------------------------------------------------------- NUL and control characters
+_CALLS = {
+    "report checkpoint": lambda c, s: c.report("j", 1, eval_score=0.5, checkpoint=f"/runs/a{s}b"),
+    "snapshot path": lambda c, s: c.publish_snapshot("j", 2, f"/runs/a{s}b"),
+    "stop reason": lambda c, s: c.stop("j", reason=f"why{s}"),
+    "fail reason": lambda c, s: c.fail("j", reason=f"why{s}"),
+    "ack checkpoint": lambda c, s: c.ack("j", checkpoint=f"/runs/a{s}b"),
+    "heartbeat actor": lambda c, s: c.heartbeat("j", actor=f"me{s}"),
+    "claim worker": lambda c, s: c.claim_eval(f"w{s}", 5),
+    "event reason": lambda c, s: c.record_event("j", "launcher_exit", reason=f"why{s}", exit_code=0),
+    "audit job_id": lambda c, s: c.audit(job_id=f"j{s}"),
+}
+
+
+@pytest.mark.parametrize("call", list(_CALLS))
+def test_17_9_a_nul_in_a_string_is_422_never_stored(lab, call):
+    """PostgreSQL cannot store a NUL: it was a 503 for ever (and the fail-open outbox never drained)."""
+    _, _, client = lab
+    with pytest.raises(InvalidInput, match="control characters"):
+        _CALLS[call](client, "\x00")
+    if call in ("report checkpoint", "snapshot path", "ack checkpoint", "heartbeat actor", "claim worker"):
+        with pytest.raises(InvalidInput, match="control characters"):
+            _CALLS[call](client, "\n")  # no line break in a path or a name either
+    assert client.pending == 0
+    assert [r.step for r in client.reports("j")] == []
+
+
+def test_17_9_a_queued_nul_is_dropped_when_the_coordinator_returns(lab, tmp_path):
+    server, token, _ = lab
+    outbox = tmp_path / "outbox.jsonl"
+    down = EvalStopClient("http://127.0.0.1:9", token, outbox=outbox, retries=0, connect_timeout_s=0.2)
+    assert down.report("j", 1, eval_score=0.5, checkpoint="/a\x00b").action.value == "continue"  # kept (fail-open)
+    down.close()
+    with EvalStopClient(server.url, token, outbox=outbox) as client:
+        assert client.report("j", 2, eval_score=0.5).action.value == "continue"
+        assert client.pending == 0  # the 422 dropped it; it does not block the outbox for ever
+        assert [r.step for r in client.reports("j")] == [2]
+
+
+def test_17_9_free_text_keeps_its_line_breaks(lab):
+    _, _, client = lab
+    assert client.stop("j", reason="first line\n\tsecond line").status == "stopped"
+    assert [a.reason for a in client.audit("j") if a.kind.value == "manual_stop"][0].endswith("first line\n\tsecond line")
+
+
+# ---------------------------------------------------------------- outbox lines that cannot replay
+def _op(op: str, body: dict | None, path: str = "/v1/jobs/j/reports") -> bytes:
+    return json.dumps({"op": op, "job_id": "j", "path": path, "body": body}).encode()
+
+
+BAD_LINES = {
+    "nested": b'{"op": "report", "job_id": "j", "path": "/v1/jobs/j/reports", "body": ' + b"[" * 200_000 + b"]" * 200_000
+              + b"}",
+    "string step": _op("report", {"step": "5"}),
+    "snapshot string step": _op("snapshot", {"step": "7", "path": "/runs/a"}, "/v1/jobs/j/snapshots"),
+    "nan step": _op("snapshot", {"step": math.nan, "path": "/runs/a"}, "/v1/jobs/j/snapshots"),
+    "bool step": _op("report", {"step": True}),
+    "infinite score": _op("report", {"step": 3, "eval_score": math.inf}),
+}
+
+
+def _poisoned(tmp_path) -> tuple:
+    outbox = tmp_path / "outbox.jsonl"
+    good = [_op("report", {"step": 1, "eval_score": 0.5}), _op("snapshot", {"step": 4, "path": "/runs/b"},
+                                                              "/v1/jobs/j/snapshots")]
+    outbox.write_bytes(b"\n".join([good[0], *BAD_LINES.values(), good[1]]) + b"\n")
+    return outbox, tmp_path / "outbox.jsonl.quarantine"
+
+
+def test_17_9_outbox_lines_that_cannot_replay_are_quarantined_at_connect(lab, tmp_path, caplog):
+    """A deeply nested line raised RecursionError out of the client's constructor (the training crashed
+    at start); a string or NaN step blocked the replay for ever."""
+    server, token, _ = lab
+    outbox, quarantine = _poisoned(tmp_path)
+    with caplog.at_level(logging.WARNING, "evalstop.client"):
+        with EvalStopClient(server.url, token, outbox=outbox) as client:
+            assert client.pending == 2
+            assert client.report("j", 5, eval_score=0.4).action.value == "continue"
+            assert client.pending == 0
+            assert [r.step for r in client.reports("j")] == [1, 5]
+            assert [t.step for t in client.evals("j")] == [4]
+    kept = [json.loads(line) for line in quarantine.read_text().splitlines()]
+    assert len(kept) == len(BAD_LINES) and all(k["reason"] and isinstance(k["line"], str) for k in kept)
+    assert "nests deeper" in kept[0]["reason"] and "step" in kept[1]["reason"]
+    assert sum("invalid line" in r.getMessage() for r in caplog.records) == 1
+    assert not outbox.exists()
+
+
+def test_17_9_outbox_flush_quarantines_instead_of_a_traceback(lab, tmp_path):
+    server, token, _ = lab
+    outbox, quarantine = _poisoned(tmp_path)
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    done = subprocess.run([sys.executable, "-m", "evalstop_trl", "outbox", "flush", str(outbox), "--url", server.url,
+                           "--token-file", str(token_file)], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "EVALSTOP_TOKEN"})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "2 of 2 queued operation(s) sent" in done.stdout and "quarantine" in done.stderr
+    assert len(quarantine.read_text().splitlines()) == len(BAD_LINES)
+
+
+# ---------------------------------------------------------------- a malformed 2xx
+class _Fake(BaseHTTPRequestHandler):
+    answer: tuple[int, str, bytes] = (200, "application/json", b"{}")
+
+    def _reply(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        status, kind, body = type(self).answer
+        self.send_response(status)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _reply
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+GOOD = json.dumps({"decision": {"action": "stop", "reason": "2 declines", "best_step": 1, "best_score": 0.5,
+                                "evidence": {}}}).encode()
+MALFORMED = {"empty object": b"{}", "html": b"<html><body>proxy login</body></html>", "a list": b"[1, 2]",
+             "unknown action": json.dumps({"decision": {"action": "explode", "reason": "x"}}).encode(),
+             "decision is a list": b'{"decision": []}', "reason is a number": json.dumps(
+                 {"decision": {"action": "stop", "reason": 3}}).encode(),
+             "deeply nested": b"[" * 100_000 + b"]" * 100_000, "null": b"null", "a string": b'"ok"'}
+
+
+@pytest.mark.parametrize("kind", list(MALFORMED))
+def test_17_9_a_malformed_2xx_is_an_outage_never_an_exception(tmp_path, kind, caplog):
+    handler = type("Fake", (_Fake,), {"answer": (200, "application/json", MALFORMED[kind])})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        with EvalStopClient(url, "es_x", outbox=tmp_path / "outbox.jsonl", retries=1, backoff_s=0.01,
+                            probe_interval_s=0) as client:
+            decision = client.report("j", 1, eval_score=0.5)  # fail open: CONTINUE, kept for the replay
+            assert decision.action.value == "continue" and "outbox" in decision.reason
+            assert client.pending == 1 and client.unreachable
+            with pytest.raises(EvalStopError, match="unreachable"):
+                client.status("j")  # not fail-open: the one error an outage raises
+            handler.answer = (200, "application/json", GOOD)  # the coordinator answers properly again
+            assert client.report("j", 2, eval_score=0.4).action.value == "stop"
+            assert client.pending == 0 and not client.unreachable
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+# ---------------------------------------------------------------- strict JSON out of /v1/jobs and /v1/audit
+def _reject(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def test_17_9_non_finite_evidence_never_makes_invalid_json(lab):
+    """Evidence with -Infinity/NaN (a detector's, or an old database's) must not reach the wire."""
+    server, token, client = lab
+    client.report("j", 1, eval_score=0.5)
+    client.stop("j", reason="by hand")
+    server.stop()
+    db = sqlite3.connect(server.db)
+    evidence = '{"z": -Infinity, "n": NaN, "deep": {"x": [Infinity, 1.5]}, "ok": 2}'
+    db.execute("INSERT INTO audit (tenant, job_id, at, kind, actor, reason, evidence) VALUES "
+               "('lab', 'j', 1.0, 'manual_stop', 'detector', 'old', ?)", (evidence,))
+    row = db.execute("SELECT decision FROM jobs WHERE tenant = 'lab' AND job_id = 'j'").fetchone()
+    if row[0]:
+        decision = json.loads(row[0])
+        decision["evidence"] = {"z": -math.inf, "n": math.nan}
+        db.execute("UPDATE jobs SET decision = ? WHERE tenant = 'lab' AND job_id = 'j'", (json.dumps(decision),))
+    db.commit()
+    db.close()
+    server.start()
+    headers = {"Authorization": f"Bearer {token}"}
+    for path in ("/v1/jobs", "/v1/jobs/j", "/v1/audit", "/v1/audit?job_id=j"):
+        r = httpx.get(server.url + path, headers=headers, timeout=10)
+        assert r.status_code == 200, (path, r.text)
+        json.loads(r.text, parse_constant=_reject)  # strict JSON: no NaN, Infinity, -Infinity
+    [old] = [a for a in client.audit("j") if a.reason == "old"]
+    assert dict(old.evidence) == {"z": None, "n": None, "deep": {"x": [None, 1.5]}, "ok": 2}
+
+
+# ---------------------------------------------------------------- the token out of `ps`
+def test_17_9_status_reads_its_token_from_a_file_or_the_environment(lab, tmp_path):
+    server, token, _ = lab
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k != "EVALSTOP_TOKEN"}
+    base = [sys.executable, "-m", "evalstop_trl", "status", "--url", server.url, "--json"]
+    by_file = subprocess.run([*base, "--token-file", str(token_file)], capture_output=True, text=True, env=env,
+                             timeout=60)
+    assert by_file.returncode == 0 and '"j"' in by_file.stdout and "warning" not in by_file.stderr, by_file.stderr
+    by_env = subprocess.run(base, capture_output=True, text=True, env={**env, "EVALSTOP_TOKEN": token}, timeout=60)
+    assert by_env.returncode == 0 and by_env.stdout == by_file.stdout
+    by_flag = subprocess.run([*base, "--token", token], capture_output=True, text=True, env=env, timeout=60)
+    assert by_flag.returncode == 0 and "visible to every user" in by_flag.stderr
+    both = subprocess.run([*base, "--token", token, "--token-file", str(token_file)], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert both.returncode == 2 and "not both" in both.stderr
+    token_file.chmod(0o644)
+    loose = subprocess.run([*base, "--token-file", str(token_file)], capture_output=True, text=True, env=env,
+                           timeout=60)
+    assert loose.returncode == 0 and "chmod 600" in loose.stderr
