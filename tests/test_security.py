@@ -345,7 +345,8 @@ def test_8_a_corrupt_outbox_line_is_quarantined(two, tmp_path, line, caplog):
     with EvalStopClient(two.url, two.alice, outbox=outbox) as c:
         assert c.report("j", 1, eval_score=0.5).action.value == "continue"  # replayed the good line, then reported
         assert c.pending == 0
-    assert (tmp_path / "outbox.jsonl.bad").read_bytes() == line + b"\n"
+    quarantined = (tmp_path / "outbox.jsonl.quarantine").read_text().splitlines()
+    assert [json.loads(q)["line"] for q in quarantined] == [line.decode("utf-8", "backslashreplace")]
     assert sum("invalid line" in r.message for r in caplog.records) == 1
 
 
