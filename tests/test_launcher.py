@@ -63,14 +63,23 @@ def test_the_launcher_stops_a_loop_that_ignores_the_stop_flag(server, tmp_path, 
     server.start()
     done = _run(server.url, token, "stubborn", mode, tmp_path)
     assert "decision stop" in done.stdout
-    assert done.returncode == status, done.stderr
+    assert done.returncode == 0, done.stderr  # a stop by EvalStop exits 0, however the command ended
     with EvalStopClient(server.url, token) as c:
         audit = c.audit("stubborn")
         job = c.status("stubborn")
     assert [a.kind for a in audit] == kinds
     assert all(a.actor == "launcher" for a in audit if a.kind.startswith("launcher_"))
     assert job.status == "stopped"  # the launcher never turns a stop into anything else
-    assert audit[-1].evidence["exit_code"] == status
+    assert audit[-1].evidence["exit_code"] == status  # the command's own status
+
+
+def test_a_stopped_job_exits_with_the_chosen_code(server, tmp_path):
+    token = server.add_tenant("acme")
+    server.start()
+    cmd = [sys.executable, "-m", "evalstop_trl", "run", "--url", server.url, "--token", token, "--job-id", "chosen",
+           "--grace-s", "1", "--stopped-exit-code", "75", "--", sys.executable, "-c", STUBBORN, "term_exits"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 75, done.stderr
 
 
 def test_a_crashing_command_marks_its_job_failed(server, tmp_path):
@@ -88,8 +97,8 @@ def test_a_crashing_command_marks_its_job_failed(server, tmp_path):
 
 def test_the_embedded_default_needs_no_server(tmp_path):
     done = _run(None, None, "alone", "ignore_term", tmp_path, grace=0.5)
-    assert done.returncode == 137, done.stderr
-    assert "stopped by its launcher (sigterm then sigkill)" in done.stderr
+    assert done.returncode == 0, done.stderr
+    assert "stopped by its launcher (sigterm then sigkill); command status 137, exit status 0" in done.stderr
 
 
 def test_signals_to_the_launcher_reach_the_whole_process_group(server, tmp_path):

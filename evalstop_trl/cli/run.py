@@ -1,27 +1,47 @@
-"""``evalstop run [--url URL] [--token T] [--job-id ID] [--grace-s S] -- CMD [ARGS...]``.
+"""``evalstop run [--url URL] [--token-file PATH] [--job-id ID] [--grace-s S] -- CMD [ARGS...]``.
 
 Runs CMD under the launcher (see :mod:`evalstop_trl.launcher`). Without ``--url`` (or
 ``$EVALSTOP_URL``) it uses the embedded default: an ``evalstop serve`` of its own on a free loopback
 port over ``--db`` (default ``./evalstop.db``), with a ``local`` tenant whose token it rotates for
 this run. One launcher at a time may use an embedded database.
+
+The token comes from ``--token-file PATH`` or ``--token`` (visible in ``ps``), else ``$EVALSTOP_TOKEN``.
+The job id from ``--job-id``, else ``$EVALSTOP_JOB_ID``, else the command's script name and a random
+suffix (printed).
+
+Exit status: 0 (or ``--stopped-exit-code N``) when EvalStop stopped the job; otherwise the command's
+own status (128 + N when a signal N ended it); 2 for bad input, a refused registration or a command
+that cannot start.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from .common import CLIError
 
 __all__ = ["add_run_command"]
 
+_EPILOG = """exit status:
+  0 (or --stopped-exit-code N)  EvalStop stopped the job before the command ended (a scheduler that
+                                retries failed jobs does not rerun it)
+  the command's own status      otherwise; 128 + N when a signal N ended it
+  2                             bad input, a refused registration, or a command that cannot start
+
+Descendants of the command (a setsid'd or backgrounded process included) are the launcher's: it
+signals all of them on a stop, terminates those still running when the command exits, and exits
+only once they are gone. SIGHUP, SIGINT, SIGTERM, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to the
+command's process group. An unreachable coordinator never stops the command (fail-open)."""
+
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from ..clients.http import EvalStopClient
     from ..core.errors import EvalStopError
     from ..core.records import check_name
-    from ..launcher import Launcher
+    from ..launcher import Launcher, heartbeat_interval, log_text
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -30,19 +50,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise CLIError("no command: write it after '--', e.g. evalstop run -- python train.py")
     if not 0 <= args.grace_s <= 86_400:
         raise CLIError(f"--grace-s must be in [0, 86400] seconds, got {args.grace_s}")
-    job_id = args.job_id or os.environ.get("EVALSTOP_JOB_ID") or _default_job_id(command)
+    if not 0 <= args.stopped_exit_code <= 255:
+        raise CLIError(f"--stopped-exit-code must be in [0, 255], got {args.stopped_exit_code}")
+    if not 0 <= args.lease_s <= 86_400:
+        raise CLIError(f"--lease-s must be in [0, 86400] seconds (0: no heartbeats), got {args.lease_s}")
+    job_id = args.job_id or os.environ.get("EVALSTOP_JOB_ID")
+    if not job_id:
+        job_id = _default_job_id(command)
+        print(f"evalstop run: job id {job_id} (choose one with --job-id or EVALSTOP_JOB_ID)", file=sys.stderr,
+              flush=True)
     try:
         check_name("--job-id", job_id)
     except EvalStopError as exc:
         raise CLIError(str(exc)) from None
-    policy = {"detector": args.detector, **({"k": args.k} if args.k is not None else {}),
+    params = {**({"k": args.k} if args.k is not None else {}),
               **({"min_delta": args.min_delta} if args.min_delta is not None else {})}
+    policy = {"detector": args.detector or "decline", **params} if args.detector or params else None
     url = args.url or os.environ.get("EVALSTOP_URL")
     server = None
     if url:
-        token = args.token or os.environ.get("EVALSTOP_TOKEN")
-        if not token:
-            raise CLIError("no token: pass --token or set EVALSTOP_TOKEN (or drop --url for the embedded default)")
+        token = _token(args)
     else:
         from ..service.local import EmbeddedServer
 
@@ -52,19 +79,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(str(exc)) from None
         url, token = server.url, server.token
         print(f"evalstop run: embedded coordinator {url} over {args.db}", file=sys.stderr, flush=True)
-    client = EvalStopClient(url, token, retries=1)
+    try:
+        client = EvalStopClient(url, token, retries=1)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     try:
         launcher = Launcher(client, job_id, url=url, token=token, grace_s=args.grace_s, job_type=args.job_type,
-                            planned_steps=args.planned_steps, policy=policy)
+                            planned_steps=args.planned_steps, policy=policy,
+                            heartbeat_s=heartbeat_interval(args.lease_s), stopped_exit_code=args.stopped_exit_code)
         try:
             result = launcher.run(command)
         except EvalStopError as exc:
-            raise CLIError(f"cannot register job {job_id!r}: {exc}") from None
-        except FileNotFoundError as exc:
-            raise CLIError(f"cannot start {command[0]!r}: {exc.strerror}") from None
+            raise CLIError(f"cannot register job {log_text(job_id)}: {log_text(exc)}") from None
+        except OSError as exc:
+            raise CLIError(f"cannot start {log_text(command[0])!r}: {exc.strerror}") from None
         if result.escalations:
             print(f"evalstop run: job {job_id} stopped by its launcher ({' then '.join(result.escalations)}); "
-                  f"exit status {result.exit_status}", file=sys.stderr, flush=True)
+                  f"command status {result.child_status}, exit status {result.exit_status}", file=sys.stderr,
+                  flush=True)
         return result.exit_status
     finally:
         client.close()
@@ -72,30 +104,69 @@ def _cmd_run(args: argparse.Namespace) -> int:
             server.stop()
 
 
-def _default_job_id(command: list[str]) -> str:
-    import re
-    import time
+def _token(args: argparse.Namespace) -> str:
+    """The tenant token: ``--token-file`` or ``--token``, else ``$EVALSTOP_TOKEN``."""
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise CLIError(f"cannot read --token-file {args.token_file!r}: {exc.strerror}") from None
+        if not token:
+            raise CLIError(f"--token-file {args.token_file!r} is empty")
+        return token
+    token = args.token or os.environ.get("EVALSTOP_TOKEN")
+    if not token:
+        raise CLIError("no token: pass --token-file PATH or set EVALSTOP_TOKEN (or drop --url for the embedded "
+                       "default)")
+    return token
 
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", os.path.basename(command[-1] if command else "job"))[:80] or "job"
-    return f"{stem.lstrip('-._') or 'job'}-{int(time.time())}"
+
+_SCRIPT = re.compile(r".+\.(py|sh|bash|zsh|pl|rb|js|ts|lua|jl|r|R)$")
+
+
+def _default_job_id(command: list[str]) -> str:
+    """The command's script name (``train`` for ``python train.py``, ``mod`` for ``python -m pkg.mod``,
+    else the program's name) and a random suffix."""
+    import secrets
+
+    name = os.path.basename(command[0])
+    for i, arg in enumerate(command[1:], start=1):
+        if arg == "-m" and i + 1 < len(command):
+            name = command[i + 1].rsplit(".", 1)[-1]
+            break
+        if _SCRIPT.fullmatch(arg) and not arg.startswith("-"):
+            name = os.path.splitext(os.path.basename(arg))[0]
+            break
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:60].lstrip("-._") or "job"
+    return f"{stem}-{secrets.token_hex(3)}"
 
 
 def add_run_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a training command under a launcher that delivers its stop",
-                       description="Register a job, run CMD as a child in its own process group with "
-                       "EVALSTOP_URL/EVALSTOP_TOKEN/EVALSTOP_JOB_ID set, and on a STOP the child does not "
-                       "acknowledge within --grace-s send SIGTERM to its process group, then SIGKILL. "
-                       "Exits with the child's status.")
+                       description="Register a job, run CMD as a child in a session of its own with "
+                       "EVALSTOP_URL/EVALSTOP_TOKEN/EVALSTOP_JOB_ID set, send heartbeats for it, and on a STOP "
+                       "the command does not acknowledge within --grace-s send SIGTERM to every process it "
+                       "started, then SIGKILL.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL, else an embedded one over --db)")
-    p.add_argument("--token", help="tenant token (default: $EVALSTOP_TOKEN)")
+    tokens = p.add_mutually_exclusive_group()
+    tokens.add_argument("--token-file", metavar="PATH", help="read the tenant token from this file")
+    tokens.add_argument("--token", help="tenant token (default: $EVALSTOP_TOKEN; visible in ps: prefer "
+                        "--token-file or the variable)")
     p.add_argument("--db", default="evalstop.db", help="database of the embedded default (default ./evalstop.db)")
-    p.add_argument("--job-id", help="the job (default: $EVALSTOP_JOB_ID, else the command's name and the time)")
-    p.add_argument("--job-type", default="rlhf", help="rlhf, grpo, rloo, dpo, ... (default rlhf)")
+    p.add_argument("--job-id", help="the job (default: $EVALSTOP_JOB_ID, else the command's script name and a "
+                   "random suffix, printed)")
+    p.add_argument("--job-type", help="rlhf, grpo, rloo, dpo, ... (default: unspecified; a callback in the "
+                   "command fills it in)")
     p.add_argument("--planned-steps", type=int, help="planned training steps")
-    p.add_argument("--detector", default="decline", help="the stop rule (default decline)")
+    p.add_argument("--detector", help="the stop rule (default: the coordinator's, decline)")
     p.add_argument("--k", type=int, help="consecutive declines (decline) or evals without improvement (patience)")
     p.add_argument("--min-delta", type=float, dest="min_delta", help="a change must exceed this to count")
     p.add_argument("--grace-s", type=float, default=30.0, help="seconds to acknowledge a stop, and between "
                    "SIGTERM and SIGKILL (default 30)")
+    p.add_argument("--stopped-exit-code", type=int, default=0, metavar="N",
+                   help="exit status when EvalStop stopped the job (default 0)")
+    p.add_argument("--lease-s", type=float, default=300.0, help="the coordinator's lease (evalstop serve "
+                   "--lease-s): a heartbeat every lease/4 s, at most 60 s; 0 = none (default 300)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=_cmd_run)

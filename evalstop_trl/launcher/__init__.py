@@ -1,9 +1,11 @@
-"""``evalstop run``: a launcher that owns a training job's process group and delivers its stop.
+"""``evalstop run``: a launcher that owns every process of a training job and delivers its stop.
 
 The service never signals a process. A job whose loop ignores ``should_training_stop`` runs under
-the launcher, which runs wherever the job runs (one host or many) and only ever signals its own child.
+the launcher, which runs wherever the job runs (one host or many) and only ever signals its own
+descendants. Exit codes and behaviour: :mod:`.supervisor`.
 """
 
-from .supervisor import Launcher, LaunchResult, child_exit_status
+from .supervisor import FORWARDED_SIGNALS, Launcher, LaunchResult, child_exit_status, heartbeat_interval
+from .watch import log_text
 
-__all__ = ["LaunchResult", "Launcher", "child_exit_status"]
+__all__ = ["FORWARDED_SIGNALS", "LaunchResult", "Launcher", "child_exit_status", "heartbeat_interval", "log_text"]

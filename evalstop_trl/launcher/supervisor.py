@@ -1,20 +1,34 @@
-"""The launcher: start a command as a child in a new process group, watch its job's decision, and
-escalate a stop the child does not honour.
+"""The launcher: run a command as a child, watch its job's decision, deliver a stop it does not honour
+to every process it started, and never let go of it.
 
-1. The job is registered (or, if it exists with the same registration, attached to).
-2. The command starts in a new session (its own process group) with ``EVALSTOP_URL``,
-   ``EVALSTOP_TOKEN`` and ``EVALSTOP_JOB_ID`` in its environment, so an ``EvalStopCallback`` in it
-   reports to the same job.
-3. The launcher long-polls the job's decision. After a STOP, the child has ``grace_s`` seconds to
-   acknowledge it (and ``grace_s`` more to exit after its acknowledgement); then the launcher sends
-   SIGTERM to the child's process group and, ``grace_s`` later, SIGKILL (the
-   :class:`~evalstop_trl.core.records.Escalation` lifecycle). Each escalation and the child's exit are
-   written to the job's audit log through the API.
-4. SIGINT and SIGTERM sent to the launcher are forwarded to the child's process group.
-5. When the child exits, a job that is still running is marked finished (exit status 0) or failed
-   (any other status); the launcher exits with the child's status (128 + N for a signal N).
+1. The job is registered (or attached to: a later registration by the callback fills in what it
+   knows). A refusal (409, 422, 401, ...) is an error before anything starts; no answer, or a
+   malformed one, is not: the command runs anyway (fail-open).
+2. The launcher makes itself a child subreaper (Linux) and starts the command in a session of its
+   own with ``EVALSTOP_URL``, ``EVALSTOP_TOKEN`` and ``EVALSTOP_JOB_ID`` in its environment.
+3. A thread (:class:`~.watch.JobWatch`) long-polls the decision and sends a heartbeat every
+   ``heartbeat_s``. Outages and malformed answers never reach the child: it keeps running, the
+   launcher keeps the last decision it believed and retries with backoff.
+4. After a STOP the child has ``grace_s`` seconds to acknowledge (``grace_s`` more to exit after
+   its acknowledgement); then SIGTERM goes to its process group and to every process outside it,
+   ``grace_s`` later SIGKILL to whatever still runs, descendants that left the group or outlived the
+   child included (:class:`~.enforce.Enforcer`). Processes the command leaves running when it exits
+   are terminated the same way. Each escalation names the processes it reached in the audit log.
+5. SIGHUP, SIGINT, SIGTERM, SIGQUIT, SIGUSR1 and SIGUSR2 sent to the launcher are forwarded to the
+   child's process group. The launcher returns only once its child and every descendant are gone.
+6. The child's exit is written to the audit log (``launcher_exit``, with its status). A job that
+   was not stopped is marked finished (status 0) or failed (any other status, with the reason).
 
-A coordinator that cannot be reached never stops the child: the launcher keeps polling.
+Exit status of ``evalstop run``:
+
+====================  =======================================================================
+0 (or ``--stopped-    EvalStop stopped the job (its decision or a manual stop) before the
+exit-code N``)        command ended, however the command then ended: a scheduler that retries
+                      failed jobs does not rerun a stopped one
+the command's status  otherwise: its own exit code, or 128 + N if a signal N ended it
+2                     bad input to ``evalstop run``, a refused registration, or a command that
+                      cannot be started
+====================  =======================================================================
 """
 
 from __future__ import annotations
@@ -30,13 +44,19 @@ from typing import Any
 
 from ..core.api import EvalStopAPI
 from ..core.errors import EvalStopError
-from ..core.records import Escalation
+from ..core.records import Escalation, JobStatus
+from .enforce import Enforcer, describe
+from .procs import ProcessTree, set_child_subreaper
+from .watch import JobWatch, checked_view, log_text
 
-__all__ = ["LaunchResult", "Launcher", "child_exit_status"]
+__all__ = ["FORWARDED_SIGNALS", "LaunchResult", "Launcher", "child_exit_status", "heartbeat_interval"]
 
 log = logging.getLogger("evalstop.launcher")
 
-_ESCALATION_SIGNALS = {Escalation.SIGTERM: signal.SIGTERM, Escalation.SIGKILL: signal.SIGKILL}
+FORWARDED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGHUP", "SIGINT", "SIGTERM", "SIGQUIT", "SIGUSR1",
+                                                        "SIGUSR2") if hasattr(signal, n))
+_TICK_S = 0.1
+_KILL_SETTLE_S = 10.0  # after SIGKILL: how long to wait for the job's processes to vanish
 
 
 def child_exit_status(returncode: int) -> int:
@@ -44,124 +64,255 @@ def child_exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def heartbeat_interval(lease_s: float) -> float | None:
+    """Seconds between the launcher's heartbeats for a coordinator lease of ``lease_s`` seconds: a
+    quarter of it, at most 60 s (None for no lease)."""
+    return None if lease_s <= 0 else min(lease_s / 4.0, 60.0)
+
+
+def _how(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name} (exit status {child_exit_status(returncode)})"
+    return f"exited with status {returncode}"
+
+
 @dataclass(frozen=True)
 class LaunchResult:
+    """How a launch ended.
+
+    ``exit_status``: the launcher's (see the module docstring); ``child_status``: the command's (128
+    + N for a signal N); ``stop_seen``: EvalStop stopped the job; ``escalations``: "sigterm",
+    "sigkill" as sent; ``left_behind``: processes still running when the command exited;
+    ``survivors``: processes still running when the launcher gave up on them."""
+
     exit_status: int
     stop_seen: bool
-    escalations: tuple[str, ...]  # "sigterm", "sigkill" as sent
+    escalations: tuple[str, ...]
+    child_status: int = 0
+    left_behind: tuple[str, ...] = ()
+    survivors: tuple[str, ...] = ()
 
 
 class Launcher:
     """Run one command for one job (see the module docstring).
 
     Args:
-        client: an :class:`~evalstop_trl.core.api.EvalStopAPI` (it calls ``register_job``,
-            ``wait_decision``, ``record_event``, ``status``, ``finish``, ``fail``).
-        job_id, job_type, planned_steps, policy: the job's registration.
-        grace_s: seconds a stopped child has to acknowledge (and then to exit) before SIGTERM, and
-            between SIGTERM and SIGKILL.
+        client: an :class:`~evalstop_trl.core.api.EvalStopAPI`.
+        job_id, job_type, planned_steps, policy: the job's registration (None: unspecified).
         url, token: exported to the child.
+        grace_s: seconds a stopped child has to acknowledge (and then to exit), and between SIGTERM
+            and SIGKILL.
+        poll_s: longest long poll of the decision.
+        heartbeat_s: seconds between heartbeats (None: none); see :func:`heartbeat_interval`.
+        stopped_exit_code: the launcher's exit status when EvalStop stopped the job.
     """
 
     def __init__(self, client: EvalStopAPI, job_id: str, *, url: str, token: str, grace_s: float = 30.0,
-                 job_type: str = "rlhf", planned_steps: int | None = None, policy: Mapping[str, Any] | None = None,
-                 poll_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 job_type: str | None = None, planned_steps: int | None = None,
+                 policy: Mapping[str, Any] | None = None, poll_s: float = 5.0, heartbeat_s: float | None = 60.0,
+                 stopped_exit_code: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
         if not 0 <= grace_s <= 86_400:
             raise ValueError(f"grace_s must be in [0, 86400] seconds, but got {grace_s!r}.")
+        if not 0 <= stopped_exit_code <= 255:
+            raise ValueError(f"stopped_exit_code must be in [0, 255], but got {stopped_exit_code!r}.")
+        if heartbeat_s is not None and not 0 < heartbeat_s <= 3600:
+            raise ValueError(f"heartbeat_s must be in (0, 3600] seconds or None, but got {heartbeat_s!r}.")
         self.client, self.job_id, self.url, self.token = client, job_id, url, token
         self.grace_s, self.job_type, self.planned_steps = grace_s, job_type, planned_steps
         self.policy = dict(policy) if policy else None
-        self.poll_s, self.clock = poll_s, clock
-        self._child: subprocess.Popen | None = None
+        self.poll_s, self.heartbeat_s, self.stopped_exit_code, self.clock = poll_s, heartbeat_s, stopped_exit_code, clock
+        self._enforcer: Enforcer | None = None
+        self._pending: list[int] = []  # signals received before the child started
+        self._sent: list[str] = []
 
-    # ------------------------------------------------------------------ the child
+    # ------------------------------------------------------------------ run
+    def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> LaunchResult:
+        """Register, start ``argv``, supervise it and its descendants to their end.
+
+        Raises:
+            ValueError: no command.
+            EvalStopError: the coordinator refused the registration.
+            OSError: the command cannot be started.
+        """
+        if not argv:
+            raise ValueError("evalstop run needs a command after '--'.")
+        confirmed = self._register()
+        tree = ProcessTree()
+        was_subreaper = set_child_subreaper(True)
+        old = {s: signal.signal(s, self._forward) for s in FORWARDED_SIGNALS}
+        watch = None
+        try:
+            child = self._start(argv, env)
+            self._enforcer = enforcer = Enforcer(child, tree)
+            for sig in self._pending:
+                enforcer.forward(sig)
+            watch = JobWatch(self.client, self.job_id, poll_s=self.poll_s, heartbeat_s=self.heartbeat_s,
+                             register=None if confirmed else self._register_once, clock=self.clock).start()
+            try:
+                stop_seen, left, survivors = self._supervise(enforcer, watch)
+            except Exception:  # noqa: BLE001 - whatever breaks here, the launcher outlives its child
+                log.exception("evalstop run: unexpected error while supervising job %s; waiting for its command",
+                              log_text(self.job_id))
+                child.wait()
+                stop_seen, left, survivors = watch.state.stopped, [], []
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+            if watch is not None:
+                watch.close(timeout=0.5)
+            if was_subreaper is False:
+                set_child_subreaper(False)
+        return self._finish(child.returncode, stop_seen, left, survivors)
+
+    def _register_once(self) -> object:
+        if getattr(self.client, "pending", 0) and not self.client.flush():
+            return None  # an earlier registration still waits in the client's outbox: no second copy
+        return self.client.register_job(self.job_id, self.job_type, planned_steps=self.planned_steps,
+                                        policy=self.policy)
+
+    def _register(self, tries: int = 4) -> bool:
+        """Register the job; True once the coordinator confirmed it. A refusal raises; no answer (the
+        client kept it in its outbox) or a malformed one is retried a few times, then left to the
+        watch, and the command starts anyway (fail-open)."""
+        for attempt in range(tries):
+            try:
+                if checked_view(self._register_once()) is not None:
+                    return True
+                why = "no answer"
+            except EvalStopError:
+                raise  # a refusal: the caller says so and starts nothing
+            except Exception as exc:  # noqa: BLE001 - a malformed answer
+                why = f"{type(exc).__name__}: {log_text(exc, 300)}"
+            if attempt + 1 < tries:
+                time.sleep(0.25 * 2**attempt)
+        log.warning("evalstop run: could not register job %s (%s); running the command anyway and retrying",
+                    log_text(self.job_id), why)
+        return False
+
     def _start(self, argv: Sequence[str], env: Mapping[str, str] | None) -> subprocess.Popen:
         child_env = dict(os.environ if env is None else env)
         child_env.update({"EVALSTOP_URL": self.url, "EVALSTOP_TOKEN": self.token, "EVALSTOP_JOB_ID": self.job_id})
         return subprocess.Popen(list(argv), env=child_env, start_new_session=True)
 
-    def _signal_group(self, sig: int) -> None:
-        child = self._child
-        if child is None or child.poll() is not None:
-            return
-        try:
-            os.killpg(child.pid, sig)  # the child leads its own session, so its pgid is its pid
-        except ProcessLookupError:
-            pass
-
     def _forward(self, signum: int, frame: Any) -> None:
         log.warning("evalstop run: forwarding %s to the job's process group", signal.Signals(signum).name)
-        self._signal_group(signum)
+        if self._enforcer is None:
+            self._pending.append(signum)
+        else:
+            self._enforcer.forward(signum)
 
-    # ------------------------------------------------------------------ the API (fail-open)
-    def _event(self, kind: str, reason: str, exit_code: int | None = None) -> None:
-        try:
-            self.client.record_event(self.job_id, kind, reason, exit_code)
-        except EvalStopError as exc:
-            log.warning("evalstop run: could not record %s: %s", kind, exc)
+    # ------------------------------------------------------------------ the loop
+    def _supervise(self, enforcer: Enforcer, watch: JobWatch) -> tuple[bool, list[str], list[str]]:
+        """Until nothing of the job runs: returns (stop seen, processes left behind, survivors)."""
+        stop_seen, acked, deadline, killed_at = False, False, None, None
+        left: list[str] = []
+        child_pid = enforcer.child.pid
+        while enforcer.look():
+            now, state = self.clock(), watch.state
+            if state.stopped and not stop_seen and not enforcer.child_done:
+                stop_seen, deadline = True, now + self.grace_s
+                log.warning("evalstop run: job %s stopped (%s); the command has %g s to stop", log_text(self.job_id),
+                            log_text(state.reason), self.grace_s)
+            if stop_seen and state.acked and not acked and enforcer.stage is Escalation.GRACE:
+                acked, deadline = True, now + self.grace_s  # acknowledged: it gets grace_s more to exit
+            if enforcer.child_done and enforcer.stage is Escalation.GRACE:
+                if not left:  # the command ended, processes it started did not: terminate them now
+                    left = [p.describe(child_pid) for p in enforcer.others()]
+                deadline = now
+            if deadline is not None and now >= deadline and enforcer.stage is not Escalation.SIGKILL:
+                self._escalate(enforcer, acked)
+                deadline = now + self.grace_s
+                if enforcer.stage is Escalation.SIGKILL:
+                    killed_at = now
+            elif enforcer.stage is Escalation.SIGKILL:
+                if now - killed_at > max(self.grace_s, _KILL_SETTLE_S):
+                    survivors = [p.describe(child_pid) for p in enforcer.others()]
+                    log.error("evalstop run: %s still running after SIGKILL; giving up on them",
+                              describe(enforcer.others(), child_pid))
+                    if enforcer.child_done:
+                        return stop_seen, left, survivors
+                enforcer.send(signal.SIGKILL)  # what started while the others died
+            self._wait(enforcer)
+        return stop_seen or watch.state.stopped, left, []
 
-    def _view(self, wait_s: float):
+    @staticmethod
+    def _wait(enforcer: Enforcer) -> None:
+        if enforcer.child_done:
+            time.sleep(_TICK_S)
+            return
         try:
-            return self.client.wait_decision(self.job_id, wait_s, stopped=True)
-        except EvalStopError as exc:
-            log.debug("evalstop run: no decision (%s)", exc)
+            enforcer.child.wait(timeout=_TICK_S)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _escalate(self, enforcer: Enforcer, acked: bool) -> None:
+        child_pid = enforcer.child.pid
+        stage, reached = enforcer.escalate()
+        self._sent.append(stage.value)
+        if stage is Escalation.SIGTERM:
+            if enforcer.child_done:
+                why = f"the command {_how(enforcer.child.returncode)} and left {describe(reached, child_pid)} running"
+                reason = f"SIGTERM sent to what the job's command left behind: {why}"
+            else:
+                why = "stop acknowledged but the command did not exit" if acked else "stop not acknowledged"
+                target = "the job's process group" + (
+                    f" and {describe([p for p in reached if p.pgid != child_pid], child_pid)} outside it"
+                    if any(p.pgid != child_pid for p in reached) else "")
+                reason = f"SIGTERM sent to {target}: {why} within {self.grace_s:g} s"
+        else:
+            still = ("the command and " if not enforcer.child_done else "") + (
+                describe(reached, child_pid) if reached else "no other process")
+            reason = f"SIGKILL sent: still running {self.grace_s:g} s after SIGTERM: {still}"
+        log.warning("evalstop run: %s", log_text(reason, 2000))
+        self._event(f"launcher_{stage.value}", reason)
+
+    # ------------------------------------------------------------------ the end
+    def _finish(self, returncode: int, stop_seen: bool, left: list[str], survivors: list[str]) -> LaunchResult:
+        status = child_exit_status(returncode)
+        view = self._status()
+        stopped = stop_seen or (view is not None and view.status == JobStatus.STOPPED.value)
+        reason = f"the job's command {_how(returncode)}"
+        if left:
+            reason += f"; it left {len(left)} process(es) running, terminated by the launcher: {', '.join(left[:8])}"
+        if survivors:
+            reason += f"; {len(survivors)} process(es) survived SIGKILL: {', '.join(survivors[:8])}"
+        self._event("launcher_exit", reason, status, tries=3)
+        if not stopped and (view is None or view.status in (JobStatus.PENDING.value, JobStatus.RUNNING.value,
+                                                            JobStatus.LOST.value)):
+            self._settle(status, reason)
+        return LaunchResult(self.stopped_exit_code if stopped else status, stopped, tuple(self._sent), status,
+                            tuple(left), tuple(survivors))
+
+    def _status(self):
+        try:
+            return checked_view(self.client.status(self.job_id))
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            log.warning("evalstop run: could not read job %s's status: %s", log_text(self.job_id), log_text(exc, 300))
             return None
 
-    # ------------------------------------------------------------------ run
-    def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> LaunchResult:
-        """Register, start ``argv``, supervise it to its end; returns the child's exit status."""
-        if not argv:
-            raise ValueError("evalstop run needs a command after '--'.")
-        self.client.register_job(self.job_id, self.job_type, planned_steps=self.planned_steps, policy=self.policy)
-        self._child = child = self._start(argv, env)
-        old = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        stage, deadline, acked = Escalation.GRACE, None, False
-        stop_seen, sent = False, []
+    def _settle(self, status: int, reason: str) -> None:
+        """Mark the job finished (status 0) or failed (any other status)."""
         try:
-            while child.poll() is None:
-                if deadline is None:  # no stop yet: long-poll the decision
-                    view = self._view(min(self.poll_s, 30.0))
-                    if view is not None and view.status == "stopped":
-                        stop_seen, deadline = True, self.clock() + self.grace_s
-                        log.warning("evalstop run: job %s stopped (%s); the child has %g s to stop",
-                                    self.job_id, view.decision.reason if view.decision else "", self.grace_s)
-                    elif view is None:
-                        time.sleep(min(self.poll_s, 1.0))
-                    continue
-                if not acked and stage is Escalation.GRACE:
-                    view = self._view(0.0)
-                    if view is not None and view.acked:  # acknowledged: it gets grace_s more to exit
-                        acked, deadline = True, self.clock() + self.grace_s
-                if self.clock() >= deadline and stage is not Escalation.SIGKILL:
-                    stage = stage.to(Escalation.SIGTERM if stage is Escalation.GRACE else Escalation.SIGKILL)
-                    self._signal_group(_ESCALATION_SIGNALS[stage])
-                    sent.append(stage.value)
-                    why = ("stop acknowledged but the child did not exit" if acked else "stop not acknowledged")
-                    self._event(f"launcher_{stage.value}",
-                                f"{stage.value.upper()} sent to the job's process group: {why} within "
-                                f"{self.grace_s:g} s" if stage is Escalation.SIGTERM else
-                                f"SIGKILL sent to the job's process group: still running {self.grace_s:g} s after SIGTERM")
-                    deadline = self.clock() + self.grace_s
-                try:
-                    child.wait(timeout=0.1)
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            for s, handler in old.items():
-                signal.signal(s, handler)
-        status = child_exit_status(child.returncode)
-        self._event("launcher_exit", f"the job's command exited with status {status}", status)
-        self._settle(status)
-        return LaunchResult(status, stop_seen, tuple(sent))
+            if status == 0:
+                self.client.finish(self.job_id)
+            else:
+                self.client.fail(self.job_id, reason)
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            log.warning("evalstop run: could not mark job %s %s: %s", log_text(self.job_id),
+                        "finished" if status == 0 else "failed", log_text(exc, 300))
 
-    def _settle(self, status: int) -> None:
-        """Mark a job that is still running finished (status 0) or failed (any other status)."""
-        try:
-            view = self.client.status(self.job_id)
-            if view.status in ("pending", "running"):
-                if status == 0:
-                    self.client.finish(self.job_id)
+    def _event(self, kind: str, reason: str, exit_code: int | None = None, tries: int = 1) -> None:
+        for attempt in range(tries):
+            try:
+                self.client.record_event(self.job_id, kind, reason[:2000], exit_code)
+                return
+            except Exception as exc:  # noqa: BLE001 - fail-open
+                if attempt + 1 == tries:
+                    log.warning("evalstop run: could not record %s for job %s: %s", kind, log_text(self.job_id),
+                                log_text(exc, 300))
                 else:
-                    self.client.fail(self.job_id, f"the job's command exited with status {status}")
-        except EvalStopError as exc:
-            log.warning("evalstop run: could not settle the job's status: %s", exc)
+                    time.sleep(0.5 * 2**attempt)
