@@ -325,3 +325,19 @@ def test_an_expired_lease_goes_back_to_the_queue_and_a_gap_becomes_missing():
     clock.t += 200  # step 1 never comes back: a missing eval
     c.post_eval("a", "x", 2, 0.5)  # (an identical result again: idempotent, and the feed moves on)
     assert [(r.step, r.eval_score) for r in c.reports("a", "x")] == [(1, None), (2, 0.5)]
+
+
+@pytest.mark.parametrize(("call", "field"), [
+    (lambda c: c.stop("a", "j", "a\x00b"), "reason"),
+    (lambda c: c.fail("a", "j", "bad\x00"), "reason"),
+    (lambda c: c.heartbeat("a", "j", "w\x00"), "actor"),
+    (lambda c: c.claim_eval("a", "w\x00", 60), "worker"),
+    (lambda c: c.post_eval("a", "j", 10, None, "w", "boom\x00"), "error"),
+    (lambda c: c.report("a", "j", 10, eval_score=0.5, checkpoint="/ck\x00pt"), "checkpoint"),
+])
+def test_text_with_a_nul_is_refused_in_process_as_over_http(make, call, field):
+    """PostgreSQL cannot store a NUL: the core refuses it for every client (422 over HTTP)."""
+    c = make()
+    c.register_job("a", "j", "grpo")
+    with pytest.raises(InvalidInput, match=f"{field} must not contain control characters"):
+        call(c)

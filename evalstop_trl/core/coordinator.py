@@ -58,6 +58,7 @@ from .records import (
     Report,
     check_checkpoint,
     check_report,
+    check_text,
 )
 from .repository import JobCache, ReplicatedJobs, Slot
 from .store import DONE, JobLimits, LimitReached, Store, StoreError, wait_durable
@@ -69,8 +70,7 @@ _isfinite = math.isfinite
 
 
 def _check_reason(reason: Any) -> None:
-    if not isinstance(reason, str) or len(reason) > 2000:
-        raise InvalidInput("reason must be a string of at most 2000 characters.")
+    check_text("reason", reason, 2000, multiline=True)  # no NUL (PostgreSQL cannot store one) or control codes
 
 
 StopListener = Callable[[JobRecord, Decision], None]

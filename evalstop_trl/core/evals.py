@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from .detectors import Decision
 from .errors import Conflict, InvalidInput, NotFound, QuotaExceeded
-from .records import EvalState, EvalTask, check_checkpoint, check_report
+from .records import EvalState, EvalTask, check_checkpoint, check_report, check_text
 from .store import wait_durable
 
 if TYPE_CHECKING:
@@ -74,8 +74,9 @@ class ExternalEvals:
     def claim(self, tenant: str, worker: str, lease_s: float) -> EvalTask | None:
         """Lease the tenant's oldest snapshot waiting for an eval (or one whose lease ran out: its
         worker died) to ``worker`` for ``lease_s`` seconds; None if there is none."""
-        if not isinstance(worker, str) or not 0 < len(worker) <= 128:
+        if not isinstance(worker, str) or not worker:
             raise InvalidInput("worker must be a name of 1-128 characters.")
+        check_text("worker", worker, 128)
         if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not 1 <= lease_s <= 3600:
             raise InvalidInput(f"lease_s must be in [1, 3600] seconds, but got {lease_s!r}.")
         with self._lock("claim", tenant):  # a lease must be durable before the next claim reads
@@ -86,6 +87,9 @@ class ExternalEvals:
         """An evaluator's result for a snapshot: its score, or None (``error``: the eval failed, a
         missing eval). Returns the job's decision after every eval that could be fed was fed."""
         check_report(step, score, None, None)
+        check_text("worker", worker, 128)
+        if error is not None:
+            check_text("error", error, 2000, multiline=True)
         self.coordinator.jobs.read(tenant, job_id)
         with self._lock("job", tenant, job_id):
             task = self.store.eval(tenant, job_id, step)

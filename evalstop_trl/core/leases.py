@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import EvalStopError, InvalidInput
 from .job import Expire, Heartbeat, Step
-from .records import JobView
+from .records import JobView, check_text
 from .store import StoreError
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ class JobLeases:
         """The job is alive: renews its lease (a LOST job is RUNNING again). Reports renew it too."""
         if not isinstance(actor, str) or not 0 < len(actor) <= 128:
             raise InvalidInput("actor must be a name of 1-128 characters.")
+        check_text("actor", actor, 128)
         return self._command(tenant, job_id, Heartbeat(actor, self.clock())).state.view()
 
     def sweep(self) -> list[tuple[str, str]]:
