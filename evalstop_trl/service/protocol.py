@@ -11,6 +11,8 @@
   :data:`~.middleware.AUTHENTICATED` scope key); at most ``unauth_per_address`` of them per client
   address (IPv6: per /64; 0 = no limit), beyond that a new connection from the address is closed at
   once. One address can then hold only a few of the ``max_connections`` slots, however slowly it sends.
+* **No body off /v1**: body bytes of a request to another path are dropped as they arrive (the Guard
+  refuses such requests), not buffered.
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ def guarded_protocol(header_timeout_s: float = 10.0, max_connections: int = 1000
         def on_headers_complete(self) -> None:
             self._disarm()
             super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            # a body off /v1 is refused unread by the Guard: never buffer what arrived with the head
+            if self.scope.get("path", "").startswith("/v1/"):
+                super().on_body(body)
 
         def connection_lost(self, exc):  # type: ignore[override]
             self._disarm()
