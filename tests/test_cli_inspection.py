@@ -52,3 +52,16 @@ def test_replay_reads_a_job_of_an_embedded_database(db):
     err = _evalstop("replay", str(db), ok=False).stderr
     assert "2 jobs of tenant 'local' (run-a, run-b): pick one with --job" in err
     assert "has no report with an eval score" in _evalstop("replay", str(db), "--job", "run-b", ok=False).stderr
+
+
+def test_status_reads_an_embedded_database_and_a_killed_job_shows_lost(db):
+    out = _evalstop("status", "--db", str(db)).stdout
+    assert "run-a" in out and "stopped" in out and "last seen" in out and "stop lag" not in out
+    assert "stop lag: 5 step(s)" in _evalstop("status", "run-a", "--db", str(db)).stdout
+    c = Coordinator(SQLiteStore(db), clock=lambda: 1000.0)  # a job whose process was killed long ago
+    c.register_job("local", "killed", "grpo", 100)
+    c.report("local", "killed", 10, eval_score=0.5)
+    c.close()
+    jobs = {j["job_id"]: j for j in json.loads(_evalstop("status", "--db", str(db), "--json").stdout)}
+    assert jobs["killed"]["status"] == "lost" and jobs["killed"]["last_seen"] == 1000.0
+    assert [r["kind"] for r in json.loads(_evalstop("audit", "killed", "--db", str(db), "--json").stdout)] == ["lost"]

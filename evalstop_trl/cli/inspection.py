@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from .common import CLIError
+from .common import CLIError, add_token_flags, read_token
 
 __all__ = ["add_inspect_commands", "add_target_flags", "open_client"]
 
@@ -24,7 +24,7 @@ def add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", help="an embedded coordinator's SQLite file (e.g. out/evalstop.db); no server needed")
     p.add_argument("--tenant", default="local", help="with --db: the tenant (default: local, the embedded one)")
     p.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL or http://127.0.0.1:8765)")
-    p.add_argument("--token", help="tenant token (default: $EVALSTOP_TOKEN; visible in ps: prefer the variable)")
+    add_token_flags(p)
 
 
 def open_client(args: argparse.Namespace):
@@ -45,10 +45,7 @@ def open_client(args: argparse.Namespace):
     from ..clients.http import EvalStopClient
 
     url = args.url or os.environ.get("EVALSTOP_URL", "http://127.0.0.1:8765")
-    token = args.token or os.environ.get("EVALSTOP_TOKEN")
-    if not token:
-        raise CLIError("no token: set EVALSTOP_TOKEN (or pass --token), or read a local file with --db PATH")
-    return EvalStopClient(url, token, retries=0)
+    return EvalStopClient(url, read_token(args), retries=0)
 
 
 def _lease() -> float | None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from .common import CLIError
 
@@ -225,18 +226,29 @@ def _unauth_limits(args: argparse.Namespace) -> dict:
     return limits
 
 
+def _ago(seconds: float) -> str:
+    """'12s ago', '5m ago', '3h ago', '2d ago'."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{max(0.0, seconds):.0f}s ago"
+
+
+def add_target_flags(p: argparse.ArgumentParser) -> None:
+    from .inspection import add_target_flags as add
+
+    add(p)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
-    from ..clients.http import EvalStopClient
     from ..core.codec import to_wire
     from ..core.errors import EvalStopError
     from ..core.records import AuditKind
-    from .common import read_token
+    from .inspection import open_client
 
-    url = args.url or os.environ.get("EVALSTOP_URL", "http://127.0.0.1:8765")
-    token = read_token(args)
     if args.plot and not args.job_id:
         raise CLIError("--plot draws one job: evalstop status JOB_ID --plot OUT.png")
-    client = EvalStopClient(url, token, retries=0)
+    client = open_client(args)
     try:
         jobs = [client.status(args.job_id)] if args.job_id else client.list_jobs()
         audit = client.audit(args.job_id) if args.job_id else []
@@ -257,12 +269,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([to_wire(j) for j in jobs]))
         return 0
-    print(f"{'job':<24}{'type':<10}{'status':<10}{'reports':>8}{'best step':>10}{'best score':>11}  decision")
+    print(f"{'job':<24}{'type':<11}{'status':<10}{'reports':>8}{'best step':>10}{'best score':>11}{'last seen':>11}"
+          "  decision")
+    now = time.time()
     for j in jobs:
         d = j.decision
         best = "" if j.best_score is None else f"{j.best_score:.4f}"
-        print(f"{j.job_id:<24}{j.job_type:<10}{j.status:<10}{j.n_reports:>8}{str(j.best_step or ''):>10}{best:>11}  "
-              f"{d.action.value + ': ' + d.reason if d else ''}")
+        seen = "" if j.last_seen is None else _ago(now - j.last_seen)
+        print(f"{j.job_id:<24}{j.job_type:<11}{j.status:<10}{j.n_reports:>8}{str(j.best_step or ''):>10}{best:>11}"
+              f"{seen:>11}  {d.action.value + ': ' + d.reason if d else ''}")
     lags = [a.evidence["stop_lag"] for a in audit if a.kind is AuditKind.ACK and "stop_lag" in a.evidence]
     if lags:
         print(f"stop lag: {lags[-1]} step(s) trained after the eval that decided the stop")
@@ -324,12 +339,10 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
     _add_quota_flags(s, "default quota")
     s.set_defaults(func=_cmd_serve)
 
-    st = sub.add_parser("status", help="show a tenant's jobs on a running coordinator")
+    st = sub.add_parser("status", help="show a tenant's jobs: on a running coordinator (--url) or in an embedded "
+                        "evalstop.db (--db)")
     st.add_argument("job_id", nargs="?")
-    st.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL or http://127.0.0.1:8765)")
-    st.add_argument("--token-file", metavar="PATH", help="read the tenant token from this file (default: "
-                                                         "$EVALSTOP_TOKEN)")
-    st.add_argument("--token", help="tenant token; visible in `ps`: prefer --token-file or $EVALSTOP_TOKEN")
+    add_target_flags(st)
     st.add_argument("--json", action="store_true")
     st.add_argument("--plot", metavar="OUT.png", help="draw JOB_ID's curves with its best and stop steps (.png, .svg, .pdf)")
     st.set_defaults(func=_cmd_status)
