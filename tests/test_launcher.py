@@ -141,3 +141,56 @@ def test_bad_launcher_input_is_a_one_line_error(argv, message, tmp_path):
 @pytest.mark.parametrize("code, status", [(0, 0), (3, 3), (-9, 137), (-15, 143)])
 def test_child_exit_status(code, status):
     assert child_exit_status(code) == status
+
+
+@pytest.mark.parametrize("command, stem", [
+    (["python", "train.py", "--lr", "1e-5"], "train"),
+    (["python", "-m", "pkg.sub.grpo_run"], "grpo_run"),
+    (["torchrun", "--nproc_per_node", "2", "scripts/ppo.py", "--lr", "1"], "ppo"),
+    (["/usr/bin/bash", "jobs/run me.sh"], "run-me"),
+    (["sleep", "60"], "sleep"),
+    (["./--weird"], "weird"),
+])
+def test_a_default_job_id_is_the_script_name_and_a_random_suffix(command, stem):
+    import re
+
+    from evalstop_trl.cli.run import _default_job_id
+    from evalstop_trl.core.records import check_name
+
+    first, second = _default_job_id(command), _default_job_id(command)
+    assert re.fullmatch(re.escape(stem) + r"-[0-9a-f]{6}", first) and first != second
+    assert check_name("job id", first) == first
+
+
+PRINT_JOB = "import os; print('job', os.environ['EVALSTOP_JOB_ID'])"
+
+
+def test_job_ids_come_from_the_flag_the_environment_or_the_script(server, tmp_path):
+    token = server.add_tenant("acme")
+    server.start()
+    script = tmp_path / "train.py"
+    script.write_text(PRINT_JOB)
+    (tmp_path / "token").write_text(token + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVALSTOP_")}
+    base = [sys.executable, "-m", "evalstop_trl", "run", "--url", server.url, "--token-file", str(tmp_path / "token")]
+    named = subprocess.run([*base, "--", sys.executable, str(script)], capture_output=True, text=True, env=env,
+                           timeout=60)
+    assert named.returncode == 0, named.stderr
+    job = named.stdout.split()[-1]
+    assert job.startswith("train-") and f"job id {job}" in named.stderr
+    from_env = subprocess.run([*base, "--", sys.executable, str(script)], capture_output=True, text=True,
+                              env={**env, "EVALSTOP_JOB_ID": "from-env"}, timeout=60)
+    assert from_env.stdout.split() == ["job", "from-env"], from_env.stderr
+    flag = subprocess.run([*base, "--job-id", "from-flag", "--", sys.executable, str(script)], capture_output=True,
+                          text=True, env={**env, "EVALSTOP_JOB_ID": "from-env"}, timeout=60)
+    assert flag.stdout.split() == ["job", "from-flag"], flag.stderr
+    with EvalStopClient(server.url, token) as c:
+        assert {v.job_id: v.status for v in c.list_jobs()} == {job: "finished", "from-env": "finished",
+                                                               "from-flag": "finished"}
+
+
+def test_an_unreadable_token_file_is_a_one_line_error(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVALSTOP_")}
+    done = subprocess.run([sys.executable, "-m", "evalstop_trl", "run", "--url", "http://127.0.0.1:9", "--token-file",
+                           str(tmp_path / "missing"), "--", "true"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "cannot read --token-file" in done.stderr and "Traceback" not in done.stderr

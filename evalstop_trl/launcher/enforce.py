@@ -49,10 +49,13 @@ class Enforcer:
     def child_done(self) -> bool:
         return self.child.returncode is not None
 
-    def look(self) -> bool:
-        """Refresh what runs; True while anything of the job does (the child or a descendant)."""
+    def look(self, scan: bool = True) -> bool:
+        """Refresh what runs (``scan=False``: the child only, the last list of the others kept, as a
+        walk of ``/proc`` costs milliseconds per hundred processes); True while anything of the job
+        runs (the child or a descendant)."""
         self.child.poll()
-        self.procs = [p for p in self.tree.alive(waited=self.child.pid) if p.pid != self.child.pid]
+        if scan or self.child_done:  # once the child is gone, what it left is always looked for
+            self.procs = [p for p in self.tree.alive(waited=self.child.pid) if p.pid != self.child.pid]
         return not self.child_done or bool(self.procs)
 
     def others(self) -> list[Proc]:
@@ -63,6 +66,7 @@ class Enforcer:
         """Move to the next stage and send its signal; returns the stage and the processes signalled
         besides the child (those named in the audit)."""
         self.stage = self.stage.to(Escalation.SIGTERM if self.stage is Escalation.GRACE else Escalation.SIGKILL)
+        self.look()
         return self.stage, self.send(_SIGNALS[self.stage])
 
     def send(self, sig: int) -> list[Proc]:

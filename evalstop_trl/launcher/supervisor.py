@@ -56,6 +56,7 @@ log = logging.getLogger("evalstop.launcher")
 FORWARDED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGHUP", "SIGINT", "SIGTERM", "SIGQUIT", "SIGUSR1",
                                                         "SIGUSR2") if hasattr(signal, n))
 _TICK_S = 0.1
+_SCAN_IDLE_S = 2.0  # while the child runs and no stop is being delivered: how often to walk /proc
 _KILL_SETTLE_S = 10.0  # after SIGKILL: how long to wait for the job's processes to vanish
 
 
@@ -211,8 +212,14 @@ class Launcher:
         stop_seen, acked, deadline, killed_at = False, False, None, None
         left: list[str] = []
         child_pid = enforcer.child.pid
-        while enforcer.look():
-            now, state = self.clock(), watch.state
+        scanned = float("-inf")
+        while True:
+            now = self.clock()
+            scan = enforcer.stage is not Escalation.GRACE or now - scanned >= _SCAN_IDLE_S
+            scanned = now if scan else scanned
+            if not enforcer.look(scan):
+                break
+            state = watch.state
             if state.stopped and not stop_seen and not enforcer.child_done:
                 stop_seen, deadline = True, now + self.grace_s
                 log.warning("evalstop run: job %s stopped (%s); the command has %g s to stop", log_text(self.job_id),
@@ -229,12 +236,11 @@ class Launcher:
                 if enforcer.stage is Escalation.SIGKILL:
                     killed_at = now
             elif enforcer.stage is Escalation.SIGKILL:
-                if now - killed_at > max(self.grace_s, _KILL_SETTLE_S):
+                if now - killed_at > max(self.grace_s, _KILL_SETTLE_S) and enforcer.child_done:
                     survivors = [p.describe(child_pid) for p in enforcer.others()]
                     log.error("evalstop run: %s still running after SIGKILL; giving up on them",
                               describe(enforcer.others(), child_pid))
-                    if enforcer.child_done:
-                        return stop_seen, left, survivors
+                    return stop_seen, left, survivors
                 enforcer.send(signal.SIGKILL)  # what started while the others died
             self._wait(enforcer)
         return stop_seen or watch.state.stopped, left, []
