@@ -1,4 +1,4 @@
-"""The three stores the store-contract and coordinator tests run on."""
+"""The stores the store-contract and coordinator tests run on (SQLite alone, and shared by processes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from evalstop_trl import MemoryStore, SQLiteStore
 from evalstop_trl.core.store import Store
 
-STORE_KINDS = ("memory", "sqlite", "postgres")
+STORE_KINDS = ("memory", "sqlite", "sqlite-shared", "postgres")
 
 
 def open_store(kind: str, path: Path, request: pytest.FixtureRequest) -> Store:
@@ -19,6 +19,8 @@ def open_store(kind: str, path: Path, request: pytest.FixtureRequest) -> Store:
         return MemoryStore()
     if kind == "sqlite":
         return SQLiteStore(path)
+    if kind == "sqlite-shared":  # the embedded default: a file other processes (evaluators) write too
+        return SQLiteStore(path, shared=True)
     from evalstop_trl.stores.postgres import PostgresStore
 
     return PostgresStore(request.getfixturevalue("pg_dsn"))

@@ -115,7 +115,7 @@ def test_sqlite_migrates_a_version_1_database(tmp_path):
     assert c.status("old", "j").policy["k"] == 2 and "enforce" not in c.status("old", "j").policy
     assert c.tenants.get("old").quotas == {}
     c.close()
-    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (3,)
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (4,)
     # version 3 added last_seen (liveness): an old job has none, and counts from its last write
     c = Coordinator(SQLiteStore(path))
     c.heartbeat("old", "j")

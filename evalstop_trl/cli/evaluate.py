@@ -51,9 +51,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         from ..clients.embedded import EmbeddedClient
         from ..core.coordinator import Coordinator
         from ..stores import open_store
+        from ..stores.sqlite import SQLiteStore
 
-        try:
-            client = EmbeddedClient(Coordinator(open_store(args.db)))
+        try:  # a SQLite file is shared with the training process that writes it: versioned writes
+            store = open_store(args.db) if "://" in args.db else SQLiteStore(args.db, shared=True)
+            client = EmbeddedClient(Coordinator(store))
         except ValueError as exc:
             raise CLIError(str(exc)) from None
     else:

@@ -38,7 +38,7 @@ def open_client(args: argparse.Namespace):
         if not os.path.exists(args.db):
             raise CLIError(f"no database at {args.db} (the callback writes <output_dir>/evalstop.db)")
         try:
-            store = SQLiteStore(args.db)
+            store = SQLiteStore(args.db, shared=True)  # a training process may be writing it
         except ValueError as exc:
             raise CLIError(str(exc)) from None
         return EmbeddedClient(Coordinator(store, lease_s=_lease()), tenant=args.tenant)

@@ -7,6 +7,7 @@ concurrent reports share one fsync. Schema versioned in the ``schema_version`` t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -19,6 +20,7 @@ from ..core.errors import Conflict
 from ..core.records import (
     AuditRecord,
     Delivery,
+    EvalState,
     EvalTask,
     JobRecord,
     JobStatus,
@@ -27,7 +29,7 @@ from ..core.records import (
     Report,
     TenantRecord,
 )
-from ..core.store import Store, Ticket, wait_durable
+from ..core.store import StaleState, Store, Ticket, wait_durable
 from .sql import (
     DELIVERY_COLS,
     EVAL_COLS,
@@ -35,13 +37,14 @@ from .sql import (
     SQLReads,
     delivery_from_row,
     delivery_row,
+    eval_from_row,
     eval_row,
 )
 from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -54,7 +57,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     policy TEXT NOT NULL, pid INTEGER, pid_start_time REAL, webhook TEXT, status TEXT NOT NULL,
     created_at REAL NOT NULL, updated_at REAL NOT NULL, decision TEXT, stopped_by TEXT,
     stopped_at REAL, acked_at REAL, checkpoint TEXT, finished_at REAL, last_seen REAL,
-    PRIMARY KEY (tenant, job_id));
+    version INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (tenant, job_id));
 CREATE TABLE IF NOT EXISTS reports (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, job_id TEXT NOT NULL,
     step INTEGER NOT NULL, eval_score REAL, train_loss REAL, proxy_reward REAL, checkpoint TEXT,
@@ -88,6 +91,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE tenants ADD COLUMN quotas TEXT NOT NULL DEFAULT '{}'",
         "ALTER TABLE tenants ADD COLUMN webhook_secret TEXT NOT NULL DEFAULT ''"),
     2: ("ALTER TABLE jobs ADD COLUMN last_seen REAL",),
+    3: ("ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 1",),  # 0 would read as "not registered"
 }
 
 
@@ -95,6 +99,9 @@ _JOB_COLS = (
     "tenant, job_id, job_type, planned_steps, policy, pid, pid_start_time, webhook, status, "
     "created_at, updated_at, decision, stopped_by, stopped_at, acked_at, checkpoint, finished_at, last_seen"
 )
+_UPDATE_JOB = ("job_type=?, planned_steps=?, policy=?, pid=?, pid_start_time=?, webhook=?, status=?, created_at=?, "
+               "updated_at=?, decision=?, stopped_by=?, stopped_at=?, acked_at=?, checkpoint=?, finished_at=?, "
+               "last_seen=?")
 
 
 def _job_row(j: JobRecord) -> tuple:
@@ -113,6 +120,7 @@ def _job_from_row(r: tuple) -> JobRecord:
         status=JobStatus(r[8]), created_at=r[9], updated_at=r[10],
         decision=Decision.from_dict(json.loads(r[11])) if r[11] else None, stopped_by=r[12],
         stopped_at=r[13], acked_at=r[14], checkpoint=r[15], finished_at=r[16], last_seen=r[17],
+        version=r[18] if len(r) > 18 else 0,
     )
 
 
@@ -127,8 +135,12 @@ class SQLiteStore(SQLReads, Store):
 
     READERS = 8  # reader connections at most; a read waits for a free one beyond that
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, shared: bool = False) -> None:
         self.path = Path(path)
+        #: ``shared``: other processes write this file too (a training process and ``evalstop evaluate
+        #: --db`` workers on one embedded evalstop.db): every write checks the job's version and the
+        #: coordinator re-reads jobs another process changed, as PostgreSQL replicas do.
+        self.shared = shared
         if not self.path.parent.exists():
             raise ValueError(f"Cannot create the database {self.path}: folder {self.path.parent} does not exist.")
         try:
@@ -193,7 +205,7 @@ class SQLiteStore(SQLReads, Store):
                 except Exception as exc:  # noqa: BLE001 - handed to the waiting caller
                     if db.in_transaction:
                         db.execute("ROLLBACK")
-                    ticket.set_exception(store_error(exc))
+                    ticket.set_exception(exc if isinstance(exc, StaleState) else store_error(exc))
         else:
             for _, ticket in batch:
                 ticket.set_result(None)
@@ -249,8 +261,21 @@ class SQLiteStore(SQLReads, Store):
         audit = tuple(audit)
         deliveries = tuple(deliveries)
 
+        key, values = row[:2], row[2:]
+
         def op(db: sqlite3.Connection) -> None:
-            db.execute(f"INSERT OR REPLACE INTO jobs ({_JOB_COLS}) VALUES ({','.join('?' * 18)})", row)
+            if expect == 0 or (expect is None and not db.execute(
+                    "SELECT 1 FROM jobs WHERE tenant=? AND job_id=?", key).fetchone()):
+                try:
+                    db.execute(f"INSERT INTO jobs ({_JOB_COLS}, version) VALUES ({','.join('?' * 19)})", (*row, 1))
+                except sqlite3.IntegrityError:
+                    raise StaleState(f"job {job.job_id!r} was registered by another process; retry") from None
+            elif expect is None or not self.shared:
+                db.execute(f"UPDATE jobs SET {_UPDATE_JOB}, version=version+1 WHERE tenant=? AND job_id=?",
+                           (*values, *key))
+            elif db.execute(f"UPDATE jobs SET {_UPDATE_JOB}, version=version+1 WHERE tenant=? AND job_id=? "
+                            "AND version=?", (*values, *key, expect)).rowcount == 0:
+                raise StaleState(f"job {job.job_id!r} was changed by another process; retry")
             if report is not None:
                 self._insert_report(db, job.tenant, job.job_id, report)
             self._insert_audit(db, audit)
@@ -261,7 +286,18 @@ class SQLiteStore(SQLReads, Store):
         return self._writes.submit(op)
 
     def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
-        return self._writes.submit(lambda db: self._insert_report(db, tenant, job_id, report))
+        check = self.shared and expect is not None
+
+        def op(db: sqlite3.Connection) -> None:
+            if check:
+                if db.execute("UPDATE jobs SET version=version+1 WHERE tenant=? AND job_id=? AND version=?",
+                              (tenant, job_id, expect)).rowcount == 0:
+                    raise StaleState(f"job {job_id!r} was changed by another process; retry")
+            else:
+                db.execute("UPDATE jobs SET version=version+1 WHERE tenant=? AND job_id=?", (tenant, job_id))
+            self._insert_report(db, tenant, job_id, report)
+
+        return self._writes.submit(op)
 
     @staticmethod
     def _insert_report(db: sqlite3.Connection, tenant: str, job_id: str, r: Report) -> None:
@@ -280,11 +316,55 @@ class SQLiteStore(SQLReads, Store):
         )
 
     def jobs(self) -> list[JobRecord]:
-        return [_job_from_row(r) for r in self._read(f"SELECT {_JOB_COLS} FROM jobs ORDER BY created_at, tenant, job_id")]
+        return [_job_from_row(r) for r in self._read(f"SELECT {_JOB_COLS}, version FROM jobs ORDER BY rowid")]
 
     def job(self, tenant: str, job_id: str) -> JobRecord | None:
-        rows = self._read(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant=? AND job_id=?", (tenant, job_id))
+        rows = self._read(f"SELECT {_JOB_COLS}, version FROM jobs WHERE tenant=? AND job_id=?", (tenant, job_id))
         return _job_from_row(rows[0]) if rows else None
+
+    # what a coordinator sharing this file with other processes reads (see ``shared``)
+    def job_versions(self, tenant: str, job_ids: Sequence[str]) -> dict[str, int]:
+        ids = list(job_ids)[:500]
+        rows = self._read(f"SELECT job_id, version FROM jobs WHERE tenant=? AND job_id IN ({','.join('?' * len(ids))})",
+                          (tenant, *ids)) if ids else []
+        return dict(rows)
+
+    def job_page(self, tenant: str, status: str | None, limit: int | None, offset: int) -> tuple[list[str], int]:
+        where, args = "tenant=?", [tenant]
+        if status is not None:
+            where += " AND status=?"
+            args.append(status)
+        total = self._read(f"SELECT count(*) FROM jobs WHERE {where}", tuple(args))[0][0]
+        rows = self._read(f"SELECT job_id FROM jobs WHERE {where} ORDER BY rowid LIMIT ? OFFSET ?",
+                          (*args, -1 if limit is None else limit, offset))
+        return [r[0] for r in rows], total
+
+    def count_active(self, tenant: str) -> int:
+        return self._read("SELECT count(*) FROM jobs WHERE tenant=? AND status IN ('pending', 'running')",
+                          (tenant,))[0][0]
+
+    def claim_eval(self, tenant: str, now: float, lease_s: float, worker: str) -> EvalTask | None:
+        """One write transaction finds and leases the oldest claimable task, so two processes (two
+        ``evalstop evaluate --db`` workers) never lease one snapshot twice."""
+        got: list[EvalTask | None] = []
+
+        def op(db: sqlite3.Connection) -> None:
+            got.clear()
+            row = db.execute(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND (state='pending' OR "
+                             "(state='leased' AND lease_until<=?)) ORDER BY created_at, job_id, step LIMIT 1",
+                             (tenant, now)).fetchone()
+            if row is None:
+                got.append(None)
+                return
+            task = eval_from_row(row)
+            claimed = dataclasses.replace(task, state=task.state.to(EvalState.LEASED), lease_until=now + lease_s,
+                                          worker=worker)
+            db.execute("UPDATE evals SET state='leased', lease_until=?, worker=? WHERE tenant=? AND job_id=? AND step=?",
+                       (claimed.lease_until, worker, tenant, task.job_id, task.step))
+            got.append(claimed)
+
+        self._write(op)
+        return got[-1] if got else None
 
     def put_eval(self, task: EvalTask) -> Ticket:
         row = tuple(int(v) if isinstance(v, bool) else v for v in eval_row(task))
@@ -306,8 +386,9 @@ class SQLiteStore(SQLReads, Store):
             f"INSERT OR REPLACE INTO deliveries ({DELIVERY_COLS}) VALUES ({','.join('?' * 10)})", row))
 
     def probe(self) -> None:
-        """A write transaction through the writer thread (raises StoreError if it cannot commit)."""
-        self._write(lambda db: db.execute("UPDATE schema_version SET version=version"))
+        """A transaction through the writer thread that writes nothing (raises StoreError if the writer
+        cannot take one: /readyz never writes to the store)."""
+        self._write(lambda db: db.execute("SELECT 1 FROM schema_version"))
 
     def close(self) -> None:
         """Finish queued writes, stop the writer, close the connections (idempotent)."""

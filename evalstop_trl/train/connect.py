@@ -32,7 +32,7 @@ def connect(coordinator: Any, token: str | None, output_dir: str | os.PathLike) 
     if coordinator is None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        return EmbeddedClient(Coordinator(SQLiteStore(out / "evalstop.db"), lease_s=DEFAULT_LEASE_S))
+        return EmbeddedClient(Coordinator(SQLiteStore(out / "evalstop.db", shared=True), lease_s=DEFAULT_LEASE_S))
     if isinstance(coordinator, str):
         token = token or os.environ.get("EVALSTOP_TOKEN")
         if not token:

@@ -1,0 +1,70 @@
+"""One embedded evalstop.db, two processes' coordinators: a training job and an `evalstop evaluate --db`
+worker (issue 20, defect 2). Each sees what the other wrote: the worker scores a job registered
+after it started, and the training side learns the stop the worker's score decided."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalstop_trl import Coordinator, SQLiteStore
+from evalstop_trl.core.errors import NotFound
+from evalstop_trl.core.store import StoreError
+
+
+def _pair(path):
+    worker = Coordinator(SQLiteStore(path, shared=True))  # started first: the file has no job yet
+    trainer = Coordinator(SQLiteStore(path, shared=True))
+    return trainer, worker
+
+
+def test_a_worker_started_first_scores_a_later_job_and_the_trainer_sees_the_stop(tmp_path):
+    trainer, worker = _pair(tmp_path / "evalstop.db")
+    trainer.register_job("local", "run", "grpo", 100)
+    for step in (10, 20, 30, 40):
+        trainer.publish_snapshot("local", "run", step, f"/out/checkpoint-{step}")
+    for score in (0.5, 0.6, 0.55, 0.5):  # two declines after the best at step 20
+        task = worker.claim_eval("local", "w1", 60)
+        worker.post_eval("local", "run", task.step, score, "w1")
+    view = trainer.status("local", "run")  # the training process's own coordinator
+    assert (view.status, view.best_step, view.decision.action.value) == ("stopped", 20, "stop")
+    assert trainer.ack("local", "run", "/out/checkpoint-20", 45).acked
+    assert worker.status("local", "run").acked
+    trainer.close()
+    worker.close()
+
+
+def test_writes_on_stale_state_are_refused_and_reloaded(tmp_path):
+    a, b = _pair(tmp_path / "evalstop.db")
+    a.register_job("local", "j", "grpo")
+    a.report("local", "j", 1, eval_score=0.5)
+    b.report("local", "j", 2, eval_score=0.4)  # b re-reads the job a wrote, then writes
+    assert a.report("local", "j", 3, eval_score=0.3).stop  # a re-reads b's report: two declines
+    assert b.status("local", "j").status == "stopped"
+    a.close()
+    b.close()
+
+
+def test_an_unshared_file_is_not_reread(tmp_path):
+    """The service owns its file (no version reads per report): another writer is not seen."""
+    a = Coordinator(SQLiteStore(tmp_path / "own.db"))
+    b = Coordinator(SQLiteStore(tmp_path / "own.db", shared=True))
+    b.register_job("local", "j", "grpo")
+    with pytest.raises(NotFound):
+        a.status("local", "j")
+    a.close()
+    b.close()
+
+
+def test_two_workers_never_lease_one_snapshot_twice(tmp_path):
+    trainer, w1 = _pair(tmp_path / "evalstop.db")
+    w2 = Coordinator(SQLiteStore(tmp_path / "evalstop.db", shared=True))
+    trainer.register_job("local", "run", "grpo")
+    for step in range(1, 7):
+        trainer.publish_snapshot("local", "run", step, f"/s/{step}")
+    got = [c.claim_eval("local", name, 60) for _ in range(3) for c, name in ((w1, "w1"), (w2, "w2"))]
+    assert sorted(t.step for t in got) == [1, 2, 3, 4, 5, 6]
+    assert w1.claim_eval("local", "w1", 60) is None
+    for c in (trainer, w1, w2):
+        c.close()
+    with pytest.raises(StoreError):
+        w2.claim_eval("local", "w2", 60)  # closed: refused, not silently served
