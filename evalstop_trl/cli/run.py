@@ -5,7 +5,8 @@ Runs CMD under the launcher (see :mod:`evalstop_trl.launcher`). Without ``--url`
 port over ``--db`` (default ``./evalstop.db``), with a ``local`` tenant whose token it rotates for
 this run. One launcher at a time may use an embedded database.
 
-The token comes from ``--token-file PATH`` or ``--token`` (visible in ``ps``), else ``$EVALSTOP_TOKEN``.
+The token comes from ``--token-file PATH`` or ``--token`` (visible in ``ps``), else ``$EVALSTOP_TOKEN``
+(:func:`~.common.read_token`).
 The job id from ``--job-id``, else ``$EVALSTOP_JOB_ID``, else the command's script name and a random
 suffix (printed).
 
@@ -21,7 +22,7 @@ import os
 import re
 import sys
 
-from .common import CLIError
+from .common import CLIError, add_token_flags, read_token
 
 __all__ = ["add_run_command"]
 
@@ -69,7 +70,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get("EVALSTOP_URL")
     server = None
     if url:
-        token = _token(args)
+        token = read_token(args)
     else:
         from ..service.local import EmbeddedServer
 
@@ -104,24 +105,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
             server.stop()
 
 
-def _token(args: argparse.Namespace) -> str:
-    """The tenant token: ``--token-file`` or ``--token``, else ``$EVALSTOP_TOKEN``."""
-    if args.token_file:
-        try:
-            with open(args.token_file, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as exc:
-            raise CLIError(f"cannot read --token-file {args.token_file!r}: {exc.strerror}") from None
-        if not token:
-            raise CLIError(f"--token-file {args.token_file!r} is empty")
-        return token
-    token = args.token or os.environ.get("EVALSTOP_TOKEN")
-    if not token:
-        raise CLIError("no token: pass --token-file PATH or set EVALSTOP_TOKEN (or drop --url for the embedded "
-                       "default)")
-    return token
-
-
 _SCRIPT = re.compile(r".+\.(py|sh|bash|zsh|pl|rb|js|ts|lua|jl|r|R)$")
 
 
@@ -149,10 +132,7 @@ def add_run_command(sub: argparse._SubParsersAction) -> None:
                        "the command does not acknowledge within --grace-s send SIGTERM to every process it "
                        "started, then SIGKILL.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL, else an embedded one over --db)")
-    tokens = p.add_mutually_exclusive_group()
-    tokens.add_argument("--token-file", metavar="PATH", help="read the tenant token from this file")
-    tokens.add_argument("--token", help="tenant token (default: $EVALSTOP_TOKEN; visible in ps: prefer "
-                        "--token-file or the variable)")
+    add_token_flags(p)
     p.add_argument("--db", default="evalstop.db", help="database of the embedded default (default ./evalstop.db)")
     p.add_argument("--job-id", help="the job (default: $EVALSTOP_JOB_ID, else the command's script name and a "
                    "random suffix, printed)")
