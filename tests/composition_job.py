@@ -118,7 +118,7 @@ def build(a: argparse.Namespace):
         reward_funcs.append(gold)
         extra = dict(reward_weights=[1.0, 0.0], eval_strategy=a.eval_strategy, eval_steps=a.eval_every,
                      per_device_eval_batch_size=16)
-        eval_dataset = Dataset.from_dict({"prompt": make_prompts(16, 4242)})
+        eval_dataset = Dataset.from_dict({"prompt": make_prompts(8, 4242)})
     else:
         cb = EvalStopCallback(external_eval=True, eval_every=a.eval_every, **kw)
     args = GRPOConfig(output_dir=str(out), learning_rate=PRESET.lr, max_steps=a.max_steps, logging_steps=5,

@@ -280,8 +280,8 @@ def test_composition(row: Row, tmp_path, request):
 def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
     job_id = f"comp-{ROWS.index(row) + 1}"
     external = row.mode == "external"
-    # external: a real step is slower than a tiny eval, so the workers keep up (0.1 s more per step)
-    steps, more = (["--max-steps", "130", "--slow", "0.1"], "140") if external else (["--max-steps", "90"], "100")
+    # external: a real step is slower than a tiny eval, so the workers keep up (0.05 s more per step)
+    steps, more = (["--max-steps", "130", "--slow", "0.05"], "140") if external else (["--max-steps", "90"], "100")
     extra = ["--flaky-at", "2", "--callback-kwargs", '{"direction": "min"}'] if row.name.startswith("D8") else []
     if external:
         _worker(t, tmp_path / "worker.log")  # before the training process (issue 20, item 2)
@@ -442,3 +442,13 @@ def _metric_without_eval(row: Row, t: Target) -> None:
         finally:
             c.close()
         assert jobs.get("comp-no-eval") in (None, "failed"), jobs
+
+
+# -------------------------------------------------------------------------------- configs/examples
+@pytest.mark.parametrize("script", ["launcher_and_callback.py", "external_eval_embedded.py"])
+def test_the_examples_of_the_readme_combinations_run(script, tmp_path):
+    """configs/examples: launcher + callback, and external evaluators on the embedded store."""
+    r = subprocess.run([sys.executable, str(ROOT / "configs" / "examples" / script), "--out", str(tmp_path / "out")],
+                       cwd=ROOT, capture_output=True, text=True, env=_env(), timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "best step" in r.stdout, r.stdout  # exit 0: the example saw its run stopped
