@@ -153,7 +153,7 @@ def test_a_launcher_watch_survives_its_replica(replicas):
     time.sleep(0.5)
     a.kill()  # the replica the launcher polls first dies before the stop
     out, err = launcher.communicate(timeout=90)
-    assert launcher.returncode == 137, err
+    assert launcher.returncode == 0, err  # a job EvalStop stopped exits 0 (no scheduler retry)
     with EvalStopClient(b.url, token) as c:
         assert [e.kind.value for e in c.audit("watched")] == ["stop", "launcher_sigterm", "launcher_sigkill",
                                                            "launcher_exit"]

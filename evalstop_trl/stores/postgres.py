@@ -130,6 +130,7 @@ class PostgresStore(SQLReads, Store):
     """
 
     shared = True
+    _JOB_ORDER = "seq"
     _POSTGRES = True
 
     def __init__(self, dsn: str, pool_size: int = 4) -> None:
@@ -305,20 +306,6 @@ class PostgresStore(SQLReads, Store):
         rows = self._read("SELECT job_id, version FROM jobs WHERE tenant=%s AND job_id = ANY(%s)",
                           (tenant, list(job_ids)))
         return dict(rows)
-
-    def job_page(self, tenant: str, status: str | None, limit: int | None, offset: int) -> tuple[list[str], int]:
-        where, args = "tenant=%s", [tenant]
-        if status is not None:
-            where += " AND status=%s"
-            args.append(status)
-        total = self._read(f"SELECT count(*) FROM jobs WHERE {where}", tuple(args))[0][0]
-        rows = self._read(f"SELECT job_id FROM jobs WHERE {where} ORDER BY seq LIMIT %s OFFSET %s",
-                          (*args, limit, offset))
-        return [r[0] for r in rows], total
-
-    def count_active(self, tenant: str) -> int:
-        return self._read("SELECT count(*) FROM jobs WHERE tenant=%s AND status IN ('pending', 'running')",
-                          (tenant,))[0][0]
 
     # ------------------------------------------------------------------ external evals
     def put_eval(self, task: EvalTask) -> Ticket:

@@ -72,12 +72,29 @@ class SQLReads:
 
     _NO_LIMIT: int | None = None
     _POSTGRES = False
+    _JOB_ORDER = "rowid"  # registration order (PostgreSQL: its seq column)
 
     def _read(self, query: str, args: tuple = ()) -> list[tuple]:  # pragma: no cover - each store's own
         raise NotImplementedError
 
     def _limit(self, limit: int | None) -> int | None:
         return self._NO_LIMIT if limit is None else limit
+
+    def job_page(self, tenant: str, status: str | None, limit: int | None, offset: int) -> tuple[list[str], int]:
+        """One page of a tenant's job ids in registration order, and the total (shared stores)."""
+        where, args = "tenant=?", [tenant]
+        if status is not None:
+            where += " AND status=?"
+            args.append(status)
+        total = self._read(f"SELECT count(*) FROM jobs WHERE {where}", tuple(args))[0][0]
+        rows = self._read(f"SELECT job_id FROM jobs WHERE {where} ORDER BY {self._JOB_ORDER} LIMIT ? OFFSET ?",
+                          (*args, self._limit(limit), offset))
+        return [r[0] for r in rows], total
+
+    def count_active(self, tenant: str) -> int:
+        """The tenant's pending and running jobs (shared stores)."""
+        return self._read("SELECT count(*) FROM jobs WHERE tenant=? AND status IN ('pending', 'running')",
+                          (tenant,))[0][0]
 
     def tenant_by_hash(self, token_hash: str) -> TenantRecord | None:
         rows = self._read(f"SELECT {TENANT_COLS} FROM tenants WHERE token_hash=?", (token_hash,))

@@ -124,6 +124,19 @@ def _job_from_row(r: tuple) -> JobRecord:
     )
 
 
+def _lease_oldest(db: sqlite3.Connection, tenant: str, now: float, lease_s: float, worker: str) -> EvalTask | None:
+    row = db.execute(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND (state='pending' OR "
+                     "(state='leased' AND lease_until<=?)) ORDER BY created_at, job_id, step LIMIT 1",
+                     (tenant, now)).fetchone()
+    if row is None:
+        return None
+    task = eval_from_row(row)
+    claimed = dataclasses.replace(task, state=task.state.to(EvalState.LEASED), lease_until=now + lease_s, worker=worker)
+    db.execute("UPDATE evals SET state='leased', lease_until=?, worker=? WHERE tenant=? AND job_id=? AND step=?",
+               (claimed.lease_until, worker, tenant, task.job_id, task.step))
+    return claimed
+
+
 class SQLiteStore(SQLReads, Store):
     """A durable store in one SQLite file (WAL mode, ``synchronous=FULL``).
 
@@ -329,41 +342,11 @@ class SQLiteStore(SQLReads, Store):
                           (tenant, *ids)) if ids else []
         return dict(rows)
 
-    def job_page(self, tenant: str, status: str | None, limit: int | None, offset: int) -> tuple[list[str], int]:
-        where, args = "tenant=?", [tenant]
-        if status is not None:
-            where += " AND status=?"
-            args.append(status)
-        total = self._read(f"SELECT count(*) FROM jobs WHERE {where}", tuple(args))[0][0]
-        rows = self._read(f"SELECT job_id FROM jobs WHERE {where} ORDER BY rowid LIMIT ? OFFSET ?",
-                          (*args, -1 if limit is None else limit, offset))
-        return [r[0] for r in rows], total
-
-    def count_active(self, tenant: str) -> int:
-        return self._read("SELECT count(*) FROM jobs WHERE tenant=? AND status IN ('pending', 'running')",
-                          (tenant,))[0][0]
-
     def claim_eval(self, tenant: str, now: float, lease_s: float, worker: str) -> EvalTask | None:
         """One write transaction finds and leases the oldest claimable task, so two processes (two
         ``evalstop evaluate --db`` workers) never lease one snapshot twice."""
         got: list[EvalTask | None] = []
-
-        def op(db: sqlite3.Connection) -> None:
-            got.clear()
-            row = db.execute(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND (state='pending' OR "
-                             "(state='leased' AND lease_until<=?)) ORDER BY created_at, job_id, step LIMIT 1",
-                             (tenant, now)).fetchone()
-            if row is None:
-                got.append(None)
-                return
-            task = eval_from_row(row)
-            claimed = dataclasses.replace(task, state=task.state.to(EvalState.LEASED), lease_until=now + lease_s,
-                                          worker=worker)
-            db.execute("UPDATE evals SET state='leased', lease_until=?, worker=? WHERE tenant=? AND job_id=? AND step=?",
-                       (claimed.lease_until, worker, tenant, task.job_id, task.step))
-            got.append(claimed)
-
-        self._write(op)
+        self._write(lambda db: got.append(_lease_oldest(db, tenant, now, lease_s, worker)))
         return got[-1] if got else None
 
     def put_eval(self, task: EvalTask) -> Ticket:
