@@ -94,7 +94,8 @@ def live_platform() -> None:
               f"that decided the stop, while the evaluator caught up)")
         code = stubborn.wait(timeout=300)
         print(f"\nglobex-stubborn (a loop that ignores the stop flag, under `evalstop run --grace-s 2`): "
-              f"launcher exit status {code}; its audit trail:")
+              f"launcher exit status {code} (0: stopped by EvalStop, so a retrying scheduler leaves it); "
+              f"its audit trail:")
         from evalstop_trl.clients.http import EvalStopClient
 
         with EvalStopClient(url, tokens["globex"]) as c:
