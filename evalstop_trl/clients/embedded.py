@@ -73,8 +73,8 @@ class EmbeddedClient:
                   error: str | None = None) -> Decision:
         return self.coordinator.post_eval(self.tenant, job_id, step, score, worker, error)
 
-    def evals(self, job_id: str) -> list[EvalTask]:
-        return self.coordinator.evals(self.tenant, job_id)
+    def evals(self, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[EvalTask]:
+        return self.coordinator.evals(self.tenant, job_id, after_step, limit)
 
     def wait_decision(self, job_id: str, wait_s: float = 30.0, stopped: bool = False) -> JobView:
         """The job once it is no longer running (or stopped, with ``stopped``), or after ``wait_s``."""

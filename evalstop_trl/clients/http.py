@@ -44,7 +44,7 @@ import os
 import threading
 from typing import Any
 
-from ..core.api import MAX_PAGE, MAX_WAIT_S, ROUTES, Route
+from ..core.api import MAX_WAIT_S, ROUTES, Route
 from ..core.detectors import Action, Decision
 from ..core.errors import EvalStopError, InvalidInput
 from ..core.records import AuditRecord, EvalTask, JobView, Report
@@ -202,7 +202,8 @@ class EvalStopClient:
         limit = args.pop("limit", None)
         out: list[Any] = []
         while True:
-            want = MAX_PAGE if limit is None else max(0, min(limit - len(out), MAX_PAGE))
+            size = route.page_size
+            want = size if limit is None else max(0, min(limit - len(out), size))
             if want == 0:
                 return out
             page = self._send(route, {**args, "limit": want, **({"offset": len(out)} if route.page == "offset" else {})})
@@ -266,8 +267,9 @@ class EvalStopClient:
         return self.call("post_eval", job_id=job_id, step=step, score=score, worker=worker,
                          error=error[:2000] if error else None)
 
-    def evals(self, job_id: str) -> list[EvalTask]:
-        return self.call("evals", job_id=job_id)
+    def evals(self, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[EvalTask]:
+        """The job's snapshots in step order; pages through the service's limit unless ``limit`` is given."""
+        return self.call("evals", job_id=job_id, after_step=after_step, limit=limit)
 
     def wait_decision(self, job_id: str, wait_s: float = 30.0, stopped: bool = False) -> JobView:
         """Long poll: the job once it is no longer running (or stopped, with ``stopped``), or after ``wait_s``."""

@@ -32,9 +32,10 @@ from .detectors import Decision
 from .errors import InvalidInput
 from .records import AuditKind, AuditRecord, EvalTask, JobView, Report
 
-__all__ = ["LOCAL_METHODS", "MAX_PAGE", "MAX_WAIT_S", "ROUTES", "EvalStopAPI", "Route", "launcher_event"]
+__all__ = ["EVALS_PAGE", "LOCAL_METHODS", "MAX_PAGE", "MAX_WAIT_S", "ROUTES", "EvalStopAPI", "Route", "launcher_event"]
 
 MAX_PAGE = 1000  # items per page of a listing
+EVALS_PAGE = 250  # snapshots per page of /evals (each is a path and its state: the costliest page to encode)
 MAX_WAIT_S = 60.0  # longest long poll
 
 
@@ -82,7 +83,7 @@ class EvalStopAPI(Protocol):
     def post_eval(self, job_id: str, step: int, score: float | None, worker: str = "",
                   error: str | None = None) -> Decision: ...
 
-    def evals(self, job_id: str) -> list[EvalTask]: ...
+    def evals(self, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[EvalTask]: ...
 
     def record_event(self, job_id: str, kind: str, reason: str = "", exit_code: int | None = None) -> None: ...
 
@@ -123,6 +124,7 @@ class Route:
     status: int = 200
     fail_open: bool = False
     page: str | None = None
+    page_size: int = MAX_PAGE
 
     @property
     def path_args(self) -> tuple[str, ...]:
@@ -164,7 +166,8 @@ ROUTES: Mapping[str, Route] = {r.name: r for r in (
     Route("fail", "POST", "/v1/jobs/{job_id}/fail", codec.JOB, body=("reason",), fail_open=True),
     Route("publish_snapshot", "POST", "/v1/jobs/{job_id}/snapshots", codec.EVAL_TASK,
           body=("step", "path", "train_loss", "proxy_reward"), status=201, fail_open=True),
-    Route("evals", "GET", "/v1/jobs/{job_id}/evals", codec.many(codec.EVAL_TASK)),
+    Route("evals", "GET", "/v1/jobs/{job_id}/evals", codec.many(codec.EVAL_TASK), query=("after_step", "limit"),
+          page="after_step", page_size=EVALS_PAGE),
     Route("claim_eval", "POST", "/v1/evals/claim", codec.optional(codec.EVAL_TASK), body=("worker", "lease_s")),
     Route("post_eval", "POST", "/v1/jobs/{job_id}/evals/{step}", codec.under("decision", codec.DECISION),
           body=("score", "worker", "error")),

@@ -34,7 +34,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from ..core.api import MAX_PAGE, ROUTES, Route, launcher_event
+from ..core.api import EVALS_PAGE, ROUTES, Route, launcher_event
 from ..core.coordinator import Coordinator
 from ..core.detectors import Decision
 from ..core.errors import QuotaExceeded, Unauthorized
@@ -68,7 +68,7 @@ EVAL_CALLS_PER_TENANT = 4  # claims and posted evals of one tenant served at onc
 
 class EvalsQuery(BaseModel):
     after_step: int | None = Field(None, ge=-1, le=MAX_STEP, description="only snapshots after this step")
-    limit: int = Field(MAX_PAGE, ge=1, le=MAX_PAGE, description="at most this many: a page (the next one: "
+    limit: int = Field(EVALS_PAGE, ge=1, le=EVALS_PAGE, description="at most this many: a page (the next one: "
                        "after_step = the last step of this one)")
 
 
