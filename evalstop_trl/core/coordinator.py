@@ -119,6 +119,7 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
         self.jobs = repository(store, lambda t: self.tenants.quotas(t).max_reports_per_job, clock)
         self.external = ExternalEvals(self, eval_gap_timeout_s)
         self._stop_listeners: list[StopListener] = []
+        self._report_limits: dict[str, int] = {}  # tenant -> max_reports_per_tenant, read at registration
         self.started_at = clock() if outage_grace else float("-inf")
         if lease_s is not None:
             self.sweep()
@@ -214,6 +215,7 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
             if jobs.find(tenant, job_id) is not None:  # registered meanwhile: attach
                 return self._register(tenant, job_id, job_type, planned_steps, policy, webhook)
             quotas = self.tenants.quotas(tenant)
+            self._report_limits[tenant] = quotas.max_reports_per_tenant
             total = jobs.total(tenant)
             if total >= quotas.max_jobs:
                 raise QuotaExceeded(f"tenant {tenant!r} has {total} jobs, the most allowed (max_jobs={quotas.max_jobs},"
@@ -270,7 +272,9 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
         rep = Report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock())
         last = slot.head.last
         if last is None or step > last.step:  # a new report (a retry is answered whatever the quota)
-            limit = self.tenants.quotas(tenant).max_reports_per_tenant
+            limit = self._report_limits.get(tenant)
+            if limit is None:  # the tenant's quota as of its latest registration (as max_reports_per_job)
+                limit = self._report_limits[tenant] = self.tenants.quotas(tenant).max_reports_per_tenant
             if self.jobs.reports(tenant) >= limit:
                 raise QuotaExceeded(f"tenant {tenant!r} has {limit} stored reports, the most allowed "
                                     f"(max_reports_per_tenant={limit}); prune finished jobs ('evalstop prune')")

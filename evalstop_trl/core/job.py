@@ -227,7 +227,9 @@ def _observe(state: JobState, cmd: Observe) -> Step:
         raise QuotaExceeded(f"job {job_id!r} has {state.n_reports} reports, the most a job may have "
                             f"(max_reports_per_job={state.max_reports}); start a new job")
     detector = state.detector.clone()
-    decision = detector.observe(state.observation(rep))
+    planned = record.planned_steps
+    decision = detector.observe(Observation.trusted(job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
+                                                    record.job_type.value, rep.step / planned if planned else None))
     status = record.status
     new_record, audit, deliveries, stopped = record, (), (), False
     if status.terminal:
@@ -251,7 +253,7 @@ def _observe(state: JobState, cmd: Observe) -> Step:
                    rep.checkpoint if detector.best_step == rep.step else state.best_checkpoint, decision,
                    state.max_reports, state.version + 1)
     commit = Commit(None if new_record is record else new_record, rep, audit, deliveries, state.version)
-    return Step(new, new.current(), commit, stopped)
+    return Step(new, new.current() if new_record.status.terminal else decision, commit, stopped)
 
 
 def _transition(state: JobState, status: JobStatus, now: float, audit: AuditRecord | None,

@@ -232,14 +232,12 @@ class JobCache:
         """All of the tenant's jobs (every status): the ``max_jobs`` quota."""
         return len(self._by_tenant.get(tenant, ()))
 
-    _REPORTS_TTL_S = float("inf")  # one process writes the store: its count stays right
-
     def reports(self, tenant: str) -> int:
-        """The tenant's stored reports (counted once, then kept by :meth:`commit`)."""
+        """The tenant's stored reports (counted once, then kept by :meth:`commit`: one process writes
+        the store, so the count stays right)."""
         hit = self._reports.get(tenant)
-        now = self._clock()
-        if hit is None or now - hit[1] > self._REPORTS_TTL_S:
-            hit = self._reports[tenant] = [self.store.count_reports(tenant), now]
+        if hit is None:
+            hit = self._reports[tenant] = [self.store.count_reports(tenant), 0.0]
         return int(hit[0])
 
     def live_slots(self) -> list[Slot]:
@@ -284,6 +282,13 @@ class ReplicatedJobs(JobCache):
         self._load_all()
 
     _REPORTS_TTL_S = 5.0  # other replicas add reports too: count again this often
+
+    def reports(self, tenant: str) -> int:
+        hit = self._reports.get(tenant)
+        now = self._clock()
+        if hit is None or now - hit[1] > self._REPORTS_TTL_S:
+            hit = self._reports[tenant] = [self.store.count_reports(tenant), now]
+        return int(hit[0])
 
     def find(self, tenant: str, job_id: str) -> Slot | None:
         try:
