@@ -80,6 +80,11 @@ class Row:
     note: str = ""
 
     @property
+    def defect(self) -> str:
+        """``D1`` ... ``D10`` for a defect's row, else ``""``."""
+        return self.name.split("-")[0] if self.name.startswith("D") else ""
+
+    @property
     def values(self) -> tuple[str, str, str, str]:
         return (self.store, self.mode, self.launch, self.scenario)
 
@@ -222,7 +227,7 @@ def _job(row: Row, t: Target, job_id: str, n: int, *args: str, timeout: float = 
         cmd += ["--job-id", job_id] + (["--coordinator", t.url] if t.url else [])
     else:
         where = ["--url", t.url, "--lease-s", str(LEASE_S)] if t.url else ["--db", str(t.db)]
-        cmd = [sys.executable, "-m", "evalstop_trl", "run", "--job-id", job_id, "--grace-s", "10", *where, "--",
+        cmd = [sys.executable, "-m", "evalstop_trl", "run", "--job-id", job_id, "--grace-s", "5", *where, "--",
                *cmd]
     log = t.out.parent / f"run-{n}.log"
     with open(log, "w") as f:
@@ -269,7 +274,7 @@ def _ok(run: Run, what: str) -> None:
 def test_composition(row: Row, tmp_path, request):
     t = _target(row, tmp_path, request)
     try:
-        if row.name.startswith("D6"):
+        if row.defect == "D6":
             _metric_without_eval(row, t)
             return
         _train_row(row, t, tmp_path)
@@ -282,7 +287,7 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
     external = row.mode == "external"
     # external: a real step is slower than a tiny eval, so the workers keep up (0.05 s more per step)
     steps, more = (["--max-steps", "130", "--slow", "0.05"], "140") if external else (["--max-steps", "90"], "100")
-    extra = ["--flaky-at", "2", "--callback-kwargs", '{"direction": "min"}'] if row.name.startswith("D8") else []
+    extra = ["--flaky-at", "2", "--callback-kwargs", '{"direction": "min"}'] if row.defect == "D8" else []
     if external:
         _worker(t, tmp_path / "worker.log")  # before the training process (issue 20, item 2)
         time.sleep(1.0)
@@ -322,11 +327,11 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
     else:
         run = first
     job = _check_stopped(row, t, final_job, run, planned=int(more) if row.scenario != "fresh" else None)
-    if row.name.startswith("D7"):
+    if row.defect == "D7":
         evals = {e["step"] for e in run.result["evalstop_logs"] if "evalstop/score" in e}
         seen = {e["step"] for e in run.result["integration_logs"] if "evalstop/score" in e}
         assert evals and seen == evals, (sorted(evals), run.result["integration_logs"])
-    if row.name.startswith("D8"):
+    if row.defect == "D8":
         assert re.search(r"\b(rose|rises?)\b", job.decision.reason) and "decline" not in job.decision.reason, \
             job.decision.reason
         assert re.search(r"the eval at step 20 failed .*TimeoutError", run.log), run.log[-3000:]
@@ -343,7 +348,7 @@ def _check_stopped(row: Row, t: Target, job_id: str, run: Run, planned: int | No
         scores = [(r.step, r.eval_score) for r in sorted(c.reports(job_id), key=lambda r: r.step)]
     finally:
         c.close()
-    direction = "min" if row.name.startswith("D8") else "max"
+    direction = "min" if row.defect == "D8" else "max"
     stop_step, best_step, best_score, reason = replay(scores, direction)
     res = run.result
     assert stop_step is not None, f"the detector never stops on {scores}"
@@ -373,9 +378,9 @@ def _check_stopped(row: Row, t: Target, job_id: str, run: Run, planned: int | No
     assert not newer, f"checkpoints newer than the best ({best_step}) left after the stop: {newer}"
     if row.launch == "launcher":
         assert run.rc == 0  # item 10: a stop is not a failure a scheduler would retry
-    if row.name.startswith("D1"):
+    if row.defect == "D1":
         assert job.planned_steps == 90, job.planned_steps  # the callback filled in the launcher's registration
-    if row.name.startswith("D10"):
+    if row.defect == "D10":
         assert "launcher_exit" in _audit_kinds(t, job_id)
     return job
 
@@ -405,7 +410,7 @@ def _check_killed(row: Row, t: Target, job_id: str) -> None:
     if best_step is not None:  # the best so far is kept; the trainer's checkpoints up to the kill stay
         assert job.best_checkpoint and Path(job.best_checkpoint).is_dir(), job.best_checkpoint
     assert all(s <= DIE_AT for s in _checkpoints(t.out)), _checkpoints(t.out)
-    if row.name.startswith("D9"):
+    if row.defect == "D9":
         _inspect_embedded(t, job_id, wanted, scores)
 
 
