@@ -194,3 +194,21 @@ def test_an_unreadable_token_file_is_a_one_line_error(tmp_path):
     done = subprocess.run([sys.executable, "-m", "evalstop_trl", "run", "--url", "http://127.0.0.1:9", "--token-file",
                            str(tmp_path / "missing"), "--", "true"], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and "cannot read --token-file" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_launch_onto_an_ended_job_is_a_new_run(server, tmp_path):
+    """Rerunning `evalstop run --job-id J` after J was stopped: the new launch is J-2 (as the callback
+    names a rerun), and J's old stop is never enforced on it."""
+    token = server.add_tenant("acme")
+    server.start()
+    with EvalStopClient(server.url, token) as c:
+        c.register_job("again", "grpo")
+        c.stop("again", "the first run was stopped")
+    out = subprocess.run([sys.executable, "-m", "evalstop_trl", "run", "--url", server.url, "--job-id", "again",
+                          "--grace-s", "1", "--", sys.executable, "-c",
+                          "import os, time; time.sleep(2); print(os.environ['EVALSTOP_JOB_ID'])"],
+                         env={**os.environ, "EVALSTOP_TOKEN": token}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "again-2", out.stderr
+    with EvalStopClient(server.url, token) as c:
+        assert c.status("again-2").status == "finished" and c.status("again").status == "stopped"
+        assert [a.kind.value for a in c.audit("again-2")] == ["launcher_exit"]

@@ -370,15 +370,22 @@ def test_20_the_launcher_keeps_its_job_alive_with_heartbeats(server, tmp_path, l
         assert c.status("quiet").status == "finished"
 
 
-def test_20_a_child_killed_by_a_signal_is_reported_and_its_job_failed(coordinator, tmp_path, launches):
-    server, token = coordinator
+def test_20_a_child_killed_by_a_signal_is_reported_and_its_job_lost_after_its_lease(server, tmp_path, launches):
+    """Killed from outside (preempted, OOM-killed): not a failure of the job's own, so the launcher
+    leaves it to its lease (lost), and a resumed attempt that reports brings it back."""
+    token = server.add_tenant("acme")
+    server.start(args=("--lease-s", "1"))
     child = _script("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
-    launch = Launch(tmp_path, ["--url", server.url, "--token", token, "--job-id", "oom"], child)
+    launch = Launch(tmp_path, ["--url", server.url, "--token", token, "--job-id", "oom", "--lease-s", "1"], child)
     launches.append(launch)
     assert launch.wait(timeout=60) == 137, launch.stderr
     with EvalStopClient(server.url, token) as c:
+        deadline = time.monotonic() + 30
+        while c.status("oom").status != "lost" and time.monotonic() < deadline:
+            time.sleep(0.2)
         audit = c.audit("oom")
-        view = c.status("oom")
-    assert view.status == "failed"
-    assert [a.kind.value for a in audit] == ["launcher_exit", "failed"]
+        assert c.status("oom").status == "lost"
+        c.report("oom", 10, eval_score=0.5)  # a resumed attempt
+        assert c.status("oom").status == "running"
+    assert [a.kind.value for a in audit] == ["launcher_exit", "lost"]
     assert "killed by SIGKILL" in audit[0].reason and audit[0].evidence["exit_code"] == 137

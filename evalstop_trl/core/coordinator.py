@@ -64,7 +64,7 @@ from .repository import JobCache, ReplicatedJobs, Slot
 from .store import DONE, JobLimits, LimitReached, Store, StoreError, wait_durable
 from .tenants import Tenants
 
-__all__ = ["Coordinator", "PendingReport", "check_report"]
+__all__ = ["Coordinator", "PendingReport", "WouldBlock", "check_report"]
 
 _isfinite = math.isfinite
 
@@ -74,6 +74,11 @@ def _check_reason(reason: Any) -> None:
 
 
 StopListener = Callable[[JobRecord, Decision], None]
+
+
+class WouldBlock(Exception):
+    """:meth:`Coordinator.submit_report` with ``nonblocking=True`` would have to read the store
+    (the job is not in memory, or the store is shared): call it again from a worker thread."""
 
 
 class PendingReport(NamedTuple):
@@ -253,9 +258,13 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
 
     def submit_report(self, tenant: str, job_id: str, step: int, eval_score: float | None = None,
                       train_loss: float | None = None, proxy_reward: float | None = None,
-                      checkpoint: str | None = None) -> PendingReport:
+                      checkpoint: str | None = None, nonblocking: bool = False) -> PendingReport:
         """Decide on one report and queue its durable write; :meth:`complete` waits for it (the
-        async service awaits ``pending.ticket``, a Future, instead)."""
+        async service awaits ``pending.ticket``, a Future, instead). ``nonblocking``: raise
+        :class:`WouldBlock` instead of reading the store (the event loop's fast path: a job in memory
+        costs microseconds and only queues its write)."""
+        if nonblocking and (tenant not in self._report_limits or not self.jobs.in_memory(tenant, job_id, step)):
+            raise WouldBlock(job_id)
         out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
         return PendingReport(tenant, job_id, out.decision, ticket, out.state.record if out.stopped else None)
 

@@ -232,6 +232,15 @@ class JobCache:
         """All of the tenant's jobs (every status): the ``max_jobs`` quota."""
         return len(self._by_tenant.get(tenant, ()))
 
+    def in_memory(self, tenant: str, job_id: str, step: int) -> bool:
+        """A report of ``step`` to this job needs no store read: the job is loaded and sound, the
+        tenant's reports counted, and the step not a late retry of an old one."""
+        slot = self._slots.get((tenant, job_id))
+        if slot is None or slot.lazy or slot.broken or slot.committed is None or tenant not in self._reports:
+            return False
+        last = slot.head.last
+        return last is None or step >= last.step
+
     def reports(self, tenant: str) -> int:
         """The tenant's stored reports (counted once, then kept by :meth:`commit`: one process writes
         the store, so the count stays right)."""
@@ -282,6 +291,9 @@ class ReplicatedJobs(JobCache):
         self._load_all()
 
     _REPORTS_TTL_S = 5.0  # other replicas add reports too: count again this often
+
+    def in_memory(self, tenant: str, job_id: str, step: int) -> bool:
+        return False  # another replica may have written the job: its version is read first
 
     def reports(self, tenant: str) -> int:
         hit = self._reports.get(tenant)

@@ -93,6 +93,9 @@ class Store(ABC):
     """
 
     shared: bool = False
+    #: methods that only queue a write and return its ticket, never waiting on a disk or a network:
+    #: the only store calls the service may make on its event loop
+    QUEUED_WRITES = frozenset({"commit", "add_report"})
 
     # tenants
     @abstractmethod

@@ -44,7 +44,7 @@ from typing import Any
 
 from ..core.api import EvalStopAPI
 from ..core.errors import EvalStopError
-from ..core.records import Escalation, JobStatus
+from ..core.records import Escalation, JobStatus, JobView
 from .enforce import Enforcer, describe
 from .procs import ProcessTree, set_child_subreaper
 from .watch import JobWatch, checked_view, log_text
@@ -181,7 +181,10 @@ class Launcher:
         watch, and the command starts anyway (fail-open)."""
         for attempt in range(tries):
             try:
-                if checked_view(self._register_once()) is not None:
+                view = checked_view(self._register_once())
+                if view is not None:
+                    if JobStatus(view.status).terminal:
+                        return self._next_run(view)
                     return True
                 why = "no answer"
             except EvalStopError:
@@ -193,6 +196,22 @@ class Launcher:
         log.warning("evalstop run: could not register job %s (%s); running the command anyway and retrying",
                     log_text(self.job_id), why)
         return False
+
+    def _next_run(self, ended: JobView, most: int = 1000) -> bool:
+        """The job this launch attached to has ended (a stop, an end, a failure): this launch is a new
+        run, ``NAME-2`` (or the first free ``NAME-k``), as the callback names a rerun; its stop is
+        never taken for the earlier run's."""
+        base = self.job_id
+        for k in range(2, most + 2):
+            self.job_id = f"{base}-{k}"
+            view = checked_view(self._register_once())
+            if view is None:
+                return False  # unconfirmed: the watch registers it
+            if not JobStatus(view.status).terminal and not view.n_reports:
+                log.warning("evalstop run: job %s has ended (%s); this run is job %s", log_text(base),
+                            log_text(ended.status), log_text(self.job_id))
+                return True
+        raise EvalStopError(f"job {base!r} has {most} ended runs; pass another --job-id")
 
     def _start(self, argv: Sequence[str], env: Mapping[str, str] | None) -> subprocess.Popen:
         child_env = dict(os.environ if env is None else env)
@@ -286,9 +305,12 @@ class Launcher:
             reason += f"; it left {len(left)} process(es) running, terminated by the launcher: {', '.join(left[:8])}"
         if survivors:
             reason += f"; {len(survivors)} process(es) survived SIGKILL: {', '.join(survivors[:8])}"
+        killed_outside = returncode < 0 and not self._sent  # preempted or OOM-killed, not by this launcher
+        if killed_outside and not stopped:
+            reason += "; left to its lease: lost unless a resumed attempt reports"
         self._event("launcher_exit", reason, status, tries=3)
-        if not stopped and (view is None or view.status in (JobStatus.PENDING.value, JobStatus.RUNNING.value,
-                                                            JobStatus.LOST.value)):
+        if not stopped and not killed_outside and (view is None or view.status in (
+                JobStatus.PENDING.value, JobStatus.RUNNING.value, JobStatus.LOST.value)):
             self._settle(status, reason)
         return LaunchResult(self.stopped_exit_code if stopped else status, stopped, tuple(self._sent), status,
                             tuple(left), tuple(survivors))

@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from ..core.api import EVALS_PAGE, ROUTES, Route, launcher_event
-from ..core.coordinator import Coordinator
+from ..core.coordinator import Coordinator, WouldBlock
 from ..core.detectors import Decision
 from ..core.errors import QuotaExceeded, Unauthorized
 from ..core.records import MAX_STEP, AuditKind, JobView
@@ -189,12 +189,16 @@ class Handlers:
 
     async def report(self, t: str, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
                      proxy_reward: float | None, checkpoint: str | None) -> Decision:
-        """Decide in the thread pool (the coordinator's lock may be held across a store read), then
-        await durability without holding a thread, so one group commit serves many reports."""
+        """Decide on the loop when the job is in memory (else in the thread pool), then await
+        durability without holding a thread, so one group commit serves many reports."""
         t0 = time.perf_counter()
         coordinator = self.coordinator
-        pending = await run_in_threadpool(coordinator.submit_report, t, job_id, step, eval_score, train_loss,
-                                          proxy_reward, checkpoint)
+        try:  # a job in memory: microseconds on the loop, only its write queued (Store.QUEUED_WRITES)
+            pending = coordinator.submit_report(t, job_id, step, eval_score, train_loss, proxy_reward, checkpoint,
+                                                nonblocking=True)
+        except WouldBlock:  # it needs a store read first: in the thread pool
+            pending = await run_in_threadpool(coordinator.submit_report, t, job_id, step, eval_score, train_loss,
+                                              proxy_reward, checkpoint)
         ticket = pending.ticket
         if not ticket.done():
             try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from .base import EvalStopCallback, FeedbackMode, _Eval, calling_trainer
+from .base import EvalStopCallback, FeedbackMode, _Eval, calling_trainer, default_job_id
 from .evaluation import evaluate_preserving_state
-from .external import DecisionWatcher, prune_snapshots, snapshot_path
+from .external import DecisionWatcher, keep_earlier_bests, prune_snapshots, snapshot_path
 from .ranks import RankMessage, share
 from .session import infer_direction
 
@@ -127,7 +127,11 @@ class _ExternalFeedback(EvalStopCallback, mode=FeedbackMode.EXTERNAL):
         return None
 
     def on_train_begin(self, args, state, control, **kwargs):
+        requested = self.session.job_id or default_job_id(args)
         super().on_train_begin(args, state, control, **kwargs)
+        current = self.session.job_id
+        if self._is_main and requested and current and current != requested:  # a rerun: NAME-2, ...
+            keep_earlier_bests(self.client, requested, current, args.output_dir)
         if self._is_main and self._watcher is None:
             self._watcher = DecisionWatcher(self.client, self.session.job_id or "")
 

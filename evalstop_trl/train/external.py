@@ -8,6 +8,8 @@ network; :func:`prune_snapshots` deletes the snapshots no longer worth keeping.
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import threading
 import weakref
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import EvalStopError
+
+log = logging.getLogger("evalstop.callback")
 
 __all__ = ["DecisionWatcher", "prune_snapshots", "snapshot_path"]
 
@@ -78,3 +82,35 @@ def _watch(ref: weakref.ref[DecisionWatcher], done: threading.Event, client: Any
             watcher.stopped = view
             return
         del watcher
+
+
+def keep_earlier_bests(client: Any, base: str, current: str, output_dir: str | os.PathLike) -> list[str]:
+    """A rerun into the same folder saves its snapshots as ``checkpoint-<step>`` too, over (and then
+    pruning) the one an earlier run (``base``, ``base-2``, ... before ``current``) kept as its best:
+    move each such kept snapshot to ``evalstop-best-<job>`` first and point its job there (an ack,
+    in its audit log). Returns the jobs moved; fail-open (a coordinator error only logs)."""
+    out = Path(output_dir).resolve()
+    moved = []
+    for k in range(1, 1000):
+        name = base if k == 1 else f"{base}-{k}"
+        if name == current:
+            break
+        try:
+            path = client.status(name).best_checkpoint
+        except Exception:  # noqa: BLE001 - no such job, or the coordinator is away: nothing to keep
+            continue
+        kept = Path(path) if path else None
+        if kept is None or not kept.name.startswith("checkpoint-") or not kept.is_dir() or kept.resolve().parent != out:
+            continue
+        target = out / f"evalstop-best-{name}"
+        if target.exists():
+            continue
+        kept.rename(target)
+        try:
+            client.ack(name, str(target))
+        except Exception as exc:  # noqa: BLE001 - fail-open: the move stands, the record says the old path
+            log.warning("EvalStop: moved job %s's kept best to %s but could not record it: %s", name, target, exc)
+        log.warning("EvalStop: this rerun (%s) saves into the same folder: job %s's kept best %s moved to %s",
+                    current, name, kept.name, target)
+        moved.append(name)
+    return moved
