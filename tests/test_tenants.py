@@ -46,3 +46,20 @@ def test_revoking_an_unknown_tenant_is_not_found(tenants):
 def test_bad_names(tenants, name):
     with pytest.raises(InvalidInput, match="tenant name must be"):
         tenants.add(name)
+
+
+def test_a_token_is_trusted_from_memory_briefly_and_a_revocation_in_process_ends_it_at_once():
+    from evalstop_trl import Coordinator
+    from evalstop_trl.core import tenants as module
+
+    c = Coordinator()
+    token = c.tenants.add("acme")
+    assert c.tenants.cached(token) is None  # never seen: the store is read first
+    assert c.tenants.authenticate(token) == "acme"
+    c.tenants.quotas("acme")
+    assert c.tenants.cached(token)[0] == "acme"  # the event loop's fast path: no store read
+    c.tenants.revoke("acme")
+    assert c.tenants.cached(token) is None
+    with pytest.raises(Unauthorized, match="revoked"):
+        c.tenants.authenticate(token)
+    assert module.AUTH_TTL_S <= 1.0  # another process's revocation takes effect within a second

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["Tenants", "hash_token", "new_token"]
 
 _QUOTA_TTL_S = 5.0  # how long a tenant's quotas are cached (another process may change them)
+#: how long a token that authenticated is trusted without reading the store again: a revocation or
+#: rotation by another process (`evalstop tenants revoke`) takes effect within this; in process, at once
+AUTH_TTL_S = 1.0
 
 
 def hash_token(token: str) -> str:
@@ -58,6 +61,7 @@ class Tenants:
         self.store, self.clock = store, clock
         self.default_quotas = default_quotas or Quotas()
         self._quota_cache: dict[str, tuple[float, Quotas]] = {}
+        self._auth_cache: dict[str, tuple[float, str]] = {}  # token hash -> (checked at, tenant); valid tokens only
 
     def add(self, name: str) -> str:
         """Create a tenant and return its new token (shown once; only its hash is stored)."""
@@ -76,7 +80,22 @@ class Tenants:
             raise Unauthorized("unknown token: create one with 'evalstop tenants add NAME'")
         if t.revoked:
             raise Unauthorized("this token was revoked; ask the operator for a new one ('evalstop tenants rotate')")
+        self._auth_cache[t.token_hash] = (time.monotonic(), t.name)
         return t.name
+
+    def cached(self, token: str | None) -> tuple[str, Quotas] | None:
+        """``(tenant, quotas)`` of a token that authenticated less than :data:`AUTH_TTL_S` ago with its
+        quotas cached too, else None (then :meth:`authenticate` reads the store): no store read, so
+        the service may call this on its event loop."""
+        if not token:
+            return None
+        hit = self._auth_cache.get(hash_token(token))
+        if hit is None or time.monotonic() - hit[0] >= AUTH_TTL_S:
+            return None
+        quotas = self._quota_cache.get(hit[1])
+        if quotas is None or self.clock() - quotas[0] >= _QUOTA_TTL_S:
+            return None
+        return hit[1], quotas[1]
 
     def get(self, name: str) -> TenantRecord:
         t = self.store.tenant(name)
@@ -92,6 +111,7 @@ class Tenants:
         if not self.store.update_tenant(new):
             raise NotFound(f"no tenant named {name!r}")
         self._quota_cache.pop(name, None)
+        self._auth_cache.clear()  # a revoked or rotated token is refused at once in this process
         return new
 
     def revoke(self, name: str) -> None:

@@ -119,6 +119,24 @@ class Guard:
         self.app, self.tenants, self.limit, self.body_timeout_s = app, tenants, limit, body_timeout_s
         self.buckets, self.per_address = buckets or TokenBuckets(), per_address
 
+    def _admit_cached(self, authorization: bytes | None, method: str, path: str, scope) -> tuple[str, tuple | None] | None:
+        """:meth:`_admit` on the event loop for a token and quotas the tenants' caches hold (no store
+        read); None when a store read is needed (then the thread pool does it)."""
+        if not _is_report(method, path):
+            return None  # the common case worth the loop: reports
+        try:
+            hit = self.tenants().cached(_bearer(authorization))
+        except Unauthorized:
+            return None
+        if hit is None:
+            return None
+        tenant, quotas = hit
+        wait = self.buckets.take(tenant, quotas.report_rate, quotas.report_burst)
+        if wait > 0:
+            return tenant, _refusal(429, f"report rate over this tenant's quota of {quotas.report_rate:g}/s; "
+                                    f"retry after {wait:.2f} s", _retry_after(wait))[1]
+        return tenant, None
+
     def _admit(self, authorization: bytes | None, method: str, path: str, scope) -> tuple[str | None, tuple | None]:
         """``(tenant, None)``, or ``(None, (status, detail, headers))`` to refuse the request. Reads the
         store (the token's tenant, its quotas): called in the thread pool."""
@@ -132,8 +150,8 @@ class Guard:
             quotas = tenants.quotas(tenant)
             wait = self.buckets.take(tenant, quotas.report_rate, quotas.report_burst)
             if wait > 0:
-                return _refusal(429, f"report rate over this tenant's quota of {quotas.report_rate:g}/s; "
-                                f"retry after {wait:.2f} s", _retry_after(wait))
+                return tenant, _refusal(429, f"report rate over this tenant's quota of {quotas.report_rate:g}/s; "
+                                        f"retry after {wait:.2f} s", _retry_after(wait))[1]
         elif method == "GET" and path == "/v1/jobs":
             wait = self.buckets.take(f"{tenant}\x00list", LIST_RATE, LIST_BURST, _limit(scope))
             if wait > 0:
@@ -172,9 +190,16 @@ class Guard:
             return await self.app(scope, receive, send)
         if declared.isdigit() and int(declared) > self.limit:
             return await _reply(send, 413, f"request body over the {_size(self.limit)} limit")
+        tenant = None
         refusal = self._unauthenticated(scope, take=False)  # an address over its budget: no token lookup
         if refusal is None:
-            tenant, refusal = await run_in_threadpool(self._admit, headers.get(b"authorization"), method, path, scope)
+            fast = self._admit_cached(headers.get(b"authorization"), method, path, scope)
+            tenant, refusal = fast if fast is not None else await run_in_threadpool(
+                self._admit, headers.get(b"authorization"), method, path, scope)
+        if refusal is not None and tenant is not None:  # an authenticated client over a rate: its (bounded)
+            if has_body and await self._read_body(receive, send) is None:  # body is read, the connection kept
+                return None
+            return await _reply(send, *refusal, close=False)
         if refusal is not None:
             return await _reply(send, *refusal)
         scope.setdefault("state", {})["tenant"] = tenant
@@ -250,10 +275,12 @@ def _bearer(value: bytes | None) -> str | None:
     return text[len("Bearer "):].strip() if text.startswith("Bearer ") else None
 
 
-async def _reply(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    """A refusal: ``{"detail": ...}``, and the connection closed after it (its body is never read)."""
+async def _reply(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = (), close: bool = True) -> None:
+    """A refusal: ``{"detail": ...}``, and (``close``) the connection closed after it (its body is never
+    read); an authenticated client's 429 keeps its connection (its body was read)."""
     body = json.dumps({"detail": detail}).encode()
+    keep = [(b"connection", b"close")] if close else []
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close"), *headers]})
+                            *keep, *headers]})
     await send({"type": "http.response.body", "body": body})
