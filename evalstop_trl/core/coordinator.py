@@ -169,8 +169,7 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
         self._stop_listeners.append(listener)
 
     def remove_stop_listener(self, listener: StopListener) -> None:
-        """Stop calling ``listener`` (no error if it was not added)."""
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError):  # not added: nothing to do
             self._stop_listeners.remove(listener)
 
     def _notify(self, record: JobRecord, decision: Decision) -> None:
@@ -259,10 +258,8 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
     def submit_report(self, tenant: str, job_id: str, step: int, eval_score: float | None = None,
                       train_loss: float | None = None, proxy_reward: float | None = None,
                       checkpoint: str | None = None, nonblocking: bool = False) -> PendingReport:
-        """Decide on one report and queue its durable write; :meth:`complete` waits for it (the
-        async service awaits ``pending.ticket``, a Future, instead). ``nonblocking``: raise
-        :class:`WouldBlock` instead of reading the store (the event loop's fast path: a job in memory
-        costs microseconds and only queues its write)."""
+        """Decide on one report, queue its write; :meth:`complete` (or awaiting ``pending.ticket``) waits.
+        ``nonblocking``: :class:`WouldBlock` instead of a store read (the service's event-loop path)."""
         if nonblocking and (tenant not in self._report_limits or not self.jobs.in_memory(tenant, job_id, step)):
             raise WouldBlock(job_id)
         out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
