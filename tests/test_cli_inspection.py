@@ -65,3 +65,13 @@ def test_status_reads_an_embedded_database_and_a_killed_job_shows_lost(db):
     jobs = {j["job_id"]: j for j in json.loads(_evalstop("status", "--db", str(db), "--json").stdout)}
     assert jobs["killed"]["status"] == "lost" and jobs["killed"]["last_seen"] == 1000.0
     assert [r["kind"] for r in json.loads(_evalstop("audit", "killed", "--db", str(db), "--json").stdout)] == ["lost"]
+
+
+def test_an_operator_marks_a_dead_job_failed(db):
+    c = Coordinator(SQLiteStore(db))
+    c.register_job("local", "dead", "grpo", 100)
+    c.close()
+    assert "dead: failed" in _evalstop("fail", "dead", "--db", str(db), "--reason", "node gone").stdout
+    records = json.loads(_evalstop("audit", "dead", "--db", str(db), "--json").stdout)
+    assert [(r["kind"], r["reason"]) for r in records] == [("failed", "node gone")]
+    assert "no job 'nope'" in _evalstop("fail", "nope", "--db", str(db), ok=False).stderr

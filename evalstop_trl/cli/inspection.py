@@ -66,6 +66,29 @@ def add_inspect_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON array of audit records")
     p.set_defaults(func=_cmd_audit)
 
+    f = sub.add_parser("fail", help="mark a dead job failed, with a reason (in its audit log); "
+                       "`evalstop prune` then deletes ended jobs",
+                       description="Mark a job failed (an operator's verdict on a dead job: it frees its quota and "
+                                   "its status says why). A stopped, finished or failed job stays as it is.")
+    f.add_argument("job_id")
+    f.add_argument("--reason", default="marked failed by the operator")
+    add_target_flags(f)
+    f.set_defaults(func=_cmd_fail)
+
+
+def _cmd_fail(args: argparse.Namespace) -> int:
+    from ..core.errors import EvalStopError
+
+    client = open_client(args)
+    try:
+        view = client.fail(args.job_id, args.reason)
+    except EvalStopError as exc:
+        raise CLIError(str(exc)) from None
+    finally:
+        client.close()
+    print(f"{args.job_id}: {view.status if view is not None else 'kept in the outbox'}")
+    return 0
+
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     from ..core.codec import to_wire
