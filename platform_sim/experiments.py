@@ -9,6 +9,7 @@ only then).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -155,6 +156,12 @@ def run_seeds(cfg: SimConfig, seeds: int | None = None, workers: int | None = No
     return aggregate_pair(rows, cfg, n, seed_start if workload is None else workload.seed)
 
 
+def _finite_mean(values: Sequence[float]) -> float:
+    """The mean of the finite values (NaN if none: a seed where no job completed in both runs)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
 def aggregate_pair(rows: Sequence[SeedPair], cfg: SimConfig, n: int, seed_start: int = 0) -> PairResult:
     """The result over seeds from each seed's :class:`SeedPair` (with its per-type counts and JCTs)."""
     return PairResult(
@@ -166,6 +173,8 @@ def aggregate_pair(rows: Sequence[SeedPair], cfg: SimConfig, n: int, seed_start:
         base=RunSummary.mean([r.base for r in rows]), run=RunSummary.mean([r.run for r in rows]),
         jct_base_h=tuple(x for r in rows for x in r.jct_base_h or ()),
         jct_run_h=tuple(x for r in rows for x in r.jct_run_h or ()),
+        mean_jct_completed_base_h=_finite_mean([r.changes.mean_jct_completed_base_h for r in rows]),
+        mean_jct_completed_h=_finite_mean([r.changes.mean_jct_completed_h for r in rows]),
     )
 
 

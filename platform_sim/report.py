@@ -57,7 +57,7 @@ def run_table(res: PairResult) -> str:
         f"{'metric':<34}{'base':>12}{'+overlay':>12}{'change':>10}   95% CI",
     ]
     rows: list[tuple[str, float | None, float | None, Metric]] = [
-        ("mean JCT, completed jobs (h)", None, None, ch.jct_change),
+        ("mean JCT, completed jobs (h)", res.mean_jct_completed_base_h, res.mean_jct_completed_h, ch.jct_change),
         ("mean JCT, all jobs (h)", b.mean_jct_h, r.mean_jct_h, ch.jct_change_all),
         ("p95 JCT (h)", b.p95_jct_h, r.p95_jct_h, ch.p95_jct_change),
         ("makespan (h)", b.makespan_h, r.makespan_h, ch.makespan_change),

@@ -101,6 +101,10 @@ class PairResult(_JSON):
     run: RunSummary
     jct_base_h: tuple[float, ...]
     jct_run_h: tuple[float, ...]
+    # the mean JCT of the jobs that completed in both runs, without and with the overlay (h), over seeds:
+    # the terminal table's base and overlay cells of the completed-jobs row (the JSON has the change)
+    mean_jct_completed_base_h: float = float("nan")
+    mean_jct_completed_h: float = float("nan")
 
     def to_dict(self) -> dict[str, Any]:
         return {
