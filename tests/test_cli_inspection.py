@@ -75,3 +75,15 @@ def test_an_operator_marks_a_dead_job_failed(db):
     records = json.loads(_evalstop("audit", "dead", "--db", str(db), "--json").stdout)
     assert [(r["kind"], r["reason"]) for r in records] == [("failed", "node gone")]
     assert "no job 'nope'" in _evalstop("fail", "nope", "--db", str(db), ok=False).stderr
+
+
+def test_serve_says_it_cannot_listen_before_any_banner(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = _evalstop("serve", "--db", str(tmp_path / "c.db"), "--port", str(port), ok=False)
+    assert "cannot listen on 127.0.0.1:" in out.stderr and "serving" not in out.stdout
+    assert "postgresql://" in _evalstop("tenants", "add", "--help").stdout

@@ -128,6 +128,7 @@ def test_17_9_outbox_flush_quarantines_instead_of_a_traceback(lab, tmp_path):
                           env={k: v for k, v in os.environ.items() if k != "EVALSTOP_TOKEN"})
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert "2 of 2 queued operation(s) sent" in done.stdout and "quarantine" in done.stderr
+    assert "replayed" not in done.stderr  # issue 20: what was sent is said once
     assert len(quarantine.read_text().splitlines()) == len(BAD_LINES)
 
 

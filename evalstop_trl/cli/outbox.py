@@ -27,6 +27,10 @@ def _cmd_flush(args: argparse.Namespace) -> int:
     if not url:
         raise CLIError("pass --url (or set EVALSTOP_URL)")
     token = read_token(args)
+    import logging
+
+    # the one line printed below says what was sent: not the client's own "replayed N" too
+    logging.getLogger("evalstop.client").addFilter(lambda r: not r.getMessage().startswith("replayed "))
     try:
         client = EvalStopClient(url, token, outbox=path, retries=1)
     except ValueError as exc:

@@ -205,12 +205,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _raise_fd_limit(max_conn + 256)
     _tune_gc()
     _tune_gil()
+    _check_can_listen(host, port)  # the banner never precedes a bind error
     print(f"evalstop serving {path} on http://{host}:{port} (API under /v1, OpenAPI at /openapi.json; webhooks to: "
           f"{', '.join(allow) or 'nowhere'})", flush=True)
     uvicorn.run(create_app(coord, settings), host=host, port=port, log_level=args.log_level, access_log=False,
                 http=guarded_protocol(header_timeout, max_conn, unauth["connections"]),
                 timeout_keep_alive=30)  # training jobs report every few seconds: keep their connections
     return 0
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            sock.bind(infos[0][4])
+    except OSError as exc:
+        raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def _unauth_limits(args: argparse.Namespace) -> dict:
@@ -358,6 +371,6 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
             p.add_argument("name")
         if name == "quota":
             _add_quota_flags(p, "this tenant's quota")
-        p.add_argument("--db", help="SQLite database (default: $EVALSTOP_DB)")
+        p.add_argument("--db", help="a SQLite file or a postgresql://user@host/db URL (default: $EVALSTOP_DB)")
         p.add_argument("--json", action="store_true")
     t.set_defaults(func=_cmd_tenants)
