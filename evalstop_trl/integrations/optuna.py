@@ -23,19 +23,18 @@ counts as a decline nor resets the run).
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 import optuna
 
-from .policy import TrialDetector, make_policy
+from .policy import LockedTrials, TrialDetector, make_policy
 
 __all__ = ["EvalStopPruner"]
 
 _DIRECTIONS = {optuna.study.StudyDirection.MAXIMIZE: "max", optuna.study.StudyDirection.MINIMIZE: "min"}
 
 
-class EvalStopPruner(optuna.pruners.BasePruner):
+class EvalStopPruner(LockedTrials, optuna.pruners.BasePruner):
     """Prune a trial when an EvalStop detector would stop it.
 
     Args:
@@ -53,16 +52,8 @@ class EvalStopPruner(optuna.pruners.BasePruner):
         self.detector_name, self.params = detector, dict(params)
         self.n_warmup_steps, self.max_steps = n_warmup_steps, max_steps
         self._trials: dict[tuple[int, int], TrialDetector] = {}
-        self._lock = threading.Lock()  # studies may run trials in threads (n_jobs > 1)
+        LockedTrials.__init__(self)
 
-    def __getstate__(self) -> dict[str, Any]:  # studies run in other processes pickle their pruner
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
         step = trial.last_step

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -9,7 +10,7 @@ from ..core.detectors import Decision, Observation
 from ..core.errors import InvalidInput
 from ..core.records import Policy
 
-__all__ = ["TrialDetector", "make_policy"]
+__all__ = ["LockedTrials", "TrialDetector", "make_policy"]
 
 
 def make_policy(detector: str, params: Mapping[str, Any] | None, direction: str | None) -> Policy:
@@ -44,3 +45,20 @@ class TrialDetector:
             progress = step / self.max_steps if self.max_steps else None
             self.decision = self.detector.observe(Observation(self.trial, step, value, progress=progress))
         return self.decision
+
+
+class LockedTrials:
+    """A lock over per-trial detectors that survives pickling (tuners send their pruner or stopper to
+    other processes; a lock cannot travel, so each copy makes its own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()

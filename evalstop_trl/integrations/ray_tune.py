@@ -16,19 +16,18 @@ non-finite one, counts as a missing eval. ``stopper.decisions`` keeps each trial
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 from ray.tune import Stopper
 
-from .policy import TrialDetector, make_policy
+from .policy import LockedTrials, TrialDetector, make_policy
 
 __all__ = ["EvalStopStopper"]
 
 _MODES = {"max": "max", "min": "min"}
 
 
-class EvalStopStopper(Stopper):
+class EvalStopStopper(LockedTrials, Stopper):
     """Stop a Ray Tune trial when an EvalStop detector would stop it.
 
     Args:
@@ -48,7 +47,7 @@ class EvalStopStopper(Stopper):
         self.policy = make_policy(detector, params, _MODES[mode])
         self.metric, self.step_key, self.max_steps = metric, step_key, max_steps
         self._trials: dict[str, TrialDetector] = {}
-        self._lock = threading.Lock()
+        LockedTrials.__init__(self)
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         step = result.get(self.step_key)
@@ -64,14 +63,6 @@ class EvalStopStopper(Stopper):
             decision = tracked.feed([(step, None if value is None else float(value))])
         return decision is not None and decision.stop
 
-    def __getstate__(self) -> dict[str, Any]:  # Ray pickles the run config: a lock does not travel
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def stop_all(self) -> bool:
         return False
