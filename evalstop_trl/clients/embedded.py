@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from ..core.api import MAX_WAIT_S, launcher_event
+from ..core.browse import JobPage, JobQuery
 from ..core.coordinator import Coordinator
 from ..core.detectors import Decision
 from ..core.records import AuditRecord, EvalTask, JobView, Report
@@ -91,6 +92,21 @@ class EmbeddedClient:
 
     def audit(self, job_id: str | None = None) -> list[AuditRecord]:
         return self.coordinator.audit(self.tenant, job_id)
+
+    def browse_jobs(self, q: str | None = None, status: str | None = None, job_type: str | None = None,
+                    detector: str | None = None, tag: str | None = None, sort: str | None = None,
+                    order: str | None = None, limit: int | None = None, after: str | None = None) -> JobPage:
+        query = JobQuery.parse(q, status, job_type, detector, tag, sort, order, limit, after)
+        return self.coordinator.browse(self.tenant, query)
+
+    def export_reports(self, job_id: str, format: str = "csv") -> str:  # noqa: A002 - the API's name
+        return "".join(self.coordinator.export_reports(self.tenant, job_id, format))
+
+    def export_jobs(self, format: str = "csv", q: str | None = None, status: str | None = None,  # noqa: A002
+                    job_type: str | None = None, detector: str | None = None, tag: str | None = None,
+                    sort: str | None = None, order: str | None = None) -> str:
+        query = JobQuery.parse(q, status, job_type, detector, tag, sort, order)
+        return "".join(self.coordinator.export_jobs(self.tenant, query, format))
 
     def flush(self) -> bool:
         return True

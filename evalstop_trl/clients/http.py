@@ -45,6 +45,7 @@ import threading
 from typing import Any
 
 from ..core.api import MAX_WAIT_S, ROUTES, Route
+from ..core.browse import JobPage
 from ..core.detectors import Action, Decision
 from ..core.errors import EvalStopError, InvalidInput
 from ..core.records import AuditRecord, EvalTask, JobView, Report
@@ -58,6 +59,7 @@ log = logging.getLogger("evalstop.client")
 #: the outbox's name of a fail-open route (kept: outboxes written by earlier versions replay as before)
 _OUTBOX_OP = {"register_job": "register", "publish_snapshot": "snapshot"}
 _ROUTE_OF_OP = {_OUTBOX_OP.get(r.name, r.name): r for r in ROUTES.values() if r.fail_open}
+_EXPORT_TIMEOUT_S = 120.0  # an export streams up to a tenant's whole history
 _KEPT = Decision(Action.CONTINUE, "coordinator unreachable: report kept in the outbox (fail-open)")
 
 
@@ -189,7 +191,7 @@ class EvalStopClient:
         if route.fail_open:
             return self._fail_open(route, Operation(_OUTBOX_OP.get(route.name, route.name), args["job_id"], path, body))
         try:
-            answer = self.transport.send(route.method, path, body, timeout=timeout)
+            answer = self.transport.send(route.method, path, body, timeout=timeout, text=route.text)
         except Unreachable as exc:
             raise EvalStopError(f"{route.method} {self.url}{path}: coordinator unreachable ({exc})") from None
         try:
@@ -283,6 +285,24 @@ class EvalStopClient:
     def audit(self, job_id: str | None = None) -> list[AuditRecord]:
         """The tenant's audit records (of one job with ``job_id``), oldest first, every page."""
         return self.call("audit", job_id=job_id)
+
+    def browse_jobs(self, q: str | None = None, status: str | None = None, job_type: str | None = None,
+                    detector: str | None = None, tag: str | None = None, sort: str | None = None,
+                    order: str | None = None, limit: int | None = None, after: str | None = None) -> JobPage:
+        """One page of the tenant's runs (search, filters, sort); the next: ``after=page.next``."""
+        return self.call("browse_jobs", q=q, status=status, job_type=job_type, detector=detector, tag=tag, sort=sort,
+                         order=order, limit=limit, after=after)
+
+    def export_reports(self, job_id: str, format: str = "csv") -> str:  # noqa: A002 - the wire name
+        """The job's reports as CSV or JSON text."""
+        return self.call("export_reports", job_id=job_id, format=format, timeout=_EXPORT_TIMEOUT_S)
+
+    def export_jobs(self, format: str = "csv", q: str | None = None, status: str | None = None,  # noqa: A002
+                    job_type: str | None = None, detector: str | None = None, tag: str | None = None,
+                    sort: str | None = None, order: str | None = None) -> str:
+        """The tenant's runs that the filters match, in their order, as CSV or JSON text."""
+        return self.call("export_jobs", format=format, q=q, status=status, job_type=job_type, detector=detector,
+                         tag=tag, sort=sort, order=order, timeout=_EXPORT_TIMEOUT_S)
 
     def close(self) -> None:
         self.transport.close()

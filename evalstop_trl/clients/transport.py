@@ -106,7 +106,7 @@ class Transport:
         self._next_probe = 0.0
 
     def send(self, method: str, path: str, body: dict[str, Any] | None = None, retries: int | None = None,
-             timeout: float | None = None) -> Any:
+             timeout: float | None = None, text: bool = False) -> Any:
         httpx = self._httpx
         attempts = 1 + (self.retries if retries is None else retries)
         attempts = max(attempts, len(self.urls))  # every replica gets one try at least
@@ -122,6 +122,8 @@ class Transport:
                 if r.status_code < 400:
                     if r.status_code == 204:
                         return None
+                    if text:  # an export: the answer is text (CSV or JSON), returned as it came
+                        return r.text
                     try:
                         return r.json()
                     except (ValueError, RecursionError):  # HTML from a proxy, a torn or absurdly nested body

@@ -27,12 +27,14 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote, urlencode
 
 from . import codec
+from .browse import JobPage
 from .codec import Codec
 from .detectors import Decision
 from .errors import InvalidInput
 from .records import AuditKind, AuditRecord, EvalTask, JobView, Report
 
-__all__ = ["EVALS_PAGE", "LOCAL_METHODS", "MAX_PAGE", "MAX_WAIT_S", "ROUTES", "EvalStopAPI", "Route", "launcher_event"]
+__all__ = ["EVALS_PAGE", "LOCAL_METHODS", "MAX_PAGE", "MAX_WAIT_S", "PAGE", "ROUTES", "TEXT", "EvalStopAPI", "Route",
+           "launcher_event"]
 
 MAX_PAGE = 1000  # items per page of a listing
 EVALS_PAGE = 250  # snapshots per page of /evals (each is a path and its state: the costliest page to encode)
@@ -91,6 +93,16 @@ class EvalStopAPI(Protocol):
 
     def wait_decision(self, job_id: str, wait_s: float = 30.0, stopped: bool = False) -> JobView: ...
 
+    def browse_jobs(self, q: str | None = None, status: str | None = None, job_type: str | None = None,
+                    detector: str | None = None, tag: str | None = None, sort: str | None = None,
+                    order: str | None = None, limit: int | None = None, after: str | None = None) -> JobPage: ...
+
+    def export_reports(self, job_id: str, format: str = "csv") -> str: ...
+
+    def export_jobs(self, format: str = "csv", q: str | None = None, status: str | None = None,
+                    job_type: str | None = None, detector: str | None = None, tag: str | None = None,
+                    sort: str | None = None, order: str | None = None) -> str: ...
+
     def flush(self) -> bool: ...
 
     def close(self) -> None: ...
@@ -125,6 +137,7 @@ class Route:
     fail_open: bool = False
     page: str | None = None
     page_size: int = MAX_PAGE
+    text: bool = False  # the answer is text (an export, streamed), not JSON
 
     @property
     def path_args(self) -> tuple[str, ...]:
@@ -147,6 +160,22 @@ def _query_value(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
+def _page_decode(data: Any) -> JobPage:
+    if not isinstance(data, Mapping) or not isinstance(data.get("jobs"), list) or type(data.get("total")) is not int:
+        raise ValueError(f"a page of runs on the wire is an object with jobs and total, but got {data!r:.100}")
+    nxt = data.get("next")
+    if nxt is not None and not isinstance(nxt, str):
+        raise ValueError(f"next must be a string or null, but got {nxt!r:.40}")
+    return JobPage(tuple(codec.JOB.decode(j) for j in data["jobs"]), data["total"], nxt)
+
+
+#: a page of runs: ``{"jobs": [job, ...], "total": n, "next": cursor | null}``
+PAGE = Codec("JobPage", lambda p: {"jobs": [codec.JOB.encode(v) for v in p.jobs], "total": p.total, "next": p.next},
+             _page_decode)
+#: an export's text (the service streams it; the clients return it whole)
+TEXT = Codec("text", lambda chunks: chunks, lambda data: data if isinstance(data, str) else str(data))
+
+_FILTERS = ("q", "status", "job_type", "detector", "tag", "sort", "order")
 _JOB_BODY = ("job_id", "job_type", "planned_steps", "policy", "webhook")
 _REPORT_BODY = ("step", "eval_score", "train_loss", "proxy_reward", "checkpoint")
 
@@ -174,6 +203,9 @@ ROUTES: Mapping[str, Route] = {r.name: r for r in (
     Route("record_event", "POST", "/v1/jobs/{job_id}/events", codec.nothing("recorded"),
           body=("kind", "reason", "exit_code"), status=201),
     Route("audit", "GET", "/v1/audit", codec.many(codec.AUDIT), query=("job_id", "limit", "offset"), page="offset"),
+    Route("browse_jobs", "GET", "/v1/runs", PAGE, query=(*_FILTERS, "limit", "after")),
+    Route("export_jobs", "GET", "/v1/runs/export", TEXT, query=("format", *_FILTERS), text=True),
+    Route("export_reports", "GET", "/v1/jobs/{job_id}/export", TEXT, query=("format",), text=True),
 )}
 
 

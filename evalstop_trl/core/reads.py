@@ -4,9 +4,13 @@ built, so listing thousands of jobs never holds up another tenant's reports."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from .errors import InvalidInput
+from .browse import JobPage, JobQuery, select
+from .errors import InvalidInput, NotFound
+from .export import export_format
 from .job import JobState
 from .records import AuditRecord, EvalTask, JobStatus, JobView, Report
 
@@ -14,7 +18,9 @@ if TYPE_CHECKING:
     from .repository import JobCache
     from .store import Store
 
-__all__ = ["JobReads"]
+__all__ = ["EXPORT_PAGE", "JobReads"]
+
+EXPORT_PAGE = 1000  # reports or jobs read (and held) at once by an export
 
 
 class JobReads:
@@ -22,6 +28,57 @@ class JobReads:
 
     jobs: JobCache
     store: Store
+
+    clock: Callable[[], float]
+
+    def browse(self, tenant: str, query: JobQuery) -> JobPage:
+        """One page of the tenant's runs that ``query`` matches, in its order (see :mod:`.browse`):
+        their views, how many match in all, and the cursor of the next page. Only the page's jobs
+        are built into views (finished jobs replayed on first access)."""
+        page = select(self.jobs.records(tenant), query, self.clock())
+        views = []
+        for job_id in page.jobs:
+            try:
+                views.append(self.jobs.read(tenant, job_id).view())
+            except NotFound:  # removed since the records were read
+                continue
+        return JobPage(tuple(views), page.total, page.next)
+
+    def export_reports(self, tenant: str, job_id: str, fmt: str = "csv") -> Iterator[str]:
+        """The job's reports as ``fmt`` (``csv`` or ``json``) text chunks, read a page at a time.
+        The job is looked up (NotFound) and the format checked before the first chunk."""
+        writer = export_format(fmt)
+        self.jobs.read(tenant, job_id)
+
+        def pages():
+            after = None
+            while True:
+                page = self.store.reports(tenant, job_id, after, EXPORT_PAGE)
+                if page:
+                    yield page
+                if len(page) < EXPORT_PAGE:
+                    return
+                after = page[-1].step
+
+        return writer.reports(pages())
+
+    def export_jobs(self, tenant: str, query: JobQuery, fmt: str = "csv") -> Iterator[str]:
+        """Every run ``query`` matches (its filters and order; its cursor and limit are ignored) as
+        ``fmt`` text chunks, a page of :data:`EXPORT_PAGE` views at a time."""
+        writer = export_format(fmt)
+        first = dataclasses.replace(query, limit=EXPORT_PAGE, after=None)
+
+        def pages():
+            q = first
+            while True:
+                page = self.browse(tenant, q)
+                if page.jobs:
+                    yield page.jobs
+                if page.next is None:
+                    return
+                q = dataclasses.replace(first, after=JobQuery.parse(sort=q.sort, after=page.next).after)
+
+        return writer.jobs(pages())
 
     def evals(self, tenant: str, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[EvalTask]:
         """The job's published snapshots and their evals' states, in step order: those after

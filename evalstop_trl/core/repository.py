@@ -262,6 +262,10 @@ class JobCache:
         end = len(slots) if limit is None else offset + limit
         return [self._ready(s).committed for s in slots[offset:end]], len(slots)
 
+    def records(self, tenant: str) -> list[JobRecord]:
+        """The records of the tenant's committed jobs (what the job list searches and sorts)."""
+        return [s.committed.record for s in list(self._by_tenant.get(tenant, {}).values()) if s.committed is not None]
+
     def commit(self, c: Commit, tenant: str, job_id: str) -> Future:
         """Queue a step's rows (the caller holds the job's lock)."""
         if c.report is not None:
@@ -342,6 +346,10 @@ class ReplicatedJobs(JobCache):
                 except NotFound:
                     continue
         return slots
+
+    def records(self, tenant: str) -> list[JobRecord]:
+        """The tenant's job records as the store has them (every replica's jobs)."""
+        return self.store.tenant_jobs(tenant)
 
     def page(self, tenant: str, status: JobStatus | None, limit: int | None, offset: int) -> tuple[list[JobState], int]:
         ids, total = self.store.job_page(tenant, None if status is None else status.value, limit, offset)

@@ -137,6 +137,10 @@ class Store(ABC):
         """One job (shared stores override this with a query)."""
         return next((j for j in self.jobs() if (j.tenant, j.job_id) == (tenant, job_id)), None)
 
+    def tenant_jobs(self, tenant: str) -> list[JobRecord]:
+        """The records of one tenant's jobs, in registration order (shared stores: one indexed query)."""
+        return [j for j in self.jobs() if j.tenant == tenant]
+
     def job_versions(self, tenant: str, job_ids: Sequence[str]) -> dict[str, int]:
         """The stored version of each job (shared stores only)."""
         raise NotImplementedError

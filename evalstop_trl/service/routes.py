@@ -30,18 +30,20 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, NamedTuple
 
 from fastapi import FastAPI, Path, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from ..core.api import EVALS_PAGE, ROUTES, Route, launcher_event
 from ..core.coordinator import Coordinator, WouldBlock
 from ..core.detectors import Decision
+from ..core.export import export_format
 from ..core.errors import QuotaExceeded, Unauthorized
 from ..core.records import MAX_STEP, AuditKind, JobView
 from ..core.store import StoreError
 from .metrics import Metrics
 from .middleware import TokenBuckets
+from .runs import ExportQuery, RunsExportQuery, RunsQuery, Stream, job_query
 from .schemas import (
     AckIn,
     AuditQuery,
@@ -140,6 +142,9 @@ SCHEMAS: Mapping[str, Schema] = {
     "post_eval": Schema(EvalResultIn, path={"step": Annotated[int, Path(ge=0, le=MAX_STEP)]}),
     "record_event": Schema(EventIn),
     "audit": Schema(AuditPageQuery, "query"),
+    "browse_jobs": Schema(RunsQuery, "query"),
+    "export_jobs": Schema(RunsExportQuery, "query"),
+    "export_reports": Schema(ExportQuery, "query"),
 }
 
 _POLL_S = 0.25
@@ -272,6 +277,35 @@ class Handlers:
         return Answer(records, headers=None if last is None else {"X-Next-After": str(last)})
 
 
+    def browse_jobs(self, t: str, **query: Any) -> Any:
+        """One page of the caller's runs: search, filters, sort, keyset paging (``next``)."""
+        with self.reads(t):
+            return self.coordinator.browse(t, job_query(**query))
+
+    def _stream(self, t: str, make: Callable[[], Any], media_type: str, filename: str) -> Stream:
+        """An export that holds one of the tenant's read slots until its last chunk is sent."""
+        slot = contextlib.ExitStack()
+        slot.enter_context(self.reads(t))
+        try:
+            chunks = make()
+        except BaseException:
+            slot.close()
+            raise
+        return Stream(chunks, media_type, filename, slot.close)
+
+    def export_reports(self, t: str, job_id: str, format: str) -> Stream:  # noqa: A002 - the wire name
+        """The job's reports as CSV or JSON, streamed a page at a time."""
+        fmt = export_format(format)
+        return self._stream(t, lambda: self.coordinator.export_reports(t, job_id, fmt.name), fmt.media_type,
+                            f"{job_id}-reports.{fmt.suffix}")
+
+    def export_jobs(self, t: str, format: str, **query: Any) -> Stream:  # noqa: A002 - the wire name
+        """The caller's runs that the filters match, in their order, as CSV or JSON, streamed."""
+        fmt, q = export_format(format), job_query(**query)
+        return self._stream(t, lambda: self.coordinator.export_jobs(t, q, fmt.name), fmt.media_type,
+                            f"runs.{fmt.suffix}")
+
+
 def _tenant(request: Request) -> str:
     tenant = request.scope.get("state", {}).get("tenant")  # authenticated by the Guard, before the body
     if tenant is None:
@@ -282,6 +316,9 @@ def _tenant(request: Request) -> str:
 def _respond(route: Route, result: Any) -> Response:
     """The HTTP answer of a handler's result, encoded by the route's codec (strict JSON)."""
     value, status, headers = result if isinstance(result, Answer) else (result, None, None)
+    if isinstance(value, Stream):
+        return StreamingResponse(value.body(), media_type=value.media_type, headers={
+            "Content-Disposition": f'attachment; filename="{value.filename}"', "Cache-Control": "no-store"})
     data = route.result.encode(value)
     if data is None:
         return Response(status_code=204, headers=headers)

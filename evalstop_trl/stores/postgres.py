@@ -298,6 +298,10 @@ class PostgresStore(SQLReads, Store):
     def jobs(self) -> list[JobRecord]:
         return [_job_from_row(r) for r in self._read(f"SELECT {_JOB_COLS} FROM jobs ORDER BY seq")]
 
+    def tenant_jobs(self, tenant: str) -> list[JobRecord]:
+        return [_job_from_row(r) for r in self._read(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant=%s ORDER BY seq",
+                                                     (tenant,))]
+
     def job(self, tenant: str, job_id: str) -> JobRecord | None:
         rows = self._read(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant=%s AND job_id=%s", (tenant, job_id))
         return _job_from_row(rows[0]) if rows else None
