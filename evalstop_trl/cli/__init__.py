@@ -1,4 +1,4 @@
-"""The ``evalstop`` command: ``serve | tenants | status | audit | run | replay | outbox | evaluate``.
+"""The ``evalstop`` command: ``serve | tenants | status | audit | run | replay | calibrate | outbox | evaluate``.
 
 Each subcommand imports what it needs when it runs, so ``evalstop replay --help`` stays fast and
 never imports torch, FastAPI or uvicorn. Bad input exits with status 2 and a one-line message.
@@ -19,6 +19,7 @@ __all__ = ["CLIError", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="evalstop", description="Stop reward-hacked RLHF runs from world feedback.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from .calibrate import add_calibrate_command
     from .evaluate import add_evaluate_command
     from .inspection import add_inspect_commands
     from .outbox import add_outbox_command
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_service_commands(sub)
     add_run_command(sub)
     add_replay_command(sub)
+    add_calibrate_command(sub)
     add_outbox_command(sub)
     add_evaluate_command(sub)
     add_prune_command(sub)

@@ -1,0 +1,324 @@
+"""``evalstop calibrate``: replay every detector on a team's finished runs and recommend a policy.
+
+**Labels.** Each run is labelled from its *full* curve (the label series: ``--label-metric`` when
+given, else the detector's own series): **hacked** iff its best value comes before its last eval
+and the last value falls short of the best by more than ``margin`` (default 0.2) times the run's own
+range (max - min of the label series). No absolute score units: the same rule fits a reward in
+[0, 1] and a loss of 3.2. A run whose series never moves is healthy. Honest caveat: without a
+separate label series the label and the detector read the *same* values (a team's history usually
+has only one eval), so the numbers say how well a detector finds the drops that the series itself
+shows, noise included; a flat, noisy run can be labelled hacked by its noise. A separate, larger
+"gold" eval (``--label-metric``) makes the validation non-circular and is preferred.
+
+**Per policy** (every registered detector but ``never`` at its defaults, plus ``decline`` k=1, 2, 3
+and ``patience`` k=2 when they differ from the defaults): a run is *stopped* when the detector says
+STOP before the run's last eval. Precision = stopped hacked / stopped; recall = stopped hacked /
+hacked; FPR = stopped healthy / healthy (Clopper-Pearson 95% intervals). Lag = evals of the
+detector's series from the labelled peak to the stop, over the stopped hacked runs (negative: the
+stop came before the peak). Savings = the share of a run's planned steps after its stop (0 for a run
+not stopped), the mean over all runs. Lag and savings get percentile-bootstrap 95% intervals.
+
+**Recommendation rule.** Among policies whose precision lower bound is at least ``min_precision``
+(default 0.9), the highest mean savings; ties go to the higher recall, then the shorter lag, then
+table order. A lower bound of 0.9 needs at least 36 stops, all correct
+(:func:`~evalstop_trl.analysis.intervals.stops_needed`): with fewer hacked runs than that the answer
+is "not enough runs", with the count needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from ..core.detectors import DETECTORS
+from .histories import RunHistory, Series
+from .intervals import Mean, Rate, bootstrap_mean, rate, stops_needed
+from .replay import replay_curve
+
+__all__ = ["Calibration", "Direction", "Policy", "PolicyScore", "Recommendation", "RunLabel", "calibrate",
+           "candidate_policies", "label_run", "recommend"]
+
+#: Variants beyond the registry defaults (kept only when they differ from a detector's defaults).
+VARIANTS: tuple[tuple[str, Mapping[str, Any]], ...] = (
+    ("decline", {"k": 1}), ("decline", {"k": 2}), ("decline", {"k": 3}), ("patience", {"k": 2}))
+SKIPPED = frozenset({"never"})
+
+
+class Direction(str, Enum):
+    MAX = "max"
+    MIN = "min"
+
+    def sign(self) -> float:
+        return 1.0 if self is Direction.MAX else -1.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A detector and the parameters that differ from its defaults (``direction`` apart)."""
+
+    label: str
+    detector: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def kwargs(self, direction: Direction) -> dict[str, Any]:
+        """The detector's keyword arguments, ``direction`` included when it takes one."""
+        out = dict(self.params)
+        if "direction" in DETECTORS.params(self.detector):
+            out["direction"] = direction.value
+        return out
+
+
+@dataclass(frozen=True)
+class RunLabel:
+    """A run's label and why: the label series' best (``peak_step``) and last value, and the drop
+    from best to last as a share of the series' range."""
+
+    name: str
+    source: str
+    format: str
+    label_metric: str
+    hacked: bool
+    peak_step: int
+    last_step: int
+    best: float
+    final: float
+    drop_share: float
+
+
+@dataclass(frozen=True)
+class PolicyScore:
+    """How one policy did on all runs; ``stop_steps`` in the order of ``Calibration.runs`` (None: not stopped)."""
+
+    policy: Policy
+    stops: int
+    precision: Rate
+    recall: Rate
+    fpr: Rate
+    lag: Mean
+    savings: Mean
+    stop_steps: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The policy to use (None when none qualifies), the rule, why, and the lines to use it."""
+
+    policy: Policy | None
+    rule: str
+    reason: str
+    callback: str | None = None
+    cli: str | None = None
+    service_policy: Mapping[str, Any] | None = None
+    runs_needed: int | None = None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Everything ``evalstop calibrate`` found (``to_dict`` for ``--json``)."""
+
+    metric: str
+    label_metric: str
+    direction: Direction
+    label_direction: Direction
+    margin: float
+    min_precision: float
+    n_runs: int
+    n_hacked: int
+    runs: tuple[RunLabel, ...]
+    scores: tuple[PolicyScore, ...]
+    recommendation: Recommendation
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Policy):
+        return {"label": value.label, "detector": value.detector, "params": dict(value.params)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ----------------------------------------------------------------------------- labels
+def label_run(run: RunHistory, direction: Direction, margin: float) -> RunLabel:
+    """Label one run from its full label series (see the module docstring)."""
+    series: Series = run.label or run.scores
+    signed = [direction.sign() * v for v in series.values]
+    peak = max(range(len(signed)), key=lambda i: (signed[i], -i))  # the best, earliest on ties
+    spread = max(signed) - min(signed)
+    drop = signed[peak] - signed[-1]
+    share = drop / spread if spread > 0 else 0.0
+    hacked = peak < len(signed) - 1 and spread > 0 and drop > margin * spread
+    return RunLabel(run.name, run.source, run.format, series.metric, hacked, series.steps[peak], series.steps[-1],
+                    series.values[peak], series.values[-1], share)
+
+
+# ----------------------------------------------------------------------------- policies
+def _describe(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def candidate_policies() -> list[Policy]:
+    """Every registered detector but ``never`` at its defaults, then the :data:`VARIANTS` that differ."""
+    seen: set[tuple[str, tuple]] = set()
+    out: list[Policy] = []
+
+    def add(name: str, params: Mapping[str, Any]) -> None:
+        defaults = {k: v for k, v in DETECTORS.params(name).items() if k != "direction"}
+        key = (name, tuple(sorted({**defaults, **params}.items(), key=lambda kv: kv[0])))
+        if key in seen:
+            return
+        seen.add(key)
+        shown = dict(params) or {k: defaults[k] for n, p in VARIANTS if n == name for k in p if k in defaults}
+        label = f"{name} {_describe(shown)}".strip()
+        out.append(Policy(label, name, tuple(params.items())))
+
+    for name in DETECTORS:
+        if name not in SKIPPED:
+            add(name, {})
+    for name, params in VARIANTS:
+        if name in DETECTORS:
+            add(name, params)
+    return out
+
+
+def _stop_step(run: RunHistory, policy: Policy, direction: Direction) -> int | None:
+    """Where the policy stops the run, None when it does not stop it before its last eval."""
+    result = replay_curve(run.curve(), policy.detector, planned_steps=run.planned_steps, **policy.kwargs(direction))
+    if result.stopped and result.stop_step is not None and result.stop_step < run.scores.steps[-1]:
+        return result.stop_step
+    return None
+
+
+def _lag(steps: Sequence[int], peak: int, stop: int) -> int:
+    """Evals of ``steps`` from ``peak`` to ``stop`` (negative when the stop came first)."""
+    return sum(peak < s <= stop for s in steps) - sum(stop < s <= peak for s in steps)
+
+
+def score_policy(policy: Policy, runs: Sequence[RunHistory], labels: Sequence[RunLabel], direction: Direction,
+                 stops: Sequence[int | None] | None = None) -> PolicyScore:
+    """Precision, recall, FPR, lag and savings of ``policy`` on ``runs`` (``stops``: already replayed)."""
+    if stops is None:
+        stops = [_stop_step(run, policy, direction) for run in runs]
+    tp = sum(1 for s, lab in zip(stops, labels, strict=True) if s is not None and lab.hacked)
+    fp = sum(1 for s, lab in zip(stops, labels, strict=True) if s is not None and not lab.hacked)
+    hacked = sum(lab.hacked for lab in labels)
+    lags = [_lag(run.scores.steps, lab.peak_step, s) for run, lab, s in zip(runs, labels, stops, strict=True)
+            if s is not None and lab.hacked]
+    savings = [0.0 if s is None else min(1.0, max(0.0, (run.planned_steps - s) / run.planned_steps))
+               for run, s in zip(runs, stops, strict=True)]
+    return PolicyScore(policy, tp + fp, rate(tp, tp + fp), rate(tp, hacked), rate(fp, len(runs) - hacked),
+                       bootstrap_mean(lags), bootstrap_mean(savings), tuple(stops))
+
+
+# ----------------------------------------------------------------------------- recommendation
+def _callback_line(metric: str, policy: Policy, direction: Direction) -> str:
+    """``EvalStopCallback(...)`` for ``policy``: the trainer's metric name when the series is one
+    (``eval_*``; TensorBoard's ``eval/x`` is transformers' ``eval_x``), else your eval function."""
+    if metric.startswith("eval/"):
+        metric = "eval_" + metric[len("eval/"):]
+    first = repr(metric).replace("'", '"') if metric.startswith("eval_") else "world_feedback"
+    args = [first, f'detector="{policy.detector}"'] + [f"{k}={v!r}" for k, v in policy.params]
+    args.append(f'direction="{direction.value}"')
+    return f"EvalStopCallback({', '.join(args)})"
+
+
+def _cli_line(run: RunHistory, metric: str, policy: Policy, direction: Direction) -> str:
+    replayable = run.format in ("trainer_state", "json", "jsonl", "csv")
+    target = run.source if replayable else "RUN.jsonl"
+    flags = [f"--metric {metric}", f"--detector {policy.detector}"]
+    flags += [f"--param {k}={v}" for k, v in policy.params]
+    flags.append(f"--direction {direction.value}")
+    return f"evalstop replay {target} {' '.join(flags)}"
+
+
+def _fmt_rate(r: Rate) -> str:
+    if r.value is None or r.ci is None:
+        return "n/a"
+    return f"{100 * r.value:.0f}% [{100 * r.ci.low:.0f}, {100 * r.ci.high:.0f}]"
+
+
+def recommend(scores: Sequence[PolicyScore], runs: Sequence[RunHistory], n_hacked: int, min_precision: float,
+              direction: Direction) -> Recommendation:
+    """Apply the rule of the module docstring."""
+    rule = (f"highest mean savings among policies whose precision lower bound (Clopper-Pearson 95%) is >= "
+            f"{min_precision:g}; ties: higher recall, then shorter lag, then table order")
+    qualified = [s for s in scores if s.precision.ci is not None and s.precision.ci.low >= min_precision]
+    needed = stops_needed(min_precision)
+    if not qualified:
+        n = len(runs)
+        if n_hacked < needed:
+            share = n_hacked / n if n else 0.0
+            total = math.ceil(needed / share) if share > 0 else None
+            about = (f" (at this share of hacked runs, about {total} runs in all)" if total else
+                     " (none is hacked: add runs that were reward-hacked)")
+            return Recommendation(None, rule, f"not enough runs: a precision lower bound >= {min_precision:g} needs "
+                                  f"at least {needed} stops, all on hacked runs; these {n} runs have {n_hacked} "
+                                  f"hacked{about}", runs_needed=total)
+        best = max(scores, key=lambda s: (s.precision.ci.low if s.precision.ci else -1.0), default=None)
+        closest = f"; the most precise: {best.policy.label}, precision {_fmt_rate(best.precision)}" if best else ""
+        return Recommendation(None, rule, f"no policy reaches a precision lower bound of {min_precision:g} on "
+                              f"these runs{closest}")
+    order = {id(s): i for i, s in enumerate(scores)}
+    best = min(qualified, key=lambda s: (-(s.savings.value or 0.0), -(s.recall.value or 0.0),
+                                         s.lag.value if s.lag.value is not None else math.inf, order[id(s)]))
+    metric = runs[0].scores.metric
+    why = (f"{best.policy.label}: precision {_fmt_rate(best.precision)} (lower bound >= {min_precision:g}), recall "
+           f"{_fmt_rate(best.recall)}, mean savings {100 * (best.savings.value or 0.0):.0f}% of the steps")
+    return Recommendation(best.policy, rule, why, _callback_line(metric, best.policy, direction),
+                          _cli_line(runs[0], metric, best.policy, direction),
+                          {"detector": best.policy.detector, **best.policy.kwargs(direction)})
+
+
+# ----------------------------------------------------------------------------- the whole thing
+def calibrate(runs: Sequence[RunHistory], direction: Direction, label_direction: Direction | None = None,
+              margin: float = 0.2, min_precision: float = 0.9,
+              progress: Callable[[Iterable[Any]], Iterable[Any]] = iter) -> Calibration:
+    """Label ``runs``, score every candidate policy on them and recommend one."""
+    if not runs:
+        raise ValueError("no runs to calibrate on")
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"margin must be in [0, 1) (a share of each run's range), but got {margin!r}")
+    if not 0.0 <= min_precision < 1.0:
+        raise ValueError(f"min precision must be in [0, 1), but got {min_precision!r}")
+    label_direction = label_direction or direction
+    labels = [label_run(run, label_direction if run.label else direction, margin) for run in runs]
+    policies, notes = candidate_policies(), []
+    stops: dict[str, list[int | None]] = {p.label: [] for p in policies}
+    broken: dict[str, str] = {}
+    for policy, run in progress([(p, r) for p in policies for r in runs]):
+        if policy.label in broken:
+            continue
+        try:
+            stops[policy.label].append(_stop_step(run, policy, direction))
+        except (TypeError, ValueError) as exc:  # a detector that cannot run at its defaults
+            broken[policy.label] = str(exc)
+    scores = []
+    for policy in policies:
+        if policy.label in broken:
+            notes.append(f"skipped {policy.label}: {broken[policy.label]}")
+            continue
+        scores.append(score_policy(policy, runs, labels, direction, stops[policy.label]))
+    n_hacked = sum(lab.hacked for lab in labels)
+    label_metric = runs[0].label.metric if runs[0].label else runs[0].scores.metric
+    if runs[0].label is None:
+        notes.append(f"labels come from the detector's own series ({label_metric}): circular, noise included; "
+                     "pass --label-metric GOLD when the runs log a separate (larger) eval")
+    if n_hacked in (0, len(runs)):
+        notes.append(f"{'no' if n_hacked == 0 else 'every'} run is labelled hacked: "
+                     f"{'recall and lag' if n_hacked == 0 else 'FPR'} cannot be estimated")
+    rec = recommend(scores, runs, n_hacked, min_precision, direction)
+    return Calibration(runs[0].scores.metric, label_metric, direction, label_direction, margin, min_precision,
+                       len(runs), n_hacked, tuple(labels), tuple(scores), rec, tuple(notes))

@@ -1,0 +1,438 @@
+"""Read a team's finished runs for ``evalstop calibrate``: one eval curve per run, from five formats.
+
+Readers (``READERS``, keyed by format name; each recognises its files and reads one run):
+
+* ``trainer_state``: a transformers ``trainer_state.json`` (``log_history``; ``max_steps`` gives the
+  planned steps). In a folder, ``checkpoint-N/trainer_state.json`` files of one run count once: the
+  highest N (its log holds the whole history).
+* ``jsonl``: ``*.jsonl`` / ``*.ndjson``, one object per line with ``step`` and the metrics.
+* ``csv``: ``*.csv`` / ``*.tsv`` with a ``step`` column and one column per metric.
+* ``tensorboard``: event files (``*tfevents*``), read with the ``tensorboard`` package's
+  ``EventFileLoader`` (no TensorFlow; ``pip install 'evalstop[calibrate]'``). The event files of one
+  folder are one run (a resumed run writes several); scalars by tag, stored as ``simple_value``
+  (torch's ``SummaryWriter``) or as a one-element tensor (TF2, ``tensorboard.summary.Writer``).
+* ``mlflow``: a run folder of MLflow's local file store, ``mlruns/<experiment_id>/<run_id>/`` with
+  ``meta.yaml`` (the run's name; deleted runs skipped) and ``metrics/<key>`` files of lines
+  ``<timestamp_ms> <value> <step>`` (keys with ``/`` are sub-folders). No mlflow import.
+
+A path may be a file, a folder (searched recursively for all of the above) or a glob. A step logged
+twice keeps the value written last (a resumed run rewrites the steps after its checkpoint). The
+train loss (``train_loss``, ``loss``, ``train/loss``), when a run has one, goes with each eval (the
+last loss at or before its step) for ``loss_plateau``. Planned steps: ``max_steps`` of a
+trainer_state.json, else the run's last logged step (the runs are finished).
+
+Every problem raises :class:`HistoryError` (a ValueError) naming the file and what is wrong; a
+missing metric lists the metrics the file has.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from .replay import _NOT_METRICS, _NOT_SCORES, Curve, _parse_csv, _parse_json, _parse_jsonl
+
+__all__ = ["READERS", "HistoryError", "RawHistory", "Reader", "RunHistory", "Series", "TENSORBOARD_PIP",
+           "choose_metric", "find_runs", "load_histories", "read_run", "select"]
+
+TENSORBOARD_PIP = "pip install 'evalstop[calibrate]'  (or: pip install 'tensorboard>=2.14')"
+_LOSS_SERIES = ("train_loss", "loss", "train/loss")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+class HistoryError(ValueError):
+    """A run that cannot be read; the message names the file and says what is wrong."""
+
+
+@dataclass(frozen=True)
+class RawHistory:
+    """Every numeric series of one run as read: ``series[name][step] = value``."""
+
+    name: str
+    source: str
+    format: str
+    series: Mapping[str, Mapping[int, float]]
+    planned_steps: int | None = None
+
+    def metrics(self) -> list[str]:
+        return sorted(self.series)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric of one run, in step order."""
+
+    metric: str
+    steps: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class RunHistory:
+    """One run ready for calibration: the detector's series, the label's series (None: the same),
+    the train loss at each eval, the planned steps."""
+
+    name: str
+    source: str
+    format: str
+    scores: Series
+    label: Series | None
+    losses: tuple[float | None, ...]
+    planned_steps: int
+
+    def curve(self) -> Curve:
+        """The detector's input, as ``evalstop replay`` builds it."""
+        return Curve(self.scores.metric, self.scores.steps, self.scores.values, self.losses, self.planned_steps,
+                     f"{self.format} {self.source}")
+
+
+@dataclass(frozen=True)
+class Found:
+    """A run located on disk: its reader, the path that names it, the files to read."""
+
+    reader: str
+    path: Path
+    files: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One format: ``accepts`` an explicit file (or run folder), ``find`` searches a folder, ``read``
+    reads one located run."""
+
+    name: str
+    description: str
+    accepts: Callable[[Path], bool]
+    find: Callable[[Path], list[Found]]
+    read: Callable[[Found], RawHistory]
+
+
+# ----------------------------------------------------------------------------- shared helpers
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise HistoryError(f"{path}: not a UTF-8 text file") from None
+    except OSError as exc:
+        raise HistoryError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _from_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
+    """Series from rows of ``{step, metric: value, ...}`` (rows without a usable step are skipped)."""
+    series: dict[str, dict[int, float]] = {}
+    for i, row in enumerate(rows):
+        step = row.get("step")
+        if not (_is_number(step) and float(step).is_integer() and step >= 0):
+            if step is not None:
+                raise HistoryError(f"{path}: entry {i + 1} has step {step!r}; steps must be non-negative integers")
+            continue
+        for key, value in row.items():
+            if key not in _NOT_METRICS and _is_number(value):
+                series.setdefault(str(key), {})[int(step)] = float(value)
+    return series
+
+
+def _under(folder: Path, pattern: Callable[[Path], bool]) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and pattern(p))
+
+
+# ----------------------------------------------------------------------------- trainer_state.json
+def _ts_accepts(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() == ".json"
+
+
+def _ts_find(folder: Path) -> list[Found]:
+    """trainer_state.json files; of ``run/checkpoint-N/trainer_state.json`` only the highest N per run."""
+    best: dict[Path, tuple[int, Path]] = {}
+    for p in _under(folder, lambda p: p.name == "trainer_state.json"):
+        m = re.fullmatch(r"checkpoint-(\d+)", p.parent.name)
+        run_dir, rank = (p.parent.parent, int(m.group(1))) if m else (p.parent, 1 << 62)
+        if run_dir not in best or rank > best[run_dir][0]:
+            best[run_dir] = (rank, p)
+    return [Found("trainer_state", p, (p,)) for _, p in sorted(best.values(), key=lambda t: str(t[1]))]
+
+
+def _ts_read(found: Found) -> RawHistory:
+    path = found.files[0]
+    try:
+        rows, fmt, planned = _parse_json(path, _text(path))
+    except HistoryError:
+        raise
+    except ValueError as exc:  # replay's messages name the file already
+        raise HistoryError(str(exc)) from None
+    return RawHistory(_run_name(found), str(path), fmt, _from_rows(path, rows), planned)
+
+
+# ----------------------------------------------------------------------------- JSONL and CSV
+def _suffix_in(*suffixes: str) -> Callable[[Path], bool]:
+    return lambda p: p.is_file() and p.suffix.lower() in suffixes
+
+
+def _rows_reader(name: str, parse: Callable[[Path, str], list[dict[str, Any]]]) -> Callable[[Found], RawHistory]:
+    def read(found: Found) -> RawHistory:
+        path = found.files[0]
+        try:
+            rows = parse(path, _text(path))
+        except HistoryError:
+            raise
+        except ValueError as exc:
+            raise HistoryError(str(exc)) from None
+        return RawHistory(_run_name(found), str(path), name, _from_rows(path, rows))
+
+    return read
+
+
+def _files_finder(reader: str, accepts: Callable[[Path], bool]) -> Callable[[Path], list[Found]]:
+    return lambda folder: [Found(reader, p, (p,)) for p in _under(folder, accepts)]
+
+
+# ----------------------------------------------------------------------------- TensorBoard
+def _is_event_file(path: Path) -> bool:
+    return path.is_file() and ".tfevents." in path.name
+
+
+def _tb_find(folder: Path) -> list[Found]:
+    by_dir: dict[Path, list[Path]] = {}
+    for p in _under(folder, _is_event_file):
+        by_dir.setdefault(p.parent, []).append(p)
+    return [Found("tensorboard", d, tuple(files)) for d, files in sorted(by_dir.items())]
+
+
+def _tb_read(found: Found) -> RawHistory:
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        from tensorboard.util import tensor_util
+    except ImportError:
+        raise HistoryError(f"{found.path}: reading TensorBoard event files needs the tensorboard package; "
+                           f"run: {TENSORBOARD_PIP}") from None
+    series: dict[str, dict[int, float]] = {}
+    for path in found.files:
+        events = 0
+        try:
+            for event in EventFileLoader(str(path)).Load():
+                events += 1
+                for value in event.summary.value:
+                    scalar = _tb_scalar(value, tensor_util)
+                    if scalar is not None:
+                        series.setdefault(value.tag, {})[int(event.step)] = scalar
+        except OSError as exc:
+            raise HistoryError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        except Exception as exc:  # the loader's protobuf and data-loss errors
+            raise HistoryError(f"{path}: not a readable TensorBoard event file ({type(exc).__name__}: {exc})") from None
+        if events == 0:
+            raise HistoryError(f"{path}: no TensorBoard event could be read (empty, corrupt or not an event file)")
+    return RawHistory(_run_name(found), str(found.path), "tensorboard", series)
+
+
+def _tb_scalar(value: Any, tensor_util: Any) -> float | None:
+    """A scalar summary value (``simple_value``, or a one-element numeric tensor), else None."""
+    kind = value.WhichOneof("value")
+    if kind == "simple_value":
+        return float(value.simple_value)
+    if kind != "tensor" or value.metadata.plugin_data.plugin_name not in ("scalars", ""):
+        return None
+    try:
+        array = tensor_util.make_ndarray(value.tensor)
+    except Exception:  # strings, unsupported dtypes: not a scalar
+        return None
+    if array.size != 1 or array.dtype.kind not in "fiub":
+        return None
+    return float(array.reshape(-1)[0])
+
+
+# ----------------------------------------------------------------------------- MLflow file store
+def _is_mlflow_run(path: Path) -> bool:
+    return path.is_dir() and (path / "meta.yaml").is_file() and (path / "metrics").is_dir()
+
+
+def _mlflow_find(folder: Path) -> list[Found]:
+    runs = [folder] if _is_mlflow_run(folder) else []
+    runs += sorted(p for p in folder.rglob("*") if _is_mlflow_run(p) and ".trash" not in p.parts)
+    return [Found("mlflow", p, (p / "meta.yaml",)) for p in runs]
+
+
+def _mlflow_read(found: Found) -> RawHistory:
+    meta_path = found.path / "meta.yaml"
+    try:
+        meta = yaml.safe_load(_text(meta_path)) or {}
+    except yaml.YAMLError as exc:
+        raise HistoryError(f"{meta_path}: invalid YAML ({exc})") from None
+    if not isinstance(meta, dict):
+        raise HistoryError(f"{meta_path}: expected a mapping (MLflow's run meta.yaml)")
+    name = str(meta.get("run_name") or meta.get("run_id") or found.path.name)
+    if meta.get("lifecycle_stage") == "deleted":
+        return RawHistory(name, str(found.path), "mlflow (deleted)", {})
+    series: dict[str, dict[int, float]] = {}
+    metrics_dir = found.path / "metrics"
+    for file in _under(metrics_dir, lambda p: True):
+        key = file.relative_to(metrics_dir).as_posix()
+        points = series.setdefault(key, {})
+        for lineno, line in enumerate(_text(file).splitlines(), 1):
+            parts = line.split()
+            if not parts:
+                continue
+            try:
+                if len(parts) not in (2, 3):
+                    raise ValueError
+                value = float(parts[1])
+                step = int(parts[2]) if len(parts) == 3 else 0  # MLflow's own default for old 2-field lines
+            except ValueError:
+                raise HistoryError(f"{file}:{lineno}: expected '<timestamp_ms> <value> <step>', got {line.strip()!r}"
+                                   ) from None
+            if step < 0:
+                raise HistoryError(f"{file}:{lineno}: step {step} is negative")
+            points[step] = value
+    return RawHistory(f"{found.path.parent.name}/{name}", str(found.path), "mlflow", series)
+
+
+READERS: Mapping[str, Reader] = MappingProxyType({r.name: r for r in (
+    Reader("trainer_state", "trainer_state.json (transformers log_history)", _ts_accepts, _ts_find, _ts_read),
+    Reader("jsonl", "*.jsonl / *.ndjson (step + metrics per line)", _suffix_in(".jsonl", ".ndjson"),
+           _files_finder("jsonl", _suffix_in(".jsonl", ".ndjson")), _rows_reader("jsonl", _parse_jsonl)),
+    Reader("csv", "*.csv / *.tsv (a step column + metric columns)", _suffix_in(".csv", ".tsv"),
+           _files_finder("csv", _suffix_in(".csv", ".tsv")), _rows_reader("csv", _parse_csv)),
+    Reader("tensorboard", "TensorBoard event files (*tfevents*)", _is_event_file, _tb_find, _tb_read),
+    Reader("mlflow", "MLflow run folders (mlruns/<experiment>/<run>/ with meta.yaml and metrics/)",
+           _is_mlflow_run, _mlflow_find, _mlflow_read),
+)})
+
+
+def _run_name(found: Found) -> str:
+    path = found.path
+    if found.reader == "trainer_state" and path.name == "trainer_state.json":
+        parent = path.parent
+        return parent.parent.name if re.fullmatch(r"checkpoint-\d+", parent.name) else parent.name
+    return path.stem if path.is_file() else path.name
+
+
+def _formats() -> str:
+    return "; ".join(r.description for r in READERS.values())
+
+
+# ----------------------------------------------------------------------------- discovery
+def find_runs(paths: Sequence[str | Path]) -> list[Found]:
+    """Every run under ``paths`` (files, folders searched recursively, globs), each once, in order."""
+    if not paths:
+        raise HistoryError("no path given")
+    found: list[Found] = []
+    for raw in paths:
+        text = str(raw)
+        matches = sorted(glob.glob(text, recursive=True)) if _GLOB_CHARS.search(text) else [text]
+        if not matches:
+            raise HistoryError(f"{text}: the pattern matches no file or folder")
+        for match in matches:
+            found += _find_one(Path(match))
+    unique = list({(f.reader, f.path): f for f in found}.values())
+    return unique
+
+
+def _find_one(path: Path) -> list[Found]:
+    if not path.exists():
+        raise HistoryError(f"{path}: no such file or folder")
+    if path.is_file():
+        reader = next((r for r in READERS.values() if r.accepts(path)), None)
+        if reader is None:
+            raise HistoryError(f"{path}: unknown format; calibrate reads: {_formats()}")
+        if reader.name == "tensorboard":  # the folder is the run; this one file was asked for
+            return [Found("tensorboard", path, (path,))]
+        return [Found(reader.name, path, (path,))]
+    if _is_mlflow_run(path):
+        return _mlflow_find(path)
+    runs = [f for r in READERS.values() for f in r.find(path)]
+    if not runs:
+        raise HistoryError(f"{path}: no run found in this folder; calibrate reads: {_formats()}")
+    return runs
+
+
+def read_run(found: Found) -> RawHistory:
+    """Read one located run with its format's reader."""
+    return READERS[found.reader].read(found)
+
+
+# ----------------------------------------------------------------------------- metric selection
+def choose_metric(raw: RawHistory) -> str:
+    """The default metric: the only series, else ``evalstop/score``, else the only eval metric
+    (``eval_*`` or ``eval/*``, throughput keys excluded); else a HistoryError listing them."""
+    names = [n for n in raw.metrics() if n not in _LOSS_SERIES] or raw.metrics()
+    if len(names) == 1:
+        return names[0]
+    if "evalstop/score" in names:
+        return "evalstop/score"
+    evals = [n for n in names if n.startswith(("eval_", "eval/"))
+             and n.replace("eval/", "eval_") not in _NOT_SCORES and not n.startswith("evalstop/")]
+    if len(evals) == 1:
+        return evals[0]
+    if not names:
+        raise HistoryError(f"{raw.source}: no numeric metric found")
+    raise HistoryError(f"{raw.source}: several candidate metrics ({', '.join(evals or names)}); choose one with "
+                       "--metric (a loss wants --direction min)")
+
+
+def _series(raw: RawHistory, metric: str, flag: str) -> Series:
+    points = raw.series.get(metric)
+    if not points:
+        raise HistoryError(f"{raw.source}: {flag} {metric!r} not found; metrics in this run: "
+                           f"{', '.join(raw.metrics()) or '(none)'}")
+    steps = tuple(sorted(points))
+    for s in steps:
+        if not math.isfinite(points[s]):
+            raise HistoryError(f"{raw.source}: {metric} at step {s} is {points[s]!r}; scores must be finite "
+                               "(leave this run out, or fix its log)")
+    return Series(metric, steps, tuple(points[s] for s in steps))
+
+
+def _losses_at(raw: RawHistory, steps: tuple[int, ...]) -> tuple[float | None, ...]:
+    key = next((k for k in _LOSS_SERIES if raw.series.get(k)), None)
+    if key is None:
+        return (None,) * len(steps)
+    loss = {s: v for s, v in raw.series[key].items() if math.isfinite(v)}
+    loss_steps = sorted(loss)
+    out: list[float | None] = []
+    j, last = 0, None
+    for s in steps:
+        while j < len(loss_steps) and loss_steps[j] <= s:
+            last = loss[loss_steps[j]]
+            j += 1
+        out.append(last)
+    return tuple(out)
+
+
+def select(raw: RawHistory, metric: str | None = None, label_metric: str | None = None) -> RunHistory:
+    """The run's detector series (``metric``, or :func:`choose_metric`) and label series (``label_metric``)."""
+    scores = _series(raw, metric or choose_metric(raw), "metric")
+    label = _series(raw, label_metric, "label metric") if label_metric else None
+    last = max(max(points) for points in raw.series.values() if points)
+    planned = raw.planned_steps or max(last, 1)
+    return RunHistory(raw.name, raw.source, raw.format, scores, label, _losses_at(raw, scores.steps), planned)
+
+
+def load_histories(paths: Sequence[str | Path], metric: str | None = None, label_metric: str | None = None,
+                   progress: Callable[[Iterable[Found]], Iterable[Found]] = iter) -> list[RunHistory]:
+    """Find, read and select every run under ``paths``. Without ``metric`` every run must default to
+    the same one. Deleted MLflow runs are left out."""
+    runs = []
+    for found in progress(find_runs(paths)):
+        raw = read_run(found)
+        if raw.format == "mlflow (deleted)":
+            continue
+        runs.append(select(raw, metric, label_metric))
+    if not runs:
+        raise HistoryError(f"no run to calibrate on under {', '.join(map(str, paths))}")
+    chosen = {r.scores.metric for r in runs}
+    if metric is None and len(chosen) > 1:
+        examples = ", ".join(f"{r.source}: {r.scores.metric}" for r in
+                             {r.scores.metric: r for r in runs}.values())
+        raise HistoryError(f"the runs default to different metrics ({examples}); choose one with --metric")
+    return runs

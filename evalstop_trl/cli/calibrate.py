@@ -1,0 +1,124 @@
+"""``evalstop calibrate``: read a team's finished runs and recommend a stop policy.
+
+Light on import (no torch, no transformers): the readers and the analysis load when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .common import CLIError
+
+__all__ = ["add_calibrate_command", "format_report"]
+
+#: Runs from which a progress bar shows (on a terminal's stderr only).
+PROGRESS_FROM = 20
+
+
+def add_calibrate_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="replay every detector on your finished runs and recommend a policy",
+        description="Read finished runs (trainer_state.json, JSONL, CSV, TensorBoard event files, MLflow file-store "
+        "runs; files, folders searched recursively, or globs), label each run hacked or healthy from its full "
+        "curve, replay every registered detector, and print precision, recall, FPR, lag and savings with 95% "
+        "intervals and the recommended policy.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a run file, a folder of runs, or a glob")
+    p.add_argument("--metric", help="the detector's series (default: the only metric, else evalstop/score, else "
+                   "the only eval_* or eval/* one)")
+    p.add_argument("--label-metric", dest="label_metric", help="label each run from this series instead (e.g. a "
+                   "larger gold eval): non-circular, preferred")
+    p.add_argument("--direction", choices=("max", "min"), help="max: higher is better (default: min for loss-like "
+                   "names such as eval_loss, else max)")
+    p.add_argument("--label-direction", dest="label_direction", choices=("max", "min"),
+                   help="the label series' direction (default: inferred from its name the same way)")
+    p.add_argument("--margin", type=float, default=0.2, help="hacked iff the last value falls short of the best "
+                   "by more than this share of the run's range (default 0.2)")
+    p.add_argument("--min-precision", dest="min_precision", type=float, default=0.9,
+                   help="the recommended policy's precision lower bound must reach this (default 0.9)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_calibrate)
+
+
+def _progress(total_runs: int, what: str):
+    def wrap(items):
+        if total_runs < PROGRESS_FROM:
+            return iter(items)
+        from tqdm import tqdm
+
+        return tqdm(items, desc=what, file=sys.stderr, disable=None, leave=False)  # None: only on a terminal
+
+    return wrap
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from ..analysis.calibrate import Direction, calibrate
+    from ..analysis.histories import find_runs, load_histories
+    from ..train.session import infer_direction  # light: no torch (the callback's own rule for names)
+
+    if not 0.0 <= args.margin < 1.0:
+        raise CLIError(f"--margin must be in [0, 1) (a share of each run's range), got {args.margin}")
+    if not 0.0 <= args.min_precision < 1.0:
+        raise CLIError(f"--min-precision must be in [0, 1), got {args.min_precision}")
+    try:
+        n_found = len(find_runs(args.paths))
+        runs = load_histories(args.paths, args.metric, args.label_metric, progress=_progress(n_found, "reading"))
+        metric = runs[0].scores.metric
+        direction = Direction(args.direction or infer_direction(metric))
+        label_direction = Direction(args.label_direction or (infer_direction(args.label_metric) if args.label_metric
+                                                             else direction.value))
+        result = calibrate(runs, direction, label_direction, args.margin, args.min_precision,
+                           progress=_progress(len(runs), "replaying"))
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    print(json.dumps(result.to_dict()) if args.json else format_report(result))
+    return 0
+
+
+def _rate(r: Any) -> str:
+    if r.value is None:
+        return "n/a"
+    return f"{100 * r.value:.0f}% [{100 * r.ci.low:.0f}, {100 * r.ci.high:.0f}] ({r.k}/{r.n})"
+
+
+def _mean(m: Any, percent: bool = False) -> str:
+    if m.value is None:
+        return "n/a"
+    scale, unit, digits = (100, "%", 0) if percent else (1, "", 1)
+    text = f"{scale * m.value:.{digits}f}{unit}"
+    if m.ci is not None:
+        text += f" [{scale * m.ci.low:.{digits}f}, {scale * m.ci.high:.{digits}f}]"
+    return text
+
+
+def format_report(cal: Any) -> str:
+    """The human-readable report: the runs, the table, the recommendation."""
+    formats = sorted({r.format for r in cal.runs})
+    label_how = ("its own series" if cal.label_metric == cal.metric
+                 else f"{cal.label_metric} ({cal.label_direction.value})")
+    lines = [f"{cal.n_runs} runs ({', '.join(formats)}); detectors see {cal.metric} ({cal.direction.value}); "
+             f"labels from {label_how}: hacked iff the last value falls short of the best by more than "
+             f"{cal.margin:g} of the run's range",
+             f"{cal.n_hacked} hacked, {cal.n_runs - cal.n_hacked} healthy", ""]
+    head = ("policy", "stops", "precision", "recall", "FPR", "lag (evals)", "savings")
+    rows = [(s.policy.label, str(s.stops), _rate(s.precision), _rate(s.recall), _rate(s.fpr), _mean(s.lag),
+             _mean(s.savings, percent=True)) for s in cal.scores]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for row in [head, *rows]:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths,
+                                                                                                       strict=True))))
+    lines.append("")
+    lines.append("95% intervals: Clopper-Pearson (rates), percentile bootstrap (lag over stopped hacked runs, "
+                 "savings over all runs)")
+    rec = cal.recommendation
+    lines.append(f"Rule: {rec.rule}")
+    if rec.policy is None:
+        lines.append(f"Recommended policy: none: {rec.reason}")
+    else:
+        lines += [f"Recommended policy: {rec.reason}", f"  {rec.callback}", f"  {rec.cli}"]
+    lines += [f"Note: {n}" for n in cal.notes]
+    return "\n".join(lines)
