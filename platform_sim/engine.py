@@ -37,7 +37,7 @@ from .config import SimConfig
 from .dispatch import Dispatcher
 from .events import Event, EventQueue
 from .jobs import Phase, SimJob, Timing
-from .overlays import Overlay
+from .overlays import Overlay, eval_hook_name
 from .schedulers import Scheduler
 from .views import VirtualClock
 from .workload import Workload
@@ -84,19 +84,6 @@ class RunResult:
     total_gpus: int
 
 
-def _eval_hook_name(kind: type[Overlay]) -> str | None:
-    """The eval hook the engine calls: the one defined lowest in the class hierarchy (``on_eval``
-    where a class defines both), or None when neither is overridden (no call, no snapshot)."""
-    for cls in kind.__mro__:
-        if cls is Overlay:
-            return None
-        if "on_eval" in cls.__dict__:
-            return "on_eval"
-        if "on_eval_id" in cls.__dict__:
-            return "on_eval_id"
-    return "on_eval" if hasattr(kind, "on_eval") else None  # not an Overlay subclass: its on_eval, if any
-
-
 class Simulation:
     """One run of one workload under one base scheduler and one overlay.
 
@@ -121,7 +108,7 @@ class Simulation:
         # overlays that do not override a hook are not called (no snapshot is built for them)
         kind = type(overlay)
         self._watch_arrivals = kind.on_arrival is not Overlay.on_arrival
-        hook = _eval_hook_name(kind)
+        hook = eval_hook_name(kind)
         self._eval_hook = getattr(overlay, hook) if hook else None
         self._eval_snapshot = hook == "on_eval"
         self._cuts = kind.cut_progress is not Overlay.cut_progress

@@ -39,7 +39,7 @@ from .views import JobSnapshot
 from .workload import Workload
 
 __all__ = ["OVERLAYS", "DetectorOverlay", "Overlay", "OracleOverlay", "StopAtOverlay", "create_overlay",
-           "overlay_block_keys"]
+           "eval_hook_name", "overlay_block_keys"]
 
 TENANT = "platform"
 
@@ -81,6 +81,19 @@ class Overlay:
     def cut_progress(self, job_id: int) -> float | None:
         """Oracle only: progress at which the job is stopped, or None."""
         return None
+
+
+def eval_hook_name(kind: type[Overlay]) -> str | None:
+    """The eval hook the engine calls: the one defined lowest in the class hierarchy (``on_eval``
+    where a class defines both), or None when neither is overridden (no call, no snapshot)."""
+    for cls in kind.__mro__:
+        if cls is Overlay:
+            return None
+        if "on_eval" in cls.__dict__:
+            return "on_eval"
+        if "on_eval_id" in cls.__dict__:
+            return "on_eval_id"
+    return "on_eval" if hasattr(kind, "on_eval") else None  # not an Overlay subclass: its on_eval, if any
 
 
 class DetectorOverlay(Overlay):

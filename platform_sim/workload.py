@@ -4,12 +4,30 @@ Random draws come from separate streams (types, durations, estimates, arrivals, 
 one ``numpy.random.SeedSequence(seed)``, so a sweep that changes, say, the noise level keeps the same
 jobs, arrivals and curves (a paired design). Observed eval scores, losses and proxy rewards at the
 eval points are drawn here once, so every policy sees exactly the same stream for a job.
+
+**Secret salt.** ``generate_workload(cfg, seed)`` is public: anyone who knows (or guesses) the seed
+can rebuild every job's truth. With ``salt`` (a secret integer, :func:`secret_salt`: 128 random
+bits) every stream but the job types and GPU counts is drawn from ``SeedSequence([seed, salt])``
+instead: durations, estimates, arrivals, curves (hack onset, peak, labels) and noise. The types stay
+seed-determined, so a cheat can still find the seed by matching them, and learns nothing from it.
+``salt=None`` (the default) is the unsalted workload, bit for bit (the paper's reproduction)::
+
+    >>> from platform_sim.config import load_config
+    >>> cfg = load_config().replace(**{"workload.n_jobs": 50})
+    >>> public, salted = generate_workload(cfg, 7), generate_workload(cfg, 7, salt=12345)
+    >>> [s.job_type for s in public.jobs] == [s.job_type for s in salted.jobs]
+    True
+    >>> [t.peak_progress for t in public.truths] == [t.peak_progress for t in salted.truths]
+    False
+    >>> salted == generate_workload(cfg, 7, salt=12345), salted.salt
+    (True, 12345)
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import secrets
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -18,7 +36,11 @@ import numpy as np
 from .config import SimConfig
 from .curves import FAMILIES, CurveKind, Family, family_gold, gao, gold, peak_of
 
-__all__ = ["JobSpec", "JobTruth", "Workload", "generate_workload", "read_trace", "write_trace"]
+__all__ = ["SALT_BITS", "JobSpec", "JobTruth", "Workload", "generate_workload", "read_trace", "secret_salt",
+           "write_trace"]
+
+#: bits of a :func:`secret_salt`: far beyond any search over candidate salts
+SALT_BITS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +82,7 @@ class Workload:
     truths: tuple[JobTruth, ...]
     n_evals: int
     seed: int
+    salt: int | None = None  # the secret salt of the hidden streams (None: unsalted, rebuildable from seed)
 
     def eval_progress(self, i: int) -> float:
         """Progress of eval ``i`` (1-based)."""
@@ -93,13 +116,33 @@ def _noise(cfg: SimConfig, rng: np.random.Generator, shape: tuple[int, int]) -> 
     return n.sigma * z
 
 
-def generate_workload(cfg: SimConfig, seed: int) -> Workload:
-    """Draw ``cfg.workload.n_jobs`` jobs for ``seed``."""
+def secret_salt() -> int:
+    """A fresh secret salt (:data:`SALT_BITS` bits from :mod:`secrets`)."""
+    return secrets.randbits(SALT_BITS)
+
+
+def _streams(seed: int, salt: int | None) -> list[np.random.Generator]:
+    """The six generators (types, durations, estimates, arrivals, curves, noise); with a salt, every
+    one but the types' is drawn from ``SeedSequence([seed, salt])``."""
+    public = np.random.SeedSequence(seed).spawn(6)
+    if salt is None:
+        return [np.random.default_rng(s) for s in public]
+    if isinstance(salt, bool) or not isinstance(salt, int) or salt < 0:
+        raise ValueError(f"salt must be a non-negative integer or None, but got salt={salt!r}.")
+    hidden = np.random.SeedSequence([seed, salt]).spawn(6)
+    return [np.random.default_rng(public[0])] + [np.random.default_rng(s) for s in hidden[1:]]
+
+
+def generate_workload(cfg: SimConfig, seed: int, salt: int | None = None) -> Workload:
+    """Draw ``cfg.workload.n_jobs`` jobs for ``seed``; the hidden streams with a secret ``salt``
+    (see the module docstring; None: the public, unsalted workload).
+
+    Raises:
+        ValueError: ``salt`` is not a non-negative integer or None.
+    """
     w, cv = cfg.workload, cfg.curves
     n, m = w.n_jobs, w.evals_per_job
-    s_types, s_dur, s_est, s_arr, s_curve, s_noise = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)
-    )
+    s_types, s_dur, s_est, s_arr, s_curve, s_noise = _streams(seed, salt)
     names = list(w.types)
     shares = np.array([w.types[t].share for t in names])
     type_idx = s_types.choice(len(names), size=n, p=shares / shares.sum())
@@ -182,7 +225,7 @@ def generate_workload(cfg: SimConfig, seed: int) -> Workload:
             peak_progress=peak, gold_end=end, scores=tuple(scores[j]), losses=tuple(losses[j]),
             proxies=tuple(proxies[j]), family=fam, extra=ext,
         ))
-    return Workload(tuple(jobs), tuple(truths), m, seed)
+    return Workload(tuple(jobs), tuple(truths), m, seed, salt)
 
 
 _GAO, _LATE, _SHALLOW, _DROP, _OSC = (FAMILIES.index(f.value) for f in Family)

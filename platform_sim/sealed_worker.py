@@ -1,0 +1,150 @@
+"""The sealed overlay's process: runs one overlay on the visible stream and answers with decisions.
+
+Started by :class:`platform_sim.sealed.SealedOverlay` with a clean command line (``python -I -c``,
+no seed, no salt, no paths of the run), a scrubbed environment and an empty working folder. It
+reads frames (:mod:`platform_sim.sealed_protocol`) on its standard input and answers on a private
+copy of its standard output (the overlay's own prints go to standard error).
+
+Before it builds the overlay (and imports a user's overlay class) it gives up what could reach
+the engine's process (Linux, best effort, :func:`drop_privileges`): no new privileges, every
+capability (a root process without ``CAP_SYS_PTRACE`` and with fewer capabilities than its parent
+cannot read the parent's memory or its ``/proc/<pid>/environ``, ``mem``, ``fd``), and the bounding
+set (an ``exec`` of a root binary gets none back).
+
+The overlay sees what an in-process overlay sees, rebuilt from the stream: a
+:class:`~platform_sim.views.JobSnapshot` at each arrival and eval (the job's static fields kept from
+its arrival, its eval scores and loss records appended eval by eval), the eval's score, loss and
+proxy reward, and a :class:`~platform_sim.views.VirtualClock` set to each event's time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import sys
+import traceback
+from typing import Any
+
+from .overlays import Overlay, create_overlay, eval_hook_name
+from .sealed_protocol import ARRIVAL, ASK, EVAL, encode, read_frame_blocking
+from .views import JobSnapshot, VirtualClock
+from .workload import Workload
+
+__all__ = ["drop_privileges", "main"]
+
+_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 4, 24, 38
+_CAP_VERSION_3 = 0x20080522
+
+
+def drop_privileges() -> bool:
+    """No new privileges, an empty capability bounding set and no capabilities (Linux).
+
+    Returns True when every step succeeded (False elsewhere or where the kernel refused one)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    ok = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    for cap in range(64):  # past the kernel's last capability prctl answers EINVAL: nothing to drop
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable (x2): all empty
+    ok &= libc.capset(header, data) == 0
+    return bool(ok)
+
+
+def _load_overlay(spec: str, params: dict[str, Any], n_evals: int) -> Overlay:
+    """A registered overlay by name, or a user's ``module:Class`` (an :class:`Overlay` subclass)."""
+    if ":" not in spec:
+        return create_overlay(spec, Workload((), (), n_evals=n_evals, seed=0), **params)
+    module, _, qualname = spec.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, Overlay)):
+        raise TypeError(f"{spec} is not a subclass of platform_sim.overlays.Overlay")
+    return obj(**params)
+
+
+class _Session:
+    """One overlay and what it has been told: each job's static fields and histories."""
+
+    def __init__(self, overlay: Overlay, n_evals: int) -> None:
+        self.overlay, self.clock = overlay, VirtualClock()
+        kind = type(overlay)
+        hook = eval_hook_name(kind)
+        self.eval_hook = getattr(overlay, hook) if hook else None
+        self.eval_snapshot = hook == "on_eval"
+        self.cuts = kind.cut_progress is not Overlay.cut_progress
+        self.jobs: dict[int, list] = {}  # job id -> its snapshot's fields (updated at each eval)
+        overlay.attach(self.clock, n_evals)
+
+    def handle(self, events: list) -> list:
+        out: list = []
+        for ev in events:
+            if ev == ASK:
+                continue
+            self.clock.now = ev[1]
+            if ev[0] == ARRIVAL:
+                fields = ev[2:]
+                fields[10] = tuple(fields[10])
+                fields[11] = tuple(tuple(x) for x in fields[11])
+                self.jobs[fields[0]] = fields
+                self.overlay.on_arrival(JobSnapshot(*fields))
+                if self.cuts:
+                    out.append(self.overlay.cut_progress(fields[0]))
+            elif ev[0] == EVAL:
+                out.append(bool(self._eval(*ev[2:])))
+        return out
+
+    def _eval(self, job_id, step, score, loss, proxy, progress, waiting_since, gpu_hours, loss_gpu_hours):
+        f = self.jobs[job_id]
+        f[6], f[7], f[8], f[9], f[12] = progress, True, waiting_since, step, gpu_hours
+        f[10] += (score,)
+        f[11] += ((loss_gpu_hours, loss),)
+        if self.eval_hook is None:
+            return False
+        return self.eval_hook(JobSnapshot(*f) if self.eval_snapshot else job_id, step, score, loss, proxy)
+
+
+def main() -> None:
+    """Serve one overlay on standard input/output until the input ends."""
+    fd_in = sys.stdin.fileno()
+    fd_out = os.dup(sys.stdout.fileno())  # the protocol's; the overlay's prints go to stderr
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    hardened = drop_privileges()
+
+    def reply(obj: Any) -> None:
+        data = encode(obj)
+        while data:
+            data = data[os.write(fd_out, data):]
+
+    hello = read_frame_blocking(fd_in)
+    if hello is None:
+        return
+    try:
+        sys.path[:0] = [p for p in hello.get("path", ()) if p not in sys.path]
+        session = _Session(_load_overlay(hello["overlay"], hello.get("params", {}), hello["n_evals"]),
+                           hello["n_evals"])
+    except Exception:  # noqa: BLE001 - the parent shows it to the user
+        reply({"error": traceback.format_exc(limit=8)})
+        return
+    reply({"name": str(session.overlay.name), "eval": session.eval_hook is not None, "cut": session.cuts,
+           "hardened": hardened})
+    while (events := read_frame_blocking(fd_in)) is not None:
+        try:
+            out = session.handle(events)
+        except Exception:  # noqa: BLE001
+            reply({"error": traceback.format_exc(limit=8)})
+            return
+        if events and events[-1] == ASK:
+            reply(out)
+
+
+if __name__ == "__main__":
+    main()
