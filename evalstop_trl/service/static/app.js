@@ -1,27 +1,19 @@
 // The dashboard: sign-in, the job list and the job page, kept live by polling every 2 s.
 // Data is only ever written into the page with textContent / attributes, never as HTML.
 
-import { ApiError, getJob, jobAudit, listJobs, reportsAfter, stopJob, token } from "./api.js";
-import { drawJobChart, legendItems, legendSwatch, sparkline } from "./chart.js";
+import {
+  ApiError, browseJobs, download, exportReportsPath, getJob, jobAudit, reportsAfter, stopJob, token,
+} from "./api.js";
+import { drawJobChart, legendItems, legendSwatch } from "./chart.js";
+import { compareView, parseCompareHash } from "./compare.js";
+import { $, describeMap, h, isShadow, mark, statusBadge } from "./dom.js";
+import { jobsView, parseListHash } from "./list.js";
 import {
   AUDIT_LABELS, TERMINAL, describePolicy, fmtNum, fmtStep, fmtTime, stopEvidence, stopStep,
 } from "./util.js";
 
 const POLL_MS = 2000;
-const PAGE_SIZE = 50;
-const SPARK_CONCURRENCY = 6;
-
-const $ = (id) => document.getElementById(id);
-const h = (tag, props = {}, text = null) => {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(props)) {
-    if (k === "class") node.className = v;
-    else if (k === "dataset") Object.assign(node.dataset, v);
-    else node.setAttribute(k, v);
-  }
-  if (text !== null) node.textContent = text;
-  return node;
-};
+const VIEWS = ["signin", "jobs", "job", "compare"];
 
 // ------------------------------------------------------------------ routing and polling
 let view = null;       // the current view: { refresh(), leave() }
@@ -34,19 +26,18 @@ function parseRoute() {
   const params = new URLSearchParams(query);
   const m = path.match(/^\/job\/(.+)$/);
   if (m) return { name: "job", id: decodeURIComponent(m[1]) };
-  return { name: "jobs", status: params.get("status") || "", page: Math.max(0, (parseInt(params.get("page"), 10) || 1) - 1) };
+  if (path === "/compare") return { name: "compare", ...parseCompareHash(params) };
+  return { name: "jobs", ...parseListHash(params) };
 }
 
-export function jobsHash(status, page) {
-  const q = new URLSearchParams();
-  if (status) q.set("status", status);
-  if (page > 0) q.set("page", String(page + 1));
-  const s = q.toString();
-  return `#/${s ? `?${s}` : ""}`;
-}
+// what the list and compare views need of the router
+const ctx = {
+  current: (gen) => gen === generation,
+  handleError: (err) => handleError(err),
+};
 
 function show(name) {
-  for (const v of ["signin", "jobs", "job"]) $(`view-${v}`).hidden = v !== name;
+  for (const v of VIEWS) $(`view-${v}`).hidden = v !== name;
   const signedIn = name !== "signin";
   $("signout").hidden = !signedIn;
   $("topnav").hidden = !signedIn;
@@ -93,12 +84,6 @@ function handleError(err) {
     : `Error: ${err.message}`);
 }
 
-// performance marks for scripts/bench_dashboard.py (one of each name is kept)
-function mark(name) {
-  performance.clearMarks(name);
-  performance.mark(name);
-}
-
 function navigate({ signinMessage = "" } = {}) {
   mark("evalstop:navigate");
   generation++;
@@ -112,7 +97,8 @@ function navigate({ signinMessage = "" } = {}) {
     return;
   }
   const route = parseRoute();
-  view = route.name === "job" ? jobView(route.id) : jobsView(route.status, route.page);
+  view = route.name === "job" ? jobView(route.id)
+    : route.name === "compare" ? compareView(ctx, route) : jobsView(ctx, route);
   show(route.name);
   const gen = generation;
   view.refresh(gen, true).then(() => { if (gen === generation) setLive(true); })
@@ -130,7 +116,7 @@ function setupSignin() {
     $("signin-error").textContent = "";
     token.set(value);
     try {
-      await listJobs({ limit: 1 });
+      await browseJobs({}, { limit: 1 });
     } catch (err) {
       token.clear();
       $("signin-error").textContent = err.status === 401
@@ -147,120 +133,6 @@ function setupSignin() {
     location.hash = "#/";
     navigate({ signinMessage: "Signed out." });
   });
-}
-
-// ------------------------------------------------------------------ the job list
-const sparkCache = new Map(); // job_id -> { reports, lastStep }
-
-function statusBadge(node, status) {
-  node.className = `badge status-${status}`;
-  node.textContent = status;
-}
-
-function jobsView(status, page) {
-  const rows = new Map(); // job_id -> row element
-  $("status-filter").value = status;
-  $("jobs-body").replaceChildren();
-  $("jobs-summary").textContent = "Loading\u2026";
-
-  const onFilter = () => { location.hash = jobsHash($("status-filter").value, 0); };
-  const onPrev = () => { location.hash = jobsHash(status, Math.max(0, page - 1)); };
-  const onNext = () => { location.hash = jobsHash(status, page + 1); };
-  $("status-filter").addEventListener("change", onFilter);
-  $("prev-page").addEventListener("click", onPrev);
-  $("next-page").addEventListener("click", onNext);
-
-  function rowFor(job) {
-    let tr = rows.get(job.job_id);
-    if (!tr) {
-      tr = h("tr", { dataset: { jobId: job.job_id } });
-      const link = h("a", { href: `#/job/${encodeURIComponent(job.job_id)}`, class: "job-link" }, job.job_id);
-      const first = h("th", { scope: "row" });
-      first.appendChild(link);
-      tr.appendChild(first);
-      for (const cls of ["status", "type", "detector", "num last", "num best-step", "num best-score", "reason", "spark"]) {
-        tr.appendChild(h("td", { class: cls }));
-      }
-      tr.lastChild.appendChild(sparkline([]));
-      rows.set(job.job_id, tr);
-    }
-    const cells = tr.children;
-    let badge = cells[1].firstChild;
-    if (!badge) { badge = h("span"); cells[1].appendChild(badge); }
-    if (badge.textContent !== job.status) statusBadge(badge, job.status);
-    cells[2].textContent = job.job_type;
-    const policy = describePolicy(job.policy);
-    cells[3].textContent = job.policy && job.policy.detector ? job.policy.detector : policy;
-    cells[3].title = policy;
-    cells[4].textContent = fmtStep(job.last_step) + (job.planned_steps ? ` / ${fmtStep(job.planned_steps)}` : "");
-    cells[5].textContent = fmtStep(job.best_step);
-    cells[6].textContent = fmtNum(job.best_score);
-    const reason = job.status === "stopped" && job.decision ? job.decision.reason : "";
-    let clip = cells[7].firstChild;
-    if (!clip) { clip = h("span", { class: "clip" }); cells[7].appendChild(clip); }
-    clip.textContent = reason;
-    cells[7].title = reason;
-    return tr;
-  }
-
-  async function loadSparks(jobs, gen) {
-    const todo = jobs.filter((j) => {
-      const c = sparkCache.get(j.job_id);
-      return j.n_reports > 0 && (!c || c.lastStep !== j.last_step || c.status !== j.status);
-    });
-    const one = async (job) => {
-      const c = sparkCache.get(job.job_id);
-      const after = c && c.reports.length ? c.reports[c.reports.length - 1].step : null;
-      const fresh = await reportsAfter(job.job_id, after, { maxPages: 1 });
-      const cached = sparkCache.get(job.job_id); // re-read: a concurrent refresh may have added some
-      const seen = cached && cached.reports.length ? cached.reports[cached.reports.length - 1].step : -1;
-      const reports = cached ? cached.reports.concat(fresh.filter((r) => r.step > seen)) : fresh;
-      sparkCache.set(job.job_id, { reports, lastStep: job.last_step, status: job.status });
-      if (gen !== generation) return;
-      const tr = rows.get(job.job_id);
-      if (tr) tr.lastChild.replaceChildren(sparkline(reports, {
-        bestStep: job.best_step, stopStep: job.status === "stopped" ? job.last_step : null }));
-    };
-    const queue = todo.slice();
-    const workers = Array.from({ length: Math.min(SPARK_CONCURRENCY, queue.length) }, async () => {
-      while (queue.length && gen === generation) await one(queue.shift());
-    });
-    await Promise.all(workers);
-  }
-
-  return {
-    async refresh(gen, first = false) {
-      const { jobs, total } = await listJobs({ status, offset: page * PAGE_SIZE, limit: PAGE_SIZE });
-      if (gen !== generation) return;
-      const body = $("jobs-body");
-      const ordered = jobs.map(rowFor);
-      const same = ordered.length === body.children.length && ordered.every((tr, i) => body.children[i] === tr);
-      if (!same) body.replaceChildren(...ordered);
-      const keep = new Set(jobs.map((j) => j.job_id));
-      for (const id of rows.keys()) if (!keep.has(id)) rows.delete(id);
-      const pages = Math.max(1, Math.ceil(total / PAGE_SIZE));
-      const from = total ? page * PAGE_SIZE + 1 : 0;
-      const last = page * PAGE_SIZE + jobs.length;
-      $("jobs-summary").textContent = total
-        ? `${from.toLocaleString("en-US")}\u2013${last.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} ${status || ""} job${total === 1 ? "" : "s"}`.replace("  ", " ")
-        : "";
-      $("jobs-table").hidden = total === 0;
-      $("jobs-empty").hidden = total !== 0;
-      $("page-info").textContent = `Page ${page + 1} of ${pages}`;
-      $("prev-page").disabled = page === 0;
-      $("next-page").disabled = page + 1 >= pages;
-      $("view-jobs").dataset.ready = "true";
-      if (first) mark("evalstop:list-rendered");
-      loadSparks(jobs, gen).then(() => { if (first && gen === generation) mark("evalstop:sparklines-rendered"); })
-        .catch((err) => { if (gen === generation) handleError(err); });
-    },
-    leave() {
-      $("status-filter").removeEventListener("change", onFilter);
-      $("prev-page").removeEventListener("click", onPrev);
-      $("next-page").removeEventListener("click", onNext);
-      delete $("view-jobs").dataset.ready;
-    },
-  };
 }
 
 // ------------------------------------------------------------------ one job
@@ -348,6 +220,18 @@ function jobView(id) {
     if (job && job.best_checkpoint && navigator.clipboard) navigator.clipboard.writeText(job.best_checkpoint).catch(() => {});
   };
   $("copy-checkpoint").addEventListener("click", onCopy);
+  $("job-export-status").textContent = "";
+  const onExport = (format) => async () => {
+    try {
+      const blob = await download(exportReportsPath(id, format), `${id}-reports.${format}`);
+      $("job-export-status").textContent = `Exported ${format.toUpperCase()} (${blob.size.toLocaleString("en-US")} bytes).`;
+    } catch (err) {
+      $("job-export-status").textContent = `The export failed: ${err.message}`;
+    }
+  };
+  const exportCsv = onExport("csv"), exportJson = onExport("json");
+  $("job-export-csv").addEventListener("click", exportCsv);
+  $("job-export-json").addEventListener("click", exportJson);
 
   function readout(r) {
     cursorStep = r ? r.step : null;
@@ -360,12 +244,18 @@ function jobView(id) {
   function applyJob(j) {
     job = j;
     statusBadge($("job-status"), j.status);
+    if (isShadow(j) && !$("job-shadow")) $("job-status").after(h("span", { class: "badge shadow", id: "job-shadow" }, "shadow"));
+    else if (!isShadow(j) && $("job-shadow")) $("job-shadow").remove();
     $("stop-button").hidden = false;
     $("stop-button").disabled = TERMINAL.has(j.status);
     $("stop-button").title = TERMINAL.has(j.status) ? `This job is ${j.status}.` : "";
     const dl = $("job-facts");
     dl.replaceChildren();
     fact(dl, "Type", j.job_type);
+    if (isShadow(j)) fact(dl, "Mode", "shadow: the detector decides, nothing is stopped");
+    if (j.would_stop_step !== null && j.would_stop_step !== undefined) fact(dl, "Would have stopped", `at step ${fmtStep(j.would_stop_step)}`);
+    if (j.tags && Object.keys(j.tags).length) fact(dl, "Tags", describeMap(j.tags));
+    if (j.hparams && Object.keys(j.hparams).length) fact(dl, "Hyperparameters", describeMap(j.hparams));
     fact(dl, "Detector", describePolicy(j.policy));
     fact(dl, "Last step", fmtStep(j.last_step) + (j.planned_steps ? ` of ${fmtStep(j.planned_steps)} planned` : ""));
     fact(dl, "Reports", fmtStep(j.n_reports));
@@ -456,6 +346,8 @@ function jobView(id) {
     leave() {
       $("stop-button").removeEventListener("click", onStop);
       $("copy-checkpoint").removeEventListener("click", onCopy);
+      $("job-export-csv").removeEventListener("click", exportCsv);
+      $("job-export-json").removeEventListener("click", exportJson);
       delete $("view-job").dataset.ready;
       document.title = "EvalStop";
       const dialog = $("stop-dialog");

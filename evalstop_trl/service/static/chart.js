@@ -187,7 +187,7 @@ export function drawJobChart(svg, reports, opts = {}) {
 }
 
 // A small line of the world feedback, with the best point marked, for the job list.
-export function sparkline(reports, { bestStep = null, stopStep = null } = {}) {
+export function sparkline(reports, { bestStep = null, stopStep = null, wouldStopStep = null } = {}) {
   const W = 120, H = 28, pad = 3;
   const svg = el("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "spark", role: "img" });
   const pts = reports.filter((r) => typeof r.eval_score === "number");
@@ -207,6 +207,10 @@ export function sparkline(reports, { bestStep = null, stopStep = null } = {}) {
   if (stopStep !== null && stopStep >= s0 && stopStep <= s1) {
     el("line", { x1: x(stopStep), x2: x(stopStep), y1: 1, y2: H - 1, stroke: COLORS.stop, "stroke-width": 1.5,
       class: "spark-stop" }, svg);
+  }
+  if (wouldStopStep !== null && wouldStopStep >= s0 && wouldStopStep <= s1) {
+    el("line", { x1: x(wouldStopStep), x2: x(wouldStopStep), y1: 1, y2: H - 1, stroke: COLORS.stop, "stroke-width": 1.5,
+      "stroke-dasharray": "2 2", class: "spark-would-stop" }, svg);
   }
   const last = pts[pts.length - 1];
   svg.setAttribute("aria-label", `world feedback over ${pts.length} evals, from ${fmtNum(pts[0].eval_score)} ` +
