@@ -40,11 +40,64 @@ def _load(args: argparse.Namespace):
     return cfg
 
 
+def _salted(args: argparse.Namespace) -> bool:
+    """A salted run (:mod:`platform_sim.sealed_run`): sealed, a salt or a user's overlay class."""
+    if args.overlay_params is not None and args.overlay_class is None:
+        raise ConfigError("--overlay-params needs --overlay-class (a registered overlay takes its config block)")
+    salted = args.sealed or args.salt is not None or args.overlay_class is not None
+    if salted and args.trace:
+        raise ConfigError("--trace cannot be salted or sealed: a trace file holds the ground truth, readable by any "
+                          "process of this user")
+    return salted
+
+
+def _cmd_run_salted(args: argparse.Namespace) -> int:
+    from .report import run_table
+    from .sealed_protocol import SealedOverlayError
+    from .sealed_run import parse_salt, run_salted
+    from .workload import generate_workload, write_trace
+
+    cfg = _load(args)
+    params = None
+    if args.overlay_params is not None:
+        try:
+            params = json.loads(args.overlay_params)
+        except ValueError as exc:
+            raise ConfigError(f"--overlay-params must be a JSON object: {exc}") from None
+        if not isinstance(params, dict):
+            raise ConfigError(f"--overlay-params must be a JSON object, but got {args.overlay_params!r}")
+    salt = parse_salt(args.salt) if args.salt is not None else None
+    t0 = time.perf_counter()
+    try:
+        res = run_salted(cfg, args.seeds, args.workers, progress=not args.quiet, seed_start=args.seed_start,
+                         salt=salt, sealed=args.sealed, overlay_class=args.overlay_class, overlay_params=params)
+    except SealedOverlayError as exc:
+        print(f"platform-sim run: the sealed overlay failed: {exc}", file=sys.stderr)
+        return 1
+    print(run_table(res.result))
+    mode = f"sealed ({res.overlay} in its own process)" if res.sealed else "in-process"
+    print(f"{mode}; salt {hex(res.salt)} (reproduce with --salt {hex(res.salt)})")
+    print(f"({time.perf_counter() - t0:.1f} s)")
+    if args.write_trace:  # only now: a trace holds the truth
+        write_trace(generate_workload(cfg, args.seed_start, res.salt), args.write_trace)
+        print(f"wrote the workload of seed {args.seed_start} to {args.write_trace}", file=sys.stderr)
+    if args.plot:
+        from .plots import plot_run
+
+        print(f"wrote {plot_run(res.result, args.plot)}")
+    if args.json:
+        Path(args.json).write_text(res.to_json())
+        print(f"wrote {args.json}")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .experiments import run_seeds
     from .report import run_table
     from .workload import generate_workload, read_trace, write_trace
 
+    if _salted(args):
+        return _cmd_run_salted(args)
     cfg = _load(args)
     workload = None
     if args.trace:
@@ -145,6 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
     g = r.add_mutually_exclusive_group()
     g.add_argument("--write-trace", dest="write_trace", help="write the workload of seed 0 to this CSV")
     g.add_argument("--trace", help="replay this workload CSV instead of generating one")
+    r.add_argument("--sealed", action="store_true",
+                   help="run the overlay in a separate process that sees only the visible stream, on workloads "
+                        "drawn with a secret salt (recorded in the output); not for Oracle-Stop")
+    r.add_argument("--overlay-class", dest="overlay_class", metavar="MODULE:CLASS",
+                   help="run your own Overlay subclass instead of the configured overlay (always sealed)")
+    r.add_argument("--overlay-params", dest="overlay_params", metavar="JSON",
+                   help="keyword arguments of --overlay-class, a JSON object")
+    r.add_argument("--salt", help="the hidden streams' salt (decimal or 0x hex): reproduce a sealed run; default "
+                                  "with --sealed: a fresh secret one")
     r.set_defaults(func=_cmd_run)
 
     rp = sub.add_parser("reproduce", help="every table and figure of the paper")
