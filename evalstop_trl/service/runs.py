@@ -31,7 +31,7 @@ class _Filters(BaseModel):
     tag: Line | None = Field(None, max_length=MAX_QUERY, description="only jobs with this tag: key or key=value")
     sort: Line | None = Field(None, max_length=32, description="started (default), job_id, status, type, detector, "
                               "updated, ended, duration")
-    order: Line | None = Field(None, max_length=4, description="desc (default) or asc")
+    order: Line | None = Field(None, max_length=32, description="desc (default) or asc")
 
 
 class RunsQuery(_Filters):

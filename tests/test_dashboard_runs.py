@@ -1,0 +1,248 @@
+"""The dashboard as a run browser (issue 19), in a real headless Chromium against a real `evalstop
+serve` on loopback with two tenants: the list's search, filters, sort and columns; the compare view
+(overlay, axis, smoothing, zoom, markers, shareable hash); CSV and JSON exports; and, for each, that
+alice never sees bob's runs (nor bob alice's) — in the browser and through the API directly.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from .conftest import Server
+from .test_dashboard import Api, browser, page, row, sign_in  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.slow
+
+RISE_FALL = [0.40, 0.55, 0.66, 0.71, 0.69, 0.64, 0.58]  # decline k=2: stops at step 60, best 40
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("runs") / "coord.db")
+    tokens = {name: srv.add_tenant(name) for name in ("alice", "bob")}
+    srv.start()
+    alice, bob = Api(srv.url, tokens["alice"]), Api(srv.url, tokens["bob"])
+    alice.job("sweep-lr-1", planned=100)
+    alice.curve("sweep-lr-1", RISE_FALL)  # stopped at 60
+    alice.job("sweep-lr-2", planned=200)
+    alice.curve("sweep-lr-2", [0.3, 0.4, 0.5, 0.6])  # running
+    alice.job("sweep-lr-3", planned=100)
+    alice.curve("sweep-lr-3", [0.2, 0.35, 0.45, 0.5, 0.52])
+    alice.http.post("/v1/jobs/sweep-lr-3/finish").raise_for_status()
+    body = {"job_id": "crashed-run", "job_type": "sft", "planned_steps": 50, "policy": {"detector": "patience", "k": 3}}
+    alice.http.post("/v1/jobs", json=body).raise_for_status()
+    alice.report("crashed-run", 10, 0.3)
+    alice.http.post("/v1/jobs/crashed-run/fail", json={"reason": "CUDA out of memory"}).raise_for_status()
+    bob.job("b-secret-sweep", planned=100)
+    bob.curve("b-secret-sweep", [0.5, 0.6, 0.7])
+    yield SimpleNamespace(url=srv.url, tokens=tokens, alice=alice, bob=bob)
+    for api in (alice, bob):
+        api.http.close()
+    srv.kill()
+
+
+def ids_on_page(page) -> list[str]:
+    return page.locator("#jobs-body tr").evaluate_all("rows => rows.map(r => r.dataset.jobId)")
+
+
+# ------------------------------------------------------------------ the list
+def test_search_filters_and_sort_are_done_by_the_server_and_kept_in_the_url(page, site):
+    sign_in(page, site, "alice")
+    assert ids_on_page(page) == ["crashed-run", "sweep-lr-3", "sweep-lr-2", "sweep-lr-1"]  # newest first
+    page.get_by_label("Search").fill("SWEEP")
+    page.get_by_role("button", name="Apply").click()
+    page.wait_for_url(re.compile(r"q=SWEEP"))
+    expect(page.locator("#jobs-body tr")).to_have_count(3)
+    page.get_by_label("Sort by").select_option("job_id")
+    page.get_by_label("Order").select_option("asc")
+    page.wait_for_url(re.compile(r"order=asc"))
+    expect(page.locator("#jobs-body tr").first).to_have_attribute("data-job-id", "sweep-lr-1")
+    assert ids_on_page(page) == ["sweep-lr-1", "sweep-lr-2", "sweep-lr-3"]
+    page.get_by_label("Status").select_option("finished")
+    expect(page.locator("#jobs-body tr")).to_have_count(1)
+    assert ids_on_page(page) == ["sweep-lr-3"]
+    assert "token" not in page.url and site.tokens["alice"] not in page.url
+
+    page.goto(site.url + "/#/?job_type=sft&detector=patience")  # a shared link: the same list
+    expect(page.locator("#jobs-body tr")).to_have_count(1)
+    assert ids_on_page(page) == ["crashed-run"] and page.get_by_label("Type").input_value() == "sft"
+
+    page.goto(site.url + "/#/?q=secret")  # bob's run, searched by alice: nothing
+    expect(page.locator("#jobs-empty")).to_be_visible()
+    assert page.locator("#jobs-body tr").count() == 0 and "b-secret" not in page.locator("main").inner_text()
+
+
+def test_the_list_shows_start_duration_last_seen_and_the_stop_or_failure_reason(page, site):
+    sign_in(page, site, "alice")
+    stopped, failed = row(page, "sweep-lr-1"), row(page, "crashed-run")
+    assert "consecutive declines" in stopped.locator(".reason").inner_text()
+    expect(failed.locator(".reason")).to_have_text("CUDA out of memory")  # from the audit trail
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", stopped.locator(".started").inner_text())
+    assert re.fullmatch(r"\d+ s|\d+ min \d+ s", stopped.locator(".duration").inner_text())
+    assert stopped.locator(".seen").inner_text().endswith("ago")
+    assert failed.locator(".status").inner_text() == "failed"
+
+
+def test_bob_sees_only_his_runs_in_the_list(page, site):
+    sign_in(page, site, "bob")
+    assert ids_on_page(page) == ["b-secret-sweep"]
+    assert "sweep-lr" not in page.locator("main").inner_text()
+
+
+# ------------------------------------------------------------------ compare
+def test_compare_selected_runs_overlays_their_curves_with_markers(page, site):
+    sign_in(page, site, "alice")
+    for job_id in ("sweep-lr-1", "sweep-lr-2", "sweep-lr-3"):
+        box = page.get_by_label(f"Select {job_id} to compare")
+        box.focus()
+        page.keyboard.press("Space")  # keyboard: a labelled checkbox
+        expect(box).to_be_checked()
+    page.get_by_role("button", name="Compare 3 selected").click()
+    page.wait_for_selector("#view-compare[data-ready]")
+    assert "ids=sweep-lr-1%2Csweep-lr-2%2Csweep-lr-3" in page.url and "token" not in page.url
+    chart = page.locator("#compare-chart")
+    expect(chart.locator('[data-role="run-curve"]')).to_have_count(3)
+    assert chart.locator('g.run[data-job-id="sweep-lr-1"] [data-role="best-marker"]').get_attribute("data-step") == "40"
+    assert chart.locator('g.run[data-job-id="sweep-lr-1"] [data-role="stop-marker"]').get_attribute("data-step") == "60"
+    assert chart.locator('g.run[data-job-id="sweep-lr-2"] [data-role="stop-marker"]').count() == 0
+    table = page.locator("#compare-body")
+    expect(table.locator("tr")).to_have_count(3)
+    assert table.locator('tr[data-job-id="sweep-lr-1"] .stop').inner_text() == "60"
+    assert "0.71 @ 40" in table.locator('tr[data-job-id="sweep-lr-1"] .best').inner_text()
+
+    raw = chart.locator('g.run[data-job-id="sweep-lr-1"] path.series').get_attribute("d")
+    page.get_by_label("Smoothing").fill("0.6")  # a range input: fill sets it and fires input
+    page.wait_for_url(re.compile(r"smooth=0.6"))
+    assert chart.locator('g.run[data-job-id="sweep-lr-1"] path.series').get_attribute("d") != raw
+
+    page.get_by_label("X axis").select_option("plan")
+    page.wait_for_url(re.compile(r"axis=plan"))
+    expect(chart).to_have_attribute("data-axis", "plan")
+    page.get_by_label("Zoom from").fill("0.1")
+    page.get_by_label("Zoom to").fill("0.3")
+    page.get_by_role("button", name="Zoom", exact=True).click()
+    page.wait_for_url(re.compile(r"from=0.1&to=0.3"))
+    expect(chart).to_have_attribute("aria-label", re.compile(r"zoomed to 0.1 to 0.3"))
+
+    shared = page.url  # the link, opened again: the same view (the token is never in it)
+    page.goto(site.url + "/")
+    page.goto(shared)
+    page.wait_for_selector("#view-compare[data-ready]")
+    assert page.get_by_label("X axis").input_value() == "plan" and page.get_by_label("Zoom from").input_value() == "0.1"
+    page.get_by_role("button", name="Reset zoom").click()
+    page.wait_for_url(lambda url: "from=" not in url)
+    page.get_by_label("X axis").select_option("time")
+    expect(chart).to_have_attribute("data-axis", "time")
+    expect(chart.locator('[data-role="run-curve"]')).to_have_count(3)
+
+
+def test_compare_never_shows_another_tenants_run(page, site):
+    sign_in(page, site, "alice")
+    page.goto(site.url + "/#/compare?ids=sweep-lr-1,b-secret-sweep")
+    page.wait_for_selector("#view-compare[data-ready]")
+    expect(page.locator("#compare-missing")).to_have_text("No run b-secret-sweep for this tenant.")
+    assert page.locator('#compare-chart g.run').count() == 1
+    assert page.locator('#compare-body tr[data-job-id="b-secret-sweep"]').count() == 0
+
+
+# ------------------------------------------------------------------ exports
+def _saved(download) -> str:
+    return open(download.path(), encoding="utf-8").read()
+
+
+def test_exports_of_the_filtered_list_and_of_a_run_download_through_the_api(page, site):
+    sign_in(page, site, "alice")
+    page.goto(site.url + "/#/?q=sweep&sort=job_id&order=asc")
+    expect(page.locator("#jobs-body tr")).to_have_count(3)
+    with page.expect_download() as d:
+        page.get_by_role("button", name="Export CSV").click()
+    assert d.value.suggested_filename == "runs.csv"
+    rows = list(csv.DictReader(io.StringIO(_saved(d.value))))
+    assert [r["job_id"] for r in rows] == ["sweep-lr-1", "sweep-lr-2", "sweep-lr-3"]
+    assert rows[0]["status"] == "stopped" and rows[0]["best_step"] == "40" and "declines" in rows[0]["reason"]
+    with page.expect_download() as d:
+        page.get_by_role("button", name="Export JSON").click()
+    assert [j["job_id"] for j in json.loads(_saved(d.value))] == ["sweep-lr-1", "sweep-lr-2", "sweep-lr-3"]
+    expect(page.locator("#export-status")).to_have_text(re.compile(r"Exported JSON"))
+
+    page.goto(site.url + "/#/job/sweep-lr-1")
+    page.wait_for_selector("#view-job[data-ready]")
+    with page.expect_download() as d:
+        page.get_by_role("button", name="Export reports CSV").click()
+    assert d.value.suggested_filename == "sweep-lr-1-reports.csv"
+    rows = list(csv.DictReader(io.StringIO(_saved(d.value))))
+    assert [int(r["step"]) for r in rows] == [10, 20, 30, 40, 50, 60]
+    assert float(rows[3]["eval_score"]) == 0.71
+    with page.expect_download() as d:
+        page.get_by_role("button", name="Export reports JSON").click()
+    assert [r["step"] for r in json.loads(_saved(d.value))] == [10, 20, 30, 40, 50, 60]
+    assert "blob:" not in page.url and "token" not in page.url
+
+
+def test_bob_cannot_export_alices_runs(site):
+    with httpx.Client(base_url=site.url, timeout=10) as http:
+        bob = {"Authorization": f"Bearer {site.tokens['bob']}"}
+        assert http.get("/v1/jobs/sweep-lr-1/export", headers=bob).status_code == 404
+        assert http.get("/v1/jobs/sweep-lr-1/export?format=json", headers=bob).status_code == 404
+        listed = http.get("/v1/runs/export?format=json", headers=bob)
+        assert [j["job_id"] for j in listed.json()] == ["b-secret-sweep"]
+        assert "sweep-lr" not in http.get("/v1/runs/export", headers=bob).text
+        assert [j["job_id"] for j in http.get("/v1/runs", headers=bob).json()["jobs"]] == ["b-secret-sweep"]
+        assert http.get("/v1/runs/export").status_code == 401  # the same auth as every /v1 call
+        assert http.get("/v1/jobs/sweep-lr-1/export").status_code == 401
+        assert http.get(f"/v1/runs/export?token={site.tokens['alice']}").status_code == 401  # never in a URL
+
+
+# ------------------------------------------------------------------ what a caller sends is bounded
+@pytest.mark.parametrize("query, detail", [
+    ("limit=1001", None), ("limit=0", None), ("q=" + "x" * 129, None), ("q=a%00b", None),
+    ("sort=nope", "Unknown sort"), ("order=sideways", "order must be"), ("status=zombie", "Unknown status"),
+    ("job_type=pretrain", "Unknown job_type"), ("after=not-a-cursor", "after must be"),
+    ("after=" + "A" * 600, None), ("tag==x", "tag must be"),
+])
+def test_bad_queries_are_refused_with_a_precise_422(site, query, detail):
+    r = site.alice.http.get(f"/v1/runs?{query}")
+    assert r.status_code == 422, (query, r.text)
+    if detail:
+        assert detail in r.text
+
+
+def test_a_cursor_is_bound_to_its_sort_and_names_no_other_tenants_runs(site):
+    first = site.alice.http.get("/v1/runs?limit=1&sort=job_id&order=asc").json()
+    assert first["total"] == 4 and first["next"]
+    assert site.alice.http.get(f"/v1/runs?limit=1&sort=started&after={first['next']}").status_code == 422
+    # bob replaying alice's cursor reads his own runs after that position, never hers
+    page = site.bob.http.get(f"/v1/runs?limit=10&sort=job_id&order=asc&after={first['next']}").json()
+    assert {j["job_id"] for j in page["jobs"]} <= {"b-secret-sweep"} and page["total"] == 1
+    seen, after = [], None
+    for _ in range(10):  # keyset pages of one, in order, each job once
+        r = site.alice.http.get("/v1/runs", params={"limit": 1, "sort": "job_id", "order": "asc",
+                                                   **({"after": after} if after else {})}).json()
+        seen += [j["job_id"] for j in r["jobs"]]
+        after = r["next"]
+        if after is None:
+            break
+    assert seen == ["crashed-run", "sweep-lr-1", "sweep-lr-2", "sweep-lr-3"]
+
+
+def test_bad_export_formats_are_refused(site):
+    assert site.alice.http.get("/v1/runs/export?format=xlsx").status_code == 422
+    assert site.alice.http.get("/v1/jobs/sweep-lr-1/export?format=../../etc").status_code == 422
+
+
+def test_csv_cells_are_never_formulas(site):
+    """A spreadsheet would run a cell starting with = + - @: such text is exported with a leading '."""
+    site.alice.http.post("/v1/jobs", json={"job_id": "formula-run", "job_type": "grpo"}).raise_for_status()
+    site.alice.http.post("/v1/jobs/formula-run/reports", json={
+        "step": 1, "eval_score": -0.5, "checkpoint": "=HYPERLINK(\"http://evil\")"}).raise_for_status()
+    rows = list(csv.DictReader(io.StringIO(site.alice.http.get("/v1/jobs/formula-run/export").text)))
+    assert rows[0]["checkpoint"] == "'=HYPERLINK(\"http://evil\")"
+    assert rows[0]["eval_score"] == "-0.5"  # numbers stay numbers
