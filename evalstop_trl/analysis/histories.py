@@ -31,7 +31,7 @@ import glob
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -61,6 +61,8 @@ class RawHistory:
     format: str
     series: Mapping[str, Mapping[int, float]]
     planned_steps: int | None = None
+    #: keys that held something other than a number (the first such value and its step), for messages
+    not_numbers: Mapping[str, str] = field(default_factory=dict)
 
     def metrics(self) -> list[str]:
         return sorted(self.series)
@@ -129,9 +131,11 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _from_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-    """Series from rows of ``{step, metric: value, ...}`` (rows without a usable step are skipped)."""
+def _from_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, dict[int, float]], dict[str, str]]:
+    """Series from rows of ``{step, metric: value, ...}`` (rows without a usable step are skipped), and
+    the keys whose values were not numbers (the first one, for messages)."""
     series: dict[str, dict[int, float]] = {}
+    not_numbers: dict[str, str] = {}
     for i, row in enumerate(rows):
         step = row.get("step")
         if not (_is_number(step) and float(step).is_integer() and step >= 0):
@@ -139,13 +143,23 @@ def _from_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[
                 raise HistoryError(f"{path}: entry {i + 1} has step {step!r}; steps must be non-negative integers")
             continue
         for key, value in row.items():
-            if key not in _NOT_METRICS and _is_number(value):
+            if key in _NOT_METRICS:
+                continue
+            if _is_number(value):
                 series.setdefault(str(key), {})[int(step)] = float(value)
-    return series
+            elif value is not None:
+                not_numbers.setdefault(str(key), f"{value!r} at step {int(step)}")
+    return series, not_numbers
 
 
 def _under(folder: Path, pattern: Callable[[Path], bool]) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and pattern(p))
+
+
+def _series_of(path: Path, rows: Iterable[Mapping[str, Any]], planned: int | None
+               ) -> tuple[dict[str, dict[int, float]], int | None, Mapping[str, str]]:
+    series, not_numbers = _from_rows(path, rows)
+    return series, planned, MappingProxyType(not_numbers)
 
 
 # ----------------------------------------------------------------------------- trainer_state.json
@@ -172,7 +186,7 @@ def _ts_read(found: Found) -> RawHistory:
         raise
     except ValueError as exc:  # replay's messages name the file already
         raise HistoryError(str(exc)) from None
-    return RawHistory(_run_name(found), str(path), fmt, _from_rows(path, rows), planned)
+    return RawHistory(_run_name(found), str(path), fmt, *_series_of(path, rows, planned))
 
 
 # ----------------------------------------------------------------------------- JSONL and CSV
@@ -189,7 +203,8 @@ def _rows_reader(name: str, parse: Callable[[Path, str], list[dict[str, Any]]]) 
             raise
         except ValueError as exc:
             raise HistoryError(str(exc)) from None
-        return RawHistory(_run_name(found), str(path), name, _from_rows(path, rows))
+        series, not_numbers = _from_rows(path, rows)
+        return RawHistory(_run_name(found), str(path), name, series, None, MappingProxyType(not_numbers))
 
     return read
 
@@ -382,6 +397,8 @@ def choose_metric(raw: RawHistory) -> str:
 
 def _series(raw: RawHistory, metric: str, flag: str) -> Series:
     points = raw.series.get(metric)
+    if not points and metric in raw.not_numbers:
+        raise HistoryError(f"{raw.source}: {flag} {metric!r} holds no number: {raw.not_numbers[metric]}")
     if not points:
         raise HistoryError(f"{raw.source}: {flag} {metric!r} not found; metrics in this run: "
                            f"{', '.join(raw.metrics()) or '(none)'}")

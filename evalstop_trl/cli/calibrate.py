@@ -81,7 +81,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _rate(r: Any) -> str:
     if r.value is None:
-        return "n/a"
+        return f"n/a ({r.k}/{r.n})"
     return f"{100 * r.value:.0f}% [{100 * r.ci.low:.0f}, {100 * r.ci.high:.0f}] ({r.k}/{r.n})"
 
 
