@@ -62,6 +62,29 @@ def _error(exc: EvalStopError) -> dict[str, Any]:
     return {"error": status, "detail": None if status == 422 else detail}
 
 
+#: columns of an export that hold a time (or a duration): not compared
+EXPORT_TIMES = TIMESTAMPS | {"duration_s"}
+
+
+def _page(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """A page of runs as plain data; its cursor only as "is there a next page" (it holds a time)."""
+    page = fn(*args, **kwargs)
+    return {"jobs": _plain(list(page.jobs)), "total": page.total, "has_next": page.next is not None}
+
+
+def _export(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """An export (CSV or JSON text) as plain rows, without its times."""
+    import csv
+    import io
+    import json
+
+    text = fn(*args, **kwargs)
+    assert isinstance(text, str)
+    if text.startswith("["):
+        return _plain(json.loads(text))
+    return [{k: v for k, v in r.items() if k not in EXPORT_TIMES} for r in csv.DictReader(io.StringIO(text))]
+
+
 def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
     """Every API call, in one order; returns ``[(label, plain result or error)]``."""
     out: list[tuple[str, Any]] = []
@@ -140,6 +163,22 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
     call("event bad exit code", c.record_event, "j1", "launcher_exit", "", exit_code=999)
     call("audit j1", c.audit, "j1")
     call("audit", c.audit)
+    # the run browser: search, filters, sort, keyset pages, exports (times left out: see _export)
+    call("browse", _page, c.browse_jobs)
+    call("browse by id asc", _page, c.browse_jobs, sort="job_id", order="asc", limit=2)
+    first = c.browse_jobs(sort="job_id", order="asc", limit=2)
+    call("browse next page", _page, c.browse_jobs, sort="job_id", order="asc", limit=2, after=first.next)
+    call("browse search", _page, c.browse_jobs, q="J")
+    call("browse filters", _page, c.browse_jobs, status="stopped", job_type="grpo", detector="decline")
+    call("browse bad sort", c.browse_jobs, sort="nope")
+    call("browse bad cursor", c.browse_jobs, after="nope")
+    call("browse bad limit", c.browse_jobs, limit=5000)
+    call("export reports csv", _export, c.export_reports, "j1")
+    call("export reports json", _export, c.export_reports, "j1", "json")
+    call("export reports bad format", c.export_reports, "j1", "xlsx")
+    call("export reports unknown", c.export_reports, "nope")
+    call("export jobs csv", _export, c.export_jobs, "csv", status="stopped", sort="job_id", order="asc")
+    call("export jobs json", _export, c.export_jobs, "json", q="e")
     # another tenant sees none of it
     for name, fn, args in [("status", other.status, ("j1",)), ("report", other.report, ("j1", 60, 0.1)),
                            ("stop", other.stop, ("j1", "mine")), ("ack", other.ack, ("j1",)),
@@ -149,6 +188,9 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
                            ("post", other.post_eval, ("e1", 10, 0.1)),
                            ("event", other.record_event, ("j1", "launcher_exit")),
                            ("list_jobs", other.list_jobs, ()), ("audit", other.audit, ()),
+                           ("browse", lambda: _page(other.browse_jobs), ()),
+                           ("export reports", other.export_reports, ("j1",)),
+                           ("export jobs", lambda: _export(other.export_jobs, "json"), ()),
                            ("claim", other.claim_eval, ("w", 60.0))]:
         call(f"bob {name}", fn, *args)
     call("list_jobs at the end", c.list_jobs)
@@ -240,6 +282,19 @@ def test_the_script_means_what_it_says(results):
     for name in ("status", "report", "stop", "ack", "finish", "fail", "reports", "evals", "publish", "post", "event"):
         assert r[f"bob {name}"]["error"] == 404, name
     assert r["bob list_jobs"] == [] and r["bob audit"] == [] and r["bob claim"] is None
+    assert r["bob browse"] == {"jobs": [], "total": 0, "has_next": False} and r["bob export jobs"] == []
+    assert r["bob export reports"]["error"] == 404
+    assert [j["job_id"] for j in r["browse"]["jobs"]] == ["e1", "j4", "j3", "j2", "j1"]  # newest first
+    assert [j["job_id"] for j in r["browse by id asc"]["jobs"]] == ["e1", "j1"] and r["browse by id asc"]["has_next"]
+    assert [j["job_id"] for j in r["browse next page"]["jobs"]] == ["j2", "j3"]
+    assert r["browse search"]["total"] == 4 and [j["job_id"] for j in r["browse filters"]["jobs"]] == ["j1"]
+    for bad in ("browse bad sort", "browse bad cursor", "browse bad limit", "export reports bad format"):
+        assert r[bad]["error"] == 422, bad
+    assert [x["step"] for x in r["export reports csv"]] == ["10", "20", "25", "30", "40", "50"]
+    assert [x["step"] for x in r["export reports json"]] == [10, 20, 25, 30, 40, 50]
+    assert r["export reports unknown"]["error"] == 404
+    assert [x["job_id"] for x in r["export jobs csv"]] == ["j1", "j4"]
+    assert [x["job_id"] for x in r["export jobs json"]] == ["e1"]
 
 
 # ------------------------------------------------------------------ one API, one route table
