@@ -126,14 +126,20 @@ class SampledFeedback:
 
 def recorder(preset: Any, eval_every: int, stream: int = 0):
     """A TrainerCallback that runs both evals every ``eval_every`` steps and records the trace."""
-    from transformers import TrainerCallback
-
-    from evalstop_trl.train.callback import LOSS_KEYS, REWARD_KEYS
-    from evalstop_trl.train.evaluation import evaluate_preserving_state
     from evalstop_trl.train.tiny import GoldEval
 
     gold = GoldEval(preset, n_prompts=GOLD_PROMPTS, seed=GOLD_SEED)
     feedback = SampledFeedback(preset, exclude=frozenset(gold.prompts), stream=stream)
+    return trace_recorder(feedback, gold, eval_every)
+
+
+def trace_recorder(feedback: Any, gold: Any, eval_every: int):
+    """A TrainerCallback that runs ``feedback`` and ``gold`` (each ``(model, tokenizer) -> float``) every
+    ``eval_every`` steps and records one trace line (``FIELDS``) per eval in its ``trace``."""
+    from transformers import TrainerCallback
+
+    from evalstop_trl.train.callback import LOSS_KEYS, REWARD_KEYS
+    from evalstop_trl.train.evaluation import evaluate_preserving_state
 
     class Recorder(TrainerCallback):
         def __init__(self) -> None:
