@@ -415,5 +415,7 @@ def test_progress_bar_only_for_many_runs():
 
     from evalstop_trl.cli.calibrate import PROGRESS_FROM, _progress
 
-    assert not isinstance(_progress(PROGRESS_FROM - 1, "x")([1, 2]), tqdm)
-    assert isinstance(_progress(PROGRESS_FROM, "x")([1, 2]), tqdm)
+    assert not isinstance(_progress("x", PROGRESS_FROM - 1)([1, 2]), tqdm)
+    assert isinstance(_progress("x", PROGRESS_FROM)([1, 2]), tqdm)
+    assert isinstance(_progress("x")(list(range(PROGRESS_FROM))), tqdm)
+    assert not isinstance(_progress("x")([1]), tqdm)

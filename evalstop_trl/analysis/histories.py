@@ -329,6 +329,8 @@ def _run_name(found: Found) -> str:
     if found.reader == "trainer_state" and path.name == "trainer_state.json":
         parent = path.parent
         return parent.parent.name if re.fullmatch(r"checkpoint-\d+", parent.name) else parent.name
+    if found.reader == "tensorboard" and path.is_file():  # one event file: its folder names the run
+        return path.parent.name
     return path.stem if path.is_file() else path.name
 
 
@@ -436,7 +438,7 @@ def select(raw: RawHistory, metric: str | None = None, label_metric: str | None 
 
 
 def load_histories(paths: Sequence[str | Path], metric: str | None = None, label_metric: str | None = None,
-                   progress: Callable[[Iterable[Found]], Iterable[Found]] = iter) -> list[RunHistory]:
+                   progress: Callable[[list[Found]], Iterable[Found]] = iter) -> list[RunHistory]:
     """Find, read and select every run under ``paths``. Without ``metric`` every run must default to
     the same one. Deleted MLflow runs are left out."""
     runs = []

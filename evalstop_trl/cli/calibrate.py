@@ -44,9 +44,11 @@ def add_calibrate_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_calibrate)
 
 
-def _progress(total_runs: int, what: str):
+def _progress(what: str, runs: int | None = None):
+    """A wrapper for a list of work items that shows a tqdm bar on a terminal's stderr when there are
+    at least :data:`PROGRESS_FROM` runs (``runs``, else the number of items)."""
     def wrap(items):
-        if total_runs < PROGRESS_FROM:
+        if (len(items) if runs is None else runs) < PROGRESS_FROM:
             return iter(items)
         from tqdm import tqdm
 
@@ -57,7 +59,7 @@ def _progress(total_runs: int, what: str):
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from ..analysis.calibrate import Direction, calibrate
-    from ..analysis.histories import find_runs, load_histories
+    from ..analysis.histories import load_histories
     from ..train.session import infer_direction  # light: no torch (the callback's own rule for names)
 
     if not 0.0 <= args.margin < 1.0:
@@ -65,14 +67,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if not 0.0 <= args.min_precision < 1.0:
         raise CLIError(f"--min-precision must be in [0, 1), got {args.min_precision}")
     try:
-        n_found = len(find_runs(args.paths))
-        runs = load_histories(args.paths, args.metric, args.label_metric, progress=_progress(n_found, "reading"))
+        runs = load_histories(args.paths, args.metric, args.label_metric, progress=_progress("reading"))
         metric = runs[0].scores.metric
         direction = Direction(args.direction or infer_direction(metric))
         label_direction = Direction(args.label_direction or (infer_direction(args.label_metric) if args.label_metric
                                                              else direction.value))
         result = calibrate(runs, direction, label_direction, args.margin, args.min_precision,
-                           progress=_progress(len(runs), "replaying"))
+                           progress=_progress("replaying", len(runs)))
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     print(json.dumps(result.to_dict()) if args.json else format_report(result))
