@@ -28,7 +28,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    exe = [str(EVALSTOP)] if EVALSTOP.exists() else [sys.executable, "-m", "evalstop_trl.cli"]
+    exe = ([str(EVALSTOP)] if EVALSTOP.exists() else
+           [sys.executable, "-c", "from evalstop_trl.cli import main; raise SystemExit(main())"])
     return subprocess.run([*exe, "calibrate", *map(str, args)], capture_output=True, text=True, timeout=120,
                           env=env or ENV, cwd=ROOT)
 
