@@ -1,4 +1,4 @@
-"""The ``evalstop`` command: ``serve | tenants | status | audit | run | replay | calibrate | outbox | evaluate``.
+"""The ``evalstop`` command: ``serve | tenants | status | audit | run | replay | calibrate | outbox | evaluate | shadow-report``.
 
 Each subcommand imports what it needs when it runs, so ``evalstop replay --help`` stays fast and
 never imports torch, FastAPI or uvicorn. Bad input exits with status 2 and a one-line message.
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .replay import add_replay_command
     from .run import add_run_command
     from .service import add_service_commands  # light: heavy imports happen inside the commands
+    from .shadow import add_shadow_command
 
     add_service_commands(sub)
     add_run_command(sub)
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate_command(sub)
     add_prune_command(sub)
     add_inspect_commands(sub)
+    add_shadow_command(sub)
     return parser
 
 

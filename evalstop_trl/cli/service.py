@@ -59,11 +59,11 @@ def _tenant_list(tenants, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'tenant':<20}{'state':<9}{'active jobs':>12}{'reports/job':>12}{'reports/s':>10}{'burst':>7}")
+    print(f"{'tenant':<20}{'state':<9}{'active jobs':>12}{'reports/job':>12}{'reports/s':>10}{'burst':>7}  mode")
     for r in rows:
         q = r["quotas"]
         print(f"{r['tenant']:<20}{'revoked' if r['revoked'] else 'active':<9}{q['max_active_jobs']:>12}"
-              f"{q['max_reports_per_job']:>12}{q['report_rate']:>10g}{q['report_burst']:>7}")
+              f"{q['max_reports_per_job']:>12}{q['report_rate']:>10g}{q['report_burst']:>7}  {q['default_mode']}")
     return 0
 
 
@@ -86,7 +86,8 @@ def _tenant_quota(tenants, args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in _QUOTA_FLAGS if getattr(args, k) is not None}
     quotas = tenants.set_quotas(args.name, overrides) if overrides else tenants.quotas(args.name)
     print(json.dumps({"tenant": args.name, "quotas": quotas.to_dict()}) if args.json else
-          f"tenant {args.name}: " + ", ".join(f"{k}={v:g}" for k, v in quotas.to_dict().items()))
+          f"tenant {args.name}: " + ", ".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
+                                              for k, v in quotas.to_dict().items()))
     return 0
 
 
@@ -112,7 +113,7 @@ def _quotas_from_env(args: argparse.Namespace | None = None):
     d = Quotas()
     values = {}
     for field, cast in _QUOTA_FLAGS.items():
-        what = "an integer" if cast is int else "a number"
+        what = {int: "an integer", float: "a number", str: "enforce or shadow"}[cast]
         flag = getattr(args, field, None) if args is not None else None
         values[field] = flag if flag is not None else _env(f"EVALSTOP_{field.upper()}", cast, getattr(d, field), what)
     try:
@@ -289,8 +290,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
         d = j.decision
         best = "" if j.best_score is None else f"{j.best_score:.4f}"
         seen = "" if j.last_seen is None else _ago(now - j.last_seen)
+        said = d.action.value + ": " + d.reason if d else ""
+        if j.policy.get("mode") == "shadow":
+            said = "[shadow] " + (f"would stop at step {j.would_stop_step}: {j.would_stop.reason}"
+                                  if j.would_stop is not None else said or "no eval yet")
         print(f"{j.job_id:<24}{j.job_type:<11}{j.status:<10}{j.n_reports:>8}{str(j.best_step or ''):>10}{best:>11}"
-              f"{seen:>11}  {d.action.value + ': ' + d.reason if d else ''}")
+              f"{seen:>11}  {said}")
     lags = [a.evidence["stop_lag"] for a in audit if a.kind is AuditKind.ACK and "stop_lag" in a.evidence]
     if lags:
         print(f"stop lag: {lags[-1]} step(s) trained after the eval that decided the stop")
@@ -300,7 +305,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 #: every quota (core.records.Quotas) as a flag --max-jobs ... and a variable EVALSTOP_MAX_JOBS ...
 _QUOTA_FLAGS = {"max_active_jobs": int, "max_reports_per_job": int, "report_rate": float, "report_burst": int,
                 "max_jobs": int, "max_reports_per_tenant": int, "max_events_per_job": int,
-                "max_snapshots_per_job": int, "event_rate": float, "event_burst": int}
+                "max_snapshots_per_job": int, "event_rate": float, "event_burst": int, "default_mode": str}
 
 
 def _add_quota_flags(p: argparse.ArgumentParser, what: str) -> None:
@@ -321,6 +326,9 @@ def _add_quota_flags(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--event-rate", type=float, help=f"{what}: launcher events and snapshots per second per tenant, "
                    "beyond it 429 (env EVALSTOP_EVENT_RATE; default 50)")
     p.add_argument("--event-burst", type=int, help=f"{what} (env EVALSTOP_EVENT_BURST; default 500)")
+    p.add_argument("--default-mode", choices=("enforce", "shadow"),
+                   help=f"{what}: the mode of jobs registered without policy.mode; shadow records 'would stop' "
+                   "and never stops a job (env EVALSTOP_DEFAULT_MODE; default enforce)")
 
 
 def add_service_commands(sub: argparse._SubParsersAction) -> None:

@@ -94,16 +94,19 @@ def _job_to(v: JobView) -> dict[str, Any]:
             "decision": None if v.decision is None else _decision_to(v.decision), "best_step": v.best_step,
             "best_score": _num(v.best_score), "best_checkpoint": v.best_checkpoint, "n_reports": v.n_reports,
             "last_step": v.last_step, "planned_steps": v.planned_steps, "acked": v.acked,
-            "created_at": v.created_at, "last_seen": v.last_seen, "ended_at": v.ended_at}
+            "created_at": v.created_at, "last_seen": v.last_seen, "ended_at": v.ended_at,
+            "would_stop": None if v.would_stop is None else _decision_to(v.would_stop),
+            "would_stop_step": v.would_stop_step}
 
 
 def _job_from(w: Mapping[str, Any]) -> JobView:
-    decision = w.get("decision")
+    decision, would_stop = w.get("decision"), w.get("would_stop")
     return JobView(w["job_id"], w["job_type"], w["status"], w.get("policy") or {},
                    None if decision is None else _decision_from(decision), w.get("best_step"),
                    _float(w.get("best_score")), w.get("best_checkpoint"), w["n_reports"], w.get("last_step"),
                    w.get("planned_steps"), w["acked"], w.get("created_at", 0.0), w.get("last_seen"),
-                   w.get("ended_at"))
+                   w.get("ended_at"), None if would_stop is None else _decision_from(would_stop),
+                   w.get("would_stop_step"))
 
 
 def _report_to(r: Report) -> dict[str, Any]:

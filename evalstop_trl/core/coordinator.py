@@ -48,6 +48,7 @@ from .memory_store import MemoryStore
 from .reads import JobReads
 from .records import (
     MAX_STEP,
+    mode_named,
     AuditKind,
     JobRecord,
     JobType,
@@ -89,6 +90,14 @@ class PendingReport(NamedTuple):
     decision: Decision
     ticket: Future
     stopped: JobRecord | None  # the job's record if this report stopped it
+
+
+def _asked_policy(reg: Registration, policy: Any, job: JobState) -> Policy | None:
+    """The policy a re-registration asks for: none, or one that attaches in the job's mode when it
+    does not name a mode (the tenant's default may have changed since the job was registered)."""
+    if policy is None:
+        return None
+    return reg.policy if mode_named(policy) else reg.policy.with_mode(job.record.policy.mode)
 
 
 class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
@@ -200,14 +209,15 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
 
     def _register(self, tenant: str, job_id: str, job_type: str | JobType | None, planned_steps: int | None,
                   policy: Policy | dict | None, webhook: str | None) -> tuple[JobState, bool]:
+        quotas = self.tenants.quotas(tenant)
         reg = Registration.parse(job_id, JobType.RLHF if job_type is None else job_type, planned_steps, policy,
-                                 webhook, default_policy=self.default_policy)
+                                 webhook, default_policy=self.default_policy, default_mode=quotas.default_mode)
         jobs = self.jobs
         with jobs.register_lock:
             existing = jobs.find(tenant, job_id)
             if existing is not None:
                 changes = amendments(existing.head, None if job_type is None else reg.job_type, planned_steps,
-                                     None if policy is None else reg.policy, webhook)
+                                     _asked_policy(reg, policy, existing.head), webhook)
                 if not changes:
                     return existing.head, False
                 amend = Amend(changes, f"tenant:{tenant}", self.clock())
@@ -218,7 +228,6 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
         with jobs.register_lock:
             if jobs.find(tenant, job_id) is not None:  # registered meanwhile: attach
                 return self._register(tenant, job_id, job_type, planned_steps, policy, webhook)
-            quotas = self.tenants.quotas(tenant)
             self._report_limits[tenant] = quotas.max_reports_per_tenant
             total = jobs.total(tenant)
             if total >= quotas.max_jobs:

@@ -28,7 +28,8 @@ from typing import Any, NamedTuple
 
 from .detectors import Action, Decision, Detector, Observation
 from .errors import Conflict, QuotaExceeded
-from .records import AuditKind, AuditRecord, Delivery, JobRecord, JobStatus, JobType, JobView, Policy, Report
+from .records import (AuditKind, AuditRecord, Delivery, JobRecord, JobStatus, JobType, JobView, Policy, PolicyMode,
+                      Report)
 
 _GENERIC_TYPES = frozenset({JobType.RLHF, JobType.OTHER})
 
@@ -39,6 +40,7 @@ __all__ = [
 
 _RUNNING, _PENDING, _STOPPED, _FAILED = JobStatus.RUNNING, JobStatus.PENDING, JobStatus.STOPPED, JobStatus.FAILED
 _LOST = JobStatus.LOST
+_SHADOW = PolicyMode.SHADOW
 _CONTINUE = Action.CONTINUE
 _NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
 
@@ -58,6 +60,8 @@ class JobState(NamedTuple):
     decision: Decision | None = None  # the detector's latest answer
     max_reports: int = 10**9  # the tenant's quota when the job was loaded or registered
     version: int = 0
+    would_stop: Decision | None = None  # shadow mode: the first stop the detector decided
+    would_stop_step: int | None = None  # ... and the step of the eval that decided it
 
     @classmethod
     def new(cls, record: JobRecord, max_reports: int = 10**9, detector: Detector | None = None) -> JobState:
@@ -91,6 +95,7 @@ class JobState(NamedTuple):
             n_reports=self.n_reports, last_step=None if self.last is None else self.last.step,
             planned_steps=r.planned_steps, acked=r.acked_at is not None, created_at=r.created_at,
             last_seen=self.last_seen, ended_at=r.stopped_at if r.stopped_at is not None else r.finished_at,
+            would_stop=self.would_stop, would_stop_step=self.would_stop_step,
         )
 
     def observation(self, rep: Report) -> Observation:
@@ -232,6 +237,15 @@ def _observe(state: JobState, cmd: Observe) -> Step:
                                                     record.job_type.value, rep.step / planned if planned else None))
     status = record.status
     new_record, audit, deliveries, stopped = record, (), (), False
+    would_stop, would_stop_step = state.would_stop, state.would_stop_step
+    if decision.action is Action.STOP and record.policy.mode is _SHADOW:
+        if would_stop is None:
+            would_stop, would_stop_step = decision, rep.step
+            audit = (AuditRecord(record.tenant, job_id, rep.received_at, AuditKind.WOULD_STOP,
+                                 f"detector:{record.policy.detector}", decision.reason,
+                                 {**decision.evidence, "step": rep.step, "best_step": decision.best_step,
+                                  "best_score": decision.best_score}),)
+        decision = shadowed(decision, would_stop_step)
     if status.terminal:
         pass  # recorded; changes nothing
     elif decision.action is Action.STOP:
@@ -248,12 +262,20 @@ def _observe(state: JobState, cmd: Observe) -> Step:
         new_record = record.evolve(status=_RUNNING, updated_at=rep.received_at)
     elif status is _LOST:
         new_record = record.evolve(status=_RUNNING, updated_at=rep.received_at)
-        audit = (_seen_again(state, rep.received_at, f"report of step {rep.step}"),)
+        audit = (*audit, _seen_again(state, rep.received_at, f"report of step {rep.step}"))
     new = JobState(new_record, detector, state.first or rep, rep, state.n_reports + 1,
                    rep.checkpoint if detector.best_step == rep.step else state.best_checkpoint, decision,
-                   state.max_reports, state.version + 1)
-    commit = Commit(None if new_record is record else new_record, rep, audit, deliveries, state.version)
+                   state.max_reports, state.version + 1, would_stop, would_stop_step)
+    # job None: only the report is written (the fast path), so a step with audit lines writes the record too
+    commit = Commit(None if new_record is record and not audit else new_record, rep, audit, deliveries, state.version)
     return Step(new, new.current() if new_record.status.terminal else decision, commit, stopped)
+
+
+def shadowed(decision: Decision, would_stop_step: int | None) -> Decision:
+    """A shadow-mode job's answer to a stop its detector decided: CONTINUE, saying what would have
+    happened (evidence ``would_stop``: the step of the first would-stop eval)."""
+    return Decision(_CONTINUE, f"shadow mode, not stopped: would stop: {decision.reason}", decision.best_step,
+                    decision.best_score, {**decision.evidence, "would_stop": would_stop_step})
 
 
 def _transition(state: JobState, status: JobStatus, now: float, audit: AuditRecord | None,
@@ -408,17 +430,23 @@ def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**
     detector = record.policy.build()
     first = last = None
     n = 0
-    best_checkpoint = decision = None
+    best_checkpoint = decision = would_stop = would_stop_step = None
     planned, job_id, job_type = record.planned_steps, record.job_id, record.job_type.value
+    shadow = record.policy.mode is _SHADOW
     for rep in reports:
         decision = detector.observe(Observation.trusted(job_id, rep.step, rep.eval_score, rep.train_loss,
                                                         rep.proxy_reward, job_type, rep.step / planned if planned else None))
+        if shadow and decision.action is Action.STOP:
+            if would_stop is None:
+                would_stop, would_stop_step = decision, rep.step
+            decision = shadowed(decision, would_stop_step)
         first = first or rep
         last = rep
         n += 1
         if detector.best_step == rep.step:
             best_checkpoint = rep.checkpoint
-    return JobState(record, detector, first, last, n, best_checkpoint, decision, max_reports, record.version)
+    return JobState(record, detector, first, last, n, best_checkpoint, decision, max_reports, record.version,
+                    would_stop, would_stop_step)
 
 
 def counted(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**9) -> JobState:

@@ -27,7 +27,7 @@ from .lifecycle import Lifecycle, transitions
 
 __all__ = [
     "AuditKind", "AuditRecord", "Escalation", "EvalState", "EvalTask", "JobRecord", "JobStatus", "JobType", "JobView", "MAX_STEP", "NAME_PATTERN",
-    "Delivery", "Policy", "Quotas", "Registration", "Report", "TenantRecord", "check_name", "check_checkpoint", "check_report",
+    "Delivery", "Policy", "PolicyMode", "Quotas", "Registration", "Report", "TenantRecord", "check_name", "check_checkpoint", "check_report",
     "check_text",
 ]
 
@@ -192,18 +192,40 @@ class Escalation(Lifecycle, str, Enum):
 _LEGACY_POLICY_KEYS = ("enforce", "grace_s")
 
 
+class PolicyMode(str, Enum):
+    """What a job's stop decisions do. ``enforce`` (the default) stops the job; ``shadow`` decides
+    exactly as ``enforce`` would, records the first "would stop" (the job's ``would_stop``, an audit
+    line) and never stops: the job trains to its end. Shadow mode is how a platform earns trust
+    before enforcing (``evalstop shadow-report`` compares would-stop steps with how runs ended)."""
+
+    ENFORCE = "enforce"
+    SHADOW = "shadow"
+
+    @classmethod
+    def parse(cls, value: Any) -> PolicyMode:
+        try:
+            return cls(value)
+        except ValueError:
+            raise InvalidInput(f"policy mode must be one of {', '.join(m.value for m in cls)}, but got {value!r:.60}.")\
+                from None
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """How a job is watched: a detector with its parameters.
+    """How a job is watched: a detector with its parameters, and its :class:`PolicyMode`.
 
     ``params`` is filled with the detector's defaults (so equal policies compare equal) and is
     read-only. Every parameter is bounded (see each detector's docstring): no work or memory grows
-    with a number a caller sends."""
+    with a number a caller sends. In a dict (:meth:`to_dict`, the API) the mode is the key ``mode``,
+    present only for ``shadow``."""
 
     detector: str = "decline"
     params: Mapping[str, Any] = field(default_factory=dict)
+    mode: PolicyMode = PolicyMode.ENFORCE
 
     def __post_init__(self) -> None:
+        if type(self.mode) is not PolicyMode:
+            object.__setattr__(self, "mode", PolicyMode.parse(self.mode))
         try:
             DETECTORS.create(self.detector, **dict(self.params))
         except (ValueError, TypeError, OverflowError) as exc:
@@ -213,26 +235,35 @@ class Policy:
         object.__setattr__(self, "params", MappingProxyType(full))
 
     def __reduce__(self):  # picklable (params are a read-only view)
-        return (Policy, (self.detector, dict(self.params)))
+        return (Policy, (self.detector, dict(self.params), self.mode))
+
+    @property
+    def shadow(self) -> bool:
+        """Decide, record "would stop", never stop (:class:`PolicyMode`)."""
+        return self.mode is PolicyMode.SHADOW
 
     def build(self):
         """A fresh detector for this policy (its parameters were checked when the policy was made)."""
         return DETECTORS.get(self.detector)(**self.params)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"detector": self.detector, **self.params}
+        out = {"detector": self.detector, **self.params}
+        if self.mode is PolicyMode.SHADOW:
+            out["mode"] = self.mode.value
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None, *, stored: bool = False) -> Policy:
-        """``{"detector": "decline", "k": 2}``; missing keys take defaults. ``stored=True`` reads a
-        policy written by an older evalstop (its ``enforce``/``grace_s`` keys are dropped)."""
+        """``{"detector": "decline", "k": 2}`` (``"mode": "shadow"`` optional); missing keys take
+        defaults. ``stored=True`` reads a policy written by an older evalstop (its ``enforce``/``grace_s``
+        keys are dropped)."""
         if data is None:
             return cls()
         if isinstance(data, Policy):
             return data
         if not isinstance(data, Mapping):
             raise InvalidInput(f"policy must be an object, but got {data!r}.")
-        skip = ("detector", *_LEGACY_POLICY_KEYS) if stored else ("detector",)
+        skip = ("detector", "mode", *_LEGACY_POLICY_KEYS) if stored else ("detector", "mode")
         for key in _LEGACY_POLICY_KEYS:
             if key in data and not stored:
                 raise InvalidInput(
@@ -240,10 +271,11 @@ class Policy:
                     "'evalstop run --grace-s S -- CMD', whose launcher stops a loop that ignores the stop flag.")
         params = {k: v for k, v in data.items() if k not in skip}
         detector = data.get("detector", "decline")
+        mode = PolicyMode.parse(data.get("mode", PolicyMode.ENFORCE))
         if not stored:
-            return cls(detector=detector, params=params)
+            return cls(detector=detector, params=params, mode=mode)
         try:
-            return cls(detector=detector, params=params)
+            return cls(detector=detector, params=params, mode=mode)
         except InvalidInput:
             # A stored policy that today's bounds refuse (stored by an older evalstop): kept as it was,
             # so the store still loads; building its detector raises, and the coordinator marks the job
@@ -251,7 +283,23 @@ class Policy:
             policy = object.__new__(cls)
             object.__setattr__(policy, "detector", str(detector))
             object.__setattr__(policy, "params", MappingProxyType(params))
+            object.__setattr__(policy, "mode", mode)
             return policy
+
+    def with_mode(self, mode: PolicyMode) -> Policy:
+        """This policy in another mode."""
+        if mode is self.mode:
+            return self
+        new = object.__new__(Policy)  # parameters already checked
+        object.__setattr__(new, "detector", self.detector)
+        object.__setattr__(new, "params", self.params)
+        object.__setattr__(new, "mode", mode)
+        return new
+
+
+def mode_named(policy: Any) -> bool:
+    """Whether a registration's raw ``policy`` says its mode (else the tenant's default applies)."""
+    return isinstance(policy, Policy) or (isinstance(policy, Mapping) and "mode" in policy)
 
 
 def _optional_int(value: Any, low: int, high: int, message: str) -> int | None:
@@ -272,13 +320,17 @@ class Registration:
 
     @classmethod
     def parse(cls, job_id: Any, job_type: Any = JobType.RLHF, planned_steps: Any = None, policy: Any = None,
-              webhook: Any = None, default_policy: Policy | None = None) -> Registration:
-        """Validate raw values (raises :class:`InvalidInput` naming the field)."""
+              webhook: Any = None, default_policy: Policy | None = None,
+              default_mode: PolicyMode | None = None) -> Registration:
+        """Validate raw values (raises :class:`InvalidInput` naming the field). ``default_mode``
+        (the tenant's) applies to a policy that does not name its mode."""
         check_name("job_id", job_id)
         _optional_int(planned_steps, 1, MAX_STEP, f"planned_steps must be a positive integer (at most {MAX_STEP})")
         if webhook is not None:
             check_webhook_url(webhook)
         pol = (default_policy or Policy()) if policy is None else Policy.from_dict(policy)
+        if default_mode is not None and not mode_named(policy):
+            pol = pol.with_mode(default_mode)
         return cls(job_id=job_id, job_type=JobType.parse(job_type), planned_steps=planned_steps, policy=pol,
                    webhook=webhook)
 
@@ -315,6 +367,7 @@ class AuditKind(str, Enum):
     LOST = "lost"  # silent past its lease
     SEEN_AGAIN = "seen_again"  # a lost job reported or sent a heartbeat again
     AMENDED = "amended"  # a re-registration filled in or changed the job's plan, policy or webhook
+    WOULD_STOP = "would_stop"  # shadow mode: the detector decided a stop that was not carried out
     SIGTERM = "sigterm"  # legacy: written by evalstop 0.1, whose service signalled processes itself
     SIGKILL = "sigkill"
 
@@ -395,7 +448,9 @@ class JobRecord(NamedTuple):
 class JobView:
     """What a tenant may read about one of its jobs (the API's job object; its wire form is in
     :mod:`.codec`). ``created_at``, ``last_seen`` (its last report or heartbeat) and ``ended_at``
-    (stopped, finished, failed) are times in seconds since the epoch."""
+    (stopped, finished, failed) are times in seconds since the epoch. ``would_stop`` and
+    ``would_stop_step``: in shadow mode, the first stop the detector decided and the step of the eval
+    that decided it (None otherwise)."""
 
     job_id: str
     job_type: str
@@ -412,6 +467,8 @@ class JobView:
     created_at: float = 0.0
     last_seen: float | None = None
     ended_at: float | None = None
+    would_stop: Decision | None = None
+    would_stop_step: int | None = None
 
     def __post_init__(self) -> None:
         if type(self.policy) is not MappingProxyType:
@@ -483,6 +540,8 @@ class Quotas:
     max_snapshots_per_job    10,000     snapshots published (``/snapshots``) by one job
     report_rate/burst        1000/s, 2000   reports per second per tenant (token bucket)
     event_rate/burst         50/s, 500  launcher events + snapshots per second per tenant
+    default_mode             enforce    not a limit: the mode of jobs registered without
+                                        ``policy.mode`` (``shadow``: record would-stop, never stop)
     ======================== ========== ====================================================
     """
 
@@ -496,8 +555,11 @@ class Quotas:
     max_snapshots_per_job: int = 10_000
     event_rate: float = 50.0  # launcher events and snapshots per second, per tenant (token bucket)
     event_burst: int = 500
+    default_mode: PolicyMode = PolicyMode.ENFORCE  # jobs registered without policy.mode: enforce or shadow
 
     def __post_init__(self) -> None:
+        if type(self.default_mode) is not PolicyMode:
+            object.__setattr__(self, "default_mode", PolicyMode.parse(self.default_mode))
         for name, low, high in (("max_active_jobs", 1, 10**7), ("max_reports_per_job", 1, 10**9),
                                 ("report_burst", 1, 10**7), ("max_jobs", 1, 10**8),
                                 ("max_reports_per_tenant", 1, 10**11), ("max_events_per_job", 1, 10**7),
@@ -511,7 +573,9 @@ class Quotas:
                 raise InvalidInput(f"{name} must be a number per second in (0, 1e7], but got {r!r}.")
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["default_mode"] = self.default_mode.value
+        return out
 
     def with_overrides(self, overrides: Mapping[str, Any] | None) -> Quotas:
         if not overrides:

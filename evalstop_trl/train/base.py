@@ -215,7 +215,7 @@ class _Configured:
             "args": {"job_id": self.job_id, "eval_every": self.eval_every, "job_type": c.job_type,
                      "detector": c.detector, "save_best": self.save_best, "keep_best": self.keep_best,
                      "max_eval_failures": c.max_eval_failures, "on_eval_error": c.on_eval_error,
-                     "fail_mode": c.fail_mode, "external_eval": self.external_eval,
+                     "fail_mode": c.fail_mode, "shadow": c.shadow, "external_eval": self.external_eval,
                      "keep_snapshots": self.keep_snapshots, "eval_on_all_ranks": self.eval_on_all_ranks,
                      "load_best_at_end": self.load_best_at_end, "keep_checkpoints": self.keep_checkpoints,
                      "heartbeat_s": self.session.heartbeat.every_s, "_restored": True, **c.params},
@@ -261,6 +261,8 @@ class EvalStopCallback(_Configured, TrainerCallback, ExportableState):
             ``"stop"`` (stop the job) or ``"raise"``.
         fail_mode: ``"local"`` (a local detector decides while the coordinator is unreachable) or
             ``"open"`` (never stop then).
+        shadow: decide and record "would stop" (the job's ``would_stop``, a WARNING, the metric
+            ``evalstop/would_stop``) but never stop training (also when the tenant's default mode is shadow).
         external_eval: publish a snapshot every ``eval_every`` steps for ``evalstop evaluate`` workers
             instead of evaluating in the loop; keep_snapshots: keep scored snapshots (default: only the best).
         eval_on_all_ranks: run ``world_feedback`` on every rank (a collective forward of a sharded
@@ -331,6 +333,7 @@ class EvalStopCallback(_Configured, TrainerCallback, ExportableState):
         max_eval_failures: int = 3,
         on_eval_error: str = "skip",
         fail_mode: str = "local",
+        shadow: bool = False,
         external_eval: bool = False,
         keep_snapshots: bool = False,
         eval_on_all_ranks: bool = False,
@@ -355,7 +358,7 @@ class EvalStopCallback(_Configured, TrainerCallback, ExportableState):
             self._direction_note = None if _restored or self.mode is not FeedbackMode.METRIC else direction
         config = SessionConfig.build(detector, k=k, min_delta=min_delta, direction=direction, job_type=job_type,
                                      max_eval_failures=max_eval_failures, on_eval_error=on_eval_error,
-                                     fail_mode=fail_mode, **detector_params)
+                                     fail_mode=fail_mode, shadow=shadow, **detector_params)
         self.world_feedback = None if self.mode is FeedbackMode.EXTERNAL else world_feedback
         self.eval_every, self._coordinator_arg, self.token = eval_every, coordinator, token
         self.save_best, self.keep_best, self.keep_snapshots = save_best, keep_best, keep_snapshots

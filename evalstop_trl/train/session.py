@@ -40,6 +40,7 @@ from typing import Any
 
 from ..core.detectors import DETECTORS, Action, Decision, Detector, Observation, is_better
 from ..core.errors import Conflict, EvalStopError, NotFound
+from ..core.job import shadowed
 from .ranks import RankMessage
 from .scores import finite, to_number
 
@@ -95,6 +96,7 @@ class SessionConfig:
     max_eval_failures: int = 3
     on_eval_error: str = "skip"
     fail_mode: str = "local"
+    shadow: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
@@ -110,12 +112,12 @@ class SessionConfig:
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable: the read-only params view is not
         return SessionConfig, (self.detector, dict(self.params), self.direction, self.job_type,
-                               self.max_eval_failures, self.on_eval_error, self.fail_mode)
+                               self.max_eval_failures, self.on_eval_error, self.fail_mode, self.shadow)
 
     @classmethod
     def build(cls, detector: str = "decline", *, k: int = 2, min_delta: float = 0.0, direction: str | None = None,
               job_type: str | None = None, max_eval_failures: int = 3, on_eval_error: str = "skip",
-              fail_mode: str = "local", **detector_params: Any) -> SessionConfig:
+              fail_mode: str = "local", shadow: bool = False, **detector_params: Any) -> SessionConfig:
         """A config from ``EvalStopCallback``'s conveniences: ``k``, ``min_delta`` and ``direction`` go to
         the detectors that take them; ``detector_params`` to the detector as they are."""
         accepted = DETECTORS.params(detector)  # ValueError listing the valid names
@@ -123,12 +125,12 @@ class SessionConfig:
                   if n in accepted and v is not None}
         params.update(detector_params)
         return cls(detector, params, params.get("direction", direction or "max"), job_type, max_eval_failures,
-                   on_eval_error, fail_mode)
+                   on_eval_error, fail_mode, bool(shadow))
 
     @property
     def policy(self) -> dict[str, Any]:
-        """The policy registered with the job."""
-        return {"detector": self.detector, **self.params}
+        """The policy registered with the job (``mode`` only for shadow: else the tenant's default)."""
+        return {"detector": self.detector, **self.params, **({"mode": "shadow"} if self.shadow else {})}
 
     def new_detector(self) -> Detector:
         """A fresh detector with this stop rule (the local one of ``fail_mode="local"``)."""
@@ -231,6 +233,33 @@ class Heartbeat:
         return True
 
 
+class ShadowMode:
+    """A session's shadow mode (``SessionConfig.shadow``, or the job's policy when its tenant's default
+    is shadow): a stop, the local detector's too, is only recorded; the first one is logged once."""
+
+    __slots__ = ("on", "step")
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.step: int | None = None  # the step of the first would-stop eval
+
+    def adopt(self, view: Any) -> None:
+        """Take the job's mode and would-stop from its view (None: not read)."""
+        if view is not None:
+            self.on = self.on or view.policy.get("mode") == "shadow"
+            self.step = view.would_stop_step
+
+    def apply(self, step: int, decision: Decision) -> Decision:
+        """The decision to act on: CONTINUE instead of a stop in shadow mode."""
+        if self.on and decision.action is Action.STOP:
+            decision = shadowed(decision, self.step or step)
+        would = decision.evidence.get("would_stop")
+        if would is not None and self.step is None:
+            self.step = would
+            log.warning("EvalStop (shadow mode, not stopping): would stop at step %s: %s", would, decision.reason)
+        return decision
+
+
 class EvalStopSession:
     """One job's decisions: what to report, whether to stop, which eval was the best.
 
@@ -277,6 +306,7 @@ class EvalStopSession:
         self.heartbeat = Heartbeat(heartbeat_s, clock)
         self._local = config.new_detector()
         self._gave_up = False
+        self.shadow = ShadowMode(config.shadow)
 
     # ------------------------------------------------------------------ the job
     def attach(self, client: Any, job_id: str | None = None, *, step: int = 0, planned_steps: int | None = None,
@@ -313,6 +343,7 @@ class EvalStopSession:
             except EvalStopError as exc:
                 log.warning("EvalStop: could not read job %r's history (%s); going on with what this process has",
                             self.job_id, exc)
+        self.shadow.adopt(view)
         if view is not None and view.best_step is not None:
             self.best_step, self.best_score, self.best_checkpoint = view.best_step, view.best_score, view.best_checkpoint
             self.decision = view.decision
@@ -368,6 +399,7 @@ class EvalStopSession:
         local = self._local.observe(Observation(self.job_id or "job", step, score, self.train_loss, self.proxy_reward))
         if (not reached or getattr(self.client, "unreachable", False)) and self.config.fail_mode == "local":
             decision = local
+        decision = self.shadow.apply(step, decision)
         self.history.append(entry)
         self.decision = decision
         if decision.best_step is not None:
@@ -456,12 +488,11 @@ class EvalStopSession:
     def eval_metrics(self, score: float | None, stop: bool) -> dict[str, float]:
         """The ``evalstop/*`` metrics of an eval (absent values left out); ``evalstop/eval_failures`` counts
         the failed evals of this process so far."""
-        declines = None
-        if self.decision is not None:
-            declines = self.decision.evidence.get("declines", self.decision.evidence.get("stale"))
+        evidence = self.decision.evidence if self.decision is not None else {}
         metrics = {"evalstop/score": score, "evalstop/best_score": self.best_score,
-                   "evalstop/declines": declines, "evalstop/stop": int(stop),
-                   "evalstop/eval_failures": self.evals.total}
+                   "evalstop/declines": evidence.get("declines", evidence.get("stale")), "evalstop/stop": int(stop),
+                   "evalstop/eval_failures": self.evals.total,
+                   "evalstop/would_stop": None if self.shadow.step is None else 1}
         return {k: v for k, v in metrics.items() if v is not None}
 
     def log_eval(self, step: int, score: float | None) -> None:
