@@ -25,7 +25,8 @@ from .store_helpers import STORE_KINDS, open_store
 
 JOBS = ("a", "b", "c")
 POLICIES = ({"detector": "decline", "k": 2}, {"detector": "trend", "window": 3}, {"detector": "patience", "k": 2},
-            {"detector": "cusum"})
+            {"detector": "cusum"}, {"detector": "decline", "k": 1, "mode": "shadow"},
+            {"detector": "patience", "k": 2, "mode": "shadow"})
 
 
 class Clock:
