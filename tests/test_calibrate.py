@@ -152,6 +152,7 @@ def formats(tmp_path_factory) -> tuple[Path, np.ndarray]:
     folder = tmp_path_factory.mktemp("formats")
     score, _ = make_run(np.random.default_rng(3), hacked=True)
     write_trainer_state(folder, score)
+    write_tb_native(folder / "hf-run" / "runs" / "Dec01_12-00-00_host", score)  # report_to="tensorboard": same run
     write_jsonl(folder / "jsonl-run.jsonl", score)
     write_csv(folder / "csv-run.csv", score)
     write_tb_torch(folder / "tb-torch", score)
@@ -176,6 +177,9 @@ def test_every_format_reads_the_same_curve(formats):
     assert by_format["trainer_state"].source.endswith("checkpoint-200/trainer_state.json")
     assert by_format["mlflow"].name == "1/mlflow-run"  # meta.yaml's run_name
     assert not any("thrown-away" in r.name for r in runs)
+    assert not any("Dec01" in r.source for r in runs)  # the transformers run's own TensorBoard log: read once
+    assert [r.source for r in load_histories([folder / "hf-run" / "runs"], "eval_reward")] == [
+        str(folder / "hf-run" / "runs" / "Dec01_12-00-00_host")]  # asked for directly, it is read
 
 
 def test_cli_on_every_format_labels_them_alike_and_says_not_enough_runs(formats):

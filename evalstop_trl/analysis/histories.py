@@ -15,7 +15,9 @@ Readers (``READERS``, keyed by format name; each recognises its files and reads 
   ``meta.yaml`` (the run's name; deleted runs skipped) and ``metrics/<key>`` files of lines
   ``<timestamp_ms> <value> <step>`` (keys with ``/`` are sub-folders). No mlflow import.
 
-A path may be a file, a folder (searched recursively for all of the above) or a glob. A step logged
+A path may be a file, a folder (searched recursively for all of the above) or a glob. In a folder,
+the TensorBoard logs a transformers run writes beside its checkpoints (``<run>/runs/<date>/``) are
+the same run as its trainer_state.json and are not read again. A step logged
 twice keeps the value written last (a resumed run rewrites the steps after its checkpoint). The
 train loss (``train_loss``, ``loss``, ``train/loss``), when a run has one, goes with each eval (the
 last loss at or before its step) for ``loss_plateau``. Planned steps: ``max_steps`` of a
@@ -324,11 +326,16 @@ READERS: Mapping[str, Reader] = MappingProxyType({r.name: r for r in (
 )})
 
 
+def _run_folder(trainer_state: Path) -> Path:
+    """The run's output folder: the parent of ``checkpoint-N/`` or of the trainer_state.json itself."""
+    parent = trainer_state.parent
+    return parent.parent if re.fullmatch(r"checkpoint-\d+", parent.name) else parent
+
+
 def _run_name(found: Found) -> str:
     path = found.path
     if found.reader == "trainer_state" and path.name == "trainer_state.json":
-        parent = path.parent
-        return parent.parent.name if re.fullmatch(r"checkpoint-\d+", parent.name) else parent.name
+        return _run_folder(path).name
     if found.reader == "tensorboard" and path.is_file():  # one event file: its folder names the run
         return path.parent.name
     return path.stem if path.is_file() else path.name
@@ -368,6 +375,9 @@ def _find_one(path: Path) -> list[Found]:
     if _is_mlflow_run(path):
         return _mlflow_find(path)
     runs = [f for r in READERS.values() for f in r.find(path)]
+    # a transformers output folder logs to TensorBoard too (<run>/runs/<date>/): one run, read from trainer_state
+    hf_runs = [_run_folder(f.path) for f in runs if f.reader == "trainer_state"]
+    runs = [f for f in runs if f.reader != "tensorboard" or not any(d in f.path.parents for d in hf_runs)]
     if not runs:
         raise HistoryError(f"{path}: no run found in this folder; calibrate reads: {_formats()}")
     return runs
