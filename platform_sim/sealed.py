@@ -48,8 +48,17 @@ from pathlib import Path
 from typing import Any
 
 from .overlays import Overlay, create_overlay
-from .sealed_protocol import ARRIVAL, ASK, EVAL, FrameReader, SealedOverlayError, check_name, encode, finite_unit
-from .sealed_protocol import send_frame
+from .sealed_protocol import (
+    ARRIVAL,
+    ASK,
+    EVAL,
+    FrameReader,
+    SealedOverlayError,
+    check_name,
+    encode,
+    finite_unit,
+    send_frame,
+)
 from .views import JobSnapshot
 from .workload import Workload
 
