@@ -52,6 +52,10 @@ def test_a_shadow_job_decides_like_an_enforced_one_records_the_first_would_stop_
     assert (view.status, view.would_stop_step, view.policy["mode"]) == ("running", 40, "shadow")
     assert view.would_stop.stop and view.would_stop.reason == enforced[-1].reason
     assert "mode" not in c.status("acme", "enforced").policy and c.status("acme", "enforced").would_stop is None
+    c.register_job("acme", "dip", "grpo", 60, policy=SHADOW)
+    _feed(c, "acme", "dip", DIP)
+    dip = c.status("acme", "dip")  # after the would-stop the job trains on: its best follows its evals
+    assert (dip.would_stop_step, dip.best_step, dip.best_score) == (40, 60, 0.8)
     kinds = [a.kind for a in c.audit("acme", "shadow")]
     assert kinds == [AuditKind.WOULD_STOP]
     c.finish("acme", "shadow")

@@ -264,6 +264,11 @@ class Detector(ABC):
     def _observe(self, obs: Observation) -> Decision:
         """The rule itself; the best-so-far is already updated."""
 
+    def resume(self) -> None:
+        """Forget a sticky STOP and go on deciding (shadow mode: the job trains on after a would-stop,
+        so its best-so-far and later decisions keep following its evals)."""
+        self._stopped = None
+
     def clone(self: D) -> D:
         """An independent copy: observing on either one never changes the other's decisions.
 

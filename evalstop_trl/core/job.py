@@ -239,6 +239,7 @@ def _observe(state: JobState, cmd: Observe) -> Step:
     new_record, audit, deliveries, stopped = record, (), (), False
     would_stop, would_stop_step = state.would_stop, state.would_stop_step
     if decision.action is Action.STOP and record.policy.mode is _SHADOW:
+        detector.resume()  # the job trains on: its best keeps following its evals
         if would_stop is None:
             would_stop, would_stop_step = decision, rep.step
             audit = (AuditRecord(record.tenant, job_id, rep.received_at, AuditKind.WOULD_STOP,
@@ -437,6 +438,7 @@ def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**
         decision = detector.observe(Observation.trusted(job_id, rep.step, rep.eval_score, rep.train_loss,
                                                         rep.proxy_reward, job_type, rep.step / planned if planned else None))
         if shadow and decision.action is Action.STOP:
+            detector.resume()
             if would_stop is None:
                 would_stop, would_stop_step = decision, rep.step
             decision = shadowed(decision, would_stop_step)

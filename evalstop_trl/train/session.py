@@ -399,6 +399,8 @@ class EvalStopSession:
         local = self._local.observe(Observation(self.job_id or "job", step, score, self.train_loss, self.proxy_reward))
         if (not reached or getattr(self.client, "unreachable", False)) and self.config.fail_mode == "local":
             decision = local
+        if self.shadow.on and local.action is Action.STOP:
+            self._local.resume()
         decision = self.shadow.apply(step, decision)
         self.history.append(entry)
         self.decision = decision
