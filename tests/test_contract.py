@@ -85,6 +85,11 @@ def _export(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return [{k: v for k, v in r.items() if k not in EXPORT_TIMES} for r in csv.DictReader(io.StringIO(text))]
 
 
+def _summary(fn: Callable[[], Any]) -> dict[str, Any]:
+    """A tenant summary as plain data, without its job-hours (they depend on the clock)."""
+    return {k: v for k, v in _plain(fn()).items() if k != "hours_saved"}
+
+
 def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
     """Every API call, in one order; returns ``[(label, plain result or error)]``."""
     out: list[tuple[str, Any]] = []
@@ -179,6 +184,7 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
     call("export reports unknown", c.export_reports, "nope")
     call("export jobs csv", _export, c.export_jobs, "csv", status="stopped", sort="job_id", order="asc")
     call("export jobs json", _export, c.export_jobs, "json", q="e")
+    call("summary", _summary, c.summary)
     # another tenant sees none of it
     for name, fn, args in [("status", other.status, ("j1",)), ("report", other.report, ("j1", 60, 0.1)),
                            ("stop", other.stop, ("j1", "mine")), ("ack", other.ack, ("j1",)),
@@ -191,6 +197,7 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
                            ("browse", lambda: _page(other.browse_jobs), ()),
                            ("export reports", other.export_reports, ("j1",)),
                            ("export jobs", lambda: _export(other.export_jobs, "json"), ()),
+                           ("summary", lambda: _summary(other.summary), ()),
                            ("claim", other.claim_eval, ("w", 60.0))]:
         call(f"bob {name}", fn, *args)
     call("list_jobs at the end", c.list_jobs)
@@ -283,7 +290,9 @@ def test_the_script_means_what_it_says(results):
         assert r[f"bob {name}"]["error"] == 404, name
     assert r["bob list_jobs"] == [] and r["bob audit"] == [] and r["bob claim"] is None
     assert r["bob browse"] == {"jobs": [], "total": 0, "has_next": False} and r["bob export jobs"] == []
-    assert r["bob export reports"]["error"] == 404
+    assert r["bob export reports"]["error"] == 404 and r["bob summary"]["jobs"] == 0
+    assert r["summary"] == {"jobs": 5, "active": 1, "lost": 0, "finished": 1, "failed": 1, "stopped": 2,
+                            "stopped_by_detector": 1, "stopped_by_hand": 1, "would_stop": 0, "steps_saved": 70}
     assert [j["job_id"] for j in r["browse"]["jobs"]] == ["e1", "j4", "j3", "j2", "j1"]  # newest first
     assert [j["job_id"] for j in r["browse by id asc"]["jobs"]] == ["e1", "j1"] and r["browse by id asc"]["has_next"]
     assert [j["job_id"] for j in r["browse next page"]["jobs"]] == ["j2", "j3"]

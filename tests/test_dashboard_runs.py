@@ -16,8 +16,11 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
+from . import test_dashboard as dashboard
 from .conftest import Server
-from .test_dashboard import Api, browser, page, row, sign_in  # noqa: F401 - fixtures
+from .test_dashboard import Api, row, sign_in
+
+browser, page = dashboard.browser, dashboard.page  # the same fixtures: headless Chromium, a fresh context each
 
 pytestmark = pytest.mark.slow
 
@@ -95,6 +98,24 @@ def test_bob_sees_only_his_runs_in_the_list(page, site):
     sign_in(page, site, "bob")
     assert ids_on_page(page) == ["b-secret-sweep"]
     assert "sweep-lr" not in page.locator("main").inner_text()
+
+
+def test_the_summary_counts_the_tenants_own_jobs_and_what_the_stops_saved(page, site):
+    sign_in(page, site, "alice")
+    summary = page.locator("#tenant-summary")
+
+    def value(key: str):
+        return summary.locator(f'[data-key="{key}"] dd')
+
+    expect(value("jobs")).to_have_text("4")
+    for key, want in (("stopped_by_detector", "1"), ("stopped_by_hand", "0"), ("failed", "1"), ("finished", "1"),
+                      ("active", "1"), ("steps_saved", "40")):  # stopped at 60 of 100 planned
+        expect(value(key)).to_have_text(want)
+    assert summary.get_by_text("Job-hours saved (est.)").is_visible()
+    page.get_by_role("button", name="Sign out").click()
+    sign_in(page, site, "bob")
+    expect(value("jobs")).to_have_text("1")
+    expect(value("steps_saved")).to_have_text("0")
 
 
 # ------------------------------------------------------------------ compare
@@ -220,8 +241,8 @@ def test_a_cursor_is_bound_to_its_sort_and_names_no_other_tenants_runs(site):
     assert first["total"] == 4 and first["next"]
     assert site.alice.http.get(f"/v1/runs?limit=1&sort=started&after={first['next']}").status_code == 422
     # bob replaying alice's cursor reads his own runs after that position, never hers
-    page = site.bob.http.get(f"/v1/runs?limit=10&sort=job_id&order=asc&after={first['next']}").json()
-    assert {j["job_id"] for j in page["jobs"]} <= {"b-secret-sweep"} and page["total"] == 1
+    got = site.bob.http.get(f"/v1/runs?limit=10&sort=job_id&order=asc&after={first['next']}").json()
+    assert {j["job_id"] for j in got["jobs"]} <= {"b-secret-sweep"} and got["total"] == 1
     seen, after = [], None
     for _ in range(10):  # keyset pages of one, in order, each job once
         r = site.alice.http.get("/v1/runs", params={"limit": 1, "sort": "job_id", "order": "asc",

@@ -11,6 +11,7 @@ from ..core.browse import JobPage, JobQuery
 from ..core.coordinator import Coordinator
 from ..core.detectors import Decision
 from ..core.records import AuditRecord, EvalTask, JobView, Report
+from ..core.summary import TenantSummary
 
 __all__ = ["EmbeddedClient"]
 
@@ -98,6 +99,10 @@ class EmbeddedClient:
                     order: str | None = None, limit: int | None = None, after: str | None = None) -> JobPage:
         query = JobQuery.parse(q, status, job_type, detector, tag, sort, order, limit, after)
         return self.coordinator.browse(self.tenant, query)
+
+    def summary(self) -> TenantSummary:
+        """The tenant's jobs by outcome and what its detectors' stops saved (steps, job-hours)."""
+        return self.coordinator.summary(self.tenant)
 
     def export_reports(self, job_id: str, format: str = "csv") -> str:  # noqa: A002 - the API's name
         return "".join(self.coordinator.export_reports(self.tenant, job_id, format))

@@ -49,6 +49,7 @@ from ..core.browse import JobPage
 from ..core.detectors import Action, Decision
 from ..core.errors import EvalStopError, InvalidInput
 from ..core.records import AuditRecord, EvalTask, JobView, Report
+from ..core.summary import TenantSummary
 from .outbox import Operation, Outbox
 from .transport import ClientError, Transport, Unreachable
 
@@ -292,6 +293,10 @@ class EvalStopClient:
         """One page of the tenant's runs (search, filters, sort); the next: ``after=page.next``."""
         return self.call("browse_jobs", q=q, status=status, job_type=job_type, detector=detector, tag=tag, sort=sort,
                          order=order, limit=limit, after=after)
+
+    def summary(self) -> TenantSummary:
+        """The tenant's jobs by outcome and what its detectors' stops saved (steps, job-hours)."""
+        return self.call("summary")
 
     def export_reports(self, job_id: str, format: str = "csv") -> str:  # noqa: A002 - the wire name
         """The job's reports as CSV or JSON text."""

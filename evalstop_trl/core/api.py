@@ -32,6 +32,7 @@ from .codec import Codec
 from .detectors import Decision
 from .errors import InvalidInput
 from .records import AuditKind, AuditRecord, EvalTask, JobView, Report
+from .summary import TenantSummary
 
 __all__ = ["EVALS_PAGE", "LOCAL_METHODS", "MAX_PAGE", "MAX_WAIT_S", "PAGE", "ROUTES", "TEXT", "EvalStopAPI", "Route",
            "launcher_event"]
@@ -98,6 +99,8 @@ class EvalStopAPI(Protocol):
                     order: str | None = None, limit: int | None = None, after: str | None = None) -> JobPage: ...
 
     def export_reports(self, job_id: str, format: str = "csv") -> str: ...
+
+    def summary(self) -> TenantSummary: ...
 
     def export_jobs(self, format: str = "csv", q: str | None = None, status: str | None = None,
                     job_type: str | None = None, detector: str | None = None, tag: str | None = None,
@@ -172,6 +175,16 @@ def _page_decode(data: Any) -> JobPage:
 #: a page of runs: ``{"jobs": [job, ...], "total": n, "next": cursor | null}``
 PAGE = Codec("JobPage", lambda p: {"jobs": [codec.JOB.encode(v) for v in p.jobs], "total": p.total, "next": p.next},
              _page_decode)
+def _summary_decode(data: Any) -> TenantSummary:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a summary on the wire is an object, but got {type(data).__name__}")
+    names = TenantSummary().to_dict()
+    return TenantSummary(**{k: (float(data[k]) if isinstance(names[k], float) else int(data[k]))
+                            for k in names if k in data})
+
+
+#: a tenant's summary: ``{"jobs": n, "stopped": n, ..., "steps_saved": n, "hours_saved": h}``
+SUMMARY = Codec("TenantSummary", lambda s: s.to_dict(), _summary_decode)
 #: an export's text (the service streams it; the clients return it whole)
 TEXT = Codec("text", lambda chunks: chunks, lambda data: data if isinstance(data, str) else str(data))
 
@@ -206,6 +219,7 @@ ROUTES: Mapping[str, Route] = {r.name: r for r in (
     Route("browse_jobs", "GET", "/v1/runs", PAGE, query=(*_FILTERS, "limit", "after")),
     Route("export_jobs", "GET", "/v1/runs/export", TEXT, query=("format", *_FILTERS), text=True),
     Route("export_reports", "GET", "/v1/jobs/{job_id}/export", TEXT, query=("format",), text=True),
+    Route("summary", "GET", "/v1/summary", SUMMARY),
 )}
 
 

@@ -13,6 +13,7 @@ from .errors import InvalidInput, NotFound
 from .export import export_format
 from .job import JobState
 from .records import AuditRecord, EvalTask, JobStatus, JobView, Report
+from .summary import TenantSummary
 
 if TYPE_CHECKING:
     from .repository import JobCache
@@ -43,6 +44,22 @@ class JobReads:
             except NotFound:  # removed since the records were read
                 continue
         return JobPage(tuple(views), page.total, page.next)
+
+    def summary(self, tenant: str) -> TenantSummary:
+        """The tenant's jobs by outcome and what its detectors' stops saved (:mod:`.summary`). Views
+        are built only for the jobs that need one (stopped, or in shadow mode); the rest are counted
+        from their records."""
+        def views():
+            for record in self.jobs.records(tenant):
+                if record.status.value == "stopped" or getattr(record.policy, "mode", "enforce") == "shadow":
+                    try:
+                        yield self.jobs.read(tenant, record.job_id).view()
+                    except NotFound:
+                        continue
+                else:
+                    yield _RecordView(record)
+
+        return TenantSummary.of(views())
 
     def export_reports(self, tenant: str, job_id: str, fmt: str = "csv") -> Iterator[str]:
         """The job's reports as ``fmt`` (``csv`` or ``json``) text chunks, read a page at a time.
@@ -126,6 +143,16 @@ class JobReads:
                    after: int | None = None) -> tuple[list[AuditRecord], int | None]:
         """:meth:`audit` and the ``after`` of the next page (None after an empty page)."""
         return self.store.audit_page(tenant, job_id, limit, offset, after)
+
+
+class _RecordView:
+    """What :meth:`TenantSummary.of` reads of a job that needs no replay (its status)."""
+
+    __slots__ = ("status",)
+    would_stop_step = None
+
+    def __init__(self, record) -> None:
+        self.status = record.status.value
 
 
 def _parse_status(value: str) -> JobStatus:

@@ -37,8 +37,8 @@ from starlette.concurrency import run_in_threadpool
 from ..core.api import EVALS_PAGE, ROUTES, Route, launcher_event
 from ..core.coordinator import Coordinator, WouldBlock
 from ..core.detectors import Decision
-from ..core.export import export_format
 from ..core.errors import QuotaExceeded, Unauthorized
+from ..core.export import export_format
 from ..core.records import MAX_STEP, AuditKind, JobView
 from ..core.store import StoreError
 from .metrics import Metrics
@@ -145,6 +145,7 @@ SCHEMAS: Mapping[str, Schema] = {
     "browse_jobs": Schema(RunsQuery, "query"),
     "export_jobs": Schema(RunsExportQuery, "query"),
     "export_reports": Schema(ExportQuery, "query"),
+    "summary": Schema(),
 }
 
 _POLL_S = 0.25
@@ -281,6 +282,11 @@ class Handlers:
         """One page of the caller's runs: search, filters, sort, keyset paging (``next``)."""
         with self.reads(t):
             return self.coordinator.browse(t, job_query(**query))
+
+    def summary(self, t: str) -> Any:
+        """The caller's jobs by outcome and what its detectors' stops saved."""
+        with self.reads(t):
+            return self.coordinator.summary(t)
 
     def _stream(self, t: str, make: Callable[[], Any], media_type: str, filename: str) -> Stream:
         """An export that holds one of the tenant's read slots until its last chunk is sent."""

@@ -138,3 +138,8 @@ export async function jobAudit(id) {
 export async function stopJob(id, reason) {
   return (await api(`${jobPath(id)}/stop`, { method: "POST", body: { reason } })).data;
 }
+
+// The tenant's jobs by outcome and what its detectors' stops saved.
+export async function tenantSummary() {
+  return (await api("v1/summary")).data;
+}

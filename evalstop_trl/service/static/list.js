@@ -1,7 +1,7 @@
 // The run list: search, filters and sort (all done by the server, /v1/runs), keyset pages, the
 // selection for the compare view, exports of the filtered list. State lives in the URL's hash.
 
-import { browseJobs, download, exportRunsPath, jobAudit, reportsAfter } from "./api.js";
+import { browseJobs, download, exportRunsPath, jobAudit, reportsAfter, tenantSummary } from "./api.js";
 import { sparkline } from "./chart.js";
 import { $, describeMap, fmtAgo, fmtDuration, h, isShadow, mark, shadowBadge, statusBadge } from "./dom.js";
 import { describePolicy, fmtNum, fmtStep, fmtTime } from "./util.js";
@@ -32,6 +32,22 @@ export function listHash(filters, after = "", page = 1) {
 
 export function compareHash(ids) {
   return `#/compare?${new URLSearchParams({ ids: ids.join(",") })}`;
+}
+
+const SUMMARY_ITEMS = [
+  ["jobs", "Jobs"], ["active", "Active"], ["stopped_by_detector", "Stopped by a detector"],
+  ["stopped_by_hand", "Stopped by hand"], ["finished", "Finished"], ["failed", "Failed"], ["lost", "Lost"],
+  ["would_stop", "Would stop (shadow)"], ["steps_saved", "Steps saved by stops"], ["hours_saved", "Job-hours saved (est.)"],
+];
+
+function renderSummary(s) {
+  const dl = $("tenant-summary");
+  dl.replaceChildren(...SUMMARY_ITEMS.map(([k, label]) => {
+    const div = h("div", { dataset: { key: k } });
+    div.appendChild(h("dt", {}, label));
+    div.appendChild(h("dd", {}, k === "hours_saved" ? fmtNum(Math.round(s[k] * 10) / 10) : fmtStep(s[k])));
+    return div;
+  }));
 }
 
 function reasonOf(job) {
@@ -209,6 +225,8 @@ export function jobsView(ctx, { filters, after, page }) {
       $("next-page").disabled = !next;
       $("view-jobs").dataset.ready = "true";
       if (first) mark("evalstop:list-rendered");
+      tenantSummary().then((s) => { if (ctx.current(gen)) renderSummary(s); })
+        .catch((err) => { if (ctx.current(gen)) ctx.handleError(err); });
       Promise.all([loadSparks(jobs, gen), loadReasons(jobs, gen)])
         .then(() => { if (first && ctx.current(gen)) mark("evalstop:sparklines-rendered"); })
         .catch((err) => { if (ctx.current(gen)) ctx.handleError(err); });
