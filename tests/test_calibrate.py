@@ -157,7 +157,9 @@ def formats(tmp_path_factory) -> tuple[Path, np.ndarray]:
     write_csv(folder / "csv-run.csv", score)
     write_tb_torch(folder / "tb-torch", score)
     write_tb_native(folder / "tb-native", score)
-    write_mlflow(folder, score, "a1b2c3", "mlflow-run")
+    run = write_mlflow(folder, score, "a1b2c3", "mlflow-run")
+    (run / "artifacts").mkdir()
+    (run / "artifacts" / "samples.csv").write_text("prompt,completion\nhi,there\n")  # an artifact, not a run
     write_mlflow(folder, score, "dead00", "thrown-away", deleted=True)
     return folder, score
 
@@ -424,3 +426,11 @@ def test_progress_bar_only_for_many_runs():
     assert isinstance(_progress("x", PROGRESS_FROM)([1, 2]), tqdm)
     assert isinstance(_progress("x")(list(range(PROGRESS_FROM))), tqdm)
     assert not isinstance(_progress("x")([1]), tqdm)
+
+
+def test_mlflow_run_name_falls_back_to_the_run_name_tag(tmp_path):
+    run = write_mlflow(tmp_path, healthy_truth(), "ff00", "from-the-tag")
+    (run / "meta.yaml").write_text("experiment_id: '1'\nlifecycle_stage: active\nrun_id: ff00\nstatus: 3\n")
+    (only,) = load_histories([tmp_path / "mlruns"], "eval_reward")
+    assert only.name == "1/from-the-tag" and only.format == "mlflow"
+    assert only.losses[-1] == pytest.approx(1 / N_EVALS)  # metrics/train/loss: a key with a slash

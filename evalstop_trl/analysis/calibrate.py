@@ -265,8 +265,8 @@ def recommend(scores: Sequence[PolicyScore], runs: Sequence[RunHistory], n_hacke
             about = (f" (at this share of hacked runs, about {total} runs in all)" if total else
                      " (none is hacked: add runs that were reward-hacked)")
             return Recommendation(None, rule, f"not enough runs: a precision lower bound >= {min_precision:g} needs "
-                                  f"at least {needed} stops, all on hacked runs; these {n} runs have {n_hacked} "
-                                  f"hacked{about}", runs_needed=total)
+                                  f"at least {needed} stops, all on hacked runs; "
+                                  f"{'this run has' if n == 1 else f'these {n} runs have'} {n_hacked} hacked{about}", runs_needed=total)
         best = max(scores, key=lambda s: (s.precision.ci.low if s.precision.ci else -1.0), default=None)
         closest = f"; the most precise: {best.policy.label}, precision {_fmt_rate(best.precision)}" if best else ""
         return Recommendation(None, rule, f"no policy reaches a precision lower bound of {min_precision:g} on "

@@ -17,7 +17,8 @@ Readers (``READERS``, keyed by format name; each recognises its files and reads 
 
 A path may be a file, a folder (searched recursively for all of the above) or a glob. In a folder,
 the TensorBoard logs a transformers run writes beside its checkpoints (``<run>/runs/<date>/``) are
-the same run as its trainer_state.json and are not read again. A step logged
+the same run as its trainer_state.json and are not read again, and files inside an MLflow run
+folder (its artifacts) are not runs. A step logged
 twice keeps the value written last (a resumed run rewrites the steps after its checkpoint). The
 train loss (``train_loss``, ``loss``, ``train/loss``), when a run has one, goes with each eval (the
 last loss at or before its step) for ``loss_plateau``. Planned steps: ``max_steps`` of a
@@ -116,7 +117,7 @@ class Reader:
     description: str
     accepts: Callable[[Path], bool]
     find: Callable[[Path], list[Found]]
-    read: Callable[[Found], RawHistory]
+    read: Callable[[Found], RawHistory | None]  # None: a run to leave out (a deleted MLflow run)
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -280,7 +281,7 @@ def _mlflow_find(folder: Path) -> list[Found]:
     return [Found("mlflow", p, (p / "meta.yaml",)) for p in runs]
 
 
-def _mlflow_read(found: Found) -> RawHistory:
+def _mlflow_read(found: Found) -> RawHistory | None:
     meta_path = found.path / "meta.yaml"
     try:
         meta = yaml.safe_load(_text(meta_path)) or {}
@@ -288,9 +289,11 @@ def _mlflow_read(found: Found) -> RawHistory:
         raise HistoryError(f"{meta_path}: invalid YAML ({exc})") from None
     if not isinstance(meta, dict):
         raise HistoryError(f"{meta_path}: expected a mapping (MLflow's run meta.yaml)")
-    name = str(meta.get("run_name") or meta.get("run_id") or found.path.name)
     if meta.get("lifecycle_stage") == "deleted":
-        return RawHistory(name, str(found.path), "mlflow (deleted)", {})
+        return None
+    tag = found.path / "tags" / "mlflow.runName"  # where older MLflow versions keep the name
+    name = str(meta.get("run_name") or (_text(tag).strip() if tag.is_file() else "") or meta.get("run_id")
+               or found.path.name)
     series: dict[str, dict[int, float]] = {}
     metrics_dir = found.path / "metrics"
     for file in _under(metrics_dir, lambda p: True):
@@ -375,16 +378,19 @@ def _find_one(path: Path) -> list[Found]:
     if _is_mlflow_run(path):
         return _mlflow_find(path)
     runs = [f for r in READERS.values() for f in r.find(path)]
-    # a transformers output folder logs to TensorBoard too (<run>/runs/<date>/): one run, read from trainer_state
+    # a transformers output folder logs to TensorBoard too (<run>/runs/<date>/): one run, read from trainer_state;
+    # anything inside an MLflow run folder besides its metrics is an artifact
     hf_runs = [_run_folder(f.path) for f in runs if f.reader == "trainer_state"]
-    runs = [f for f in runs if f.reader != "tensorboard" or not any(d in f.path.parents for d in hf_runs)]
+    ml_runs = [f.path for f in runs if f.reader == "mlflow"]
+    runs = [f for f in runs if not (f.reader == "tensorboard" and any(d in f.path.parents for d in hf_runs))
+            and not (f.reader != "mlflow" and any(d in f.path.parents for d in ml_runs))]
     if not runs:
         raise HistoryError(f"{path}: no run found in this folder; calibrate reads: {_formats()}")
     return runs
 
 
-def read_run(found: Found) -> RawHistory:
-    """Read one located run with its format's reader."""
+def read_run(found: Found) -> RawHistory | None:
+    """Read one located run with its format's reader (None: a run to leave out, e.g. a deleted MLflow run)."""
     return READERS[found.reader].read(found)
 
 
@@ -454,7 +460,7 @@ def load_histories(paths: Sequence[str | Path], metric: str | None = None, label
     runs = []
     for found in progress(find_runs(paths)):
         raw = read_run(found)
-        if raw.format == "mlflow (deleted)":
+        if raw is None:
             continue
         runs.append(select(raw, metric, label_metric))
     if not runs:
