@@ -26,12 +26,16 @@ table equal to :data:`ROWS`:
     12   pairs-12                    http_sqlite  external  direct    rerun
     13   pairs-13                    embedded     external  direct    resume
     14   D6-metric-without-eval      embedded     metric    direct    fresh   (no training: eval_strategy="no")
+    15   S1-shadow-mode              http_sqlite  callable  launcher  fresh   (shadow=True: trains to its end)
 
 Every training row asserts: the stop step is the one ``create_detector("decline", k=2)`` gives on the
 scores the coordinator recorded (external: the decision's step, and the stop lag), the best step and
 score, the job's final status read back through the API (stopped / lost / failed), the job type, the
 launcher's exit status, and the checkpoints on disk (the best kept, nothing newer than the best after a
-stop). Defect rows assert their defect on top (see :data:`DEFECTS`). External rows start their worker
+stop). Defect rows assert their defect on top (see :data:`DEFECTS`). ``S1-shadow-mode`` (issue 18, shadow
+mode) runs ``EvalStopCallback(shadow=True)`` under the launcher against a real service: the run trains to
+its end, the job finishes with its would-stop at the step the detector gives, and `evalstop shadow-report`
+judges it. External rows start their worker
 before the training process. A row takes 15-40 s on 2 cores.
 """
 
@@ -134,13 +138,16 @@ def pairwise(rows: list[Row]) -> list[Row]:
 
 ROWS = pairwise([Row(*d) for d in DEFECTS]) + [
     Row("D6-metric-without-eval", "embedded", "metric", "direct", "fresh",
-        "item 6: metric mode with eval_strategy='no' fails at on_train_begin naming eval_strategy")]
+        "item 6: metric mode with eval_strategy='no' fails at on_train_begin naming eval_strategy"),
+    Row("S1-shadow-mode", "http_sqlite", "callable", "launcher", "fresh",
+        "shadow mode: would-stop recorded, never stopped, the launcher lets the run finish")]
+_NOTES = {"D6": '   (no training: eval_strategy="no")', "S1": "   (shadow=True: trains to its end)"}
 
 
 def table() -> str:
     lines = [f"{'row':<5}{'name':<28}{'store':<13}{'feedback':<10}{'launch':<10}scenario"]
     for i, r in enumerate(ROWS, 1):
-        extra = "   (no training: eval_strategy=\"no\")" if r.name.startswith("D6") else ""
+        extra = _NOTES.get(r.name[:2], "")
         lines.append(f"{i:<5}{r.name:<28}{r.store:<13}{r.mode:<10}{r.launch:<10}{r.scenario}{extra}")
     return "\n".join(lines)
 
@@ -277,6 +284,9 @@ def test_composition(row: Row, tmp_path, request):
         if row.defect == "D6":
             _metric_without_eval(row, t)
             return
+        if row.name.startswith("S1"):
+            _shadow_row(row, t)
+            return
         _train_row(row, t, tmp_path)
     finally:
         t.close()
@@ -342,6 +352,32 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
         assert re.search(r"EvalStop: stopping at step \d+", run.log), run.log[-3000:]
         failures = [e.get("evalstop/eval_failures") for e in run.result["evalstop_logs"] if e["step"] >= 20]
         assert failures and all(f == 1 for f in failures), run.result["evalstop_logs"]
+
+
+def _shadow_row(row: Row, t: Target) -> None:
+    job_id = f"comp-{ROWS.index(row) + 1}"
+    run = _job(row, t, job_id, 1, "--max-steps", "90", "--callback-kwargs", '{"shadow": true}')
+    _ok(run, "the shadow run")
+    c = t.client()
+    try:
+        job = c.status(job_id)
+        scores = [(r.step, r.eval_score) for r in sorted(c.reports(job_id), key=lambda r: r.step)]
+    finally:
+        c.close()
+    would, _, _, reason = replay(scores)
+    best_step = max(scores, key=lambda s: s[1])[0]
+    assert would is not None, f"the detector never stops on {scores}: the shadow row shows nothing"
+    assert (run.result["steps_done"], run.result["stopped_at"], job.status) == (90, None, "finished"), (run.result, job)
+    assert job.would_stop_step == would and job.would_stop.reason == reason, (job.would_stop, would, reason)
+    assert job.policy["mode"] == "shadow" and not job.decision.stop
+    assert job.best_step == best_step == run.result["best_step"], (job.best_step, best_step, scores)
+    assert "would_stop" in _audit_kinds(t, job_id) and "launcher_sigterm" not in _audit_kinds(t, job_id)
+    assert re.search(rf"shadow mode, not stopping\): would stop at step {would}", run.log), run.log[-3000:]
+    report = subprocess.run([sys.executable, "-m", "evalstop_trl", "shadow-report", "--url", t.url, "--json"],
+                            capture_output=True, text=True, env=_env(t.token), timeout=60)
+    verdict = json.loads(report.stdout)["jobs"][0]
+    assert (verdict["job_id"], verdict["would_stop_step"], verdict["last_step"]) == (job_id, would, 90), verdict
+    assert verdict["verdict"] in ("right", "early"), verdict
 
 
 def _check_stopped(row: Row, t: Target, job_id: str, run: Run, planned: int | None = None):
