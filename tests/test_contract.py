@@ -106,6 +106,18 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
     call("register conflict", c.register_job, "j1", "dpo", planned_steps=100, policy=grpo)
     call("register amend", c.register_job, "j1", planned_steps=120)
     call("heartbeat", c.heartbeat, "j1", "launcher")
+    call("register tags", c.register_job, "j1", tags={"team": "rl", "sweep": 7},
+         hparams={"learning_rate": 3e-4, "beta": 0.04, "model_name": "tiny-llama", "bf16": True})
+    call("re-register same tags", c.register_job, "j1", tags={"sweep": "7", "team": "rl"})
+    for label, tags, hparams in [("too many tags", {f"k{i}": "v" for i in range(33)}, None),
+                                 ("tag key too long", {"k" * 65: "v"}, None),
+                                 ("tag value too long", {"k": "v" * 257}, None),
+                                 ("tag control char", {"k": "a\x00b"}, None),
+                                 ("tag bad key", {"a b": "v"}, None),
+                                 ("hparam nested", None, {"opt": {"lr": 1}}),
+                                 ("hparam huge int", None, {"n": 2**60}),
+                                 ("hparams not an object", None, ["lr"])]:
+        call(f"register {label}", c.register_job, "x", tags=tags, hparams=hparams)
     call("heartbeat unknown", c.heartbeat, "nope")
     call("register bad id", c.register_job, "a b")
     call("register bad detector", c.register_job, "x", policy={"detector": "nope"})
@@ -175,6 +187,9 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
     call("browse next page", _page, c.browse_jobs, sort="job_id", order="asc", limit=2, after=first.next)
     call("browse search", _page, c.browse_jobs, q="J")
     call("browse filters", _page, c.browse_jobs, status="stopped", job_type="grpo", detector="decline")
+    call("browse tag", _page, c.browse_jobs, tag="team=rl")
+    call("browse tag key", _page, c.browse_jobs, tag="sweep")
+    call("browse search tag value", _page, c.browse_jobs, q="rl")
     call("browse bad sort", c.browse_jobs, sort="nope")
     call("browse bad cursor", c.browse_jobs, after="nope")
     call("browse bad limit", c.browse_jobs, limit=5000)
@@ -183,7 +198,7 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
     call("export reports bad format", c.export_reports, "j1", "xlsx")
     call("export reports unknown", c.export_reports, "nope")
     call("export jobs csv", _export, c.export_jobs, "csv", status="stopped", sort="job_id", order="asc")
-    call("export jobs json", _export, c.export_jobs, "json", q="e")
+    call("export jobs json", _export, c.export_jobs, "json", q="e1")
     call("summary", _summary, c.summary)
     # another tenant sees none of it
     for name, fn, args in [("status", other.status, ("j1",)), ("report", other.report, ("j1", 60, 0.1)),
@@ -283,14 +298,23 @@ def test_the_script_means_what_it_says(results):
     assert [(t["step"], t["state"], t["fed"]) for t in r["evals after"]] == [
         (10, "done", True), (20, "done", True), (30, "missing", True)]
     assert r["event bad kind"]["error"] == 422 and r["event bad exit code"]["error"] == 422
-    assert [a["kind"] for a in r["audit j1"]] == ["amended", "stop", "ack", "launcher_sigterm",
+    assert [a["kind"] for a in r["audit j1"]] == ["amended", "amended", "stop", "ack", "launcher_sigterm",
                                                  "launcher_exit"]
-    assert r["audit j1"][2]["evidence"] == {"checkpoint": "/ckpt/20", "step": 50, "stop_lag": 10}
+    assert r["audit j1"][1]["evidence"]["tags"] == {"sweep": "7", "team": "rl"}
+    assert r["audit j1"][3]["evidence"] == {"checkpoint": "/ckpt/20", "step": 50, "stop_lag": 10}
     for name in ("status", "report", "stop", "ack", "finish", "fail", "reports", "evals", "publish", "post", "event"):
         assert r[f"bob {name}"]["error"] == 404, name
     assert r["bob list_jobs"] == [] and r["bob audit"] == [] and r["bob claim"] is None
     assert r["bob browse"] == {"jobs": [], "total": 0, "has_next": False} and r["bob export jobs"] == []
     assert r["bob export reports"]["error"] == 404 and r["bob summary"]["jobs"] == 0
+    assert r["register tags"]["tags"] == {"sweep": "7", "team": "rl"}
+    assert r["register tags"]["hparams"] == {"beta": 0.04, "bf16": True, "learning_rate": 3e-4, "model_name": "tiny-llama"}
+    assert r["re-register same tags"] == r["register tags"]
+    for label in ("too many tags", "tag key too long", "tag value too long", "tag control char", "tag bad key",
+                  "hparam nested", "hparam huge int", "hparams not an object"):
+        assert r[f"register {label}"]["error"] == 422, label
+    for label in ("browse tag", "browse tag key", "browse search tag value"):
+        assert [j["job_id"] for j in r[label]["jobs"]] == ["j1"], label
     assert r["summary"] == {"jobs": 5, "active": 1, "lost": 0, "finished": 1, "failed": 1, "stopped": 2,
                             "stopped_by_detector": 1, "stopped_by_hand": 1, "would_stop": 0, "steps_saved": 70}
     assert [j["job_id"] for j in r["browse"]["jobs"]] == ["e1", "j4", "j3", "j2", "j1"]  # newest first

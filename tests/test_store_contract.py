@@ -115,7 +115,7 @@ def test_sqlite_migrates_a_version_1_database(tmp_path):
     assert c.status("old", "j").policy["k"] == 2 and "enforce" not in c.status("old", "j").policy
     assert c.tenants.get("old").quotas == {}
     c.close()
-    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (4,)
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (5,)
     # version 3 added last_seen (liveness): an old job has none, and counts from its last write
     c = Coordinator(SQLiteStore(path))
     c.heartbeat("old", "j")
@@ -139,6 +139,54 @@ def test_postgres_audit_is_append_only_and_the_schema_versioned(pg_dsn):
         db.execute("UPDATE schema_version SET version = 99")
     with pytest.raises(ValueError, match="schema version 99"):
         PostgresStore(pg_dsn)
+
+
+def _tags_roundtrip(c: Coordinator) -> None:
+    """An old job reads with no tags or hparams; a re-registration adds them (audited) and they stay."""
+    view = c.status("old", "j")
+    assert dict(view.tags) == {} and dict(view.hparams) == {}
+    c.register_job("old", "j", tags={"team": "rl"}, hparams={"learning_rate": 3e-4, "model": "tiny"})
+    assert c.audit("old", "j")[-1].evidence["tags"] == {"team": "rl"}
+
+
+def test_sqlite_migrates_version_4_to_5_tags_and_hparams(tmp_path):
+    path = tmp_path / "v4.db"
+    c = Coordinator(SQLiteStore(path))
+    c.register_job("old", "j", "grpo")
+    c.close()
+    db = sqlite3.connect(path)  # what evalstop wrote before issue 19: no tags, no hparams, version 4
+    db.executescript("ALTER TABLE jobs DROP COLUMN tags; ALTER TABLE jobs DROP COLUMN hparams; "
+                     "UPDATE schema_version SET version = 4;")
+    db.close()
+    c = Coordinator(SQLiteStore(path))
+    _tags_roundtrip(c)
+    c.close()
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (5,)
+    c = Coordinator(SQLiteStore(path))
+    assert dict(c.status("old", "j").tags) == {"team": "rl"} and c.status("old", "j").hparams["learning_rate"] == 3e-4
+    c.close()
+
+
+def test_postgres_migrates_version_2_to_3_tags_and_hparams(pg_dsn):
+    import psycopg
+
+    from evalstop_trl.stores.postgres import PostgresStore
+
+    c = Coordinator(PostgresStore(pg_dsn))
+    c.register_job("old", "j", "grpo")
+    c.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        db.execute("ALTER TABLE jobs DROP COLUMN tags")
+        db.execute("ALTER TABLE jobs DROP COLUMN hparams")
+        db.execute("UPDATE schema_version SET version = 2")
+    c = Coordinator(PostgresStore(pg_dsn))
+    _tags_roundtrip(c)
+    c.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+    c = Coordinator(PostgresStore(pg_dsn))
+    assert dict(c.status("old", "j").tags) == {"team": "rl"} and c.status("old", "j").hparams["model"] == "tiny"
+    c.close()
 
 
 def test_a_bad_postgres_location_is_a_clear_error():

@@ -33,8 +33,10 @@ class EmbeddedClient:
         self.coordinator, self.tenant = coordinator, tenant
 
     def register_job(self, job_id: str, job_type: str | None = None, planned_steps: int | None = None,
-                     policy: dict[str, Any] | None = None, webhook: str | None = None) -> JobView:
-        return self.coordinator.register_job(self.tenant, job_id, job_type, planned_steps, policy, webhook)[0]
+                     policy: dict[str, Any] | None = None, webhook: str | None = None,
+                     tags: dict[str, Any] | None = None, hparams: dict[str, Any] | None = None) -> JobView:
+        return self.coordinator.register_job(self.tenant, job_id, job_type, planned_steps, policy, webhook, tags,
+                                             hparams)[0]
 
     def report(self, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
                proxy_reward: float | None = None, checkpoint: str | None = None) -> Decision:

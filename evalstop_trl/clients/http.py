@@ -218,9 +218,10 @@ class EvalStopClient:
 
     # ------------------------------------------------------------------ the API (EvalStopAPI)
     def register_job(self, job_id: str, job_type: str | None = None, planned_steps: int | None = None,
-                     policy: dict[str, Any] | None = None, webhook: str | None = None) -> JobView | None:
+                     policy: dict[str, Any] | None = None, webhook: str | None = None,
+                     tags: dict[str, Any] | None = None, hparams: dict[str, Any] | None = None) -> JobView | None:
         return self.call("register_job", job_id=job_id, job_type=job_type, planned_steps=planned_steps, policy=policy,
-                         webhook=webhook)
+                         webhook=webhook, tags=tags, hparams=hparams)
 
     def report(self, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
                proxy_reward: float | None = None, checkpoint: str | None = None) -> Decision:

@@ -57,7 +57,8 @@ class EvalStopAPI(Protocol):
     pending: int  # operations waiting in the outbox
 
     def register_job(self, job_id: str, job_type: str | None = None, planned_steps: int | None = None,
-                     policy: dict[str, Any] | None = None, webhook: str | None = None) -> JobView | None: ...
+                     policy: dict[str, Any] | None = None, webhook: str | None = None,
+                     tags: dict[str, Any] | None = None, hparams: dict[str, Any] | None = None) -> JobView | None: ...
 
     def report(self, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
                proxy_reward: float | None = None, checkpoint: str | None = None) -> Decision: ...
@@ -189,7 +190,7 @@ SUMMARY = Codec("TenantSummary", lambda s: s.to_dict(), _summary_decode)
 TEXT = Codec("text", lambda chunks: chunks, lambda data: data if isinstance(data, str) else str(data))
 
 _FILTERS = ("q", "status", "job_type", "detector", "tag", "sort", "order")
-_JOB_BODY = ("job_id", "job_type", "planned_steps", "policy", "webhook")
+_JOB_BODY = ("job_id", "job_type", "planned_steps", "policy", "webhook", "tags", "hparams")
 _REPORT_BODY = ("step", "eval_score", "train_loss", "proxy_reward", "checkpoint")
 
 ROUTES: Mapping[str, Route] = {r.name: r for r in (

@@ -96,7 +96,15 @@ def _job_to(v: JobView) -> dict[str, Any]:
             "last_step": v.last_step, "planned_steps": v.planned_steps, "acked": v.acked,
             "created_at": v.created_at, "last_seen": v.last_seen, "ended_at": v.ended_at,
             "would_stop": None if v.would_stop is None else _decision_to(v.would_stop),
-            "would_stop_step": v.would_stop_step}
+            "would_stop_step": v.would_stop_step, "tags": dict(v.tags), "hparams": json_safe(v.hparams)}
+
+
+def _labels(value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"tags and hparams must be objects, but got {type(value).__name__}")
+    return value
 
 
 def _job_from(w: Mapping[str, Any]) -> JobView:
@@ -106,7 +114,7 @@ def _job_from(w: Mapping[str, Any]) -> JobView:
                    _float(w.get("best_score")), w.get("best_checkpoint"), w["n_reports"], w.get("last_step"),
                    w.get("planned_steps"), w["acked"], w.get("created_at", 0.0), w.get("last_seen"),
                    w.get("ended_at"), None if would_stop is None else _decision_from(would_stop),
-                   w.get("would_stop_step"))
+                   w.get("would_stop_step"), _labels(w.get("tags")), _labels(w.get("hparams")))
 
 
 def _report_to(r: Report) -> dict[str, Any]:

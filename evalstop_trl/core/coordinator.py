@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
@@ -48,7 +48,6 @@ from .memory_store import MemoryStore
 from .reads import JobReads
 from .records import (
     MAX_STEP,
-    mode_named,
     AuditKind,
     JobRecord,
     JobType,
@@ -60,6 +59,7 @@ from .records import (
     check_checkpoint,
     check_report,
     check_text,
+    mode_named,
 )
 from .repository import JobCache, ReplicatedJobs, Slot
 from .store import DONE, JobLimits, LimitReached, Store, StoreError, wait_durable
@@ -90,6 +90,23 @@ class PendingReport(NamedTuple):
     decision: Decision
     ticket: Future
     stopped: JobRecord | None  # the job's record if this report stopped it
+
+
+def _check_job_quotas(jobs: JobCache, tenant: str, quotas: Quotas) -> None:
+    """QuotaExceeded if the tenant may not register another job (under the registration lock)."""
+    total = jobs.total(tenant)
+    if total >= quotas.max_jobs:
+        raise QuotaExceeded(f"tenant {tenant!r} has {total} jobs, the most allowed (max_jobs={quotas.max_jobs},"
+                            " finished ones included); prune old ones ('evalstop prune') or ask for more")
+    active = jobs.active(tenant)
+    if active >= quotas.max_active_jobs:
+        raise QuotaExceeded(f"tenant {tenant!r} has {active} active jobs, the most allowed "
+                            f"(max_active_jobs={quotas.max_active_jobs}); finish or stop some first")
+
+
+def _asked(reg: Registration, tags: Mapping | None, hparams: Mapping | None) -> tuple[Mapping | None, Mapping | None]:
+    """The tags and hparams a re-registration asks for (None: it says nothing of them)."""
+    return None if tags is None else reg.tags, None if hparams is None else reg.hparams
 
 
 def _asked_policy(reg: Registration, policy: Any, job: JobState) -> Policy | None:
@@ -188,7 +205,8 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
     # ------------------------------------------------------------------ jobs
     def register_job(self, tenant: str, job_id: str, job_type: str | JobType | None = None,
                      planned_steps: int | None = None, policy: Policy | dict | None = None,
-                     webhook: str | None = None) -> tuple[JobView, bool]:
+                     webhook: str | None = None, tags: Mapping | None = None,
+                     hparams: Mapping | None = None) -> tuple[JobView, bool]:
         """Register a job, or attach to it. Returns ``(view, created)``.
 
         Whoever registers first (a launcher, the callback, an evaluator) creates the job; a later
@@ -196,8 +214,9 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
         says (None keeps the job's value): a plan (``planned_steps``), a specific ``job_type`` for a
         generic one, a webhook, a policy while the job has no report — each change in the audit log.
         Another specific job type, or another policy once reports were decided, is a
-        :class:`Conflict` (a different job: use a new id). ``job_type`` None means ``rlhf``."""
-        state, created = self._register(tenant, job_id, job_type, planned_steps, policy, webhook)
+        :class:`Conflict` (a different job: use a new id). ``job_type`` None means ``rlhf``.
+        ``tags`` and ``hparams`` (bounded: :mod:`.labels`): a re-registration's replace the job's."""
+        state, created = self._register(tenant, job_id, job_type, planned_steps, policy, webhook, tags, hparams)
         return state.view(), created
 
     def add_job(self, tenant: str, job_id: str, job_type: str | JobType | None = None,
@@ -208,16 +227,18 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
         return self._register(tenant, job_id, job_type, planned_steps, policy, webhook)[1]
 
     def _register(self, tenant: str, job_id: str, job_type: str | JobType | None, planned_steps: int | None,
-                  policy: Policy | dict | None, webhook: str | None) -> tuple[JobState, bool]:
+                  policy: Policy | dict | None, webhook: str | None, tags: Mapping | None = None,
+                  hparams: Mapping | None = None) -> tuple[JobState, bool]:
         quotas = self.tenants.quotas(tenant)
         reg = Registration.parse(job_id, JobType.RLHF if job_type is None else job_type, planned_steps, policy,
-                                 webhook, default_policy=self.default_policy, default_mode=quotas.default_mode)
+                                 webhook, default_policy=self.default_policy, default_mode=quotas.default_mode,
+                                 tags=tags, hparams=hparams)
         jobs = self.jobs
         with jobs.register_lock:
             existing = jobs.find(tenant, job_id)
             if existing is not None:
                 changes = amendments(existing.head, None if job_type is None else reg.job_type, planned_steps,
-                                     _asked_policy(reg, policy, existing.head), webhook)
+                                     _asked_policy(reg, policy, existing.head), webhook, *_asked(reg, tags, hparams))
                 if not changes:
                     return existing.head, False
                 amend = Amend(changes, f"tenant:{tenant}", self.clock())
@@ -227,16 +248,9 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
             return out.state, False
         with jobs.register_lock:
             if jobs.find(tenant, job_id) is not None:  # registered meanwhile: attach
-                return self._register(tenant, job_id, job_type, planned_steps, policy, webhook)
+                return self._register(tenant, job_id, job_type, planned_steps, policy, webhook, tags, hparams)
             self._report_limits[tenant] = quotas.max_reports_per_tenant
-            total = jobs.total(tenant)
-            if total >= quotas.max_jobs:
-                raise QuotaExceeded(f"tenant {tenant!r} has {total} jobs, the most allowed (max_jobs={quotas.max_jobs},"
-                                    " finished ones included); prune old ones ('evalstop prune') or ask for more")
-            active = jobs.active(tenant)
-            if active >= quotas.max_active_jobs:
-                raise QuotaExceeded(f"tenant {tenant!r} has {active} active jobs, the most allowed "
-                                    f"(max_active_jobs={quotas.max_active_jobs}); finish or stop some first")
+            _check_job_quotas(jobs, tenant, quotas)
             record = JobRecord.new(tenant, reg, self.clock())
             state = JobState(record, reg.policy.build(), max_reports=quotas.max_reports_per_job, version=1)
             # a shared store checks the quotas again inside the insert's transaction (replicas race)

@@ -95,7 +95,7 @@ class JobState(NamedTuple):
             n_reports=self.n_reports, last_step=None if self.last is None else self.last.step,
             planned_steps=r.planned_steps, acked=r.acked_at is not None, created_at=r.created_at,
             last_seen=self.last_seen, ended_at=r.stopped_at if r.stopped_at is not None else r.finished_at,
-            would_stop=self.would_stop, would_stop_step=self.would_stop_step,
+            would_stop=self.would_stop, would_stop_step=self.would_stop_step, tags=r.tags, hparams=r.hparams,
         )
 
     def observation(self, rep: Report) -> Observation:
@@ -389,11 +389,14 @@ def _amend(state: JobState, cmd: Amend) -> Step:
 def _shown(value: Any) -> Any:
     if hasattr(value, "to_dict"):
         return value.to_dict()
+    if isinstance(value, Mapping):  # tags, hparams
+        return dict(value)
     return getattr(value, "value", value)
 
 
 def amendments(state: JobState, job_type: JobType | None, planned_steps: int | None, policy: Policy | None,
-               webhook: str | None) -> dict[str, Any]:
+               webhook: str | None, tags: Mapping[str, Any] | None = None,
+               hparams: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a re-registration changes (only what it says: None keeps the job's value). Raises
     :class:`Conflict` for a change that would make it another job: another specific job type, or
     another policy once the job has reports (its history was decided under the old one)."""
@@ -414,6 +417,10 @@ def amendments(state: JobState, job_type: JobType | None, planned_steps: int | N
         changes["policy"] = policy
     if webhook is not None and webhook != record.webhook:
         changes["webhook"] = webhook
+    if tags is not None and dict(tags) != dict(record.tags):
+        changes["tags"] = tags  # a re-registration's tags replace the job's (audited)
+    if hparams is not None and dict(hparams) != dict(record.hparams):
+        changes["hparams"] = hparams
     return changes
 
 

@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 from .detectors import DETECTORS, Decision, check_finite
 from .detectors import MAX_STEP as _MAX_STEP
 from .errors import InvalidInput
+from .labels import EMPTY as _NO_LABELS
+from .labels import check_hparams, check_tags
 from .lifecycle import Lifecycle, transitions
 
 __all__ = [
@@ -317,13 +319,16 @@ class Registration:
     planned_steps: int | None = None
     policy: Policy = field(default_factory=Policy)
     webhook: str | None = None
+    tags: Mapping[str, str] = field(default_factory=lambda: _NO_LABELS)  # user tags (:mod:`.labels`)
+    hparams: Mapping[str, Any] = field(default_factory=lambda: _NO_LABELS)  # hyperparameters (:mod:`.labels`)
 
     @classmethod
     def parse(cls, job_id: Any, job_type: Any = JobType.RLHF, planned_steps: Any = None, policy: Any = None,
               webhook: Any = None, default_policy: Policy | None = None,
-              default_mode: PolicyMode | None = None) -> Registration:
+              default_mode: PolicyMode | None = None, tags: Any = None, hparams: Any = None) -> Registration:
         """Validate raw values (raises :class:`InvalidInput` naming the field). ``default_mode``
-        (the tenant's) applies to a policy that does not name its mode."""
+        (the tenant's) applies to a policy that does not name its mode; ``tags`` and ``hparams`` are
+        bounded (:mod:`.labels`)."""
         check_name("job_id", job_id)
         _optional_int(planned_steps, 1, MAX_STEP, f"planned_steps must be a positive integer (at most {MAX_STEP})")
         if webhook is not None:
@@ -332,7 +337,7 @@ class Registration:
         if default_mode is not None and not mode_named(policy):
             pol = pol.with_mode(default_mode)
         return cls(job_id=job_id, job_type=JobType.parse(job_type), planned_steps=planned_steps, policy=pol,
-                   webhook=webhook)
+                   webhook=webhook, tags=check_tags(tags), hparams=check_hparams(hparams))
 
 
 class Report(NamedTuple):
@@ -428,20 +433,27 @@ class JobRecord(NamedTuple):
     finished_at: float | None = None
     version: int = 0  # writes to the job so far, as a shared store counts them (0 elsewhere)
     last_seen: float | None = None  # its last heartbeat (its reports count too: see JobState.last_seen)
+    tags: Mapping[str, str] = _NO_LABELS  # user tags, checked by :func:`.labels.check_tags`
+    hparams: Mapping[str, Any] = _NO_LABELS  # hyperparameters, checked by :func:`.labels.check_hparams`
 
     @classmethod
     def new(cls, tenant: str, reg: Registration, now: float) -> JobRecord:
         """A new PENDING job from a validated registration."""
         return cls(tenant=tenant, job_id=reg.job_id, job_type=reg.job_type, planned_steps=reg.planned_steps,
-                   policy=reg.policy, webhook=reg.webhook, status=_PENDING_STATUS, created_at=now, updated_at=now)
+                   policy=reg.policy, webhook=reg.webhook, status=_PENDING_STATUS, created_at=now, updated_at=now,
+                   tags=reg.tags, hparams=reg.hparams)
 
     def evolve(self, **changes: Any) -> JobRecord:
         """A copy with ``changes`` (field names checked: an unknown one is a ValueError)."""
         return self._replace(**changes)
 
+    def __reduce__(self):  # picklable (tags and hparams are read-only views)
+        return (JobRecord, tuple(dict(v) if type(v) is MappingProxyType else v for v in self))
+
     def registration(self) -> Registration:
         """What a re-registration must match to be accepted as identical."""
-        return Registration(self.job_id, self.job_type, self.planned_steps, self.policy, self.webhook)
+        return Registration(self.job_id, self.job_type, self.planned_steps, self.policy, self.webhook, self.tags,
+                            self.hparams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,7 +462,7 @@ class JobView:
     :mod:`.codec`). ``created_at``, ``last_seen`` (its last report or heartbeat) and ``ended_at``
     (stopped, finished, failed) are times in seconds since the epoch. ``would_stop`` and
     ``would_stop_step``: in shadow mode, the first stop the detector decided and the step of the eval
-    that decided it (None otherwise)."""
+    that decided it (None otherwise). ``tags`` and ``hparams``: what the job registered (:mod:`.labels`)."""
 
     job_id: str
     job_type: str
@@ -469,10 +481,13 @@ class JobView:
     ended_at: float | None = None
     would_stop: Decision | None = None
     would_stop_step: int | None = None
+    tags: Mapping[str, str] = field(default_factory=lambda: _NO_LABELS)
+    hparams: Mapping[str, Any] = field(default_factory=lambda: _NO_LABELS)
 
     def __post_init__(self) -> None:
-        if type(self.policy) is not MappingProxyType:
-            object.__setattr__(self, "policy", MappingProxyType(dict(self.policy)))
+        for name in ("policy", "tags", "hparams"):
+            if type(getattr(self, name)) is not MappingProxyType:
+                object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
     def settled(self, stopped: bool = False) -> bool:
         """What a long poll waits for: the job is no longer running (``stopped``: it is stopped)."""
@@ -480,7 +495,7 @@ class JobView:
 
     def __reduce__(self):
         values = [getattr(self, f.name) for f in fields(self)]
-        values[3] = dict(self.policy)
+        values = [dict(v) if type(v) is MappingProxyType else v for v in values]
         return (JobView, tuple(values))
 
 

@@ -170,8 +170,9 @@ class Handlers:
                                 f"(event_rate={q.event_rate:g}/s, event_burst={q.event_burst})", retry_after=wait)
 
     def register_job(self, t: str, job_id: str, job_type: str, planned_steps: int | None, policy: dict | None,
-                     webhook: str | None) -> Answer:
-        view, created = self.coordinator.register_job(t, job_id, job_type, planned_steps, policy, webhook)
+                     webhook: str | None, tags: dict | None, hparams: dict | None) -> Answer:
+        view, created = self.coordinator.register_job(t, job_id, job_type, planned_steps, policy, webhook, tags,
+                                                      hparams)
         return Answer(view, None if created else 200)
 
     def list_jobs(self, t: str, status: str | None, limit: int, offset: int) -> Answer:

@@ -77,6 +77,10 @@ class JobIn(_In):
                           '(k and window in [1, 1000], min_delta in [0, 1e6])')
     webhook: Line | None = Field(None, max_length=2048, description="http(s) URL notified on stop (signed; the "
                                 "operator's allowlist decides where webhooks may go)")
+    tags: dict[str, Any] | None = Field(None, description="user tags: at most 32, keys <= 64 characters, text values "
+                                        "<= 256 characters (evalstop_trl.core.labels)")
+    hparams: dict[str, Any] | None = Field(None, description="hyperparameters: at most 32, keys <= 64 characters, "
+                                           "finite numbers, booleans or text <= 256 characters")
 
 
 class ReportIn(_In):

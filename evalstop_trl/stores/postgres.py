@@ -45,13 +45,15 @@ from .sql import (
     delivery_row,
     eval_from_row,
     eval_row,
+    labels_from,
+    labels_json,
     q,
 )
 from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _LOCK_KEY = 0x45564C53  # "EVLS": the advisory lock that serialises schema creation and migrations
 _TENANT_LOCK = 0x45565154  # "EVQT" + hashtext(tenant): serialises a tenant's registrations (its quotas)
 
@@ -66,7 +68,7 @@ _SCHEMA = [
         policy TEXT NOT NULL, webhook TEXT, status TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
         updated_at DOUBLE PRECISION NOT NULL, decision TEXT, stopped_by TEXT, stopped_at DOUBLE PRECISION,
         acked_at DOUBLE PRECISION, checkpoint TEXT, finished_at DOUBLE PRECISION, version BIGINT NOT NULL,
-        last_seen DOUBLE PRECISION,
+        last_seen DOUBLE PRECISION, tags TEXT NOT NULL DEFAULT '{}', hparams TEXT NOT NULL DEFAULT '{}',
         PRIMARY KEY (tenant, job_id))""",
     "CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, seq)",
     """CREATE TABLE IF NOT EXISTS reports (
@@ -99,10 +101,14 @@ _SCHEMA = [
     "CREATE INDEX IF NOT EXISTS evals_unfed ON evals (tenant, job_id, step) WHERE NOT fed",
 ]
 # version -> statements that bring a database of that version to the next one (none yet)
-_MIGRATIONS: dict[int, tuple[str, ...]] = {1: ("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS last_seen DOUBLE PRECISION",)}
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS last_seen DOUBLE PRECISION",),
+    2: ("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS tags TEXT NOT NULL DEFAULT '{}'",  # issue 19: a job's context
+        "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS hparams TEXT NOT NULL DEFAULT '{}'"),
+}
 
 _JOB_COLS = ("tenant, job_id, job_type, planned_steps, policy, webhook, status, created_at, updated_at, decision, "
-             "stopped_by, stopped_at, acked_at, checkpoint, finished_at, version, last_seen")
+             "stopped_by, stopped_at, acked_at, checkpoint, finished_at, version, last_seen, tags, hparams")
 
 
 
@@ -112,12 +118,17 @@ def _job_values(j: JobRecord) -> tuple:
             j.stopped_at, j.acked_at, j.checkpoint, j.finished_at)
 
 
+def _labels(j: JobRecord) -> tuple[str, str]:
+    return labels_json(j.tags), labels_json(j.hparams)
+
+
 def _job_from_row(r: tuple) -> JobRecord:
     return JobRecord(
         tenant=r[0], job_id=r[1], job_type=JobType(r[2]), planned_steps=r[3],
         policy=Policy.from_dict(json.loads(r[4]), stored=True), webhook=r[5], status=JobStatus(r[6]),
         created_at=r[7], updated_at=r[8], decision=Decision.from_dict(json.loads(r[9])) if r[9] else None,
         stopped_by=r[10], stopped_at=r[11], acked_at=r[12], checkpoint=r[13], finished_at=r[14], version=r[15], last_seen=r[16],
+        tags=labels_from(r[17]), hparams=labels_from(r[18]),
     )
 
 
@@ -246,23 +257,25 @@ class PostgresStore(SQLReads, Store):
 
         def op(db) -> None:
             if expect == 0:
-                cur = db.execute(f"INSERT INTO jobs ({_JOB_COLS}) VALUES ({', '.join(['%s'] * 17)}) "
-                                 "ON CONFLICT (tenant, job_id) DO NOTHING", (*key, *values, 1, job.last_seen))
+                cur = db.execute(f"INSERT INTO jobs ({_JOB_COLS}) VALUES ({', '.join(['%s'] * 19)}) "
+                                 "ON CONFLICT (tenant, job_id) DO NOTHING",
+                                 (*key, *values, 1, job.last_seen, *_labels(job)))
             elif expect is None:
                 cur = db.execute(
-                    f"INSERT INTO jobs ({_JOB_COLS}) VALUES ({', '.join(['%s'] * 17)}) ON CONFLICT (tenant, job_id) "
+                    f"INSERT INTO jobs ({_JOB_COLS}) VALUES ({', '.join(['%s'] * 19)}) ON CONFLICT (tenant, job_id) "
                     "DO UPDATE SET job_type=EXCLUDED.job_type, planned_steps=EXCLUDED.planned_steps, "
                     "policy=EXCLUDED.policy, webhook=EXCLUDED.webhook, status=EXCLUDED.status, "
                     "updated_at=EXCLUDED.updated_at, decision=EXCLUDED.decision, stopped_by=EXCLUDED.stopped_by, "
                     "stopped_at=EXCLUDED.stopped_at, acked_at=EXCLUDED.acked_at, checkpoint=EXCLUDED.checkpoint, "
-                    "finished_at=EXCLUDED.finished_at, last_seen=EXCLUDED.last_seen, version=jobs.version + 1",
-                    (*key, *values, 1, job.last_seen))
+                    "finished_at=EXCLUDED.finished_at, last_seen=EXCLUDED.last_seen, tags=EXCLUDED.tags, "
+                    "hparams=EXCLUDED.hparams, version=jobs.version + 1",
+                    (*key, *values, 1, job.last_seen, *_labels(job)))
             else:
                 cur = db.execute(
                     "UPDATE jobs SET job_type=%s, planned_steps=%s, policy=%s, webhook=%s, status=%s, created_at=%s, "
                     "updated_at=%s, decision=%s, stopped_by=%s, stopped_at=%s, acked_at=%s, checkpoint=%s, "
-                    "finished_at=%s, last_seen=%s, version=version + 1 WHERE tenant=%s AND job_id=%s AND version=%s",
-                    (*values, job.last_seen, *key, expect))
+                    "finished_at=%s, last_seen=%s, tags=%s, hparams=%s, version=version + 1 WHERE tenant=%s AND "
+                    "job_id=%s AND version=%s", (*values, job.last_seen, *_labels(job), *key, expect))
             if cur.rowcount == 0:
                 raise StaleState(f"job {job.job_id!r} was changed by another coordinator; retry")
             if report is not None:
@@ -363,9 +376,9 @@ def _insert_within_limits(db, job: JobRecord, limits: JobLimits) -> None:
     if active >= limits.max_active_jobs:
         raise LimitReached(f"tenant {job.tenant!r} has {active} active jobs, the most allowed "
                            f"(max_active_jobs={limits.max_active_jobs}); finish or stop some first")
-    cur = db.execute(f"INSERT INTO jobs ({_JOB_COLS}) VALUES ({', '.join(['%s'] * 17)}) "
+    cur = db.execute(f"INSERT INTO jobs ({_JOB_COLS}) VALUES ({', '.join(['%s'] * 19)}) "
                      "ON CONFLICT (tenant, job_id) DO NOTHING", (job.tenant, job.job_id, *_job_values(job), 1,
-                                                                 job.last_seen))
+                                                                 job.last_seen, *_labels(job)))
     if cur.rowcount == 0:
         raise StaleState(f"job {job.job_id!r} was changed by another coordinator; retry")
 

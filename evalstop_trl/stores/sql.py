@@ -6,12 +6,16 @@ Queries are written with ``?`` placeholders; :func:`q` turns them into PostgreSQ
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
 
+from ..core.labels import EMPTY as EMPTY_LABELS
 from ..core.records import AuditKind, AuditRecord, Delivery, EvalState, EvalTask, Report, TenantRecord
 from ..core.store import PRUNABLE, PruneCounts
 
 __all__ = ["SQLReads", "AUDIT_COLS", "DELIVERY_COLS", "EVAL_COLS", "REPORT_COLS", "TENANT_COLS", "audit_from_row",
-           "delivery_from_row", "delivery_row", "eval_from_row", "eval_row", "q", "tenant_from_row"]
+           "delivery_from_row", "delivery_row", "eval_from_row", "eval_row", "labels_from", "labels_json", "q", "tenant_from_row"]
 
 TENANT_COLS = "name, token_hash, created_at, revoked, quotas, webhook_secret"
 REPORT_COLS = "step, eval_score, train_loss, proxy_reward, checkpoint, received_at"
@@ -23,6 +27,16 @@ EVAL_COLS = "tenant, job_id, step, path, created_at, train_loss, proxy_reward, s
 def q(query: str, postgres: bool) -> str:
     """``query`` with PostgreSQL placeholders when ``postgres``."""
     return query.replace("?", "%s") if postgres else query
+
+
+def labels_json(labels: Mapping[str, Any]) -> str:
+    """A job's tags or hparams as stored (JSON, keys sorted)."""
+    return json.dumps(dict(labels), sort_keys=True, allow_nan=False)
+
+
+def labels_from(text: str | None) -> Mapping[str, Any]:
+    """Stored tags or hparams (kept as they were stored: bounds are checked on the way in)."""
+    return MappingProxyType(json.loads(text)) if text and text != "{}" else EMPTY_LABELS
 
 
 def tenant_from_row(r: tuple) -> TenantRecord:

@@ -39,12 +39,14 @@ from .sql import (
     delivery_row,
     eval_from_row,
     eval_row,
+    labels_from,
+    labels_json,
 )
 from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -57,7 +59,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     policy TEXT NOT NULL, pid INTEGER, pid_start_time REAL, webhook TEXT, status TEXT NOT NULL,
     created_at REAL NOT NULL, updated_at REAL NOT NULL, decision TEXT, stopped_by TEXT,
     stopped_at REAL, acked_at REAL, checkpoint TEXT, finished_at REAL, last_seen REAL,
-    version INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (tenant, job_id));
+    version INTEGER NOT NULL DEFAULT 1, tags TEXT NOT NULL DEFAULT '{}', hparams TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (tenant, job_id));
 CREATE TABLE IF NOT EXISTS reports (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, job_id TEXT NOT NULL,
     step INTEGER NOT NULL, eval_score REAL, train_loss REAL, proxy_reward REAL, checkpoint TEXT,
@@ -92,16 +95,18 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE tenants ADD COLUMN webhook_secret TEXT NOT NULL DEFAULT ''"),
     2: ("ALTER TABLE jobs ADD COLUMN last_seen REAL",),
     3: ("ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 1",),  # 0 would read as "not registered"
+    4: ("ALTER TABLE jobs ADD COLUMN tags TEXT NOT NULL DEFAULT '{}'",  # issue 19: a job's context
+        "ALTER TABLE jobs ADD COLUMN hparams TEXT NOT NULL DEFAULT '{}'"),
 }
 
 
 _JOB_COLS = (
     "tenant, job_id, job_type, planned_steps, policy, pid, pid_start_time, webhook, status, "
-    "created_at, updated_at, decision, stopped_by, stopped_at, acked_at, checkpoint, finished_at, last_seen"
+    "created_at, updated_at, decision, stopped_by, stopped_at, acked_at, checkpoint, finished_at, last_seen, tags, hparams"
 )
 _UPDATE_JOB = ("job_type=?, planned_steps=?, policy=?, pid=?, pid_start_time=?, webhook=?, status=?, created_at=?, "
                "updated_at=?, decision=?, stopped_by=?, stopped_at=?, acked_at=?, checkpoint=?, finished_at=?, "
-               "last_seen=?")
+               "last_seen=?, tags=?, hparams=?")
 
 
 def _job_row(j: JobRecord) -> tuple:
@@ -109,7 +114,7 @@ def _job_row(j: JobRecord) -> tuple:
         j.tenant, j.job_id, j.job_type.value, j.planned_steps, json.dumps(j.policy.to_dict()), None,
         None, j.webhook, j.status.value, j.created_at, j.updated_at,
         json.dumps(j.decision.to_dict()) if j.decision else None, j.stopped_by, j.stopped_at,
-        j.acked_at, j.checkpoint, j.finished_at, j.last_seen,
+        j.acked_at, j.checkpoint, j.finished_at, j.last_seen, labels_json(j.tags), labels_json(j.hparams),
     )
 
 
@@ -120,7 +125,7 @@ def _job_from_row(r: tuple) -> JobRecord:
         status=JobStatus(r[8]), created_at=r[9], updated_at=r[10],
         decision=Decision.from_dict(json.loads(r[11])) if r[11] else None, stopped_by=r[12],
         stopped_at=r[13], acked_at=r[14], checkpoint=r[15], finished_at=r[16], last_seen=r[17],
-        version=r[18] if len(r) > 18 else 0,
+        tags=labels_from(r[18]), hparams=labels_from(r[19]), version=r[20] if len(r) > 20 else 0,
     )
 
 
@@ -280,7 +285,7 @@ class SQLiteStore(SQLReads, Store):
             if expect == 0 or (expect is None and not db.execute(
                     "SELECT 1 FROM jobs WHERE tenant=? AND job_id=?", key).fetchone()):
                 try:
-                    db.execute(f"INSERT INTO jobs ({_JOB_COLS}, version) VALUES ({','.join('?' * 19)})", (*row, 1))
+                    db.execute(f"INSERT INTO jobs ({_JOB_COLS}, version) VALUES ({','.join('?' * 21)})", (*row, 1))
                 except sqlite3.IntegrityError:
                     raise StaleState(f"job {job.job_id!r} was registered by another process; retry") from None
             elif expect is None or not self.shared:
