@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evalstop_trl.core.coordinator import Coordinator
 from evalstop_trl.core.detectors import DETECTORS, Action
@@ -36,7 +36,9 @@ from evalstop_trl.core.registry import Registry
 from evalstop_trl.stores.memory import MemoryStore
 
 from .views import JobSnapshot
-from .workload import Workload
+
+if TYPE_CHECKING:  # a type only: a sealed overlay's process never imports the workload (nor numpy)
+    from .workload import Workload
 
 __all__ = ["OVERLAYS", "DetectorOverlay", "Overlay", "OracleOverlay", "StopAtOverlay", "create_overlay",
            "eval_hook_name", "overlay_block_keys"]

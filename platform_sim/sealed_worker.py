@@ -29,7 +29,6 @@ from typing import Any
 from .overlays import Overlay, create_overlay, eval_hook_name
 from .sealed_protocol import ARRIVAL, ASK, EVAL, encode, read_frame_blocking
 from .views import JobSnapshot, VirtualClock
-from .workload import Workload
 
 __all__ = ["drop_privileges", "main"]
 
@@ -58,9 +57,10 @@ def drop_privileges() -> bool:
 
 
 def _load_overlay(spec: str, params: dict[str, Any], n_evals: int) -> Overlay:
-    """A registered overlay by name, or a user's ``module:Class`` (an :class:`Overlay` subclass)."""
+    """A registered overlay by name (its factory gets no workload: the parent refused Oracle-Stop,
+    the only one that reads it), or a user's ``module:Class`` (an :class:`Overlay` subclass)."""
     if ":" not in spec:
-        return create_overlay(spec, Workload((), (), n_evals=n_evals, seed=0), **params)
+        return create_overlay(spec, None, **params)
     module, _, qualname = spec.partition(":")
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
