@@ -9,9 +9,19 @@ as the true duration or the hacking label raises :class:`InformationBoundaryErro
 the simulated time from a :class:`VirtualClock`, an object holding one float that the engine sets at
 each instant (not a closure over the simulation).
 
-This is a wall of references, not a sandbox: code in the same interpreter can still walk the call
-stack (``sys._getframe``) or scan every live object (``gc.get_objects``); only a process boundary
-stops that (``tests/test_sim_wall.py`` lists what is and is not defended).
+In-process, this is a wall of references, not a sandbox: code in the same interpreter can still
+walk the call stack (``sys._getframe``, a traceback's frames), scan every live object
+(``gc.get_objects``), ask who holds it (``gc.get_referrers``), or rebuild the public workload
+(``generate_workload(cfg, seed)``, the seed read from ``sys.argv`` or matched from the visible job
+types). ``tests/test_sim_wall.py`` lists what the references defend.
+
+**The wall that holds** is the sealed mode (``platform-sim run --sealed``, ``--overlay-class
+module:Class``; :mod:`platform_sim.sealed`): the overlay runs in a fresh process with a clean command
+line and environment, after it has dropped its capabilities, and receives these snapshots' fields
+as JSON, nothing else: the engine's objects are in another address space. Its workloads' hidden
+streams are drawn with a secret salt (:func:`platform_sim.workload.generate_workload`), so the
+public generator cannot rebuild the truth either. ``tests/test_sim_sealed.py`` runs every cheat
+above both ways: in-process each reproduces the Oracle; sealed none does better than a guess.
 
 Example::
 

@@ -19,11 +19,14 @@ read-only views, and the test fails if any reaches a ``JobTruth``, the ``Workloa
 * a cheating SRTF-Est and a cheating overlay run end to end trying all of the above to read true
   durations and hacking labels; they find nothing, so their runs equal the honest ones.
 
-Not defended, by design (documented in :mod:`platform_sim.views`): code in the same interpreter can
-walk the call stack (``sys._getframe().f_back.f_locals``), scan every object (``gc.get_objects``), or
-ask who refers to the policy object itself (``gc.get_referrers(self)`` finds the engine, which must
-hold the policy to call it); stopping those needs a process boundary, which would cost the simulator
-its speed.
+Not defended in-process, by design (documented in :mod:`platform_sim.views`): code in the same
+interpreter can walk the call stack (``sys._getframe().f_back.f_locals``), scan every object
+(``gc.get_objects``), ask who refers to the policy object itself (``gc.get_referrers(self)`` finds
+the engine, which must hold the policy to call it), or rebuild the workload with the public
+``generate_workload``. Those need the process boundary and the secret salt of the sealed mode
+(``platform-sim run --sealed``), which costs a child process per run and a round trip per eval:
+``tests/test_sim_sealed.py`` runs each of them as a real overlay, in-process (it reaches the truth)
+and sealed (it does not).
 """
 
 from __future__ import annotations
