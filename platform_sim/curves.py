@@ -24,6 +24,10 @@ one of the :class:`Family` shapes below, chosen per job with the shares of
     A ~ ``osc_amplitude``, c ~ ``osc_cycles`` cycles over training, phi ~ U(0, 2 pi): local peaks
     that are not the hack.
 
+A healthy run with a *transient dip* (:func:`transient_dip`, used by the curve-level sweep,
+:mod:`platform_sim.sweep`) is a healthy curve minus ``d H exp(-((p - c) / w)^2 / 2)``: the gold
+falls and recovers before the end (a bad data shard, a learning-rate spike), so it is not a hack.
+
 The label of every curve comes from its noiseless form (peak before p = 1 and a drop of at least
 ``label_min_drop`` from the peak to the end); for a family other than Gao the peak is found on a
 grid of :data:`PEAK_GRID` points.
@@ -36,7 +40,7 @@ from enum import Enum
 
 import numpy as np
 
-__all__ = ["CurveKind", "FAMILIES", "Family", "PEAK_GRID", "family_gold", "gao", "gold", "peak_of"]
+__all__ = ["CurveKind", "FAMILIES", "Family", "PEAK_GRID", "family_gold", "gao", "gold", "peak_of", "transient_dip"]
 
 PEAK_GRID = 2001
 
@@ -108,3 +112,11 @@ def peak_of(family: Family | str, height: float, shape: float, extra: tuple) -> 
     g = family_gold(family, height, shape, extra, grid)
     i = int(np.argmax(g))
     return float(grid[i]), float(g[i]), float(g[-1])
+
+
+def transient_dip(height: np.ndarray | float, depth: np.ndarray | float, centre: np.ndarray | float,
+                  width: np.ndarray | float, p: np.ndarray | float) -> np.ndarray:
+    """The (negative) transient dip ``-depth H exp(-((p - centre) / width)^2 / 2)`` to add to a
+    healthy curve: it falls by ``depth`` of the height ``H`` at ``centre`` and recovers (broadcast)."""
+    p = np.asarray(p, dtype=float)
+    return -np.asarray(depth) * np.asarray(height) * np.exp(-0.5 * ((p - centre) / np.asarray(width)) ** 2)

@@ -18,11 +18,13 @@ from evalstop_trl.core.detectors import (
     Decision,
     NoiseLevel,
     Observation,
+    RelativeNoiseLevel,
     create_detector,
     detector_params,
     least_squares_slope,
     pooled_sigma,
     relative_improvement,
+    t_quantile,
     t_threshold,
     third_difference,
 )
@@ -149,7 +151,7 @@ def test_never_tracks_best_but_never_stops():
 @pytest.mark.parametrize(
     "name, params, message",
     [
-        ("nope", {}, "valid detectors are: cusum, decline, drop, loss_plateau, never, patience, stop_at, trend"),
+        ("nope", {}, "valid detectors are: cusum, decline, drop, loss_plateau, never, patience, sequential, stop_at, trend"),
         ("decline", {"kk": 2}, "Unknown parameter(s) kk for detector 'decline'; valid parameters are: k, min_delta, direction"),
         ("decline", {"k": 0}, "k must be an integer in [1, 1000], but got k=0."),
         ("decline", {"k": 1.5}, "k must be an integer in [1, 1000]"),
@@ -170,7 +172,11 @@ def test_never_tracks_best_but_never_stops():
         ("trend", {"prior_evals": 1e9}, "prior_evals must be a finite number in [0.001, 1000]"),
         ("cusum", {"threshold": math.inf}, "threshold must be a finite number in [0, 100]"),
         ("cusum", {"k": 2}, "Unknown parameter(s) k for detector 'cusum'; valid parameters are: window, drift, "
-                            "threshold, noise_prior, prior_evals, direction"),
+                            "threshold, noise_prior, noise_rel, prior_evals, direction"),
+        ("drop", {"noise_rel": 0}, "noise_rel must be a finite number in [1e-06, 100], but got noise_rel=0."),
+        ("sequential", {"span": 0}, "span must be in (0, 1], but got span=0."),
+        ("sequential", {"min_evals": 1}, "min_evals must be an integer in [2, 1000], but got min_evals=1."),
+        ("sequential", {"noise_prior": 0.1}, "Unknown parameter(s) noise_prior for detector 'sequential'"),
     ],
 )
 def test_registry_errors(name, params, message):
@@ -180,7 +186,7 @@ def test_registry_errors(name, params, message):
 
 
 def test_registry_lists_every_detector_with_params():
-    assert set(DETECTORS) == {"decline", "patience", "stop_at", "loss_plateau", "drop", "trend", "cusum", "never"}
+    assert set(DETECTORS) == {"decline", "patience", "stop_at", "loss_plateau", "drop", "trend", "cusum", "sequential", "never"}
     assert detector_params("decline") == {"k": 2, "min_delta": 0.0, "direction": "max"}
 
 
@@ -354,11 +360,187 @@ def test_noise_robust_min_mirrors_max(series, name, window):
     assert a[0] == b[0] and a[1] == b[1]
 
 
-def test_noise_robust_defaults_are_the_tuned_ones():
-    assert detector_params("drop") == {"window": 2, "z": 1.4, "noise_prior": 0.09, "prior_evals": 4.0, "direction": "max"}
-    assert detector_params("trend") == {"window": 5, "z": 1.1, "noise_prior": 0.09, "prior_evals": 4.0, "direction": "max"}
-    assert detector_params("cusum") == {"window": 2, "drift": 0.25, "threshold": 3.5, "noise_prior": 0.09,
-                                        "prior_evals": 4.0, "direction": "max"}
+def test_noise_robust_defaults_are_relative():
+    """Issue 18: no absolute constant in score units by default (noise_prior None = relative)."""
+    for name in ("drop", "trend", "cusum"):
+        params = detector_params(name)
+        assert params["noise_prior"] is None and 0 < params["noise_rel"] <= 1, name
+        assert isinstance(create_detector(name).noise, RelativeNoiseLevel)
+        assert isinstance(create_detector(name, noise_prior=0.03).noise, NoiseLevel)
+    assert detector_params("drop")["window"] == 2 and detector_params("trend")["window"] == 5
+
+
+#: Decisions of the pre-issue-18 code (commit cdbeba3) with an absolute noise_prior=0.03: a stored
+#: policy that names it must replay exactly as before (stop step, best step, first evidence value).
+OLD_ABSOLUTE = [
+    ("drop", [0.7145, 0.9583, 0.9762, 0.9709, 0.8265, 0.535, 0.3292, -0.0214], (50, 30, 2.111146)),
+    ("trend", [0.7145, 0.9583, 0.9762, 0.9709, 0.8265, 0.535, 0.3292, -0.0214], (60, 30, 10.477666)),
+    ("cusum", [0.7145, 0.9583, 0.9762, 0.9709, 0.8265, 0.535, 0.3292, -0.0214], (50, 30, 4.278724)),
+    ("drop", [0.5538, 0.7113, 0.8633, 0.9905, 0.9494, 0.9902, 0.9271, 0.9312, 0.8568, 0.7803], (90, 40, 2.189797)),
+    ("trend", [0.5538, 0.7113, 0.8633, 0.9905, 0.9494, 0.9902, 0.9271, 0.9312, 0.8568, 0.7803], (80, 40, 1.276342)),
+    ("cusum", [0.5538, 0.7113, 0.8633, 0.9905, 0.9494, 0.9902, 0.9271, 0.9312, 0.8568, 0.7803], (90, 40, 4.865546)),
+]
+
+
+@pytest.mark.parametrize("name, series, expected", OLD_ABSOLUTE)
+def test_an_absolute_noise_prior_replays_as_before(name, series, expected):
+    stop, best, _, decisions = run(series, name, noise_prior=0.03)
+    assert (stop, best, round(next(iter(decisions[-1].evidence.values())), 6)) == expected
+
+
+def test_relative_noise_level_scales_with_the_units():
+    import random
+
+    rng = random.Random(3)
+    ys = [math.sin(i / 5) + rng.gauss(0, 0.1) for i in range(30)]
+    base = RelativeNoiseLevel(0.1, 4.0)
+    for y in ys:
+        base.add(y)
+    for a, b in [(0.01, -50.0), (100.0, 3.0)]:
+        other = RelativeNoiseLevel(0.1, 4.0)
+        for y in ys:
+            other.add(a * y + b)
+        assert other.sigma == pytest.approx(a * base.sigma, rel=1e-9) and other.dof == base.dof
+    flat = RelativeNoiseLevel(0.1, 4.0)
+    for _ in range(5):
+        flat.add(2.0)
+    assert flat.sigma == 0.0  # every eval equal: no scale (the rules then never stop)
+    assert all(d.action is Action.CONTINUE for d in run([2.0] * 8, "drop", window=1, z=0.0)[3])
+
+
+@pytest.mark.parametrize("z", [0.5, 1.0, 1.5, 2.0, 2.5])
+def test_t_quantile_against_the_exact_quantiles_of_one_and_two_degrees(z):
+    p = 0.5 * (1 + math.erf(z / math.sqrt(2)))
+    exact1 = math.tan(math.pi * (p - 0.5))  # Cauchy
+    exact2 = (2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p)))
+    assert t_quantile(z, 2) == pytest.approx(exact2, rel=0.04)
+    if z <= 1.5:
+        assert t_quantile(z, 1) == pytest.approx(exact1, rel=0.04)
+    assert t_quantile(z, 1e6) == pytest.approx(z, rel=1e-5)
+    assert t_quantile(z, 3) > t_quantile(z, 10) > z
+
+
+# ----------------------------------------------------------------------------- sequential (issue 18)
+def _progress(n):
+    return [(i + 1) / n for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "series, n_total, params, stop_step",
+    [
+        # hand-checked: 10 evals, span 0.15 -> w = 2; at the 7th eval the best earlier 2-eval mean is
+        # 0.915, the last two average 0.81, the noise is the floor 0.02 * range 0.63 = 0.0126:
+        # 0.105 / 0.0126 = 8.3 > t_quantile(0.75, 4) + sqrt(2 ln 3.5) = 2.41
+        ([0.30, 0.62, 0.80, 0.90, 0.93, 0.88, 0.74, 0.55], 10, {}, 70),
+        ([0.30, 0.62, 0.80, 0.90, 0.93, 0.88, 0.74, 0.55], 10, {"z": 10.0}, None),
+        ([0.1 * i for i in range(12)], 12, {}, None),  # rising: never
+        ([1.0] * 12, 12, {}, None),  # every eval equal: no noise scale, never
+        ([0.5, 0.9, 0.2, 0.1, 0.0], 10, {"min_evals": 6}, None),  # fewer than min_evals
+        # at 4 evals the noise rests on one third difference (1.7 / sqrt 20 = 0.38): 1.49 < 3.47
+        ([0.5, 0.9, 0.2, 0.1], 10, {}, None),
+        # 40 evals, span 0.15 -> w = 6: a single eval 4 noise units low is averaged away (see below)...
+        ([1.0, 1.02] * 10 + [0.92] + [1.0, 1.02] * 9 + [1.0], 40, {}, None),
+        # ...a sustained fall of the same size is not: the last 6 evals' mean is 3.3 > 2.4 units low
+        ([1.0, 1.02] * 10 + [0.95, 0.93, 0.92, 0.9, 0.9, 0.88, 0.86], 40, {}, 230),
+    ],
+)
+def test_sequential_table(series, n_total, params, stop_step):
+    got, _, _, decisions = run(series, "sequential", progress=_progress(n_total)[:len(series)], **params)
+    assert got == stop_step
+    if stop_step is not None:
+        ev = decisions[-1].evidence
+        assert ev["stat"] > ev["threshold"] > 0 and "noise units below" in decisions[-1].reason
+
+
+def test_sequential_without_progress_judges_eval_by_eval():
+    series = [1.0, 1.02] * 10 + [0.92] + [1.0, 1.02] * 9 + [1.0]  # the single low eval of the table
+    assert run(series, "sequential")[0] == 210  # no progress: w = 1, and it is 3.6 > 3.2 noise units low
+
+
+def test_sequential_averages_over_a_share_of_training_when_progress_is_known():
+    det = create_detector("sequential", span=0.1, window=8)
+    for i in range(12):
+        d = det.observe(Observation("j", i + 1, 0.1 * (i % 3), progress=(i + 1) / 40))
+    assert d.evidence["run"] == 4 and d.evidence["looks"] == 12  # 0.1 x 40 evals
+    no_progress = create_detector("sequential")
+    for i in range(12):
+        d = no_progress.observe(Observation("j", i + 1, 0.1 * (i % 3)))
+    assert d.evidence["run"] == 1  # judged eval by eval
+
+
+def test_sequential_threshold_grows_with_the_looks():
+    det = create_detector("sequential", span=0.1)
+    thresholds = []
+    for i in range(40):
+        d = det.observe(Observation("j", i + 1, 1.0 + 0.01 * (-1) ** i, progress=(i + 1) / 40))
+        if "threshold" in d.evidence:
+            thresholds.append((d.evidence["looks"], d.evidence["threshold"]))
+    late = [t for n, t in thresholds if n >= 20]
+    assert late == sorted(late) and late[-1] > late[0] + 0.3
+
+
+# ----------------------------------------------------------------------------- units (issue 18)
+#: Detectors that read the eval score: decisions must not depend on the score's units. Exceptions:
+#: ``stop_at`` (progress only), ``loss_plateau`` (reads the train loss; its tolerance is relative),
+#: ``never``; and an explicit absolute ``noise_prior`` or ``min_delta`` (in score units by design).
+SCORE_READERS = {
+    "decline": [{}, {"k": 3}],
+    "patience": [{}, {"k": 3}],
+    "drop": [{}, {"window": 1, "z": 2.0}],
+    "trend": [{}, {"window": 3}],
+    "cusum": [{}, {"drift": 0.5}],
+    "sequential": [{}, {"span": 0.05, "z": 0.5}],
+}
+
+
+def test_every_score_reading_detector_is_in_the_units_table():
+    assert set(SCORE_READERS) == set(DETECTORS) - {"stop_at", "loss_plateau", "never"}
+
+
+def _units_series():
+    """Curves like the simulator's (rise, peak, fall or plateau) with noise, 5 to 40 evals."""
+    import random
+
+    rng = random.Random(18)
+    out = []
+    for i in range(60):
+        n = (5, 10, 20, 40)[i % 4]
+        peak, sigma = rng.uniform(0.2, 3.0), rng.choice([0.02, 0.05, 0.12, 0.2])
+        xs = [(j + 1) / n / peak for j in range(n)]
+        out.append([x * (1 - math.log(x)) + rng.gauss(0, sigma) for x in xs])
+    return out
+
+
+UNITS_SERIES = _units_series()
+
+
+def _stops(name, params, series, a, b):
+    det = create_detector(name, **params)
+    n = len(series)
+    for i, y in enumerate(series):
+        d = det.observe(Observation("j", 100 * (i + 1), a * y + b, progress=(i + 1) / n))
+        if d.action is Action.STOP:
+            return i, d.best_step
+    return None, det.best_step
+
+
+@pytest.mark.parametrize("name, params", [(n, p) for n, ps in SCORE_READERS.items() for p in ps])
+def test_decisions_do_not_depend_on_the_score_units(name, params):
+    stopped = 0
+    for series in UNITS_SERIES:
+        base = _stops(name, params, series, 1.0, 0.0)
+        stopped += base[0] is not None
+        for a in (0.01, 0.1, 10.0, 100.0):
+            for b in (-50.0, 0.0, 3.0):
+                assert _stops(name, params, series, a, b) == base, (name, params, a, b, series)
+    assert 0 < stopped < len(UNITS_SERIES)  # the table exercises both outcomes
+
+
+def test_an_absolute_noise_prior_is_not_scale_free():
+    """The documented exception: an explicit noise_prior is in score units."""
+    changed = sum(_stops("trend", {"noise_prior": 0.09}, s, 1.0, 0.0) != _stops("trend", {"noise_prior": 0.09}, s, 0.1, 0.0)
+                  for s in UNITS_SERIES)
+    assert changed > 0
 
 
 # ----------------------------------------------------------------------------- safe arithmetic (issues 16, 17)
@@ -368,10 +550,14 @@ BOUNDS = {
     "patience": {"k": (1, 1000), "min_delta": (0.0, 1e6)},
     "stop_at": {"fraction": (5e-324, 1.0)},  # (0, 1]
     "loss_plateau": {"window": (1, 1000), "tolerance": (-1e6, 1e6)},
-    "drop": {"window": (1, 1000), "z": (0.0, 100.0), "noise_prior": (1e-12, 1e6), "prior_evals": (1e-3, 1000.0)},
-    "trend": {"window": (2, 1000), "z": (0.0, 100.0), "noise_prior": (1e-12, 1e6), "prior_evals": (1e-3, 1000.0)},
-    "cusum": {"window": (1, 1000), "drift": (0.0, 100.0), "threshold": (0.0, 100.0), "noise_prior": (1e-12, 1e6),
+    "drop": {"window": (1, 1000), "z": (0.0, 100.0), "noise_prior": (1e-12, 1e6), "noise_rel": (1e-6, 100.0),
+             "prior_evals": (1e-3, 1000.0)},
+    "trend": {"window": (2, 1000), "z": (0.0, 100.0), "noise_prior": (1e-12, 1e6), "noise_rel": (1e-6, 100.0),
               "prior_evals": (1e-3, 1000.0)},
+    "cusum": {"window": (1, 1000), "drift": (0.0, 100.0), "threshold": (0.0, 100.0), "noise_prior": (1e-12, 1e6),
+              "noise_rel": (1e-6, 100.0), "prior_evals": (1e-3, 1000.0)},
+    "sequential": {"z": (0.0, 100.0), "span": (5e-324, 1.0), "window": (1, 1000), "noise_rel": (1e-6, 100.0),
+                   "min_evals": (2, 1000)},
     "never": {},
 }
 
@@ -444,12 +630,13 @@ EXTREME_SERIES = {
 
 def _corners(name):
     """Each parameter at its lower or upper bound (windows and k at their smallest two values, so
-    that the rules get to compare within a short series)."""
+    that the rules get to compare within a short series); ``noise_prior`` also unset (relative)."""
     import itertools
 
     choices = []
     for param, (low, high) in BOUNDS[name].items():
-        choices.append([(param, v) for v in ((low, low + 1) if isinstance(low, int) else (low, high))])
+        values = (low, low + 1) if isinstance(low, int) else (low, high)
+        choices.append([(param, v) for v in values + ((None,) if param == "noise_prior" else ())])
     for combo in itertools.product(*choices):
         yield dict(combo)
 
@@ -466,14 +653,18 @@ def test_extreme_parameters_and_scores_never_raise(name, direction, series):
             _feed_safely(name, {**params, "direction": direction}, rows)
 
 
-@pytest.mark.parametrize("name", ["loss_plateau", "drop", "trend", "cusum"])
-def test_the_largest_windows_fill_safely(name):
+@pytest.mark.parametrize("name, extra", [("loss_plateau", {}), ("drop", {"noise_prior": 1e-12, "prior_evals": 1e-3}),
+                                         ("trend", {"noise_prior": 1e-12, "prior_evals": 1e-3}),
+                                         ("cusum", {"noise_prior": 1e-12, "prior_evals": 1e-3}),
+                                         ("drop", {"noise_rel": 1e-6, "prior_evals": 1e-3}),
+                                         ("cusum", {"noise_rel": 1e-6, "prior_evals": 1e-3}),
+                                         ("sequential", {"noise_rel": 1e-6, "span": 1.0})])
+def test_the_largest_windows_fill_safely(name, extra):
     low, high = BOUNDS[name]["window"]
     n = 2 * high + 5
-    rows = [(i, (1e300 if i % 3 else -1e300) if i < high else 5e-324 * (i % 2), 1e-300 * (i % 5), None)
+    rows = [(i, (1e300 if i % 3 else -1e300) if i < high else 5e-324 * (i % 2), 1e-300 * (i % 5), (i + 1) / n)
             for i in range(n)]
-    _feed_safely(name, {"window": high, "noise_prior": 1e-12, "prior_evals": 1e-3} if name != "loss_plateau"
-                 else {"window": high}, rows)
+    _feed_safely(name, {"window": high, **extra}, rows)
 
 
 finite_scores = st.floats(allow_nan=False, allow_infinity=False)
@@ -487,6 +678,8 @@ def _extreme_params(draw, name):
     for param, (low, high) in BOUNDS[name].items():
         if isinstance(low, int):
             params[param] = draw(st.sampled_from([low, low + 1, low + 2]))
+        elif param == "noise_prior":
+            params[param] = draw(st.one_of(st.none(), st.sampled_from([low, high]), st.floats(low, high)))
         else:
             params[param] = draw(st.one_of(st.sampled_from([low, high]), st.floats(low, high)))
     return params
@@ -514,9 +707,11 @@ CLONE_CASES = {
     "loss_plateau": [{}, {"window": 1, "tolerance": 0.0}, {"window": 4, "tolerance": -0.05}],
     "drop": [{}, {"window": 1, "z": 0.5}, {"window": 3, "z": 2.0, "noise_prior": 0.02, "prior_evals": 1.0,
                                            "direction": "min"}],
-    "trend": [{}, {"window": 2, "z": 0.5}, {"window": 4, "z": 2.0, "noise_prior": 0.02, "direction": "min"}],
+    "trend": [{}, {"window": 2, "z": 0.5}, {"window": 4, "z": 2.0, "noise_prior": 0.02, "direction": "min"},
+              {"window": 3, "noise_rel": 0.3, "prior_evals": 1.0}],
     "cusum": [{}, {"window": 1, "drift": 0.0, "threshold": 1.0},
               {"window": 3, "drift": 0.5, "threshold": 5.0, "noise_prior": 0.03, "direction": "min"}],
+    "sequential": [{}, {"span": 0.3, "window": 3, "z": 0.5}, {"window": 1, "noise_rel": 0.2, "direction": "min"}],
     "never": [{}, {"direction": "min"}],
 }
 CLONE_PARAMS = [(name, params) for name, cases in CLONE_CASES.items() for params in cases]

@@ -68,8 +68,11 @@ def test_detector_params_come_from_the_registry_and_the_config():
     assert detector_params(cfg, "decline") == {"k": 3, "min_delta": 0.0}
     assert detector_params(cfg, "stop_at") == {"fraction": 0.5}
     assert detector_params(cfg, "loss_plateau") == {"window": 2, "tolerance": 0.03}
-    assert detector_params(cfg, "drop") == {"window": 2, "z": 1.4, "noise_prior": 0.09, "prior_evals": 4.0}
-    assert "never" not in detector_names() and "drop" in detector_names()
+    assert detector_params(cfg, "drop") == {"window": 2, "z": 1.4, "noise_prior": None, "noise_rel": 0.05,
+                                            "prior_evals": 4.0}
+    assert detector_params(cfg, "sequential") == {"z": 0.75, "span": 0.15, "window": 8, "noise_rel": 0.02,
+                                                  "min_evals": 4}
+    assert "never" not in detector_names() and {"drop", "sequential"} <= set(detector_names())
 
 
 def test_detector_comparison_rows_on_a_small_workload():
