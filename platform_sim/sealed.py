@@ -43,7 +43,8 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ from .sealed_protocol import (
 from .views import JobSnapshot
 from .workload import Workload
 
-__all__ = ["SealedOverlay", "SealedOverlayError", "child_command", "child_env", "sealed_spec"]
+__all__ = ["SealedOverlay", "SealedOverlayError", "child_command", "child_env", "sealed_spec", "undumpable"]
 
 START_TIMEOUT_S = 60.0  # the child's imports, on a loaded machine
 REPLY_TIMEOUT_S = 30.0
@@ -108,7 +109,8 @@ def sealed_spec(overlay: str, params: Mapping[str, Any]) -> tuple[str, dict[str,
 
 class _Dumpable:
     """While a sealed child lives, this process is not dumpable (Linux): a process of the same user
-    without ``CAP_SYS_PTRACE`` cannot attach to it or read its ``/proc/<pid>/mem``, ``environ``."""
+    without ``CAP_SYS_PTRACE`` cannot attach to it or read its ``/proc/<pid>/mem``, ``environ``. The
+    flag is inherited by ``fork``: worker processes forked inside :func:`undumpable` keep it."""
 
     live, saved = 0, None
 
@@ -126,6 +128,17 @@ class _Dumpable:
         if cls.live == 0 and cls.saved is not None and cls.saved >= 0:
             ctypes.CDLL(None).prctl(4, cls.saved, 0, 0, 0)
             cls.saved = None
+
+
+@contextmanager
+def undumpable() -> Iterator[None]:
+    """This process (and the workers it forks meanwhile) not dumpable for the block: a sealed run
+    holds it around every seed, so no overlay's process can read the salt out of the engine's memory."""
+    _Dumpable.enter()
+    try:
+        yield
+    finally:
+        _Dumpable.leave()
 
 
 class SealedOverlay(Overlay):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,7 +37,7 @@ from .metrics import compare, detection_by_type, summarize
 from .overlays import Overlay
 from .policies import build_overlay, build_scheduler, check_config
 from .results import PairResult, json_safe
-from .sealed import SealedOverlay, sealed_spec
+from .sealed import SealedOverlay, sealed_spec, undumpable
 from .workload import generate_workload, secret_salt
 
 __all__ = ["SaltedRun", "parse_salt", "run_salted"]
@@ -130,6 +131,7 @@ def run_salted(cfg: SimConfig, seeds: int | None = None, workers: int | None = N
     salt = secret_salt() if salt is None else salt
     n = seeds or cfg.seeds
     items = [(cfg.to_dict(), seed_start + s, salt, spec, params, sealed) for s in range(n)]
-    rows = map_seeds(_run_seed, items, workers or default_workers(), progress, f"{cfg.scheduler.name}+{spec}")
+    with undumpable() if sealed else nullcontext():  # the salt is in this process and its workers
+        rows = map_seeds(_run_seed, items, workers or default_workers(), progress, f"{cfg.scheduler.name}+{spec}")
     result = replace(aggregate_pair([r[0] for r in rows], cfg, n, seed_start), overlay=rows[0][1])
     return SaltedRun(result, salt, spec, params, sealed, all(r[2] for r in rows) if sealed else False)

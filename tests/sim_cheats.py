@@ -214,12 +214,30 @@ def proc_probe(pid: int) -> list[str]:
     return found
 
 
+def ancestors(depth: int) -> list[int]:
+    """This process's parent, its parent's parent, ... (``depth`` of them, from ``/proc/<pid>/stat``)."""
+    out, pid = [], os.getpid()
+    for _ in range(depth):
+        with open(f"/proc/{pid}/stat") as fh:
+            pid = int(fh.read().rpartition(")")[2].split()[1])
+        if pid <= 1:
+            break
+        out.append(pid)
+    return out
+
+
 class ProcCheat(Cheat):
-    """Reads the engine's process from outside (``/proc/<ppid>/environ``, ``mem``, ``fd``): if it can
-    read anything it stops every job at its first eval (a loud signal)."""
+    """Reads the engine's process from outside (``/proc/<ppid>/environ``, ``mem``, ``fd``; with
+    ``depth`` 2 its parent's too: the main process of a run with worker processes): if it can read
+    anything it stops every job at its first eval (a loud signal)."""
+
+    def __init__(self, depth: int = 1) -> None:
+        super().__init__()
+        self.depth = depth
 
     def learn(self, job):
-        return {i: (True, 0.0) for i in range(100_000)} if proc_probe(os.getppid()) else None
+        readable = [x for pid in ancestors(self.depth) for x in proc_probe(pid)]
+        return {i: (True, 0.0) for i in range(100_000)} if readable else None
 
 
 # ----------------------------------------------------------------------------- honest and broken overlays

@@ -28,6 +28,7 @@ from platform_sim.engine import Simulation
 from platform_sim.overlays import create_overlay
 from platform_sim.schedulers import create_scheduler
 from platform_sim.sealed import SealedOverlay, SealedOverlayError, child_command, child_env, sealed_spec
+from platform_sim.sealed_run import run_salted
 from platform_sim.workload import generate_workload
 from tests.sim_cheats import CHEATS, MATCH, SnapshotDigest, oracle_step, proc_probe
 
@@ -171,6 +172,15 @@ def test_the_engine_process_cannot_be_read_from_the_sealed_child():
     inproc, sealed_run = _drive("ProcCheat", "inproc"), _drive("ProcCheat", "sealed")
     assert sum(s for _, s, _ in inproc["outcomes"]) > 50  # in the driver's process the probe reads /proc
     assert sum(s for _, s, _ in sealed_run["outcomes"]) == 0  # sealed: nothing readable, no stop
+
+
+def test_a_run_with_worker_processes_keeps_them_and_its_main_process_unreadable():
+    """platform-sim run --sealed --workers 2: the children's parents are forked workers, whose
+    parent (this process) holds the salt: neither can be read from a sealed child."""
+    cfg = load_config().replace(**{"workload.n_jobs": 40})
+    res = run_salted(cfg, seeds=2, workers=2, overlay_class="tests.sim_cheats:ProcCheat", overlay_params={"depth": 2})
+    assert res.sealed and res.result.changes.gpu_hours_change.mean == 0.0  # no job was stopped
+    assert proc_probe(os.getpid())  # and this process is readable (to itself) again after the run
 
 
 # ----------------------------------------------------------------------------- a misbehaving child
