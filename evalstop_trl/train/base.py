@@ -11,6 +11,7 @@ decisions. The deciding itself is :class:`~evalstop_trl.train.session.EvalStopSe
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
 import os
 import re
@@ -29,6 +30,7 @@ from ..core.detectors import Decision
 from .checkpoints import keep_best_copy, load_best_weights, remove_checkpoints_after
 from .connect import connect
 from .external import snapshot_path
+from .hparams import trainer_hparams
 from .ranks import share
 from .session import DEFAULT_LEASE_S, EvalStopSession, SessionConfig, log
 
@@ -215,7 +217,8 @@ class _Configured:
             "args": {"job_id": self.job_id, "eval_every": self.eval_every, "job_type": c.job_type,
                      "detector": c.detector, "save_best": self.save_best, "keep_best": self.keep_best,
                      "max_eval_failures": c.max_eval_failures, "on_eval_error": c.on_eval_error,
-                     "fail_mode": c.fail_mode, "shadow": c.shadow, "external_eval": self.external_eval,
+                     "fail_mode": c.fail_mode, "shadow": c.shadow, "tags": dict(c.tags),
+                     "external_eval": self.external_eval,
                      "keep_snapshots": self.keep_snapshots, "eval_on_all_ranks": self.eval_on_all_ranks,
                      "load_best_at_end": self.load_best_at_end, "keep_checkpoints": self.keep_checkpoints,
                      "heartbeat_s": self.session.heartbeat.every_s, "_restored": True, **c.params},
@@ -334,6 +337,7 @@ class EvalStopCallback(_Configured, TrainerCallback, ExportableState):
         on_eval_error: str = "skip",
         fail_mode: str = "local",
         shadow: bool = False,
+        tags: Mapping[str, Any] | None = None,
         external_eval: bool = False,
         keep_snapshots: bool = False,
         eval_on_all_ranks: bool = False,
@@ -358,7 +362,7 @@ class EvalStopCallback(_Configured, TrainerCallback, ExportableState):
             self._direction_note = None if _restored or self.mode is not FeedbackMode.METRIC else direction
         config = SessionConfig.build(detector, k=k, min_delta=min_delta, direction=direction, job_type=job_type,
                                      max_eval_failures=max_eval_failures, on_eval_error=on_eval_error,
-                                     fail_mode=fail_mode, shadow=shadow, **detector_params)
+                                     fail_mode=fail_mode, shadow=shadow, tags=tags, **detector_params)
         self.world_feedback = None if self.mode is FeedbackMode.EXTERNAL else world_feedback
         self.eval_every, self._coordinator_arg, self.token = eval_every, coordinator, token
         self.save_best, self.keep_best, self.keep_snapshots = save_best, keep_best, keep_snapshots
@@ -394,6 +398,7 @@ class EvalStopCallback(_Configured, TrainerCallback, ExportableState):
         if s.job_id is None:
             s.job_id = default_job_id(args)
         if self._is_main and s.client is None:
+            s.config = dataclasses.replace(s.config, hparams=trainer_hparams(args, kwargs.get("model")))
             s.attach(connect(self._coordinator_arg, self.token, args.output_dir), step=state.global_step,
                      planned_steps=state.max_steps or None, job_type=self._trainer_job_type or infer_job_type(args=args))
             atexit.register(_fail_at_exit, weakref.ref(s))

@@ -39,8 +39,9 @@ from types import MappingProxyType
 from typing import Any
 
 from ..core.detectors import DETECTORS, Action, Decision, Detector, Observation, is_better
-from ..core.errors import Conflict, EvalStopError, NotFound
+from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound
 from ..core.job import shadowed
+from ..core.labels import check_hparams, check_tags
 from .ranks import RankMessage
 from .scores import finite, to_number
 
@@ -97,9 +98,16 @@ class SessionConfig:
     on_eval_error: str = "skip"
     fail_mode: str = "local"
     shadow: bool = False
+    tags: Mapping[str, str] = field(default_factory=dict)  # user tags, stored with the job (core.labels)
+    hparams: Mapping[str, Any] = field(default_factory=dict)  # the trainer's hyperparameters (train.hparams)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+        try:
+            object.__setattr__(self, "tags", check_tags(self.tags))
+            object.__setattr__(self, "hparams", check_hparams(self.hparams))
+        except InvalidInput as exc:
+            raise ValueError(f"EvalStopCallback: {exc}") from None
         for name, value, allowed in (("on_eval_error", self.on_eval_error, _EVAL_ERRORS),
                                      ("fail_mode", self.fail_mode, _FAIL_MODES),
                                      ("direction", self.direction, _DIRECTIONS)):
@@ -112,12 +120,14 @@ class SessionConfig:
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable: the read-only params view is not
         return SessionConfig, (self.detector, dict(self.params), self.direction, self.job_type,
-                               self.max_eval_failures, self.on_eval_error, self.fail_mode, self.shadow)
+                               self.max_eval_failures, self.on_eval_error, self.fail_mode, self.shadow,
+                               dict(self.tags), dict(self.hparams))
 
     @classmethod
     def build(cls, detector: str = "decline", *, k: int = 2, min_delta: float = 0.0, direction: str | None = None,
               job_type: str | None = None, max_eval_failures: int = 3, on_eval_error: str = "skip",
-              fail_mode: str = "local", shadow: bool = False, **detector_params: Any) -> SessionConfig:
+              fail_mode: str = "local", shadow: bool = False, tags: Mapping[str, Any] | None = None,
+              **detector_params: Any) -> SessionConfig:
         """A config from ``EvalStopCallback``'s conveniences: ``k``, ``min_delta`` and ``direction`` go to
         the detectors that take them; ``detector_params`` to the detector as they are."""
         accepted = DETECTORS.params(detector)  # ValueError listing the valid names
@@ -125,7 +135,7 @@ class SessionConfig:
                   if n in accepted and v is not None}
         params.update(detector_params)
         return cls(detector, params, params.get("direction", direction or "max"), job_type, max_eval_failures,
-                   on_eval_error, fail_mode, bool(shadow))
+                   on_eval_error, fail_mode, bool(shadow), tags or {})
 
     @property
     def policy(self) -> dict[str, Any]:
@@ -545,9 +555,10 @@ def register(client: Any, job_id: str, config: SessionConfig, planned_steps: int
     """
     policy, planned = config.policy, planned_steps or None
     types = [config.job_type] if config.job_type is not None else [job_type, None] if job_type else [None]
+    labels = {k: dict(v) for k, v in (("tags", config.tags), ("hparams", config.hparams)) if v}  # said only if any
     for kind in types:
         try:
-            return client.register_job(job_id, kind, planned_steps=planned, policy=policy)
+            return client.register_job(job_id, kind, planned_steps=planned, policy=policy, **labels)
         except Conflict as exc:
             conflict = exc
     raise ValueError(f"EvalStopCallback: job {job_id!r} is another job ({conflict}); pass another job_id "
