@@ -44,7 +44,15 @@ def site(tmp_path_factory):
     alice.http.post("/v1/jobs", json=body).raise_for_status()
     alice.report("crashed-run", 10, 0.3)
     alice.http.post("/v1/jobs/crashed-run/fail", json={"reason": "CUDA out of memory"}).raise_for_status()
+    for i in (1, 2, 3):  # a re-registration adds tags and hyperparameters (audited)
+        alice.http.post("/v1/jobs", json={"job_id": f"sweep-lr-{i}", "tags": {"sweep": "lr", "team": "rl"},
+                                          "hparams": {"learning_rate": i * 1e-4, "beta": 0.04}}).raise_for_status()
+    body = {"job_id": "shadow-run", "job_type": "grpo", "planned_steps": 100,
+            "policy": {"detector": "decline", "k": 2, "mode": "shadow"}}
+    alice.http.post("/v1/jobs", json=body).raise_for_status()
+    alice.curve("shadow-run", RISE_FALL)  # would stop at 60, runs on
     bob.job("b-secret-sweep", planned=100)
+    bob.http.post("/v1/jobs", json={"job_id": "b-secret-sweep", "tags": {"owner": "bob-only"}}).raise_for_status()
     bob.curve("b-secret-sweep", [0.5, 0.6, 0.7])
     yield SimpleNamespace(url=srv.url, tokens=tokens, alice=alice, bob=bob)
     for api in (alice, bob):
@@ -59,7 +67,7 @@ def ids_on_page(page) -> list[str]:
 # ------------------------------------------------------------------ the list
 def test_search_filters_and_sort_are_done_by_the_server_and_kept_in_the_url(page, site):
     sign_in(page, site, "alice")
-    assert ids_on_page(page) == ["crashed-run", "sweep-lr-3", "sweep-lr-2", "sweep-lr-1"]  # newest first
+    assert ids_on_page(page) == ["shadow-run", "crashed-run", "sweep-lr-3", "sweep-lr-2", "sweep-lr-1"]  # newest first
     page.get_by_label("Search").fill("SWEEP")
     page.get_by_role("button", name="Apply").click()
     page.wait_for_url(re.compile(r"q=SWEEP"))
@@ -78,9 +86,14 @@ def test_search_filters_and_sort_are_done_by_the_server_and_kept_in_the_url(page
     expect(page.locator("#jobs-body tr")).to_have_count(1)
     assert ids_on_page(page) == ["crashed-run"] and page.get_by_label("Type").input_value() == "sft"
 
-    page.goto(site.url + "/#/?q=secret")  # bob's run, searched by alice: nothing
-    expect(page.locator("#jobs-empty")).to_be_visible()
-    assert page.locator("#jobs-body tr").count() == 0 and "b-secret" not in page.locator("main").inner_text()
+    page.goto(site.url + "/#/?tag=team%3Drl")  # a tag filter
+    expect(page.locator("#jobs-body tr")).to_have_count(3)
+    assert row(page, "sweep-lr-2").locator(".tags").inner_text() == "sweep=lr, team=rl"
+
+    for query in ("q=secret", "q=bob-only", "tag=owner"):  # bob's run, by id or by its tag: nothing
+        page.goto(site.url + f"/#/?{query}")
+        expect(page.locator("#jobs-empty")).to_be_visible()
+        assert page.locator("#jobs-body tr").count() == 0 and "b-secret" not in page.locator("main").inner_text()
 
 
 def test_the_list_shows_start_duration_last_seen_and_the_stop_or_failure_reason(page, site):
@@ -107,9 +120,9 @@ def test_the_summary_counts_the_tenants_own_jobs_and_what_the_stops_saved(page, 
     def value(key: str):
         return summary.locator(f'[data-key="{key}"] dd')
 
-    expect(value("jobs")).to_have_text("4")
+    expect(value("jobs")).to_have_text("5")
     for key, want in (("stopped_by_detector", "1"), ("stopped_by_hand", "0"), ("failed", "1"), ("finished", "1"),
-                      ("active", "1"), ("steps_saved", "40")):  # stopped at 60 of 100 planned
+                      ("active", "2"), ("would_stop", "1"), ("steps_saved", "40")):  # stopped at 60 of 100
         expect(value(key)).to_have_text(want)
     assert summary.get_by_text("Job-hours saved (est.)").is_visible()
     page.get_by_role("button", name="Sign out").click()
@@ -138,6 +151,8 @@ def test_compare_selected_runs_overlays_their_curves_with_markers(page, site):
     expect(table.locator("tr")).to_have_count(3)
     assert table.locator('tr[data-job-id="sweep-lr-1"] .stop').inner_text() == "60"
     assert "0.71 @ 40" in table.locator('tr[data-job-id="sweep-lr-1"] .best').inner_text()
+    assert table.locator('tr[data-job-id="sweep-lr-2"] .hparams').inner_text() == "beta=0.04, learning_rate=0.0002"
+    assert table.locator('tr[data-job-id="sweep-lr-2"] .tags').inner_text() == "sweep=lr, team=rl"
 
     raw = chart.locator('g.run[data-job-id="sweep-lr-1"] path.series').get_attribute("d")
     page.get_by_label("Smoothing").fill("0.6")  # a range input: fill sets it and fires input
@@ -163,6 +178,34 @@ def test_compare_selected_runs_overlays_their_curves_with_markers(page, site):
     page.get_by_label("X axis").select_option("time")
     expect(chart).to_have_attribute("data-axis", "time")
     expect(chart.locator('[data-role="run-curve"]')).to_have_count(3)
+
+
+def test_shadow_runs_show_a_badge_and_where_they_would_have_stopped(page, site):
+    sign_in(page, site, "alice")
+    shadow = row(page, "shadow-run")
+    assert shadow.locator(".shadow").inner_text() == "shadow" and shadow.locator(".status").inner_text() == "running"
+    shadow.locator("svg.spark line.spark-would-stop").wait_for(state="attached")
+    assert row(page, "sweep-lr-1").locator(".shadow").count() == 0
+    page.goto(site.url + "/#/compare?ids=shadow-run,sweep-lr-1")
+    page.wait_for_selector("#view-compare[data-ready]")
+    run = page.locator('#compare-chart g.run[data-job-id="shadow-run"]')
+    assert run.locator('[data-role="would-stop-marker"]').get_attribute("data-step") == "60"
+    assert run.locator('[data-role="stop-marker"]').count() == 0  # it was never stopped
+    assert page.locator('#compare-body tr[data-job-id="shadow-run"] .would-stop').inner_text() == "60"
+    assert page.locator('#compare-body tr[data-job-id="shadow-run"] .badge.shadow').count() == 1
+    page.goto(site.url + "/#/job/shadow-run")
+    page.wait_for_selector("#view-job[data-ready]")
+    expect(page.locator("#job-shadow")).to_have_text("shadow")
+    facts = page.locator("#job-facts").text_content()
+    assert "Would have stopped" in facts and "at step 60" in facts
+
+
+def test_the_job_page_shows_tags_and_hyperparameters(page, site):
+    sign_in(page, site, "alice")
+    page.goto(site.url + "/#/job/sweep-lr-3")
+    page.wait_for_selector("#view-job[data-ready]")
+    facts = page.locator("#job-facts").text_content()
+    assert "sweep=lr, team=rl" in facts and "beta=0.04, learning_rate=0.0003" in facts
 
 
 def test_compare_never_shows_another_tenants_run(page, site):
@@ -238,7 +281,7 @@ def test_bad_queries_are_refused_with_a_precise_422(site, query, detail):
 
 def test_a_cursor_is_bound_to_its_sort_and_names_no_other_tenants_runs(site):
     first = site.alice.http.get("/v1/runs?limit=1&sort=job_id&order=asc").json()
-    assert first["total"] == 4 and first["next"]
+    assert first["total"] == 5 and first["next"]
     assert site.alice.http.get(f"/v1/runs?limit=1&sort=started&after={first['next']}").status_code == 422
     # bob replaying alice's cursor reads his own runs after that position, never hers
     got = site.bob.http.get(f"/v1/runs?limit=10&sort=job_id&order=asc&after={first['next']}").json()
@@ -251,7 +294,7 @@ def test_a_cursor_is_bound_to_its_sort_and_names_no_other_tenants_runs(site):
         after = r["next"]
         if after is None:
             break
-    assert seen == ["crashed-run", "sweep-lr-1", "sweep-lr-2", "sweep-lr-3"]
+    assert seen == ["crashed-run", "shadow-run", "sweep-lr-1", "sweep-lr-2", "sweep-lr-3"]
 
 
 def test_bad_export_formats_are_refused(site):
