@@ -40,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -153,7 +154,8 @@ class SealedOverlay(Overlay):
         reply_timeout_s: the longest the child may take to answer one frame.
         start_timeout_s: the longest it may take to start and build the overlay.
 
-    Use it as a context manager (or call :meth:`close`): the child ends with it. A child that
+    One instance serves one run. Use it as a context manager (or call :meth:`close`): the child,
+    and any process it started in its session, ends with it. A child that
     crashes, exceeds a timeout or breaks the protocol raises :class:`SealedOverlayError` (and is
     killed); an exception in the overlay's code raises it with the child's traceback.
     """
@@ -172,7 +174,7 @@ class SealedOverlay(Overlay):
         try:
             self._proc = subprocess.Popen(child_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._stderr, env=child_env(), cwd=self._workdir.name,
-                                          close_fds=True, bufsize=0)
+                                          close_fds=True, bufsize=0, start_new_session=True)
         except OSError:
             _Dumpable.leave()
             raise
@@ -183,6 +185,8 @@ class SealedOverlay(Overlay):
 
     # ------------------------------------------------------------------ the engine's hooks
     def attach(self, clock, n_evals):
+        if self._ready or self._proc is None:
+            raise ValueError("a SealedOverlay serves one run (its process holds that run's overlay); make a new one")
         self.clock = clock
         hello = {"overlay": self.spec, "params": self.params, "n_evals": n_evals,
                  "path": [os.path.abspath(p) for p in sys.path]}
@@ -281,6 +285,10 @@ class SealedOverlay(Overlay):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        try:  # anything the overlay started in its session (its own process group) ends with it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self._stderr.close()
         self._workdir.cleanup()
         _Dumpable.leave()

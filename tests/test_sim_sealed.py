@@ -208,6 +208,15 @@ def test_an_overlay_that_prints_does_not_break_the_protocol():
     assert all(o.completed for o in res.outcomes)
 
 
+def test_one_sealed_overlay_serves_one_run():
+    cfg = load_config().replace(**{"workload.n_jobs": 5})
+    wl = generate_workload(cfg, 0, salt=1)
+    with SealedOverlay("none") as ov:
+        Simulation(wl, cfg, create_scheduler("fifo"), ov).run()
+        with pytest.raises(ValueError, match="serves one run"):
+            Simulation(wl, cfg, create_scheduler("fifo"), ov).run()
+
+
 def test_a_class_that_is_not_an_overlay_or_does_not_exist():
     ov = SealedOverlay("tests.sim_cheats:oracle_step")
     with pytest.raises(SealedOverlayError, match="is not a subclass of platform_sim.overlays.Overlay"):
