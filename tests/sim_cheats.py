@@ -30,7 +30,7 @@ import zlib
 from typing import Any
 
 from platform_sim.config import load_config
-from platform_sim.overlays import DetectorOverlay
+from platform_sim.overlays import DetectorOverlay, Overlay
 from platform_sim.workload import generate_workload
 
 SEEDS = range(64)  # the candidate seeds a rebuilding cheat tries
@@ -238,6 +238,23 @@ class ProcCheat(Cheat):
     def learn(self, job):
         readable = [x for pid in ancestors(self.depth) for x in proc_probe(pid)]
         return {i: (True, 0.0) for i in range(100_000)} if readable else None
+
+
+class InheritedState(Overlay):
+    """Stops every job at its first eval if its process inherited anything of the run: options on its
+    command line, environment variables beyond a PATH and thread limits, files in its working folder,
+    or open files beyond its standard streams and the protocol's."""
+
+    name = "inherited"
+    ALLOWED_ENV = {"PATH", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LC_ALL"}
+
+    def attach(self, clock, n_evals):
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")] if os.path.isdir("/proc/self/fd") else []
+        self.found = ([a for a in sys.argv if a != "-c"] + sorted(set(os.environ) - self.ALLOWED_ENV)
+                      + os.listdir(".") + [f"fd {fd}" for fd in fds if fd > 4])
+
+    def on_eval_id(self, job_id, step, score, loss, proxy):
+        return bool(self.found)
 
 
 # ----------------------------------------------------------------------------- honest and broken overlays

@@ -30,7 +30,7 @@ from platform_sim.schedulers import create_scheduler
 from platform_sim.sealed import SealedOverlay, SealedOverlayError, child_command, child_env, sealed_spec
 from platform_sim.sealed_run import run_salted
 from platform_sim.workload import generate_workload
-from tests.sim_cheats import CHEATS, MATCH, SnapshotDigest, oracle_step, proc_probe
+from tests.sim_cheats import CHEATS, MATCH, InheritedState, SnapshotDigest, oracle_step, proc_probe
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 41  # in the cheats' candidate seeds (0-63)
@@ -97,6 +97,19 @@ def test_the_salt_hides_the_truth_and_none_is_the_public_workload():
             generate_workload(cfg, 3, salt=bad)
 
 
+def test_the_child_inherits_nothing_of_the_run():
+    """No option on its command line, no variable beyond PATH and thread limits, an empty working
+    folder, no open file but its standard streams and the protocol's (fds 0-3; 4: listdir's own)."""
+    cfg = load_config().replace(**{"workload.n_jobs": 8})
+    wl = generate_workload(cfg, 0, salt=1)
+    with SealedOverlay("tests.sim_cheats:InheritedState") as ov:
+        sealed_run = Simulation(wl, cfg, create_scheduler("fifo"), ov).run()
+    assert not any(o.stopped for o in sealed_run.outcomes)
+    control = InheritedState()  # in this process: pytest's arguments and environment
+    assert all(o.stopped for o in Simulation(wl, cfg, create_scheduler("fifo"), control).run().outcomes)
+    assert control.found
+
+
 def test_neither_the_salt_nor_any_hidden_value_reaches_the_child(monkeypatch):
     salt = 0x5EC12E7_5A17_0DD5_BEEF
     cfg = load_config().replace(**{"workload.n_jobs": 60})
@@ -161,14 +174,14 @@ def test_each_cheat_reaches_the_truth_in_process_and_nothing_sealed(cheat):
 
 
 def test_the_engine_process_cannot_be_read_from_the_sealed_child():
+    if not sys.platform.startswith("linux"):
+        pytest.skip("/proc, capabilities and dumpability are Linux's")
     # positive control: an ordinary child of this process reads its parent's /proc entries
     probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
                             "import os; from tests.sim_cheats import proc_probe; print(proc_probe(os.getppid()))"],
                            capture_output=True, text=True, timeout=60)
     assert "environ" in probe.stdout, probe.stderr
     assert proc_probe(os.getpid())  # and this process reads its own
-    if not sys.platform.startswith("linux"):
-        pytest.skip("capabilities and dumpability are Linux's")
     inproc, sealed_run = _drive("ProcCheat", "inproc"), _drive("ProcCheat", "sealed")
     assert sum(s for _, s, _ in inproc["outcomes"]) > 50  # in the driver's process the probe reads /proc
     assert sum(s for _, s, _ in sealed_run["outcomes"]) == 0  # sealed: nothing readable, no stop
