@@ -62,6 +62,13 @@ def server(tmp_path):
     srv.kill()
 
 
+@pytest.fixture
+def two(server):
+    """The server (not started) with two tenants: ``server.alice`` and ``server.bob`` are their tokens."""
+    server.alice, server.bob = server.add_tenant("alice"), server.add_tenant("bob")
+    return server
+
+
 @pytest.fixture(scope="session")
 def postgres_cluster():
     """One PostgreSQL cluster for the whole session (each test gets a database of its own)."""

@@ -4,11 +4,11 @@ leave the healthy ones alone."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from evalstop_trl.core.detectors import Observation, create_detector
+
+from .proc_helpers import local_ray
 
 # world feedback per step: rises, then the run over-optimises its proxy and the score falls
 HACKED = [0.30, 0.42, 0.51, 0.55, 0.53, 0.49, 0.44, 0.40, 0.35, 0.31]
@@ -86,20 +86,9 @@ def test_the_stopper_is_fed_in_step_order_and_reads_missing_values_as_missing():
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray = pytest.importorskip("ray")
-    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AIR_NEW_OUTPUT": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    pytest.importorskip("ray")
+    with local_ray(RAY_AIR_NEW_OUTPUT="0") as ray:
         yield ray
-    finally:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_a_ray_tune_run_stops_hacked_trials_where_the_detector_stops(ray_local, tmp_path):

@@ -20,31 +20,9 @@ import pytest
 from evalstop_trl import Conflict, NotFound, Unauthorized
 from evalstop_trl.clients.http import EvalStopClient
 
+from .proc_helpers import bearer, rss_kib, threads
+
 pytestmark = pytest.mark.slow
-
-
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
-def _threads(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Threads:"):
-            return int(line.split()[1])
-    raise AssertionError("no Threads")
-
-
-@pytest.fixture
-def two(server):
-    server.alice, server.bob = server.add_tenant("alice"), server.add_tenant("bob")
-    return server
-
-
-def _h(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 # ---------------------------------------------------------------- 1. confused deputy
@@ -55,7 +33,7 @@ def test_1_a_tenant_cannot_make_the_service_signal_any_process(two):
         for body in ({"job_id": "evil", "pid": victim.pid, "pid_start_time": 1.0},
                      {"job_id": "evil", "pid": two.proc.pid},
                      {"job_id": "evil", "policy": {"detector": "decline", "enforce": True, "grace_s": 0.5}}):
-            r = httpx.post(f"{two.url}/v1/jobs", json=body, headers=_h(two.alice))
+            r = httpx.post(f"{two.url}/v1/jobs", json=body, headers=bearer(two.alice))
             assert r.status_code == 422, r.text
         with EvalStopClient(two.url, two.alice) as a:  # a stop of its own job signals nobody
             a.register_job("own", "grpo", policy={"detector": "decline", "k": 1})
@@ -81,7 +59,7 @@ def test_2_4_9_numbers_are_bounded_and_never_500(two, body, field):
     if not two.proc:
         two.start()
     t0 = time.monotonic()
-    r = httpx.post(f"{two.url}/v1/jobs", json=body, headers=_h(two.alice))
+    r = httpx.post(f"{two.url}/v1/jobs", json=body, headers=bearer(two.alice))
     assert r.status_code == 422 and field in r.json()["detail"], r.text
     assert time.monotonic() - t0 < 2.0  # no work proportional to the number
 
@@ -89,10 +67,10 @@ def test_2_4_9_numbers_are_bounded_and_never_500(two, body, field):
 @pytest.mark.parametrize("field", ["eval_score", "train_loss", "proxy_reward", "step"])
 def test_9_huge_numbers_in_a_report_are_422(two, field):
     two.start()
-    httpx.post(f"{two.url}/v1/jobs", json={"job_id": "j"}, headers=_h(two.alice))
+    httpx.post(f"{two.url}/v1/jobs", json={"job_id": "j"}, headers=bearer(two.alice))
     huge = "1" + "0" * 400
     raw = f'{{"step": 1, "{field}": {huge}}}' if field != "step" else f'{{"step": {huge}}}'
-    r = httpx.post(f"{two.url}/v1/jobs/j/reports", content=raw, headers={**_h(two.alice),
+    r = httpx.post(f"{two.url}/v1/jobs/j/reports", content=raw, headers={**bearer(two.alice),
                                                                           "content-type": "application/json"})
     assert r.status_code == 422 and field in r.json()["detail"], r.text
 
@@ -174,7 +152,7 @@ def test_3_internal_destinations_are_refused_by_default(two, host):
 def test_3_credentials_in_a_webhook_url_are_422(two):
     two.start()
     r = httpx.post(f"{two.url}/v1/jobs", json={"job_id": "c", "webhook": "http://user:secret@example.com/h"},
-                   headers=_h(two.alice))
+                   headers=bearer(two.alice))
     assert r.status_code == 422 and "credentials" in r.json()["detail"]
 
 
@@ -183,15 +161,15 @@ def test_3_allowed_webhooks_are_signed_strict_json_and_bounded(two):
     slow = _Receiver(trickle_s=30)  # one byte every 0.1 s for 30 s
     two.start(args=("--webhook-allow", "127.0.0.1/32"))
     try:
-        rss0, threads0 = _rss_kib(two.proc.pid), _threads(two.proc.pid)
+        rss0, threads0 = rss_kib(two.proc.pid), threads(two.proc.pid)
         for i in range(3):
             _stop_with_webhook(two.url, two.alice, f"big{i}", f"http://127.0.0.1:{big.port}/h")
         for i in range(12):
             _stop_with_webhook(two.url, two.alice, f"slow{i}", f"http://127.0.0.1:{slow.port}/h")
         t0 = time.monotonic()
         assert _wait_for_webhook_audit(two.url, two.alice, "big2").kind.value == "webhook"
-        assert _rss_kib(two.proc.pid) - rss0 < 64 * 1024  # the answers were not read whole
-        assert _threads(two.proc.pid) - threads0 <= 8  # a bounded pool, not a thread per hook
+        assert rss_kib(two.proc.pid) - rss0 < 64 * 1024  # the answers were not read whole
+        assert threads(two.proc.pid) - threads0 <= 8  # a bounded pool, not a thread per hook
         for i in range(12):
             _wait_for_webhook_audit(two.url, two.alice, f"slow{i}", timeout=30)
         assert time.monotonic() - t0 < 30  # every attempt had a total deadline (5 s), not 30 s of trickle
@@ -245,7 +223,7 @@ def test_5_unfinished_bodies_and_idle_connections_are_dropped(two):
         for _ in range(1100):  # more idle connections than the server keeps, more than a default fd limit
             idle.append(socket.create_connection(("127.0.0.1", two.port), timeout=5))
         time.sleep(2.0)  # past the header timeout
-        r = httpx.get(f"{two.url}/v1/jobs", headers=_h(two.alice), timeout=5)
+        r = httpx.get(f"{two.url}/v1/jobs", headers=bearer(two.alice), timeout=5)
         assert r.status_code == 200
         assert len(os.listdir(f"/proc/{two.proc.pid}/fd")) < 300  # the idle ones were closed
     finally:
@@ -258,7 +236,7 @@ def test_5_unfinished_bodies_and_idle_connections_are_dropped(two):
 def test_6_quotas_answer_429(two):
     two.start(args=("--max-active-jobs", "3", "--max-reports-per-job", "5", "--report-rate", "20",
                     "--report-burst", "20"))
-    h = _h(two.alice)
+    h = bearer(two.alice)
     for i in range(3):
         assert httpx.post(f"{two.url}/v1/jobs", json={"job_id": f"j{i}"}, headers=h).status_code == 201
     r = httpx.post(f"{two.url}/v1/jobs", json={"job_id": "j3"}, headers=h)
@@ -272,7 +250,7 @@ def test_6_quotas_answer_429(two):
     limited = [c for c in codes if c.status_code == 429]
     assert limited and int(limited[0].headers["retry-after"]) >= 1
     # bob's quota is his own
-    assert httpx.post(f"{two.url}/v1/jobs", json={"job_id": "b"}, headers=_h(two.bob)).status_code == 201
+    assert httpx.post(f"{two.url}/v1/jobs", json={"job_id": "b"}, headers=bearer(two.bob)).status_code == 201
 
 
 def test_6_listing_is_paged(two):
@@ -280,9 +258,9 @@ def test_6_listing_is_paged(two):
     with EvalStopClient(two.url, two.alice) as a:
         for i in range(7):
             a.register_job(f"p{i}", "grpo")
-    r = httpx.get(f"{two.url}/v1/jobs?limit=3&offset=3", headers=_h(two.alice))
+    r = httpx.get(f"{two.url}/v1/jobs?limit=3&offset=3", headers=bearer(two.alice))
     assert [j["job_id"] for j in r.json()] == ["p3", "p4", "p5"] and r.headers["x-total-count"] == "7"
-    assert httpx.get(f"{two.url}/v1/jobs?limit=100000", headers=_h(two.alice)).status_code == 422
+    assert httpx.get(f"{two.url}/v1/jobs?limit=100000", headers=bearer(two.alice)).status_code == 422
 
 
 def _listing_bench():
@@ -319,7 +297,7 @@ def test_7_an_identical_retry_is_answered_only_once_durable(two):
     with EvalStopClient(two.url, two.alice) as a:
         a.register_job("d", "grpo")
     body = {"step": 1, "eval_score": 0.5}
-    with httpx.Client(base_url=two.url, headers=_h(two.alice)) as c:
+    with httpx.Client(base_url=two.url, headers=bearer(two.alice)) as c:
         results = []
         threads = [threading.Thread(target=lambda: results.append(c.post("/v1/jobs/d/reports", json=body)))
                    for _ in range(8)]
@@ -395,11 +373,11 @@ def test_11_tenant_names_rotation_and_401s(two):
     old = two.alice
     new = json.loads(subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "rotate", "alice", "--db",
                                      str(two.db), "--json"], capture_output=True, text=True, check=True).stdout)["token"]
-    r = httpx.get(f"{two.url}/v1/jobs", headers=_h(old))
+    r = httpx.get(f"{two.url}/v1/jobs", headers=bearer(old))
     assert r.status_code == 401 and "alice" not in r.text
-    assert httpx.get(f"{two.url}/v1/jobs", headers=_h(new)).status_code == 200
+    assert httpx.get(f"{two.url}/v1/jobs", headers=bearer(new)).status_code == 200
     subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "revoke", "bob", "--db", str(two.db)], check=True)
-    r = httpx.get(f"{two.url}/v1/jobs", headers=_h(two.bob))
+    r = httpx.get(f"{two.url}/v1/jobs", headers=bearer(two.bob))
     assert r.status_code == 401 and "bob" not in r.text and "revoked" in r.text
 
 
@@ -407,8 +385,8 @@ def test_11_readyz_and_the_metrics_token(two):
     two.start(args=("--metrics-token", "ops-secret"))
     assert httpx.get(f"{two.url}/readyz").json() == {"status": "ready"}
     assert httpx.get(f"{two.url}/metrics").status_code == 401
-    assert httpx.get(f"{two.url}/metrics", headers=_h(two.alice)).status_code == 401
-    assert httpx.get(f"{two.url}/metrics", headers=_h("ops-secret")).status_code == 200
+    assert httpx.get(f"{two.url}/metrics", headers=bearer(two.alice)).status_code == 401
+    assert httpx.get(f"{two.url}/metrics", headers=bearer("ops-secret")).status_code == 200
 
 
 # ---------------------------------------------------------------- external evals (issue 10): paths are capabilities
@@ -422,7 +400,7 @@ def test_a_tenant_cannot_claim_or_score_another_tenants_snapshots(two):
             b.post_eval("ext", 10, 0.9)
         task = a.claim_eval("alice-worker", 5)
         assert (task.job_id, task.step) == ("ext", 10)
-    r = httpx.post(f"{two.url}/v1/evals/claim", json={"worker": "w", "lease_s": 10**9}, headers=_h(two.alice))
+    r = httpx.post(f"{two.url}/v1/evals/claim", json={"worker": "w", "lease_s": 10**9}, headers=bearer(two.alice))
     assert r.status_code == 422 and "lease_s" in r.json()["detail"]
 
 

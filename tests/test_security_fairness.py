@@ -29,6 +29,8 @@ import pytest
 
 from evalstop_trl.clients.local import free_loopback_port, wait_until_healthy
 
+from .proc_helpers import bearer
+
 pytestmark = pytest.mark.slow
 
 STORES = ("sqlite", "postgres")
@@ -85,10 +87,6 @@ def servers(tmp_path):
     yield start
     for s in started:
         s.kill()
-
-
-def _h(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def _sql(db: str, statements: list[tuple[str, list[tuple]]]) -> None:
@@ -153,7 +151,7 @@ print(json.dumps(codes))
 def _bob_p50(url: str, token: str, job: str, first_step: int, n: int = 60) -> tuple[float, int]:
     """Bob's median report latency over ``n`` reports 10 ms apart (one keep-alive connection)."""
     times = []
-    with httpx.Client(base_url=url, headers=_h(token), timeout=60) as c:
+    with httpx.Client(base_url=url, headers=bearer(token), timeout=60) as c:
         for step in range(first_step, first_step + n):
             t0 = time.perf_counter()
             r = c.post(f"/v1/jobs/{job}/reports", json={"step": step, "train_loss": 1.0})
@@ -164,7 +162,7 @@ def _bob_p50(url: str, token: str, job: str, first_step: int, n: int = 60) -> tu
 
 
 def _under_flood(url: str, alice: str, bob: str, kind: str, arg: str, tmp_path: Path) -> tuple[float, float, dict]:
-    with httpx.Client(base_url=url, headers=_h(bob)) as c:
+    with httpx.Client(base_url=url, headers=bearer(bob)) as c:
         assert c.post("/v1/jobs", json={"job_id": "bob-run"}).status_code == 201
     _bob_p50(url, bob, "bob-run", 0, 20)  # warm up
     idle, step = _bob_p50(url, bob, "bob-run", 20)
@@ -204,21 +202,21 @@ def test_17_5_the_audit_log_at_a_large_offset_does_not_stall_another_tenant(db, 
     assert set(codes) <= {"200", "429"} and codes.get("200"), codes
     assert busy <= 2 * idle + 0.020, (idle, busy)
     # keyset paging: the page after a seq, with the next cursor in X-Next-After
-    r = httpx.get(f"{srv.url}/v1/audit?limit=2&after=10", headers=_h(alice))
+    r = httpx.get(f"{srv.url}/v1/audit?limit=2&after=10", headers=bearer(alice))
     assert r.status_code == 200 and len(r.json()) == 2 and int(r.headers["x-next-after"]) > 10
-    r2 = httpx.get(f"{srv.url}/v1/audit?limit=2&offset=2", headers=_h(alice))
+    r2 = httpx.get(f"{srv.url}/v1/audit?limit=2&offset=2", headers=bearer(alice))
     assert r2.json()[0]["job_id"] == "a2"
 
 
 def test_17_5_unpaged_evals_do_not_stall_another_tenant(db, servers, tmp_path):
     alice, bob = _tenant(db, "alice"), _tenant(db, "bob")
     srv = servers(db)
-    assert httpx.post(f"{srv.url}/v1/jobs", json={"job_id": "big"}, headers=_h(alice)).status_code == 201
+    assert httpx.post(f"{srv.url}/v1/jobs", json={"job_id": "big"}, headers=bearer(alice)).status_code == 201
     _seed_evals(db, "big", 10_000)
     idle, busy, codes = _under_flood(srv.url, alice, bob, "evals", "big", tmp_path)
     assert set(codes) <= {"200", "429"} and codes.get("200"), codes
     assert busy <= 2 * idle + 0.020, (idle, busy)
-    page = httpx.get(f"{srv.url}/v1/jobs/big/evals?after_step=100&limit=5", headers=_h(alice)).json()
+    page = httpx.get(f"{srv.url}/v1/jobs/big/evals?after_step=100&limit=5", headers=bearer(alice)).json()
     assert [t["step"] for t in page] == [101, 102, 103, 104, 105]
 
 
@@ -226,7 +224,7 @@ def test_17_5_claims_over_a_large_queue_do_not_stall_another_tenant(db, servers,
     alice, bob = _tenant(db, "alice"), _tenant(db, "bob")
     srv = servers(db)
     for j in range(5):
-        assert httpx.post(f"{srv.url}/v1/jobs", json={"job_id": f"q{j}"}, headers=_h(alice)).status_code == 201
+        assert httpx.post(f"{srv.url}/v1/jobs", json={"job_id": f"q{j}"}, headers=bearer(alice)).status_code == 201
         _seed_evals(db, f"q{j}", 10_000)
     idle, busy, codes = _under_flood(srv.url, alice, bob, "claim", "", tmp_path)
     assert set(codes) <= {"200", "429"} and codes.get("200"), codes
@@ -236,7 +234,7 @@ def test_17_5_claims_over_a_large_queue_do_not_stall_another_tenant(db, servers,
 def test_17_5_catch_up_feeds_do_not_stall_another_tenant(db, servers, tmp_path):
     alice, bob = _tenant(db, "alice"), _tenant(db, "bob")
     srv = servers(db)
-    h = _h(alice)
+    h = bearer(alice)
     assert httpx.post(f"{srv.url}/v1/jobs", json={"job_id": "cu", "policy": {"detector": "never"}},
                       headers=h).status_code == 201
     for i in range(4):  # each flood connection catches up 150 snapshots of its own
@@ -253,7 +251,7 @@ def test_17_5_a_tenant_gets_429_beyond_its_concurrent_expensive_reads(tmp_path, 
     _seed_audit(db, 150_000)
     srv = servers(db)
     with ThreadPoolExecutor(16) as pool:
-        codes = list(pool.map(lambda _: httpx.get(f"{srv.url}/v1/audit?offset=149000", headers=_h(alice),
+        codes = list(pool.map(lambda _: httpx.get(f"{srv.url}/v1/audit?offset=149000", headers=bearer(alice),
                                                   timeout=60).status_code, range(32)))
     assert 200 in codes and 429 in codes and set(codes) <= {200, 429}, codes
 
@@ -261,7 +259,7 @@ def test_17_5_a_tenant_gets_429_beyond_its_concurrent_expensive_reads(tmp_path, 
 def test_17_5_two_replicas_never_lease_one_snapshot_twice(pg_dsn, servers):
     alice = _tenant(pg_dsn, "alice")
     a, b = servers(pg_dsn), servers(pg_dsn)
-    h = _h(alice)
+    h = bearer(alice)
     assert httpx.post(f"{a.url}/v1/jobs", json={"job_id": "ext"}, headers=h).status_code == 201
     doubles = 0
     for rnd in range(5):
@@ -302,32 +300,32 @@ def test_17_6_concurrent_registrations_on_two_replicas_hold_max_active_jobs(pg_d
 
     def register(i: int) -> int:
         url = (a, b)[i % 2].url
-        return httpx.post(f"{url}/v1/jobs", json={"job_id": f"r{i}"}, headers=_h(alice), timeout=60).status_code
+        return httpx.post(f"{url}/v1/jobs", json={"job_id": f"r{i}"}, headers=bearer(alice), timeout=60).status_code
 
     with ThreadPoolExecutor(20) as pool:
         codes = list(pool.map(register, range(20)))
     assert codes.count(201) == 5 and set(codes) <= {201, 429, 503}, codes
-    listed = httpx.get(f"{a.url}/v1/jobs", headers=_h(alice)).json()
+    listed = httpx.get(f"{a.url}/v1/jobs", headers=bearer(alice)).json()
     assert len(listed) == 5
 
 
 def test_17_6_finished_jobs_count_against_max_jobs(db, servers):
     alice, bob = _tenant(db, "alice"), _tenant(db, "bob")
     srv = servers(db, "--max-jobs", "3")
-    h = _h(alice)
+    h = bearer(alice)
     for i in range(3):
         assert httpx.post(f"{srv.url}/v1/jobs", json={"job_id": f"f{i}"}, headers=h).status_code == 201
         assert httpx.post(f"{srv.url}/v1/jobs/f{i}/finish", headers=h).status_code == 200
     r = httpx.post(f"{srv.url}/v1/jobs", json={"job_id": "f3"}, headers=h)
     assert r.status_code == 429 and "max_jobs=3" in r.json()["detail"]
-    assert httpx.post(f"{srv.url}/v1/jobs", json={"job_id": "b"}, headers=_h(bob)).status_code == 201
+    assert httpx.post(f"{srv.url}/v1/jobs", json={"job_id": "b"}, headers=bearer(bob)).status_code == 201
 
 
 def test_17_6_events_and_snapshots_are_capped_per_job_and_rate_limited(db, servers):
     alice = _tenant(db, "alice")
     srv = servers(db, "--max-events-per-job", "5", "--max-snapshots-per-job", "4", "--event-rate", "1",
                   "--event-burst", "30")
-    h = _h(alice)
+    h = bearer(alice)
     with httpx.Client(base_url=srv.url, headers=h) as c:
         assert c.post("/v1/jobs", json={"job_id": "e"}).status_code == 201
         codes = [c.post("/v1/jobs/e/events", json={"kind": "launcher_exit", "reason": "x" * 2000}).status_code
@@ -346,7 +344,7 @@ def test_17_6_events_and_snapshots_are_capped_per_job_and_rate_limited(db, serve
 def test_17_6_reports_are_capped_per_tenant(db, servers):
     alice = _tenant(db, "alice")
     srv = servers(db, "--max-reports-per-tenant", "6")
-    with httpx.Client(base_url=srv.url, headers=_h(alice)) as c:
+    with httpx.Client(base_url=srv.url, headers=bearer(alice)) as c:
         for job in ("x", "y"):
             assert c.post("/v1/jobs", json={"job_id": job}).status_code == 201
         codes = [c.post(f"/v1/jobs/{job}/reports", json={"step": s}).status_code for job in ("x", "y")
@@ -361,21 +359,21 @@ def test_17_6_prune_deletes_old_finished_jobs_and_keeps_the_audit(db, servers, t
     with httpx.Client(base_url=srv.url) as c:
         for t, jobs in ((alice, ("done", "live")), (bob, ("bobs",))):
             for job in jobs:
-                assert c.post("/v1/jobs", json={"job_id": job}, headers=_h(t)).status_code == 201
-                assert c.post(f"/v1/jobs/{job}/reports", json={"step": 1}, headers=_h(t)).status_code == 200
-        assert c.post("/v1/jobs/done/stop", json={"reason": "enough"}, headers=_h(alice)).status_code == 200
-        assert c.post("/v1/jobs/bobs/finish", headers=_h(bob)).status_code == 200
+                assert c.post("/v1/jobs", json={"job_id": job}, headers=bearer(t)).status_code == 201
+                assert c.post(f"/v1/jobs/{job}/reports", json={"step": 1}, headers=bearer(t)).status_code == 200
+        assert c.post("/v1/jobs/done/stop", json={"reason": "enough"}, headers=bearer(alice)).status_code == 200
+        assert c.post("/v1/jobs/bobs/finish", headers=bearer(bob)).status_code == 200
     srv.kill()
     dry = json.loads(_cli("prune", "--db", db, "--older-than", "0", "--tenant", "alice", "--dry-run", "--json"))
     assert dry == {"dry_run": True, "jobs": 1, "reports": 1, "evals": 0, "deliveries": 0}
     assert json.loads(_cli("prune", "--db", db, "--older-than", "1", "--json"))["jobs"] == 0  # nothing that old
     assert json.loads(_cli("prune", "--db", db, "--older-than", "0", "--tenant", "alice", "--json"))["jobs"] == 1
     srv = servers(db)
-    with httpx.Client(base_url=srv.url, headers=_h(alice)) as c:
+    with httpx.Client(base_url=srv.url, headers=bearer(alice)) as c:
         assert [j["job_id"] for j in c.get("/v1/jobs").json()] == ["live"]
         assert c.get("/v1/jobs/done").status_code == 404
         assert any(a["kind"] == "manual_stop" for a in c.get("/v1/audit?job_id=done").json())  # kept
-    assert [j["job_id"] for j in httpx.get(f"{srv.url}/v1/jobs", headers=_h(bob)).json()] == ["bobs"]
+    assert [j["job_id"] for j in httpx.get(f"{srv.url}/v1/jobs", headers=bearer(bob)).json()] == ["bobs"]
 
 
 def _bench_startup():

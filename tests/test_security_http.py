@@ -19,24 +19,9 @@ import pytest
 
 from evalstop_trl.clients.http import EvalStopClient
 
+from .proc_helpers import bearer, rss_kib
+
 pytestmark = pytest.mark.slow
-
-
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
-@pytest.fixture
-def two(server):
-    server.alice, server.bob = server.add_tenant("alice"), server.add_tenant("bob")
-    return server
-
-
-def _h(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def _connect(port: int, source: str = "127.0.0.2", timeout: float = 5.0) -> socket.socket:
@@ -90,7 +75,7 @@ def test_17_4_trickled_bodies_on_public_paths_hold_no_connection(two):
         assert all(_closed(s) for s in attackers)  # and closed: no connection is held
         for _ in range(5):  # every real client is served
             assert httpx.get(f"{two.url}/healthz", timeout=5).status_code == 200
-            assert httpx.get(f"{two.url}/v1/jobs", headers=_h(two.alice), timeout=5).status_code == 200
+            assert httpx.get(f"{two.url}/v1/jobs", headers=bearer(two.alice), timeout=5).status_code == 200
     finally:
         for s in attackers:
             s.close()
@@ -127,7 +112,7 @@ def test_17_4_a_body_has_one_deadline_not_one_per_chunk(two):
 
 def test_17_4_unauthenticated_bodies_are_never_buffered(two):
     two.start(args=("--unauth-connections-per-ip", "0", "--unauth-rate-per-ip", "0"))
-    rss0 = _rss_kib(two.proc.pid)
+    rss0 = rss_kib(two.proc.pid)
     body = b"x" * (2**20 - 2)
     held, t0 = [], time.monotonic()
     try:
@@ -140,7 +125,7 @@ def test_17_4_unauthenticated_bodies_are_never_buffered(two):
             held.append(s)
             assert time.monotonic() - t0 < 60
         time.sleep(1.0)
-        grown = (_rss_kib(two.proc.pid) - rss0) // 1024
+        grown = (rss_kib(two.proc.pid) - rss0) // 1024
         assert grown < 16, f"RSS grew by {grown} MiB"
         assert httpx.get(f"{two.url}/healthz", timeout=5).status_code == 200
     finally:
@@ -165,11 +150,11 @@ def test_17_4_per_address_limits_for_unauthenticated_connections_and_requests(tw
         with _client("127.0.0.3") as c:  # unauthenticated requests from one address: a budget per second
             codes = [c.get(f"{two.url}/healthz").status_code for _ in range(30)]
             assert codes.count(200) <= 12 and codes.count(429) >= 18, codes
-            bad = [c.get(f"{two.url}/v1/jobs", headers=_h("nope")).status_code for _ in range(10)]
+            bad = [c.get(f"{two.url}/v1/jobs", headers=bearer("nope")).status_code for _ in range(10)]
             assert set(bad) == {429}, bad  # refused before the token lookup
         with _client("127.0.0.1") as c:  # another address, and tenants, are not held up
             for _ in range(20):
-                assert c.get(f"{two.url}/v1/jobs", headers=_h(two.alice)).status_code == 200
+                assert c.get(f"{two.url}/v1/jobs", headers=bearer(two.alice)).status_code == 200
             assert c.get(f"{two.url}/healthz").status_code == 200
     finally:
         for s in slow:
@@ -379,7 +364,7 @@ def test_17_9_no_docs_page_loads_scripts_from_elsewhere(two):
 
 def test_17_9_metrics_need_the_operator_token_by_default(two):
     two.start()
-    for headers in ({}, _h(two.alice), _h("x")):
+    for headers in ({}, bearer(two.alice), bearer("x")):
         r = httpx.get(f"{two.url}/metrics", headers=headers)
         assert r.status_code == 401 and "--metrics-token" in r.json()["detail"], r.text
     assert "evalstop_reports" not in httpx.get(f"{two.url}/metrics").text

@@ -8,7 +8,6 @@ network, no cluster. Ray is imported lazily: importing the simulator never loads
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,8 @@ from platform_sim.config import load_config
 from platform_sim.experiments import sweep
 from platform_sim.reproduction import reproduce
 from platform_sim.results import json_safe
+
+from .proc_helpers import local_ray
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG = load_config().replace(**{"workload.n_jobs": 20})
@@ -43,21 +44,8 @@ def local():
 
 @pytest.fixture(scope="module")
 def ray_instance(local):
-    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    with local_ray() as ray:
         yield ray
-    finally:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_importing_the_simulator_does_not_import_ray():
