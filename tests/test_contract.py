@@ -216,6 +216,19 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
                            ("claim", other.claim_eval, ("w", 60.0))]:
         call(f"bob {name}", fn, *args)
     call("list_jobs at the end", c.list_jobs)
+    # operators: delete an ended job (its audit line stays); a running one is refused
+    call("bob delete", other.delete_job, "j2", "not mine")
+    call("delete running", c.delete_job, "e1", "still running")
+    call("delete unknown", c.delete_job, "nope")
+    call("delete bad reason", c.delete_job, "j2", "a\x00b")
+    call("delete finished", c.delete_job, "j2", "clean-up")
+    call("delete again", c.delete_job, "j2")
+    call("status deleted", c.status, "j2")
+    call("reports deleted", c.reports, "j2")
+    call("export deleted", c.export_reports, "j2")
+    call("audit deleted", c.audit, "j2")
+    call("re-register deleted", c.register_job, "j2", "sft")
+    call("list_jobs after delete", c.list_jobs)
     return out
 
 
@@ -307,6 +320,14 @@ def test_the_script_means_what_it_says(results):
     assert r["bob list_jobs"] == [] and r["bob audit"] == [] and r["bob claim"] is None
     assert r["bob browse"] == {"jobs": [], "total": 0, "has_next": False} and r["bob export jobs"] == []
     assert r["bob export reports"]["error"] == 404 and r["bob summary"]["jobs"] == 0
+    assert r["bob delete"]["error"] == 404 and r["delete running"]["error"] == 409
+    assert r["delete unknown"]["error"] == 404 and r["delete bad reason"]["error"] == 422
+    assert r["delete finished"]["status"] == "finished" and r["delete again"]["error"] == 404
+    for label in ("status deleted", "reports deleted", "export deleted"):
+        assert r[label]["error"] == 404, label
+    assert [(a["kind"], a["reason"]) for a in r["audit deleted"]][-1] == ("deleted", "clean-up")
+    assert r["audit deleted"][-1]["evidence"] == {"status": "finished", "n_reports": 0, "last_step": None}
+    assert r["re-register deleted"]["n_reports"] == 0 and r["re-register deleted"]["status"] == "pending"
     assert r["register tags"]["tags"] == {"sweep": "7", "team": "rl"}
     assert r["register tags"]["hparams"] == {"beta": 0.04, "bf16": True, "learning_rate": 3e-4, "model_name": "tiny-llama"}
     assert r["re-register same tags"] == r["register tags"]

@@ -310,3 +310,65 @@ def test_csv_cells_are_never_formulas(site):
     rows = list(csv.DictReader(io.StringIO(site.alice.http.get("/v1/jobs/formula-run/export").text)))
     assert rows[0]["checkpoint"] == "'=HYPERLINK(\"http://evil\")"
     assert rows[0]["eval_score"] == "-0.5"  # numbers stay numbers
+
+
+# ------------------------------------------------------------------ operators (run last: they add and delete jobs)
+def test_mark_failed_then_delete_a_dead_job_with_confirmations(page, site):
+    body = {"job_id": "dead-run", "job_type": "grpo", "planned_steps": 100}
+    site.alice.http.post("/v1/jobs", json=body).raise_for_status()
+    site.alice.report("dead-run", 10, 0.4)
+    sign_in(page, site, "alice")
+    page.goto(site.url + "/#/job/dead-run")
+    page.wait_for_selector("#view-job[data-ready]")
+    fail, delete = page.get_by_role("button", name="Mark failed"), page.get_by_role("button", name="Delete")
+    expect(fail).to_be_enabled()
+    expect(delete).to_be_disabled()  # a running job cannot be deleted
+    fail.click()
+    dialog = page.locator("#op-dialog")
+    expect(dialog).to_be_visible()
+    expect(page.get_by_label("Why? (written to the audit trail)")).to_be_focused()
+    dialog.get_by_role("button", name="Cancel").click()  # a change of mind: nothing happens
+    expect(dialog).to_be_hidden()
+    assert site.alice.http.get("/v1/jobs/dead-run").json()["status"] == "running"
+    fail.click()
+    dialog.get_by_role("button", name="Mark failed").click()  # no reason: refused
+    expect(dialog.locator("#op-error")).to_have_text(re.compile("give a reason"))
+    dialog.locator("#op-reason").fill("node lost, process gone")
+    dialog.get_by_role("button", name="Mark failed").click()
+    expect(page.locator("#job-status")).to_have_text("failed")
+    page.locator('#audit-body tr[data-kind="failed"]').wait_for()
+    assert "node lost, process gone" in page.locator("#audit-body").inner_text()
+    expect(delete).to_be_enabled()
+    expect(fail).to_be_disabled()
+
+    delete.click()
+    expect(page.locator("#op-title")).to_have_text("Delete dead-run?")
+    page.keyboard.press("Escape")  # keyboard: closes, nothing deleted
+    expect(dialog).to_be_hidden()
+    assert site.alice.http.get("/v1/jobs/dead-run").status_code == 200
+    delete.click()
+    dialog.locator("#op-reason").fill("clean-up after the outage")
+    dialog.get_by_role("button", name="Delete job").click()
+    page.wait_for_selector("#view-jobs[data-ready]")
+    expect(page.locator("#flash")).to_have_text(re.compile(r"Deleted dead-run \(1 reports\)"))
+    assert row(page, "dead-run").count() == 0
+    assert site.alice.http.get("/v1/jobs/dead-run").status_code == 404
+    assert site.alice.http.get("/v1/jobs/dead-run/export").status_code == 404
+    audit = site.alice.http.get("/v1/audit", params={"job_id": "dead-run"}).json()
+    assert [(a["kind"], a["reason"]) for a in audit][-2:] == [("failed", "node lost, process gone"),
+                                                             ("deleted", "clean-up after the outage")]
+
+
+def test_another_tenant_can_neither_fail_nor_delete_a_job_nor_see_the_buttons(page, site):
+    for path, body in (("/v1/jobs/sweep-lr-3/delete", {"reason": "mine now"}),
+                       ("/v1/jobs/sweep-lr-2/fail", {"reason": "mine now"})):
+        assert site.bob.http.post(path, json=body).status_code == 404
+    assert site.alice.http.get("/v1/jobs/sweep-lr-3").json()["status"] == "finished"
+    assert site.alice.http.get("/v1/jobs/sweep-lr-2").json()["status"] == "running"
+    assert site.alice.http.post("/v1/jobs/sweep-lr-2/delete", json={"reason": "x"}).status_code == 409  # running
+    assert site.alice.http.post("/v1/jobs/sweep-lr-3/delete", json={"reason": "x" * 2001}).status_code == 422
+    sign_in(page, site, "bob")
+    page.goto(site.url + "/#/job/sweep-lr-3")
+    page.get_by_text("No job sweep-lr-3 for this tenant").wait_for()
+    expect(page.get_by_role("button", name="Delete")).to_be_hidden()
+    expect(page.get_by_role("button", name="Mark failed")).to_be_hidden()

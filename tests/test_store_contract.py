@@ -58,6 +58,25 @@ def test_audit_filtered_and_paged(store):
     assert store.audit("b") == []
 
 
+def test_delete_job_removes_one_ended_job_of_one_tenant_and_keeps_its_audit_line(store):
+    from evalstop_trl.core.records import EvalTask, JobStatus
+
+    wait_durable(store.commit(_job("run", status=JobStatus.RUNNING), Report(1, 0.5), expect=0))
+    wait_durable(store.commit(_job("done", status=JobStatus.FINISHED), Report(1, 0.5), expect=0))
+    other = JobRecord("b", "done", JobType.GRPO, 100, Policy(), status=JobStatus.FINISHED, created_at=1.0)
+    wait_durable(store.commit(other, Report(1, 0.9), expect=0))  # another tenant's job of the same id
+    wait_durable(store.put_eval(EvalTask("a", "done", 1, "/snap/1", 1.0)))
+    line = AuditRecord("a", "done", 2.0, AuditKind.DELETED, "tenant:a", "clean-up", {"n_reports": 1})
+    assert not store.delete_job("a", "run", line)  # still running: nothing written
+    assert store.job("a", "run") is not None and store.audit("a", "run") == []
+    assert store.delete_job("a", "done", line)
+    assert store.job("a", "done") is None and store.reports("a", "done") == [] and store.evals("a", "done") == []
+    assert [(a.kind, a.reason) for a in store.audit("a", "done")] == [(AuditKind.DELETED, "clean-up")]
+    assert store.job("b", "done") is not None and [r.step for r in store.reports("b", "done")] == [1]
+    assert not store.delete_job("a", "done", line)  # gone already
+    assert store.count_reports("a") == 1  # the running job's only
+
+
 def test_deliveries_are_claimed_leased_and_finished(store):
     d = Delivery("a/j/stop", "a", "j", "http://example.com/h", "{}", created_at=5.0)
     wait_durable(store.commit(_job(), None, (), (d,), expect=0))
@@ -194,3 +213,23 @@ def test_a_bad_postgres_location_is_a_clear_error():
 
     with pytest.raises(ValueError, match=r"Cannot open the PostgreSQL database postgresql://u:\*\*\*@127.0.0.1:9/x"):
         open_store("postgresql://u:secret@127.0.0.1:9/x")
+
+
+def test_a_command_that_waited_for_a_deleted_job_writes_nothing(tmp_path):
+    """A report that got the job's slot before the delete took its lock is refused (404) when it gets
+    the lock, instead of writing rows of a job that is gone (or re-creating it)."""
+    from evalstop_trl.core.errors import NotFound
+    from evalstop_trl.core.job import Observe
+
+    c = Coordinator(SQLiteStore(tmp_path / "d.db"))
+    c.register_job("a", "j", "grpo")
+    c.report("a", "j", 10, 0.5)
+    c.stop("a", "j", "done")
+    slot = c.jobs.get("a", "j")  # a racing command holds the slot ...
+    c.delete_job("a", "j", "clean-up")  # ... while the delete runs
+    with pytest.raises(NotFound):
+        c._run(slot, Observe(Report(20, 0.4, received_at=1.0)))
+    c.close()
+    store = SQLiteStore(tmp_path / "d.db")
+    assert store.job("a", "j") is None and store.reports("a", "j") == []
+    store.close()

@@ -102,6 +102,10 @@ class EmbeddedClient:
         query = JobQuery.parse(q, status, job_type, detector, tag, sort, order, limit, after)
         return self.coordinator.browse(self.tenant, query)
 
+    def delete_job(self, job_id: str, reason: str = "") -> JobView:
+        """Delete an ended job (stopped, finished, failed, lost) with its reports; audited."""
+        return self.coordinator.delete_job(self.tenant, job_id, reason)
+
     def summary(self) -> TenantSummary:
         """The tenant's jobs by outcome and what its detectors' stops saved (steps, job-hours)."""
         return self.coordinator.summary(self.tenant)

@@ -295,6 +295,10 @@ class EvalStopClient:
         return self.call("browse_jobs", q=q, status=status, job_type=job_type, detector=detector, tag=tag, sort=sort,
                          order=order, limit=limit, after=after)
 
+    def delete_job(self, job_id: str, reason: str = "") -> JobView:
+        """Delete an ended job (stopped, finished, failed, lost) with its reports; audited."""
+        return self.call("delete_job", job_id=job_id, reason=reason)
+
     def summary(self) -> TenantSummary:
         """The tenant's jobs by outcome and what its detectors' stops saved (steps, job-hours)."""
         return self.call("summary")

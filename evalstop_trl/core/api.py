@@ -103,6 +103,8 @@ class EvalStopAPI(Protocol):
 
     def summary(self) -> TenantSummary: ...
 
+    def delete_job(self, job_id: str, reason: str = "") -> JobView: ...
+
     def export_jobs(self, format: str = "csv", q: str | None = None, status: str | None = None,
                     job_type: str | None = None, detector: str | None = None, tag: str | None = None,
                     sort: str | None = None, order: str | None = None) -> str: ...
@@ -221,6 +223,7 @@ ROUTES: Mapping[str, Route] = {r.name: r for r in (
     Route("export_jobs", "GET", "/v1/runs/export", TEXT, query=("format", *_FILTERS), text=True),
     Route("export_reports", "GET", "/v1/jobs/{job_id}/export", TEXT, query=("format",), text=True),
     Route("summary", "GET", "/v1/summary", SUMMARY),
+    Route("delete_job", "POST", "/v1/jobs/{job_id}/delete", codec.JOB, body=("reason",)),
 )}
 
 

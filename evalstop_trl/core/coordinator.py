@@ -61,6 +61,7 @@ from .records import (
     check_text,
     mode_named,
 )
+from .removal import JobRemoval
 from .repository import JobCache, ReplicatedJobs, Slot
 from .store import DONE, JobLimits, LimitReached, Store, StoreError, wait_durable
 from .tenants import Tenants
@@ -117,7 +118,7 @@ def _asked_policy(reg: Registration, policy: Any, job: JobState) -> Policy | Non
     return reg.policy if mode_named(policy) else reg.policy.with_mode(job.record.policy.mode)
 
 
-class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
+class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
     """Make and record stop decisions for many tenants' jobs.
 
     Args:
@@ -163,6 +164,8 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods):
     def _run(self, slot: Slot, command: Any) -> tuple[Step, Future]:
         """Compute ``command`` on the job's head and queue its write; the swap happens when durable."""
         with slot.lock:
+            if slot.deleted:  # deleted while this command waited for the lock
+                raise NotFound(f"no job {slot.head.record.job_id!r} for tenant {slot.head.record.tenant!r}")
             out = step(slot.head, command)
             if out.commit is None:
                 return out, slot.ticket  # nothing to write: answered once earlier writes are durable

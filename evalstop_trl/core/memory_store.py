@@ -54,14 +54,18 @@ class MemoryStore(Store):
         reports = self._reports.setdefault(key, [])
         if report is not None:
             reports.append(report)
+        self.commit_audit(audit)
+        for d in deliveries:
+            self._deliveries[d.id] = d
+        return DONE
+
+    def commit_audit(self, audit: Sequence[AuditRecord]) -> None:
+        """Append audit records (indexed by tenant and by job)."""
         for a in audit:
             i = len(self._audit)
             self._audit.append(a)
             self._audit_by.setdefault((a.tenant,), []).append(i)
             self._audit_by.setdefault((a.tenant, a.job_id), []).append(i)
-        for d in deliveries:
-            self._deliveries[d.id] = d
-        return DONE
 
     def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
         self._reports[(tenant, job_id)].append(report)
@@ -116,6 +120,20 @@ class MemoryStore(Store):
             for k in deliveries:
                 del self._deliveries[k]
         return counts
+
+    def delete_job(self, tenant: str, job_id: str, audit: AuditRecord) -> bool:
+        key = (tenant, job_id)
+        job = self._jobs.get(key)
+        if job is None or job.status.value not in PRUNABLE:
+            return False
+        del self._jobs[key]
+        self._reports.pop(key, None)
+        for k in [k for k in self._evals if k[:2] == key]:
+            del self._evals[k]
+        for k in [k for k, d in self._deliveries.items() if (d.tenant, d.job_id) == key]:
+            del self._deliveries[k]
+        self.commit_audit((audit,))
+        return True
 
     # webhook deliveries
     def job(self, tenant: str, job_id: str) -> JobRecord | None:

@@ -372,6 +372,7 @@ class AuditKind(str, Enum):
     LOST = "lost"  # silent past its lease
     SEEN_AGAIN = "seen_again"  # a lost job reported or sent a heartbeat again
     AMENDED = "amended"  # a re-registration filled in or changed the job's plan, policy or webhook
+    DELETED = "deleted"  # the tenant deleted the ended job with its reports (the audit line stays)
     WOULD_STOP = "would_stop"  # shadow mode: the detector decided a stop that was not carried out
     SIGTERM = "sigterm"  # legacy: written by evalstop 0.1, whose service signalled processes itself
     SIGKILL = "sigkill"

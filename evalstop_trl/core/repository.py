@@ -53,7 +53,8 @@ class Slot:
     """One job in memory (see the module docstring). ``committed`` is None until the job's
     registration is durable (the job is not visible before)."""
 
-    __slots__ = ("lock", "committed", "head", "ticket", "generation", "broken", "lazy", "events", "_on_status")
+    __slots__ = ("lock", "committed", "head", "ticket", "generation", "broken", "lazy", "events", "deleted",
+                 "_on_status")
 
     def __init__(self, state: JobState, committed: bool, on_status: Callable[[JobState, JobState], None]) -> None:
         self.lock = threading.RLock()
@@ -64,6 +65,7 @@ class Slot:
         self.broken = False  # a write failed: reload before the next command
         self.lazy = False  # only the record is loaded (a finished job): replay on first access
         self.events: int | None = None  # the job's launcher events (read from the store when first needed)
+        self.deleted = False  # the tenant deleted the job: a command still holding this slot is refused
         self._on_status = on_status
 
     def push(self, state: JobState, ticket: Future) -> None:
@@ -261,6 +263,14 @@ class JobCache:
             slots = [s for s in slots if s.committed.record.status is status]
         end = len(slots) if limit is None else offset + limit
         return [self._ready(s).committed for s in slots[offset:end]], len(slots)
+
+    def forget(self, slot: Slot, reports: int) -> None:
+        """The job was deleted from the store with its ``reports`` (the caller holds its lock)."""
+        slot.deleted = True
+        self.remove(slot)
+        hit = self._reports.get(slot.head.record.tenant)
+        if hit is not None:
+            hit[0] = max(0, hit[0] - reports)
 
     def records(self, tenant: str) -> list[JobRecord]:
         """The records of the tenant's committed jobs (what the job list searches and sorts)."""

@@ -169,6 +169,12 @@ class Store(ABC):
         """The job's published snapshots (the per-job snapshot quota)."""
         return len(self.evals(tenant, job_id))
 
+    def delete_job(self, tenant: str, job_id: str, audit: AuditRecord) -> bool:
+        """Delete one ended job (stopped, finished, failed or lost) with its reports, evals and webhook
+        deliveries, and append ``audit``, in one transaction; False (nothing written) if there is no such
+        ended job. Durable when it returns."""
+        raise NotImplementedError(f"{type(self).__name__} cannot delete a job")
+
     def prune(self, before: float, tenant: str | None = None, dry_run: bool = False) -> PruneCounts:
         """Delete the jobs that ended (stopped, finished, failed or lost) and were last updated before
         ``before``, with their reports, evals and webhook deliveries; the audit log is append-only and

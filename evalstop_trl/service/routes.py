@@ -146,6 +146,7 @@ SCHEMAS: Mapping[str, Schema] = {
     "export_jobs": Schema(RunsExportQuery, "query"),
     "export_reports": Schema(ExportQuery, "query"),
     "summary": Schema(),
+    "delete_job": Schema(StopIn, optional=True),
 }
 
 _POLL_S = 0.25
@@ -283,6 +284,10 @@ class Handlers:
         """One page of the caller's runs: search, filters, sort, keyset paging (``next``)."""
         with self.reads(t):
             return self.coordinator.browse(t, job_query(**query))
+
+    def delete_job(self, t: str, job_id: str, reason: str) -> JobView:
+        """Delete the caller's ended job with its reports (409 while it runs); its audit line stays."""
+        return self.coordinator.delete_job(t, job_id, reason)
 
     def summary(self, t: str) -> Any:
         """The caller's jobs by outcome and what its detectors' stops saved."""

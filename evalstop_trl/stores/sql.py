@@ -188,6 +188,26 @@ class SQLReads:
         self._write(op)
         return PruneCounts(*counts)
 
+    def delete_job(self, tenant: str, job_id: str, audit: AuditRecord) -> bool:
+        """One ended job with its rows, and its audit line, in one transaction (see Store.delete_job)."""
+        deleted: list[bool] = []
+        key = (tenant, job_id)
+
+        def op(db) -> None:
+            deleted.clear()
+            gone = db.execute(q(f"DELETE FROM jobs WHERE tenant=? AND job_id=? AND status IN "
+                                f"({', '.join(repr(s) for s in PRUNABLE)})", self._POSTGRES), key).rowcount
+            if gone:
+                for t in ("reports", "evals", "deliveries"):
+                    db.execute(q(f"DELETE FROM {t} WHERE tenant=? AND job_id=?", self._POSTGRES), key)
+                db.execute(q(f"INSERT INTO audit ({AUDIT_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)", self._POSTGRES),
+                           (audit.tenant, audit.job_id, audit.at, audit.kind.value, audit.actor, audit.reason,
+                            json.dumps(dict(audit.evidence))))
+            deleted.append(bool(gone))
+
+        self._write(op)
+        return deleted[0]
+
     def eval(self, tenant: str, job_id: str, step: int) -> EvalTask | None:
         rows = self._read(f"SELECT {EVAL_COLS} FROM evals WHERE tenant=? AND job_id=? AND step=?", (tenant, job_id, step))
         return eval_from_row(rows[0]) if rows else None

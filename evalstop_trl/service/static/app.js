@@ -8,6 +8,7 @@ import { drawJobChart, legendItems, legendSwatch } from "./chart.js";
 import { compareView, parseCompareHash } from "./compare.js";
 import { $, describeMap, h, isShadow, mark, statusBadge } from "./dom.js";
 import { jobsView, parseListHash } from "./list.js";
+import { openAction, setupActionDialog, updateActionButtons } from "./ops.js";
 import {
   AUDIT_LABELS, TERMINAL, describePolicy, fmtNum, fmtStep, fmtTime, stopEvidence, stopStep,
 } from "./util.js";
@@ -232,6 +233,22 @@ function jobView(id) {
   const exportCsv = onExport("csv"), exportJson = onExport("json");
   $("job-export-csv").addEventListener("click", exportCsv);
   $("job-export-json").addEventListener("click", exportJson);
+  const afterAction = (name, answer) => {
+    if (name === "delete") {
+      $("flash").textContent = `Deleted ${id} (${answer.n_reports} reports); the audit trail keeps a line.`;
+      $("flash").dataset.keep = "1";
+      location.hash = "#/";
+      return;
+    }
+    applyJob(answer);
+    if (view) view.refresh(generation).catch(handleError);
+    $("fail-button").focus();
+  };
+  const onFail = () => openAction("fail", id, afterAction);
+  const onDelete = () => openAction("delete", id, afterAction);
+  $("fail-button").addEventListener("click", onFail);
+  $("delete-button").addEventListener("click", onDelete);
+  $("fail-button").hidden = $("delete-button").hidden = true;
 
   function readout(r) {
     cursorStep = r ? r.step : null;
@@ -249,6 +266,7 @@ function jobView(id) {
     $("stop-button").hidden = false;
     $("stop-button").disabled = TERMINAL.has(j.status);
     $("stop-button").title = TERMINAL.has(j.status) ? `This job is ${j.status}.` : "";
+    updateActionButtons(j);
     const dl = $("job-facts");
     dl.replaceChildren();
     fact(dl, "Type", j.job_type);
@@ -327,6 +345,7 @@ function jobView(id) {
           $("job-missing").textContent = `No job ${id} for this tenant.`;
           $("job-body").hidden = true;
           $("stop-button").hidden = true;
+          $("fail-button").hidden = $("delete-button").hidden = true;
           return;
         }
         throw err;
@@ -347,6 +366,9 @@ function jobView(id) {
       $("stop-button").removeEventListener("click", onStop);
       $("copy-checkpoint").removeEventListener("click", onCopy);
       $("job-export-csv").removeEventListener("click", exportCsv);
+      $("fail-button").removeEventListener("click", onFail);
+      $("delete-button").removeEventListener("click", onDelete);
+      if ($("op-dialog").open) $("op-dialog").close("cancel");
       $("job-export-json").removeEventListener("click", exportJson);
       delete $("view-job").dataset.ready;
       document.title = "EvalStop";
@@ -360,6 +382,7 @@ function jobView(id) {
 function start() {
   setupSignin();
   setupStopDialog();
+  setupActionDialog();
   window.addEventListener("hashchange", () => { navigate(); });
   document.addEventListener("visibilitychange", () => { if (!document.hidden && view) tick(); });
   navigate();
