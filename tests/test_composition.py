@@ -354,16 +354,20 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
         assert failures and all(f == 1 for f in failures), run.result["evalstop_logs"]
 
 
+def _job_and_scores(t: Target, job_id: str):
+    """The job as the API shows it, and its recorded (step, eval score) in step order."""
+    c = t.client()
+    try:
+        return c.status(job_id), [(r.step, r.eval_score) for r in sorted(c.reports(job_id), key=lambda r: r.step)]
+    finally:
+        c.close()
+
+
 def _shadow_row(row: Row, t: Target) -> None:
     job_id = f"comp-{ROWS.index(row) + 1}"
     run = _job(row, t, job_id, 1, "--max-steps", "90", "--callback-kwargs", '{"shadow": true}')
     _ok(run, "the shadow run")
-    c = t.client()
-    try:
-        job = c.status(job_id)
-        scores = [(r.step, r.eval_score) for r in sorted(c.reports(job_id), key=lambda r: r.step)]
-    finally:
-        c.close()
+    job, scores = _job_and_scores(t, job_id)
     would, _, _, reason = replay(scores)
     best_step = max(scores, key=lambda s: s[1])[0]
     assert would is not None, f"the detector never stops on {scores}: the shadow row shows nothing"
@@ -382,12 +386,7 @@ def _shadow_row(row: Row, t: Target) -> None:
 
 def _check_stopped(row: Row, t: Target, job_id: str, run: Run, planned: int | None = None):
     """The job stopped where the detector says on its recorded scores, with that best, and what is on disk."""
-    c = t.client()
-    try:
-        job = c.status(job_id)
-        scores = [(r.step, r.eval_score) for r in sorted(c.reports(job_id), key=lambda r: r.step)]
-    finally:
-        c.close()
+    job, scores = _job_and_scores(t, job_id)
     direction = "min" if row.defect == "D8" else "max"
     stop_step, best_step, best_score, reason = replay(scores, direction)
     res = run.result
