@@ -8,7 +8,9 @@ against the base alone, and the detector comparison of ``platform-sim reproduce`
 (:func:`platform_sim.comparison.detector_seed`: every registered detector at sigma 0.04 / 0.08 /
 0.12 x 10 evals and 0.04 x 20). Means and rates pool every seed of every range; intervals are 95%
 bootstrap intervals over the pooled seeds (``platform_sim.stats``), so 60 seeds give one interval,
-not two. Seeds below 1000 are refused (they are the tuning range).
+not two. Seeds below 1000 are refused (they are the tuning range). ``--png`` plots precision vs
+retention per detector (``platform_sim.plots.plot_detectors``); ``--replot claims.json --png F``
+redraws it from a saved ``--json`` without simulating.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from platform_sim.comparison import aggregate_detectors, detector_seed  # noqa: E402
 from platform_sim.config import config_from_dict, load_config  # noqa: E402
 from platform_sim.experiments import map_seeds, run_pair, simulate  # noqa: E402
+from platform_sim.metrics import Detection  # noqa: E402
+from platform_sim.results import DetectorRow  # noqa: E402
 from platform_sim.stats import Metric, Rates  # noqa: E402
 from platform_sim.workload import generate_workload  # noqa: E402
 
@@ -48,6 +52,16 @@ def parse_ranges(text: str) -> list[int]:
     return seeds
 
 
+def rows_from_json(path: str) -> list[DetectorRow]:
+    """The detector rows of a saved ``--json`` (for ``--replot``)."""
+    rows = []
+    for d in json.loads(Path(path).read_text())["detectors"]:
+        rates = Rates(Detection(**d["counts"]), tuple(d["precision_ci"]), tuple(d["recall_ci"]), tuple(d["fpr_ci"]))
+        rows.append(DetectorRow(d["detector"], d["params"], d["sigma"], d["evals_per_job"], rates, d["retention"],
+                                tuple(d["retention_ci"]), d["jct_change"], tuple(d["jct_change_ci"])))
+    return rows
+
+
 def _pct(m: float | None) -> str:
     return "n/a" if m is None else f"{100 * m:.1f}"
 
@@ -57,7 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranges", default="5000:30,8000:30", help="start:count[,start:count...]")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json")
+    ap.add_argument("--png", help="precision vs retention per detector")
+    ap.add_argument("--replot", metavar="JSON", help="only redraw --png from a saved --json")
     args = ap.parse_args(argv)
+    if args.replot:
+        from platform_sim.plots import plot_detectors
+
+        plot_detectors(rows_from_json(args.replot), args.png or "detectors.png")
+        return 0
     seeds = parse_ranges(args.ranges)
     cfg = load_config()
     t0 = time.perf_counter()
@@ -88,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             "seeds": seeds, "jct_change": jct.to_dict(), "jct_change_all": jct_all.to_dict(),
             "gpu_hours_change": gpu.to_dict(), "rates": rates.to_dict(), "harmful_stops": rates.harmful_stops,
             "detectors": [r.to_dict() for r in rows]}, indent=1, default=str))
+    if args.png:
+        from platform_sim.plots import plot_detectors
+
+        plot_detectors(rows, args.png)
     return 0
 
 
