@@ -68,9 +68,15 @@ __all__ = ["SealedOverlay", "SealedOverlayError", "child_command", "child_env", 
 
 START_TIMEOUT_S = 60.0  # the child's imports, on a loaded machine
 REPLY_TIMEOUT_S = 30.0
+MAX_REPLY_BYTES = 65536
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _CLASS_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _ENV_KEEP = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LC_ALL": "C.UTF-8"}
+
+
+def _printable(text: str) -> str:
+    """The child's text as it may reach a terminal: no control characters but newlines and tabs."""
+    return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
 
 
 def child_env() -> dict[str, str]:
@@ -237,10 +243,11 @@ class SealedOverlay(Overlay):
         return reply
 
     def _exchange(self, message: Any, n: int | None, timeout_s: float) -> Any:
-        limit = 4096 if n is None else 64 + 32 * n
+        """Send ``message``, read one reply frame (at most :data:`MAX_REPLY_BYTES` plus 16 bytes per
+        expected answer: room for an error's traceback, none for a flood)."""
         try:
             send_frame(self._out, encode(message), timeout_s)
-            reply = self._reader.read(timeout_s, max(limit, 16384))
+            reply = self._reader.read(timeout_s, MAX_REPLY_BYTES + 16 * (n or 0))
         except SealedOverlayError as exc:
             self._fail(str(exc))
         if isinstance(reply, dict) and set(reply) == {"error"}:
@@ -250,7 +257,8 @@ class SealedOverlay(Overlay):
     def _fail(self, why: str) -> None:
         tail = self._stderr_tail()
         self.close(kill=True)
-        raise SealedOverlayError(why + (f"\n(its standard error ends with:)\n{tail}" if tail else ""))
+        text = why + (f"\n(its standard error ends with:)\n{tail}" if tail else "")
+        raise SealedOverlayError(_printable(text))
 
     def _stderr_tail(self) -> str:
         try:
