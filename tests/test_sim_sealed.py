@@ -207,7 +207,7 @@ def test_a_run_with_worker_processes_keeps_them_and_its_main_process_unreadable(
 def test_a_misbehaving_child_gives_a_clear_error(how, message):
     cfg = load_config().replace(**{"workload.n_jobs": 10})
     wl = generate_workload(cfg, 0, salt=1)
-    ov = SealedOverlay("tests.sim_cheats:Broken", {"how": how}, reply_timeout_s=1.0)
+    ov = SealedOverlay("tests.sim_cheats:Broken", {"how": how}, reply_timeout_s=1.0 if how == "hang" else 20.0)
     with pytest.raises(SealedOverlayError, match=message):
         Simulation(wl, cfg, create_scheduler("fifo"), ov).run()
     assert ov._proc is None  # killed and reaped
