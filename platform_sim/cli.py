@@ -75,7 +75,8 @@ def _cmd_run_salted(args: argparse.Namespace) -> int:
         print(f"platform-sim run: the sealed overlay failed: {exc}", file=sys.stderr)
         return 1
     print(run_table(res.result))
-    mode = f"sealed ({res.overlay} in its own process)" if res.sealed else "in-process"
+    dropped = "dropped its capabilities" if res.hardened else "could not drop its capabilities"
+    mode = f"sealed ({res.overlay} in its own process, which {dropped})" if res.sealed else "in-process"
     print(f"{mode}; salt {hex(res.salt)} (reproduce with --salt {hex(res.salt)})")
     print(f"({time.perf_counter() - t0:.1f} s)")
     if args.write_trace:  # only now: a trace holds the truth
