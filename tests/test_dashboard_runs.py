@@ -101,7 +101,8 @@ def test_the_list_shows_start_duration_last_seen_and_the_stop_or_failure_reason(
     stopped, failed = row(page, "sweep-lr-1"), row(page, "crashed-run")
     assert "consecutive declines" in stopped.locator(".reason").inner_text()
     expect(failed.locator(".reason")).to_have_text("CUDA out of memory")  # from the audit trail
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", stopped.locator(".started").inner_text())
+    assert re.fullmatch(r"\d\d-\d\d \d\d:\d\d", stopped.locator(".started").inner_text())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", stopped.locator(".started").get_attribute("title"))
     assert re.fullmatch(r"\d+ s|\d+ min \d+ s", stopped.locator(".duration").inner_text())
     assert stopped.locator(".seen").inner_text().endswith("ago")
     assert failed.locator(".status").inner_text() == "failed"

@@ -147,7 +147,8 @@ export function jobsView(ctx, { filters, after, page }) {
     c[4].textContent = job.policy && job.policy.detector ? job.policy.detector : policy;
     c[4].title = policy;
     c[5].textContent = describeMap(job.tags);
-    c[6].textContent = fmtTime(job.created_at);
+    c[6].textContent = fmtTime(job.created_at).slice(5, 16); // "12-01 15:20" (the full time in its title)
+    c[6].title = fmtTime(job.created_at);
     const end = typeof job.ended_at === "number" ? job.ended_at : Date.now() / 1000;
     c[7].textContent = fmtDuration(end - job.created_at);
     c[8].textContent = fmtAgo(job.last_seen);

@@ -43,6 +43,11 @@ export const AUDIT_LABELS = {
   sigkill: "Service sent SIGKILL",
   webhook: "Webhook delivered",
   webhook_failed: "Webhook failed",
+  lost: "Lost (silent past its lease)",
+  seen_again: "Seen again",
+  amended: "Registration amended",
+  would_stop: "Would stop (shadow mode)",
+  deleted: "Deleted",
 };
 
 // The step at which a stopped job was stopped: the step named in the stop's audit evidence
