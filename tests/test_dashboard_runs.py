@@ -298,6 +298,17 @@ def test_a_cursor_is_bound_to_its_sort_and_names_no_other_tenants_runs(site):
     assert seen == ["crashed-run", "shadow-run", "sweep-lr-1", "sweep-lr-2", "sweep-lr-3"]
 
 
+@pytest.mark.parametrize("forged", [["started", "x", "j"], ["job_id", 5, "j"], ["started", [1], "j"],
+                                    ["started", {"a": 1}, "j"], ["started", 1, None], "not a list"])
+def test_a_forged_cursor_is_a_422_never_a_500(site, forged):
+    import base64
+
+    cursor = base64.urlsafe_b64encode(json.dumps(forged).encode()).decode().rstrip("=")
+    sort = forged[0] if isinstance(forged, list) else "started"
+    r = site.alice.http.get("/v1/runs", params={"sort": sort, "after": cursor})
+    assert r.status_code == 422 and "after must be" in r.text
+
+
 def test_bad_export_formats_are_refused(site):
     assert site.alice.http.get("/v1/runs/export?format=xlsx").status_code == 422
     assert site.alice.http.get("/v1/jobs/sweep-lr-1/export?format=../../etc").status_code == 422

@@ -93,21 +93,6 @@ export const exportReportsPath = (id, format) =>
 
 const jobPath = (id) => `v1/jobs/${encodeURIComponent(id)}`;
 
-// One page of the tenant's jobs. The server pages and filters (?status, ?limit, ?offset, with
-// X-Total-Count); an older server ignores those and answers every job, so we page here instead.
-export async function listJobs({ status = "", offset = 0, limit = 50 } = {}) {
-  const q = new URLSearchParams({ limit: String(limit), offset: String(offset) });
-  if (status) q.set("status", status);
-  const { data, headers } = await api(`v1/jobs?${q}`);
-  const match = (j) => !status || j.status === status;
-  const total = headers.get("X-Total-Count");
-  if (total !== null && data.length <= limit && data.every(match)) {
-    return { jobs: data, total: Number(total), serverPaged: true };
-  }
-  const all = data.filter(match);
-  return { jobs: all.slice(offset, offset + limit), total: all.length, serverPaged: false };
-}
-
 export async function getJob(id) {
   return (await api(jobPath(id))).data;
 }
