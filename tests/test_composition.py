@@ -27,6 +27,7 @@ table equal to :data:`ROWS`:
     13   pairs-13                    embedded     external  direct    resume
     14   D6-metric-without-eval      embedded     metric    direct    fresh   (no training: eval_strategy="no")
     15   S1-shadow-mode              http_sqlite  callable  launcher  fresh   (shadow=True: trains to its end)
+    16   B1-run-browser              http_pg      callable  direct    fresh   (tags, hparams, browse, export)
 
 Every training row asserts: the stop step is the one ``create_detector("decline", k=2)`` gives on the
 scores the coordinator recorded (external: the decision's step, and the stop lag), the best step and
@@ -35,7 +36,10 @@ launcher's exit status, and the checkpoints on disk (the best kept, nothing newe
 stop). Defect rows assert their defect on top (see :data:`DEFECTS`). ``S1-shadow-mode`` (issue 18, shadow
 mode) runs ``EvalStopCallback(shadow=True)`` under the launcher against a real service: the run trains to
 its end, the job finishes with its would-stop at the step the detector gives, and `evalstop shadow-report`
-judges it. External rows start their worker
+judges it. ``B1-run-browser`` (issue 19) runs ``EvalStopCallback(tags=...)`` against a real service on
+PostgreSQL: the job is found by its tag, carries the trainer's hyperparameters, its CSV export equals
+its recorded reports, the tenant's summary counts its stop and the steps it saved, and once stopped it
+can be deleted (its audit line stays). External rows start their worker
 before the training process. A row takes 15-40 s on 2 cores.
 """
 
@@ -140,8 +144,11 @@ ROWS = pairwise([Row(*d) for d in DEFECTS]) + [
     Row("D6-metric-without-eval", "embedded", "metric", "direct", "fresh",
         "item 6: metric mode with eval_strategy='no' fails at on_train_begin naming eval_strategy"),
     Row("S1-shadow-mode", "http_sqlite", "callable", "launcher", "fresh",
-        "shadow mode: would-stop recorded, never stopped, the launcher lets the run finish")]
-_NOTES = {"D6": '   (no training: eval_strategy="no")', "S1": "   (shadow=True: trains to its end)"}
+        "shadow mode: would-stop recorded, never stopped, the launcher lets the run finish"),
+    Row("B1-run-browser", "http_pg", "callable", "direct", "fresh",
+        "run browser: tags and hparams recorded, found by tag, exported, summarised, deleted")]
+_NOTES = {"D6": '   (no training: eval_strategy="no")', "S1": "   (shadow=True: trains to its end)",
+          "B1": "   (tags, hparams, browse, export)"}
 
 
 def table() -> str:
@@ -287,6 +294,9 @@ def test_composition(row: Row, tmp_path, request):
         if row.name.startswith("S1"):
             _shadow_row(row, t)
             return
+        if row.name.startswith("B1"):
+            _browser_row(row, t)
+            return
         _train_row(row, t, tmp_path)
     finally:
         t.close()
@@ -382,6 +392,34 @@ def _shadow_row(row: Row, t: Target) -> None:
     verdict = json.loads(report.stdout)["jobs"][0]
     assert (verdict["job_id"], verdict["would_stop_step"], verdict["last_step"]) == (job_id, would, 90), verdict
     assert verdict["verdict"] in ("right", "early"), verdict
+
+
+def _browser_row(row: Row, t: Target) -> None:
+    import csv
+    import io
+
+    job_id = f"comp-{ROWS.index(row) + 1}"
+    run = _job(row, t, job_id, 1, "--max-steps", "90", "--callback-kwargs", '{"tags": {"sweep": "b1", "seed": 0}}')
+    _ok(run, "the tagged run")
+    job = _check_stopped(row, t, job_id, run)
+    c = t.client()
+    try:
+        page = c.browse_jobs(tag="sweep=b1")
+        assert [v.job_id for v in page.jobs] == [job_id] and page.total == 1, page
+        assert dict(job.tags) == {"seed": "0", "sweep": "b1"}, job.tags
+        h = job.hparams
+        assert h["max_steps"] == 90 and h["learning_rate"] > 0 and h["per_device_train_batch_size"] >= 1, h
+        assert h["model_name"], h
+        exported = [(int(r["step"]), float(r["eval_score"]) if r["eval_score"] else None)
+                    for r in csv.DictReader(io.StringIO(c.export_reports(job_id)))]
+        assert exported == [(r.step, r.eval_score) for r in c.reports(job_id)], exported
+        summary = c.summary()
+        assert summary.stopped_by_detector == 1 and summary.steps_saved == job.planned_steps - job.last_step, summary
+        c.delete_job(job_id, "composition clean-up")
+        assert c.browse_jobs(tag="sweep=b1").total == 0
+        assert [a.kind.value for a in c.audit(job_id)][-1] == "deleted"
+    finally:
+        c.close()
 
 
 def _check_stopped(row: Row, t: Target, job_id: str, run: Run, planned: int | None = None):
