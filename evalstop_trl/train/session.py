@@ -279,8 +279,7 @@ class EvalStopSession:
     Args:
         config: the stop rule and failure handling.
         job_id: the job's id (or give it to :meth:`attach`).
-        heartbeat_s: seconds between heartbeats sent by :meth:`beat` (None or 0: none); the default is
-            a quarter of the coordinator's default lease.
+        heartbeat_s: seconds between heartbeats sent by :meth:`beat` (None or 0: none; default: lease / 4).
         clock: monotonic seconds for the heartbeats (injected by tests).
 
     Attributes:
@@ -291,8 +290,7 @@ class EvalStopSession:
         stopped_at: the step training stopped at, if it did.
         attempt: 1 for a new job, 2 when attaching to a job with stored reports.
         stop_lag: with external evals, the steps trained after the eval that decided the stop.
-        evals: failed evals in a row (:class:`EvalFailures`): ``evals.accept(step, value)`` turns a
-            score into a float or a counted failure.
+        evals: failed evals in a row (:class:`EvalFailures`; ``evals.accept(step, value)`` counts one).
         train_loss, proxy_reward: the latest of each seen in the trainer's logs (:meth:`observe_logs`).
     """
 
