@@ -536,6 +536,29 @@ def test_decisions_do_not_depend_on_the_score_units(name, params):
     assert 0 < stopped < len(UNITS_SERIES)  # the table exercises both outcomes
 
 
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(sorted(SCORE_READERS)),
+       ticks=st.lists(st.integers(-40, 40), min_size=4, max_size=30),
+       with_progress=st.booleans())
+def test_units_property(name, ticks, with_progress):
+    """Any series on a grid of eighths (ties included), any of the units: the same decisions."""
+    series = [t / 8 for t in ticks]
+    n = len(series)
+
+    def stops(a, b):
+        det = create_detector(name)
+        for i, y in enumerate(series):
+            d = det.observe(Observation("j", 10 * (i + 1), a * y + b, progress=(i + 1) / n if with_progress else None))
+            if d.action is Action.STOP:
+                return i, d.best_step
+        return None, det.best_step
+
+    base = stops(1.0, 0.0)
+    for a in (0.01, 0.1, 10.0, 100.0):
+        for b in (-50.0, 0.0, 3.0):
+            assert stops(a, b) == base, (a, b)
+
+
 def test_an_absolute_noise_prior_is_not_scale_free():
     """The documented exception: an explicit noise_prior is in score units."""
     changed = sum(_stops("trend", {"noise_prior": 0.09}, s, 1.0, 0.0) != _stops("trend", {"noise_prior": 0.09}, s, 0.1, 0.0)
