@@ -316,7 +316,7 @@ def sweep_cells(plan: SweepPlan) -> Iterator[CellResult]:
     margin = cfg.metrics.harmful_margin
     protos = [(d.label, d.build()) for d in plan.detectors]
     dip = (plan.dip_depth, plan.dip_centre, plan.dip_width)
-    for fi, family in enumerate(plan.families):
+    for family in plan.families:
         f_key = SWEEP_FAMILIES.index(family)
         for m in plan.evals:
             pop = draw_population(cfg.curves, family, plan.curves_per_cell, m, _cell_rng(plan.seed, f_key, m), dip)

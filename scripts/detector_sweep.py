@@ -120,7 +120,7 @@ def plot(summary: dict, plan, path: str) -> None:
     axes = grid.ravel()
     for ax in axes[len(labels):]:
         ax.axis("off")
-    for ax, label in zip(axes, labels):
+    for ax, label in zip(axes[:len(labels)], labels, strict=True):
         g = summary["pass_grid"][label]
         share = np.array([[g[f"{s}/{m}"][0] / g[f"{s}/{m}"][1] for m in plan.evals] for s in plan.sigmas])
         ax.imshow(share, vmin=0, vmax=1, cmap="RdYlGn", origin="lower", aspect="auto")

@@ -15,7 +15,7 @@ Selection rule (fixed before looking at any evaluation seed), per detector:
 
 ``sequential`` searches z x span x noise_rel (its window 8 and min_evals 4 are fixed); ``drop``, ``trend`` and ``cusum``
 keep their earlier window / z / drift / threshold and search only ``noise_rel`` (their relative
-noise prior). Each candidate is one JSON line of the log: its parameters, the number of passing
+noise prior). Each candidate is one JSON line appended to the log: its parameters, the number of passing
 cells, its precision / recall / retention at sigma 0.04 x 10 evals, and whether it was chosen.
 """
 
