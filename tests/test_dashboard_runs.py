@@ -384,3 +384,35 @@ def test_another_tenant_can_neither_fail_nor_delete_a_job_nor_see_the_buttons(pa
     page.get_by_text("No job sweep-lr-3 for this tenant").wait_for()
     expect(page.get_by_role("button", name="Delete")).to_be_hidden()
     expect(page.get_by_role("button", name="Mark failed")).to_be_hidden()
+
+
+def test_clients_that_go_away_mid_export_never_hold_the_tenants_read_slots(site):
+    """An export holds one of the tenant's two read slots while it streams; a client that disconnects
+    before or during the answer must not leave it held (else every later read is a 429)."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    site.alice.http.post("/v1/jobs", json={"job_id": "big-export", "job_type": "grpo"}).raise_for_status()
+    for step in range(1, 1501):
+        r = site.alice.http.post("/v1/jobs/big-export/reports", json={"step": step, "eval_score": 0.5,
+                                                                      "checkpoint": "c" * 200})
+        assert r.status_code == 200, r.text
+    host, port = urlsplit(site.url).hostname, urlsplit(site.url).port
+    request = (f"GET /v1/jobs/big-export/export?format=json HTTP/1.1\r\nHost: {host}\r\n"
+               f"Authorization: Bearer {site.tokens['alice']}\r\n\r\n").encode()
+    for read in (0, 0, 0, 4096, 4096, 4096):  # gone before the answer, then mid-stream
+        with socket.create_connection((host, port)) as s:
+            s.sendall(request)
+            if read:
+                assert s.recv(read)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+    deadline = time.monotonic() + 10
+    while True:
+        codes = [site.alice.http.get("/v1/runs", params={"limit": 1}).status_code for _ in range(3)]
+        if codes == [200, 200, 200] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert codes == [200, 200, 200], codes
+    full = site.alice.http.get("/v1/jobs/big-export/export?format=json")
+    assert full.status_code == 200 and len(full.json()) == 1500

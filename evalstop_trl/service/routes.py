@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, NamedTuple
 
 from fastapi import FastAPI, Path, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -43,7 +43,7 @@ from ..core.records import MAX_STEP, AuditKind, JobView
 from ..core.store import StoreError
 from .metrics import Metrics
 from .middleware import TokenBuckets
-from .runs import ExportQuery, RunsExportQuery, RunsQuery, Stream, job_query
+from .runs import ExportQuery, RunsExportQuery, RunsQuery, Stream, StreamAnswer, job_query
 from .schemas import (
     AckIn,
     AuditQuery,
@@ -329,8 +329,7 @@ def _respond(route: Route, result: Any) -> Response:
     """The HTTP answer of a handler's result, encoded by the route's codec (strict JSON)."""
     value, status, headers = result if isinstance(result, Answer) else (result, None, None)
     if isinstance(value, Stream):
-        return StreamingResponse(value.body(), media_type=value.media_type, headers={
-            "Content-Disposition": f'attachment; filename="{value.filename}"', "Cache-Control": "no-store"})
+        return StreamAnswer(value)
     data = route.result.encode(value)
     if data is None:
         return Response(status_code=204, headers=headers)

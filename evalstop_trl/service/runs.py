@@ -9,16 +9,19 @@ a page at a time while they are sent (in the thread pool), so an export's memory
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..core.browse import MAX_PAGE, MAX_QUERY, JobQuery
 from ..core.export import FORMATS
 from .schemas import Line
 
-__all__ = ["ExportQuery", "RunsExportQuery", "RunsQuery", "Stream", "job_query"]
+__all__ = ["ExportQuery", "RunsExportQuery", "RunsQuery", "Stream", "StreamAnswer", "job_query"]
 
 _FORMATS = "|".join(FORMATS)
 
@@ -63,9 +66,36 @@ class Stream(NamedTuple):
     close: Callable[[], None] | None = None
 
     def body(self) -> Iterator[bytes]:
+        """The encoded chunks. ``close`` runs when they are all sent, when the client goes away
+        mid-stream, and also when the body is dropped before its first chunk (a client that went away
+        before the answer started): a finalizer on the generator, so a tenant's read slot is never lost."""
+        gen = self._encoded()
+        if self.close is not None:
+            weakref.finalize(gen, self.close)
+        return gen
+
+    def _encoded(self) -> Iterator[bytes]:
         try:
             for chunk in self.chunks:
                 yield chunk.encode()
         finally:
             if self.close is not None:
                 self.close()
+
+
+class StreamAnswer(StreamingResponse):
+    """The HTTP answer of a :class:`Stream`: its ``close`` runs when the answer is over, however it
+    ends (sent, the client gone before or during it, cancelled) — not left to the garbage collector,
+    so the tenant's read slot the export holds is free again at once."""
+
+    def __init__(self, stream: Stream) -> None:
+        super().__init__(stream.body(), media_type=stream.media_type, headers={
+            "Content-Disposition": f'attachment; filename="{stream.filename}"', "Cache-Control": "no-store"})
+        self._close = stream.close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._close is not None:
+                self._close()
