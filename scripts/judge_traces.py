@@ -4,7 +4,8 @@
     python scripts/judge_traces.py                      # evaluate every registered detector on them
 
 The exact command that produced ``configs/traces/judge/`` (80 runs, seeds 0-79, one run per seed,
-200 steps each, an eval every 10 steps)::
+200 steps each, an eval every 10 steps; 26.5 minutes in one process on 2 cores shared with other
+work, 2026-12-01)::
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/judge_traces.py --run --workers 1
 
@@ -250,7 +251,7 @@ def fmt_lag(lag: tuple[float, float, float] | None) -> str:
     return f"{med:g} [{lo:g}, {hi:g}]"
 
 
-HEADER = ("detector", "precision (B)", "recall", "FPR (B)", "FPR (A)", "lag, evals after the gold peak")
+HEADER = ("detector", "precision (B)", "recall", "FPR (B)", "FPR (A)", "lag (evals after the gold peak)")
 
 
 def rows(res: dict[str, Any]) -> list[tuple[str, ...]]:
