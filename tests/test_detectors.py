@@ -468,6 +468,16 @@ def test_sequential_averages_over_a_share_of_training_when_progress_is_known():
     assert d.evidence["run"] == 1  # judged eval by eval
 
 
+@pytest.mark.parametrize("n_total, span, w", [(10, 0.15, 2), (5, 0.15, 1), (20, 0.15, 3), (40, 0.15, 6),
+                                             (10, 0.25, 3), (30, 0.05, 2), (7, 0.5, 4)])
+def test_sequential_run_length_is_the_same_at_every_eval(n_total, span, w):
+    """w = span x evals per job, half rounded up, at every eval (not flipping with float rounding)."""
+    det = create_detector("sequential", span=span)
+    for i in range(n_total):
+        det.observe(Observation("j", i + 1, float(i % 2), progress=(i + 1) / n_total))
+        assert det._w == w, (i, det._w)
+
+
 def test_sequential_threshold_grows_with_the_looks():
     det = create_detector("sequential", span=0.1)
     thresholds = []

@@ -870,15 +870,20 @@ class SequentialDetector(Detector):
             return 1
         if self.span * self.looks >= self.window * progress:
             return self.window
-        return max(1, round(self.span * self.looks / progress))
+        # half up, with a tolerance for the rounding of looks / progress: with evenly spaced evals
+        # 0.15 * 7 / 0.7 is 1.5000000000000002 and 0.15 * 4 / 0.4 is 1.4999999999999998, and w must
+        # not flip between 1 and 2 from one eval to the next
+        return max(1, int(self.span * self.looks / progress + 0.5 + 1e-9))
 
     def _update_reference(self, w: int) -> None:
         recent = self._recent
         if w != self._w:  # the cadence changed (or the first eval): rebuild from the evals in memory
             self._w, self._best = w, None
-            vals = list(recent)
-            for end in range(w, len(vals) - w + 1):
-                m = sum(vals[end - w:end]) / w
+            prefix = [0.0]
+            for v in recent:  # running sums: O(window) even if the cadence changes at every report
+                prefix.append(prefix[-1] + v)
+            for end in range(w, len(prefix) - w):
+                m = (prefix[end] - prefix[end - w]) / w
                 self._best = m if self._best is None or m > self._best else self._best
         elif len(recent) >= 2 * w:  # the w-mean that ended w evals ago becomes eligible
             vals = list(recent)[-2 * w:-w]
