@@ -85,6 +85,7 @@ class JobQuery:
     descending: bool = True
     limit: int = 50
     after: tuple[Any, str] | None = None
+    at: float | None = None  # the time the first page was read at (from the cursor): durations as then
 
     @classmethod
     def parse(cls, q: Any = None, status: Any = None, job_type: Any = None, detector: Any = None, tag: Any = None,
@@ -108,7 +109,8 @@ class JobQuery:
             limit = 50
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
             raise InvalidInput(f"limit must be an integer in [1, {MAX_PAGE}], but got {limit!r}.")
-        return cls(text, st, jt, det, _tag(tag), sort, order != "asc", limit, _decode_cursor(after, sort))
+        position, at = _decode_cursor(after, sort)
+        return cls(text, st, jt, det, _tag(tag), sort, order != "asc", limit, position, at)
 
     def matches(self, r: JobRecord) -> bool:
         """Whether the job is one of the runs asked for (search: the job id or a tag's key or value)."""
@@ -155,17 +157,19 @@ def _tag(value: Any) -> tuple[str, str | None] | None:
     return key.strip(), (wanted.strip() if eq else None)
 
 
-def encode_cursor(sort: str, position: tuple[Any, str]) -> str:
-    """The opaque ``after`` of the page that follows ``position`` in the ``sort`` order."""
+def encode_cursor(sort: str, position: tuple[Any, str], at: float) -> str:
+    """The opaque ``after`` of the page that follows ``position`` in the ``sort`` order; ``at``: the
+    time the first page was read at (a running job's duration is counted up to it on every page, so
+    the order does not move under the cursor)."""
     key, job_id = position
     key = None if isinstance(key, float) and math.isinf(key) else key
-    raw = json.dumps([sort, key, job_id], separators=(",", ":"), allow_nan=False)
+    raw = json.dumps([sort, key, job_id, at], separators=(",", ":"), allow_nan=False)
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def _decode_cursor(value: Any, sort: str) -> tuple[Any, str] | None:
+def _decode_cursor(value: Any, sort: str) -> tuple[tuple[Any, str] | None, float | None]:
     if value in (None, ""):
-        return None
+        return None, None
     bad = InvalidInput("after must be the 'next' cursor of the previous page of the same sort (or left out for "
                        "the first page).")
     if not isinstance(value, str) or len(value) > _MAX_CURSOR:
@@ -174,40 +178,42 @@ def _decode_cursor(value: Any, sort: str) -> tuple[Any, str] | None:
         data = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
     except (ValueError, TypeError):
         raise bad from None
-    if not (isinstance(data, list) and len(data) == 3 and data[0] == sort and isinstance(data[2], str)):
+    if not (isinstance(data, list) and len(data) == 4 and data[0] == sort and isinstance(data[2], str)):
         raise bad
-    key = data[1]
+    key, at = data[1], data[3]
     if key is None:
         key = math.inf  # "ended" of a running job
     if isinstance(key, bool) or not isinstance(key, (int, float, str)):
         raise bad
-    return (float(key) if isinstance(key, int) else key), data[2]
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        raise bad
+    return ((float(key) if isinstance(key, int) else key), data[2]), float(at)
 
 
 def select(records: Iterable[JobRecord], query: JobQuery, now: float) -> JobPage:
     """The page of ``records`` that ``query`` asks for (ids in order), its total and next cursor.
 
-    One pass: the matches are counted and the ``limit + 1`` first after the cursor kept in a heap
-    (memory bounded by the page, not by the tenant's jobs)."""
+    One pass: the matches are counted and the ``limit + 1`` first after the cursor kept in a bounded
+    heap (memory of a page, whatever the tenant's number of jobs). ``now`` is the time of a first
+    page; the next pages keep the one their cursor carries."""
     name, desc, after = query.sort, query.descending, query.after
+    now = now if query.at is None else query.at
     total = 0
-    kept: list[tuple[Any, str]] = []
-    for r in records:
-        if not query.matches(r):
-            continue
-        total += 1
-        pos = sort_key(name, r, now)
-        if after is not None and _not_after(pos, after, desc):
-            continue
-        kept.append(pos)
+
+    def candidates():
+        nonlocal total
+        for r in records:
+            if query.matches(r):
+                total += 1
+                pos = sort_key(name, r, now)
+                if after is None or not _not_after(pos, after, desc):
+                    yield pos
+
     want = query.limit + 1
-    try:
-        top = heapq.nlargest(want, kept) if desc else heapq.nsmallest(want, kept)
-    except TypeError:  # mixed key types cannot happen (one sort, one type): keep the message precise
-        raise InvalidInput(f"cannot sort by {name!r} here") from None
+    top = heapq.nlargest(want, candidates()) if desc else heapq.nsmallest(want, candidates())
     more = len(top) > query.limit
     top = top[:query.limit]
-    nxt = encode_cursor(name, top[-1]) if more and top else None
+    nxt = encode_cursor(name, top[-1], now) if more and top else None
     return JobPage(tuple(job_id for _, job_id in top), total, nxt)
 
 

@@ -93,7 +93,8 @@ class JobReads:
                     yield page.jobs
                 if page.next is None:
                     return
-                q = dataclasses.replace(first, after=JobQuery.parse(sort=q.sort, after=page.next).after)
+                cursor = JobQuery.parse(sort=q.sort, after=page.next)
+                q = dataclasses.replace(first, after=cursor.after, at=cursor.at)
 
         return writer.jobs(pages())
 
