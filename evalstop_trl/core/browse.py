@@ -55,7 +55,8 @@ SORTS: Mapping[str, tuple[str, Callable[[JobRecord, float], Any]]] = {
     "type": ("job type", lambda r, now: r.job_type.value),
     "detector": ("detector", lambda r, now: r.policy.detector),
     "updated": ("last update", lambda r, now: r.updated_at),
-    "ended": ("end time (running jobs last)", lambda r, now: _ended(r) if _ended(r) is not None else math.inf),
+    "ended": ("end time (a job still going ends after every ended one)",
+              lambda r, now: _ended(r) if _ended(r) is not None else math.inf),
     "duration": ("duration", _duration),
 }
 

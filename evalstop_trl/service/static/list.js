@@ -15,6 +15,8 @@ export const selected = new Set(); // job ids picked for the compare view (kept 
 const sparkCache = new Map(); // job_id -> { reports, lastStep, status }
 const reasonCache = new Map(); // job_id -> the reason of a failed or lost job (from its audit trail)
 let trail = { key: "", cursors: [] }; // cursors of the pages before this one (for "Previous")
+const SUMMARY_MS = 15_000; // the summary reads every job of the tenant: refreshed less often than the list
+let summaryAt = 0;
 
 export function parseListHash(params) {
   const filters = {};
@@ -228,8 +230,11 @@ export function jobsView(ctx, { filters, after, page }) {
       $("next-page").disabled = !next;
       $("view-jobs").dataset.ready = "true";
       if (first) mark("evalstop:list-rendered");
-      tenantSummary().then((s) => { if (ctx.current(gen)) renderSummary(s); })
-        .catch((err) => { if (ctx.current(gen)) ctx.handleError(err); });
+      if (first || Date.now() - summaryAt > SUMMARY_MS) {
+        summaryAt = Date.now();
+        tenantSummary().then((s) => { if (ctx.current(gen)) renderSummary(s); })
+          .catch((err) => { if (ctx.current(gen)) ctx.handleError(err); });
+      }
       Promise.all([loadSparks(jobs, gen), loadReasons(jobs, gen)])
         .then(() => { if (first && ctx.current(gen)) mark("evalstop:sparklines-rendered"); })
         .catch((err) => { if (ctx.current(gen)) ctx.handleError(err); });
