@@ -446,3 +446,20 @@ def test_keyset_pages_give_every_job_once_in_order_for_every_sort(sort, order):
     assert sorted(seen) == sorted(f"j{i}" for i in range(10))  # each once: none skipped, none twice
     if sort != "duration":  # running jobs' durations grow with the clock; the cursor keeps the first page's
         assert seen == everything
+
+
+def test_tags_and_hyperparameters_are_text_never_markup(page, site):
+    payload = '<img src=x onerror="window.__xss=1">'
+    site.alice.http.post("/v1/jobs", json={"job_id": "xss-tags", "tags": {"note": payload, "__proto__": "p"},
+                                           "hparams": {"model_name": payload}}).raise_for_status()
+    sign_in(page, site, "alice")
+    page.goto(site.url + "/#/?q=xss-tags")
+    expect(page.locator("#jobs-body tr")).to_have_count(1)
+    assert payload in row(page, "xss-tags").locator(".tags").inner_text()
+    page.goto(site.url + "/#/compare?ids=xss-tags")
+    page.wait_for_selector("#view-compare[data-ready]")
+    assert payload in page.locator('#compare-body tr[data-job-id="xss-tags"] .hparams').inner_text()
+    page.goto(site.url + "/#/job/xss-tags")
+    page.wait_for_selector("#view-job[data-ready]")
+    assert payload in page.locator("#job-facts").text_content() and "__proto__=p" in page.locator("#job-facts").text_content()
+    assert page.locator("img[src=x]").count() == 0 and page.evaluate("() => window.__xss") is None
