@@ -364,6 +364,7 @@ def test_mark_failed_then_delete_a_dead_job_with_confirmations(page, site):
     dialog.get_by_role("button", name="Delete job").click()
     page.wait_for_selector("#view-jobs[data-ready]")
     expect(page.locator("#flash")).to_have_text(re.compile(r"Deleted dead-run \(1 reports\)"))
+    expect(page.locator("#flash")).to_be_focused()  # a screen reader hears what happened
     assert row(page, "dead-run").count() == 0
     assert site.alice.http.get("/v1/jobs/dead-run").status_code == 404
     assert site.alice.http.get("/v1/jobs/dead-run/export").status_code == 404

@@ -65,8 +65,10 @@ export function jobsView(ctx, { filters, after, page }) {
   let next = null;
 
   for (const k of FIELDS) $(`f-${k}`).value = filters[k];
-  if ($("flash").dataset.keep) delete $("flash").dataset.keep; // a message from the previous view, shown once
-  else $("flash").textContent = "";
+  if ($("flash").dataset.keep) { // a message from the previous view (a deletion), shown once, focused
+    delete $("flash").dataset.keep;
+    setTimeout(() => $("flash").focus(), 0);
+  } else $("flash").textContent = "";
   $("jobs-body").replaceChildren();
   $("jobs-summary").textContent = "Loading\u2026";
 
