@@ -181,6 +181,23 @@ def test_compare_selected_runs_overlays_their_curves_with_markers(page, site):
     expect(chart.locator('[data-role="run-curve"]')).to_have_count(3)
 
 
+def test_drag_across_the_compare_chart_to_zoom(page, site):
+    sign_in(page, site, "alice")
+    page.goto(site.url + "/#/compare?ids=sweep-lr-1,sweep-lr-3")
+    page.wait_for_selector("#view-compare[data-ready]")
+    box = page.locator("#compare-chart").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.35, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.55, y, steps=5)
+    page.mouse.move(box["x"] + box["width"] * 0.65, y, steps=5)
+    page.mouse.up()
+    page.wait_for_url(re.compile(r"from=[\d.]+&to=[\d.]+"))
+    lo, hi = float(page.get_by_label("Zoom from").input_value()), float(page.get_by_label("Zoom to").input_value())
+    assert 10 < lo < hi < 60, (lo, hi)  # steps 10-60 across the plot: a middle slice of it
+    expect(page.locator("#compare-chart")).to_have_attribute("aria-label", re.compile("zoomed to"))
+
+
 def test_shadow_runs_show_a_badge_and_where_they_would_have_stopped(page, site):
     sign_in(page, site, "alice")
     shadow = row(page, "shadow-run")
