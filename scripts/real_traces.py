@@ -77,6 +77,7 @@ DETECTORS = [
     ("drop", "drop", {}),
     ("trend", "trend", {}),
     ("cusum", "cusum", {}),
+    ("sequential", "sequential", {}),
     ("drop, eval's noise prior", "drop", {"noise_prior": round(EVAL_NOISE_PRIOR, 4)}),
     ("trend, eval's noise prior", "trend", {"noise_prior": round(EVAL_NOISE_PRIOR, 4)}),
     ("cusum, eval's noise prior", "cusum", {"noise_prior": round(EVAL_NOISE_PRIOR, 4)}),
