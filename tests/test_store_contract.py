@@ -77,6 +77,22 @@ def test_delete_job_removes_one_ended_job_of_one_tenant_and_keeps_its_audit_line
     assert store.count_reports("a") == 1  # the running job's only
 
 
+def test_run_rows_are_one_tenants_jobs_with_what_the_list_sorts_and_filters(store):
+    from evalstop_trl.core.browse import RunRow
+    from evalstop_trl.core.records import JobStatus, PolicyMode
+
+    shadow = Policy("patience", {"k": 3}, PolicyMode.SHADOW)
+    wait_durable(store.commit(_job("j1", tags={"team": "rl"}), expect=0))
+    j2 = _job("j2").evolve(policy=shadow, status=JobStatus.STOPPED, stopped_at=5.0)
+    wait_durable(store.commit(j2, expect=0))
+    wait_durable(store.commit(JobRecord("b", "j9", JobType.SFT, None, Policy(), created_at=2.0), expect=0))
+    rows = sorted(store.run_rows("a"))
+    assert rows == [RunRow("j1", JobType.GRPO, JobStatus.PENDING, "decline", "enforce", 1.0, 1.0, None, None,
+                           {"team": "rl"}),
+                    RunRow("j2", JobType.GRPO, JobStatus.STOPPED, "patience", "shadow", 1.0, 1.0, 5.0, None, {})]
+    assert [r.job_id for r in store.run_rows("b")] == ["j9"] and store.run_rows("nobody") == []
+
+
 def test_deliveries_are_claimed_leased_and_finished(store):
     d = Delivery("a/j/stop", "a", "j", "http://example.com/h", "{}", created_at=5.0)
     wait_durable(store.commit(_job(), None, (), (d,), expect=0))

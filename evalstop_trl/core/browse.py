@@ -2,8 +2,9 @@
 
 A :class:`JobQuery` is what a caller asks (``GET /v1/runs``): a search text, filters (status, job
 type, detector, a tag), a sort key from :data:`SORTS`, an order, a page size and the cursor of the
-previous page (``after``). :func:`select` answers it over a tenant's job records — the same code for
-every store, so every backend orders and pages alike — with a :class:`JobPage` of job ids: the
+previous page (``after``). :func:`select` answers it over a tenant's jobs (:class:`RunRow`: a few
+columns of each record) — the same code for every store, so every backend orders and pages alike —
+with a :class:`JobPage` of job ids: the
 coordinator turns those (a page: at most :data:`MAX_PAGE`) into views.
 
 Every sort key is read from the job's record (no report is replayed to sort or filter), and ties
@@ -26,34 +27,56 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import InvalidInput
 from .records import JobRecord, JobStatus, JobType, check_text
 
-__all__ = ["MAX_PAGE", "MAX_QUERY", "SORTS", "JobPage", "JobQuery", "encode_cursor", "select", "sort_key"]
+__all__ = ["MAX_PAGE", "MAX_QUERY", "SORTS", "JobPage", "JobQuery", "RunRow", "encode_cursor", "select", "sort_key"]
 
 MAX_PAGE = 1000  # jobs per page
 MAX_QUERY = 128  # characters of a search text or a filter value
 _MAX_CURSOR = 512
 
 
-def _ended(r: JobRecord) -> float | None:
+class RunRow(NamedTuple):
+    """What the job list searches, filters and sorts of one job: a few columns of its record (a
+    shared store reads just these, not whole records)."""
+
+    job_id: str
+    job_type: JobType
+    status: JobStatus
+    detector: str
+    mode: str
+    created_at: float
+    updated_at: float
+    stopped_at: float | None
+    finished_at: float | None
+    tags: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, r: JobRecord) -> RunRow:
+        mode = getattr(r.policy, "mode", "enforce")
+        return cls(r.job_id, r.job_type, r.status, r.policy.detector, getattr(mode, "value", mode), r.created_at,
+                   r.updated_at, r.stopped_at, r.finished_at, r.tags)
+
+
+def _ended(r: RunRow) -> float | None:
     return r.stopped_at if r.stopped_at is not None else r.finished_at
 
 
-def _duration(r: JobRecord, now: float) -> float:
+def _duration(r: RunRow, now: float) -> float:
     end = _ended(r)
     return max(0.0, (now if end is None else end) - r.created_at)
 
 
 #: sort name -> (label, key of a record at time ``now``); every key is a float or a str, never None
-SORTS: Mapping[str, tuple[str, Callable[[JobRecord, float], Any]]] = {
+SORTS: Mapping[str, tuple[str, Callable[[RunRow, float], Any]]] = {
     "started": ("start time", lambda r, now: r.created_at),
     "job_id": ("job id", lambda r, now: r.job_id),
     "status": ("status", lambda r, now: r.status.value),
     "type": ("job type", lambda r, now: r.job_type.value),
-    "detector": ("detector", lambda r, now: r.policy.detector),
+    "detector": ("detector", lambda r, now: r.detector),
     "updated": ("last update", lambda r, now: r.updated_at),
     "ended": ("end time (a job still going ends after every ended one)",
               lambda r, now: _ended(r) if _ended(r) is not None else math.inf),
@@ -61,13 +84,9 @@ SORTS: Mapping[str, tuple[str, Callable[[JobRecord, float], Any]]] = {
 }
 
 
-def sort_key(name: str, record: JobRecord, now: float) -> tuple[Any, str]:
+def sort_key(name: str, record: RunRow, now: float) -> tuple[Any, str]:
     """The position of ``record`` in the ``name`` order: ``(key, job_id)``."""
     return SORTS[name][1](record, now), record.job_id
-
-
-def _tags(record: JobRecord) -> Mapping[str, Any]:
-    return getattr(record, "tags", None) or {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +132,15 @@ class JobQuery:
         position, at = _decode_cursor(after, sort)
         return cls(text, st, jt, det, _tag(tag), sort, order != "asc", limit, position, at)
 
-    def matches(self, r: JobRecord) -> bool:
+    def matches(self, r: RunRow) -> bool:
         """Whether the job is one of the runs asked for (search: the job id or a tag's key or value)."""
         if self.status is not None and r.status is not self.status:
             return False
         if self.job_type is not None and r.job_type is not self.job_type:
             return False
-        if self.detector is not None and r.policy.detector != self.detector:
+        if self.detector is not None and r.detector != self.detector:
             return False
-        tags = _tags(r)
+        tags = r.tags
         if self.tag is not None:
             key, value = self.tag
             if key not in tags or (value is not None and str(tags[key]) != value):
@@ -191,7 +210,7 @@ def _decode_cursor(value: Any, sort: str) -> tuple[tuple[Any, str] | None, float
     return ((float(key) if isinstance(key, int) else key), data[2]), float(at)
 
 
-def select(records: Iterable[JobRecord], query: JobQuery, now: float) -> JobPage:
+def select(records: Iterable[RunRow], query: JobQuery, now: float) -> JobPage:
     """The page of ``records`` that ``query`` asks for (ids in order), its total and next cursor.
 
     One pass: the matches are counted and the ``limit + 1`` first after the cursor kept in a bounded

@@ -36,7 +36,7 @@ class JobReads:
         """One page of the tenant's runs that ``query`` matches, in its order (see :mod:`.browse`):
         their views, how many match in all, and the cursor of the next page. Only the page's jobs
         are built into views (finished jobs replayed on first access)."""
-        page = select(self.jobs.records(tenant), query, self.clock())
+        page = select(self.jobs.run_rows(tenant), query, self.clock())
         views = []
         for job_id in page.jobs:
             try:
@@ -50,8 +50,8 @@ class JobReads:
         are built only for the jobs that need one (stopped, or in shadow mode); the rest are counted
         from their records."""
         def views():
-            for record in self.jobs.records(tenant):
-                if record.status.value == "stopped" or getattr(record.policy, "mode", "enforce") == "shadow":
+            for record in self.jobs.run_rows(tenant):
+                if record.status.value == "stopped" or record.mode == "shadow":
                     try:
                         yield self.jobs.read(tenant, record.job_id).view()
                     except NotFound:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from .browse import RunRow
 from .errors import NotFound
 from .job import Fail, JobState, counted, replay, step
 from .records import JobRecord, JobStatus
@@ -272,9 +273,10 @@ class JobCache:
         if hit is not None:
             hit[0] = max(0, hit[0] - reports)
 
-    def records(self, tenant: str) -> list[JobRecord]:
-        """The records of the tenant's committed jobs (what the job list searches and sorts)."""
-        return [s.committed.record for s in list(self._by_tenant.get(tenant, {}).values()) if s.committed is not None]
+    def run_rows(self, tenant: str) -> list[RunRow]:
+        """What the job list searches and sorts of each of the tenant's committed jobs."""
+        return [RunRow.of(s.committed.record) for s in list(self._by_tenant.get(tenant, {}).values())
+                if s.committed is not None]
 
     def commit(self, c: Commit, tenant: str, job_id: str) -> Future:
         """Queue a step's rows (the caller holds the job's lock)."""
@@ -357,9 +359,9 @@ class ReplicatedJobs(JobCache):
                     continue
         return slots
 
-    def records(self, tenant: str) -> list[JobRecord]:
-        """The tenant's job records as the store has them (every replica's jobs)."""
-        return self.store.tenant_jobs(tenant)
+    def run_rows(self, tenant: str) -> list[RunRow]:
+        """The tenant's jobs as the store has them (every replica's), a few columns each."""
+        return self.store.run_rows(tenant)
 
     def page(self, tenant: str, status: JobStatus | None, limit: int | None, offset: int) -> tuple[list[JobState], int]:
         ids, total = self.store.job_page(tenant, None if status is None else status.value, limit, offset)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import NamedTuple
 
+from .browse import RunRow
 from .records import AuditRecord, Delivery, EvalState, EvalTask, JobRecord, Report, TenantRecord
 
 __all__ = ["DONE", "JobLimits", "LimitReached", "PruneCounts", "StaleState", "Store", "StoreError", "TenantRecord",
@@ -137,9 +138,10 @@ class Store(ABC):
         """One job (shared stores override this with a query)."""
         return next((j for j in self.jobs() if (j.tenant, j.job_id) == (tenant, job_id)), None)
 
-    def tenant_jobs(self, tenant: str) -> list[JobRecord]:
-        """The records of one tenant's jobs, in registration order (shared stores: one indexed query)."""
-        return [j for j in self.jobs() if j.tenant == tenant]
+    def run_rows(self, tenant: str) -> list[RunRow]:
+        """What the job list searches and sorts of each of one tenant's jobs (shared stores: one indexed
+        query of a few columns)."""
+        return [RunRow.of(j) for j in self.jobs() if j.tenant == tenant]
 
     def job_versions(self, tenant: str, job_ids: Sequence[str]) -> dict[str, int]:
         """The stored version of each job (shared stores only)."""

@@ -21,6 +21,7 @@ import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
+from ..core.browse import RunRow
 from ..core.detectors import Decision
 from ..core.errors import Conflict
 from ..core.records import (
@@ -311,9 +312,12 @@ class PostgresStore(SQLReads, Store):
     def jobs(self) -> list[JobRecord]:
         return [_job_from_row(r) for r in self._read(f"SELECT {_JOB_COLS} FROM jobs ORDER BY seq")]
 
-    def tenant_jobs(self, tenant: str) -> list[JobRecord]:
-        return [_job_from_row(r) for r in self._read(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant=%s ORDER BY seq",
-                                                     (tenant,))]
+    def run_rows(self, tenant: str) -> list[RunRow]:
+        rows = self._read("SELECT job_id, job_type, status, policy::json->>'detector', "
+                          "coalesce(policy::json->>'mode', 'enforce'), created_at, updated_at, stopped_at, "
+                          "finished_at, tags FROM jobs WHERE tenant=%s", (tenant,))
+        return [RunRow(r[0], JobType(r[1]), JobStatus(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], labels_from(r[9]))
+                for r in rows]
 
     def job(self, tenant: str, job_id: str) -> JobRecord | None:
         rows = self._read(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant=%s AND job_id=%s", (tenant, job_id))
