@@ -54,6 +54,11 @@ def test_1_a_tenant_cannot_make_the_service_signal_any_process(two):
     ({"job_id": "x", "policy": {"detector": "decline", "min_delta": 10**400}}, "min_delta must be a finite number"),
     ({"job_id": "x", "policy": {"detector": "loss_plateau", "window": 10**9}}, "window must be an integer"),
     ({"job_id": "x", "planned_steps": 10**400}, "planned_steps"),
+    ({"job_id": "x", "policy": {"detector": "sequential", "window": 10**9}}, "window must be an integer"),
+    ({"job_id": "x", "policy": {"detector": "sequential", "noise_rel": 1e-300}}, "noise_rel must be"),
+    ({"job_id": "x", "policy": {"detector": "sequential", "min_evals": 10**12}}, "min_evals must be an integer"),
+    ({"job_id": "x", "policy": {"detector": "trend", "noise_rel": 1e300}}, "noise_rel must be"),
+    ({"job_id": "x", "policy": {"detector": "decline", "mode": "x" * 10**5}}, "policy mode must be one of"),
 ])
 def test_2_4_9_numbers_are_bounded_and_never_500(two, body, field):
     if not two.proc:
