@@ -138,7 +138,7 @@ def test_reproduce_smoke(tmp_path, capsys):
     contract = {"detector", "params", "sigma", "evals_per_job", "precision", "recall", "fpr", "retention", "jct_change",
                 "harmful_stops"}
     assert all(contract <= set(r) for r in rows)
-    names = {"decline", "patience", "stop_at", "loss_plateau", "drop", "trend", "cusum"}
+    names = {"decline", "patience", "stop_at", "loss_plateau", "drop", "trend", "cusum", "sequential"}
     assert {r["detector"] for r in rows} == names
     assert sorted({(r["sigma"], r["evals_per_job"]) for r in rows}) == [(0.04, 10), (0.04, 20), (0.08, 10), (0.12, 10)]
     assert len(rows) == 4 * len(names)
