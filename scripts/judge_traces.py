@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import real_traces as rt  # noqa: E402  (the first set's trace format, reader and intervals)
 
+from evalstop_trl.analysis.intervals import binomial_cdf  # noqa: E402
 from evalstop_trl.analysis.replay import Curve, replay_curve  # noqa: E402
 from evalstop_trl.core.detectors import DETECTORS  # noqa: E402
 
@@ -183,7 +184,7 @@ def median_interval(values: list[float], alpha: float = 0.05) -> tuple[float, fl
     xs, n = sorted(values), len(values)
     med = (xs[(n - 1) // 2] + xs[n // 2]) / 2
     j = 0
-    while j + 1 <= n // 2 and rt.binomial_cdf(j, n, 0.5) <= alpha / 2:
+    while j + 1 <= n // 2 and binomial_cdf(j, n, 0.5) <= alpha / 2:
         j += 1
     # j = the number of order statistics cut from each end: P(X <= j - 1) <= alpha/2
     lo, hi = (xs[j - 1], xs[n - j]) if j > 0 else (xs[0], xs[-1])

@@ -49,6 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from evalstop_trl.analysis import intervals  # noqa: E402
 from evalstop_trl.analysis.replay import Curve, replay_curve  # noqa: E402
 
 TRACES = ROOT / "configs" / "traces"
@@ -231,28 +232,9 @@ def label(golds: tuple[float, ...] | list[float], min_drop: float = 0.05) -> boo
     return peak < len(golds) - 1 and golds[peak] - golds[-1] >= min_drop
 
 
-def binomial_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p), summed exactly."""
-    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
-
-
-def _solve(f, target: float) -> float:
-    """The p in [0, 1] where the decreasing function ``f`` crosses ``target`` (bisection)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) > target else (lo, mid)
-    return (lo + hi) / 2
-
-
 def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float] | None:
-    """Exact two-sided binomial interval for k successes in n trials (None for n = 0): the lower end
-    solves P(X >= k) = alpha/2, the upper P(X <= k) = alpha/2."""
-    if n == 0:
-        return None
-    lo = 0.0 if k == 0 else _solve(lambda p: binomial_cdf(k - 1, n, p), 1 - alpha / 2)
-    hi = 1.0 if k == n else _solve(lambda p: binomial_cdf(k, n, p), alpha / 2)
-    return lo, hi
+    """Exact two-sided binomial interval for k successes in n trials (None for n = 0)."""
+    return intervals.clopper_pearson(k, n, alpha) if n else None
 
 
 def _rate(k: int, n: int) -> dict[str, Any]:

@@ -1,11 +1,15 @@
-"""Small helpers shared by the tests that attack a real server or start a local Ray instance."""
+"""Small helpers shared by tests: /proc readers and the bearer header for the tests that attack a real
+server, a local Ray instance, and loading a script of ``scripts/`` as a module."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
@@ -50,3 +54,16 @@ def local_ray(**env: str) -> Iterator[Any]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as the module ``name`` (registered in ``sys.modules``: dataclasses look
+    their module up)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod

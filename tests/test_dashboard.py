@@ -7,7 +7,6 @@ These tests never skip: `make test` installs chromium when it is missing, and `p
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import struct

@@ -6,7 +6,6 @@ generator honest."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -19,18 +18,12 @@ import pytest
 
 from evalstop_trl.core.detectors import DETECTORS
 
+from .proc_helpers import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("judge_traces", ROOT / "scripts" / "judge_traces.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-jt = load_script()
+jt = load_script("judge_traces")
 PATHS = jt.trace_paths(jt.TRACES)
 MANIFEST = json.loads((jt.TRACES / jt.MANIFEST).read_text())
 

@@ -4,28 +4,20 @@ with its intervals is in the README, produced by the script."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from evalstop_trl.cli import main
 
+from .proc_helpers import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted((ROOT / "configs" / "traces").glob("*.jsonl"))
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("real_traces", ROOT / "scripts" / "real_traces.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-rt = load_script()
+rt = load_script("real_traces")
 
 
 def write(path: Path, feedback, gold, step=15):

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from evalstop_trl import Coordinator, SQLiteStore
-from evalstop_trl.analysis.shadow import Verdict, shadow_outcome, summarize
+from evalstop_trl.analysis.shadow import Verdict, shadow_outcome
 from evalstop_trl.clients.embedded import EmbeddedClient
 from evalstop_trl.clients.http import EvalStopClient
 from evalstop_trl.core.errors import Conflict, InvalidInput
@@ -134,7 +134,7 @@ def test_a_session_adopts_shadow_mode_from_the_tenant_default(tmp_path):
     (HEALTHY, Verdict.QUIET, None, None),
 ])
 def test_shadow_outcomes_are_judged_on_the_run_s_own_range(curve, verdict, saved, gap):
-    from evalstop_trl.core.detectors import create_detector, Observation
+    from evalstop_trl.core.detectors import Observation, create_detector
 
     det = create_detector("decline", k=2)
     would = next((s for s, v in curve if det.observe(Observation("j", s, v)).stop), None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Interval", "Mean", "Rate", "bootstrap_mean", "clopper_pearson", "rate", "stops_needed"]
+__all__ = ["Interval", "Mean", "Rate", "binomial_cdf", "bootstrap_mean", "clopper_pearson", "rate", "stops_needed"]
 
 ALPHA = 0.05
 BOOTSTRAP_RESAMPLES = 2000
@@ -51,7 +51,7 @@ class Mean:
     ci: Interval | None
 
 
-def _binomial_cdf(k: int, n: int, p: float) -> float:
+def binomial_cdf(k: int, n: int, p: float) -> float:
     """P(X <= k) for X ~ Binomial(n, p), summed in log space (no overflow for large n)."""
     if k < 0:
         return 0.0
@@ -79,8 +79,8 @@ def clopper_pearson(k: int, n: int, alpha: float = ALPHA) -> tuple[float, float]
     P(X >= k) = alpha/2, the upper P(X <= k) = alpha/2."""
     if not 0 <= k <= n or n == 0:
         raise ValueError(f"need 0 <= k <= n and n > 0, but got k={k}, n={n}")
-    lo = 0.0 if k == 0 else _solve_decreasing(lambda p: _binomial_cdf(k - 1, n, p), 1 - alpha / 2)
-    hi = 1.0 if k == n else _solve_decreasing(lambda p: _binomial_cdf(k, n, p), alpha / 2)
+    lo = 0.0 if k == 0 else _solve_decreasing(lambda p: binomial_cdf(k - 1, n, p), 1 - alpha / 2)
+    hi = 1.0 if k == n else _solve_decreasing(lambda p: binomial_cdf(k, n, p), alpha / 2)
     return lo, hi
 
 

@@ -28,8 +28,18 @@ from typing import Any, NamedTuple
 
 from .detectors import Action, Decision, Detector, Observation
 from .errors import Conflict, QuotaExceeded
-from .records import (AuditKind, AuditRecord, Delivery, JobRecord, JobStatus, JobType, JobView, Policy, PolicyMode,
-                      Report)
+from .records import (
+    AuditKind,
+    AuditRecord,
+    Delivery,
+    JobRecord,
+    JobStatus,
+    JobType,
+    JobView,
+    Policy,
+    PolicyMode,
+    Report,
+)
 
 _GENERIC_TYPES = frozenset({JobType.RLHF, JobType.OTHER})
 
