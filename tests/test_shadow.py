@@ -217,3 +217,16 @@ def test_tenants_quota_sets_and_lists_the_default_mode(tmp_path):
         "default_mode"] == "shadow"
     assert "invalid choice: 'off'" in _evalstop("tenants", "quota", "acme", "--db", str(db), "--default-mode", "off",
                                                 ok=False).stderr
+
+
+def test_serve_default_mode_shadow_applies_to_every_tenant_without_its_own(server):
+    alice, bob = server.add_tenant("alice"), server.add_tenant("bob")
+    _evalstop("tenants", "quota", "bob", "--db", str(server.db), "--default-mode", "enforce")
+    server.start(args=("--default-mode", "shadow"))
+    with EvalStopClient(server.url, alice) as a, EvalStopClient(server.url, bob) as b:
+        a.register_job("j", "grpo", 60)
+        b.register_job("j", "grpo", 60)
+        assert not any(a.report("j", s, eval_score=v).stop for s, v in HACKED)
+        assert [b.report("j", s, eval_score=v).stop for s, v in HACKED[:4]][-1]
+        assert (a.status("j").status, a.status("j").would_stop_step) == ("running", 40)
+        assert b.status("j").status == "stopped"
