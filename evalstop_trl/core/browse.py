@@ -200,14 +200,26 @@ def _decode_cursor(value: Any, sort: str) -> tuple[tuple[Any, str] | None, float
         raise bad from None
     if not (isinstance(data, list) and len(data) == 4 and data[0] == sort and isinstance(data[2], str)):
         raise bad
-    key, at = data[1], data[3]
+    key, at = data[1], _finite(data[3])
     if key is None:
         key = math.inf  # "ended" of a running job
-    if isinstance(key, bool) or not isinstance(key, (int, float, str)):
+    elif not isinstance(key, str):
+        key = _finite(key)  # NaN, an infinity or an integer too big for a float is no position
+    if key is None or at is None:
         raise bad
-    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
-        raise bad
-    return ((float(key) if isinstance(key, int) else key), data[2]), float(at)
+    return (key, data[2]), at
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float; None for anything else (text, a bool, NaN, an infinity, an
+    integer beyond a float's range: float() of one would raise OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def select(records: Iterable[RunRow], query: JobQuery, now: float) -> JobPage:

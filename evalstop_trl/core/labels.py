@@ -69,10 +69,15 @@ def check_tags(value: Any) -> Mapping[str, str]:
     for key, v in _entries("tags", value):
         if isinstance(v, bool):
             v = "true" if v else "false"
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+        elif isinstance(v, int):  # no float() of it: an integer of 400 digits would overflow
+            if abs(v) >= 10**MAX_VALUE:
+                raise InvalidInput(f"tags.{key} must be a number of at most {MAX_VALUE} digits (or text), but got a "
+                                   "longer one; send it as text cut to what tells runs apart.")
+            v = str(v)
+        elif isinstance(v, float):
             if not math.isfinite(v):
                 raise InvalidInput(f"tags.{key} must be a finite number or text, but got {v!r}.")
-            v = repr(v) if isinstance(v, float) else str(v)
+            v = repr(v)
         elif not isinstance(v, str):
             raise InvalidInput(f"tags.{key} must be text (or a number), but got {type(v).__name__}.")
         out[key] = _text("tags", key, v)
@@ -87,7 +92,7 @@ def check_hparams(value: Any) -> Mapping[str, Any]:
             out[key] = v
         elif isinstance(v, int):
             if abs(v) > 2**53:
-                raise InvalidInput(f"hparams.{key} must be an integer of at most 2^53 in size, but got {v}.")
+                raise InvalidInput(f"hparams.{key} must be an integer of at most 2^53 in size, but got one of {v.bit_length()} bits.")
             out[key] = v
         elif isinstance(v, float):
             if not math.isfinite(v):

@@ -1,0 +1,108 @@
+"""Attacks on the run browser's surfaces of a real ``evalstop serve`` on 127.0.0.1: ``/v1/runs``
+(search, filters, keyset cursor), the exports, ``/v1/summary``, the delete of a job, registration
+``tags``/``hparams`` and the policy's ``mode``. Two tenants, a fresh SQLite file, real sockets.
+
+The findings (each failed before its fix): a forged cursor whose key or time is an integer too big
+for a float was a 500 (OverflowError), and a NaN key was taken as a position (a 200); a tag whose
+value is an integer of a few hundred digits was a 500 (``math.isfinite`` of it overflows). The
+table after them keeps what held holding: nothing of another tenant is found, exported or deleted."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+
+import httpx
+import pytest
+
+from .proc_helpers import bearer
+
+pytestmark = pytest.mark.slow
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _cursor(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("sort, raw", [
+    ("started", b'["started",' + b"9" * 330 + b',"x",1]'),  # key: float() of it overflows
+    ("started", b'["started",1,"x",' + b"9" * 330 + b"]"),  # the time: math.isfinite() of it overflows
+    ("started", b'["started",NaN,"x",1]'),  # not a position: was a 200 paging from nowhere
+    ("ended", b'["ended",-Infinity,"x",1]'),
+], ids=["key-overflow", "time-overflow", "key-nan", "key-minus-infinity"])
+def test_a_forged_cursor_of_numbers_beyond_a_float_is_a_422(two, sort, raw):
+    two.start()
+    with httpx.Client(base_url=two.url, headers=bearer(two.alice), timeout=30) as c:
+        assert c.post("/v1/jobs", json={"job_id": "a1"}).status_code == 201
+        for path in ("/v1/runs", "/v1/runs/export"):
+            r = c.get(path, params={"sort": sort, "after": _cursor(raw)})
+            if path == "/v1/runs":
+                assert r.status_code == 422, r.text
+                assert "after must be the 'next' cursor" in r.json()["detail"]
+            else:  # an export ignores the cursor: every run
+                assert r.status_code == 200 and "a1" in r.text, r.text
+
+
+def test_a_tag_of_a_huge_integer_is_a_422_naming_the_tag(two):
+    two.start()
+    with httpx.Client(base_url=two.url, headers={**bearer(two.alice), "content-type": "application/json"},
+                      timeout=30) as c:
+        for n in (400, 4000):  # 4000 digits: under the JSON parser's limit (4300)
+            r = c.post("/v1/jobs", content=b'{"job_id":"t","tags":{"seed":' + b"9" * n + b"}}")
+            assert r.status_code == 422, r.text
+            assert "tags.seed must be a number of at most 256 digits" in r.json()["detail"]
+            r = c.post("/v1/jobs", content=b'{"job_id":"t","hparams":{"seed":' + b"9" * n + b"}}")
+            assert r.status_code == 422 and "hparams.seed" in r.json()["detail"], r.text
+            assert len(r.text) < 300  # the message names the size, not the 4000 digits
+        r = c.post("/v1/jobs", json={"job_id": "t", "tags": {"seed": 12345, "lr": 0.5, "x": -7}})
+        assert r.status_code == 201 and r.json()["tags"] == {"lr": "0.5", "seed": "12345", "x": "-7"}, r.text
+
+
+def test_what_held_keeps_holding_nothing_of_another_tenant_and_every_bad_input_a_4xx(two):
+    two.start()
+    a = httpx.Client(base_url=two.url, headers=bearer(two.alice), timeout=30)
+    b = httpx.Client(base_url=two.url, headers=bearer(two.bob), timeout=30)
+    with a, b:
+        assert b.post("/v1/jobs", json={"job_id": "bobjob", "tags": {"secret": "bobtag"}}).status_code == 201
+        b.post("/v1/jobs/bobjob/reports", json={"step": 1, "eval_score": 0.5, "checkpoint": "=HYPERLINK(1)"})
+        assert b.post("/v1/jobs/bobjob/fail", json={"reason": "@SUM(1)"}).status_code == 200
+        assert a.post("/v1/jobs", json={"job_id": "alicejob"}).status_code == 201
+        # alice: bob's job is never found, whatever the search, filter or forged cursor
+        for params in ({"q": "bob"}, {"tag": "secret"}, {"tag": "secret=bobtag"}, {"status": "stopped"},
+                       {"sort": "job_id", "order": "asc", "after": _cursor(b'["job_id","a","bobjob",1]')}):
+            page = a.get("/v1/runs", params=params).json()
+            assert "bobjob" not in str(page) and "bobtag" not in str(page), (params, page)
+        assert "bobjob" not in a.get("/v1/runs/export", params={"q": "bob"}).text
+        assert a.get("/v1/jobs/bobjob/export").status_code == 404
+        assert a.post("/v1/jobs/bobjob/delete").status_code == 404
+        assert a.get("/v1/summary").json()["jobs"] == 1
+        assert b.get("/v1/jobs/bobjob").status_code == 200  # still there
+        assert a.post("/v1/jobs/alicejob/delete").status_code == 409  # not over yet
+        # CSV: no cell a spreadsheet would run as a formula (a number may start with -)
+        assert "'=HYPERLINK(1)" in b.get("/v1/jobs/bobjob/export").text
+        for path in ("/v1/jobs/bobjob/export", "/v1/runs/export"):
+            for cell in (c for row in csv.reader(io.StringIO(b.get(path).text)) for c in row):
+                assert cell[:1] not in ("=", "+", "@", "\t", "\r") and not (cell[:1] == "-" and not _number(cell)), cell
+        # every bad input: a 4xx that says what is wrong
+        for params in ({"limit": 0}, {"limit": 10**30}, {"sort": "__class__"}, {"order": "up"}, {"after": "!!"},
+                       {"after": "A" * 600}, {"status": "x"}, {"tag": "=x"}, {"q": "\x00"}, {"q": "a" * 200},
+                       {"after": _cursor(b'["started","s","x",1]')}, {"after": _cursor(b"[" * 100 + b"]" * 100)}):
+            r = a.get("/v1/runs", params=params)
+            assert r.status_code == 422 and r.json()["detail"], (params, r.text)
+        for body in ({"job_id": "m", "policy": {"mode": m}} for m in (["shadow"], {"a": 1}, 1, None, True, "SHADOW")):
+            r = a.post("/v1/jobs", json=body)
+            assert r.status_code == 422 and "policy mode must be one of enforce, shadow" in r.text, (body, r.text)
+        for body in ({"job_id": "t", "tags": {"a": {"b": 1}}}, {"job_id": "t", "tags": {f"k{i}": "v" for i in range(33)}},
+                     {"job_id": "t", "tags": {"a": "x" * 257}}, {"job_id": "t", "tags": {"<script>": "x"}},
+                     {"job_id": "t", "hparams": {"a": [1]}}, {"job_id": "t", "hparams": {"a": 2**60}}):
+            assert a.post("/v1/jobs", json=body).status_code == 422, body
+        assert a.get("/v1/runs/export", params={"format": "xml"}).status_code == 422
