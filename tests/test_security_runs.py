@@ -12,11 +12,13 @@ from __future__ import annotations
 import base64
 import csv
 import io
+import socket
+import time
 
 import httpx
 import pytest
 
-from .proc_helpers import bearer
+from .proc_helpers import bearer, rss_kib
 
 pytestmark = pytest.mark.slow
 
@@ -106,3 +108,41 @@ def test_what_held_keeps_holding_nothing_of_another_tenant_and_every_bad_input_a
                      {"job_id": "t", "hparams": {"a": [1]}}, {"job_id": "t", "hparams": {"a": 2**60}}):
             assert a.post("/v1/jobs", json=body).status_code == 422, body
         assert a.get("/v1/runs/export", params={"format": "xml"}).status_code == 422
+
+
+def test_an_export_its_reader_stops_reading_holds_a_chunk_not_a_page_of_text(two):
+    """A page of 400 jobs with full tags and hparams is 6 MB of text: the server wrote the whole page
+    as one chunk (csv: 3 copies of it, json: 2) and held it for as long as the reader kept the
+    connection open without reading (2 such exports per tenant: +25 MB). Now about 256 KiB each."""
+    two.start()
+    tags = {f"k{i:02d}": f"{i:02d}" * 128 for i in range(32)}  # the most a job may carry: 32 x 256 characters
+    hparams = {f"h{i:02d}": f"{i:02d}" * 128 for i in range(32)}
+    with httpx.Client(base_url=two.url, headers=bearer(two.alice), timeout=30) as c:
+        for i in range(400):
+            r = c.post("/v1/jobs", json={"job_id": f"j{i:03d}", "tags": tags, "hparams": hparams})
+            assert r.status_code == 201, r.text
+        for fmt in ("csv", "json"):  # warm up: every code path once, read to the end
+            assert len(c.get("/v1/runs/export", params={"format": fmt}).content) > 6_000_000
+        time.sleep(0.5)
+        before = rss_kib(two.proc.pid)
+        stalled = []
+        for fmt in ("csv", "json"):
+            s = socket.create_connection(("127.0.0.1", two.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(f"GET /v1/runs/export?format={fmt} HTTP/1.1\r\nHost: x\r\n"
+                      f"Authorization: Bearer {two.alice}\r\n\r\n".encode())
+            stalled.append(s)
+        try:
+            time.sleep(2.0)
+            grew = rss_kib(two.proc.pid) - before
+            assert grew < 8 * 1024, f"two stalled exports hold {grew} KiB"
+            assert c.get("/v1/runs", params={"limit": 1}).status_code == 429  # its own read slots: both held
+            with httpx.Client(base_url=two.url, headers=bearer(two.bob), timeout=30) as b:
+                assert b.get("/v1/runs").status_code == 200  # bob's are not
+        finally:
+            for s in stalled:
+                s.close()
+        deadline = time.monotonic() + 10  # the slots come back once the readers are gone
+        while c.get("/v1/runs", params={"limit": 1}).status_code == 429 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert c.get("/v1/runs", params={"limit": 1}).status_code == 200

@@ -2,8 +2,9 @@
 
 :data:`FORMATS` maps a format name to its :class:`Format`: the media type, the file suffix, and how
 to write rows of reports or job views as text chunks. The writers take iterables of pages and
-yield chunks, so an export holds one page in memory whatever its size (the service streams the
-chunks; the clients join them).
+yield chunks of about :data:`CHUNK` characters, so an export holds one page of records and one chunk
+of text in memory whatever its size (the service streams the chunks, the next one only once the last
+is sent: a reader that stops reading holds a chunk, not a page of text; the clients join them).
 
 CSV cells that a spreadsheet would read as a formula (starting with ``= + - @``, a tab or a carriage
 return) are prefixed with ``'``; numbers are written as numbers.
@@ -28,8 +29,11 @@ from .codec import json_safe, to_wire
 from .errors import InvalidInput
 from .records import JobView, Report
 
-__all__ = ["FORMATS", "JOB_COLUMNS", "REPORT_COLUMNS", "Format", "export_format", "job_row"]
+__all__ = ["CHUNK", "FORMATS", "JOB_COLUMNS", "REPORT_COLUMNS", "Format", "export_format", "job_row"]
 
+#: characters of text per chunk: a reader that stops reading holds about one chunk in the server (the
+#: next is written only once it is sent), not a page of a thousand jobs with their tags and hparams
+CHUNK = 256 * 1024
 REPORT_COLUMNS = ("step", "eval_score", "train_loss", "proxy_reward", "checkpoint", "received_at")
 JOB_COLUMNS = ("job_id", "job_type", "status", "detector", "policy", "tags", "hparams", "created_at", "last_seen",
                "ended_at", "duration_s", "n_reports", "last_step", "planned_steps", "best_step", "best_score",
@@ -73,9 +77,10 @@ def _csv(columns: tuple[str, ...], pages: Iterable[Iterable[Mapping[str, Any]]])
     for page in pages:
         for row in page:
             out.writerow([_cell(row.get(c)) for c in columns])
-        yield buf.getvalue()
-        buf.seek(0)
-        buf.truncate()
+            if buf.tell() >= CHUNK:
+                yield buf.getvalue()
+                buf.seek(0)
+                buf.truncate()
     rest = buf.getvalue()
     if rest:
         yield rest
@@ -84,14 +89,17 @@ def _csv(columns: tuple[str, ...], pages: Iterable[Iterable[Mapping[str, Any]]])
 def _json(pages: Iterable[Iterable[Any]], encode: Callable[[Any], Any]) -> Iterator[str]:
     first = True
     yield "["
+    parts: list[str] = []
+    size = 0
     for page in pages:
-        parts = []
         for item in page:
             parts.append(("\n" if first else ",\n") + json.dumps(encode(item), allow_nan=False))
+            size += len(parts[-1])
             first = False
-        if parts:
-            yield "".join(parts)
-    yield "\n]\n"
+            if size >= CHUNK:
+                yield "".join(parts)
+                parts, size = [], 0
+    yield "".join(parts) + "\n]\n"
 
 
 @dataclass(frozen=True, slots=True)
