@@ -44,6 +44,9 @@ def _salted(args: argparse.Namespace) -> bool:
     """A salted run (:mod:`platform_sim.sealed_run`): sealed, a salt or a user's overlay class."""
     if args.overlay_params is not None and args.overlay_class is None:
         raise ConfigError("--overlay-params needs --overlay-class (a registered overlay takes its config block)")
+    if args.overlay_class is not None and ":" not in args.overlay_class:
+        raise ConfigError(f"--overlay-class takes MODULE:CLASS (e.g. my_pkg.stops:MyOverlay, a subclass of "
+                          f"platform_sim.overlays.Overlay), but got {args.overlay_class!r}")
     salted = args.sealed or args.salt is not None or args.overlay_class is not None
     if salted and args.trace:
         raise ConfigError("--trace cannot be salted or sealed: a trace file holds the ground truth, readable by any "
@@ -72,7 +75,7 @@ def _cmd_run_salted(args: argparse.Namespace) -> int:
         res = run_salted(cfg, args.seeds, args.workers, progress=not args.quiet, seed_start=args.seed_start,
                          salt=salt, sealed=args.sealed, overlay_class=args.overlay_class, overlay_params=params)
     except SealedOverlayError as exc:
-        print(f"platform-sim run: the sealed overlay failed: {exc}", file=sys.stderr)
+        print(f"\nplatform-sim run: the sealed overlay failed: {exc}", file=sys.stderr)  # after the progress bar
         return 1
     print(run_table(res.result))
     dropped = "dropped its capabilities" if res.hardened else "could not drop its capabilities"

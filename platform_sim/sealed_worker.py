@@ -98,8 +98,18 @@ class _Session:
                 if self.cuts:
                     out.append(self.overlay.cut_progress(fields[0]))
             elif ev[0] == EVAL:
-                out.append(bool(self._eval(*ev[2:])))
+                out.append(self._decision(self._eval(*ev[2:])))
         return out
+
+    def _decision(self, stop) -> bool:
+        """An eval hook's answer: exactly True or False (numpy's bool too); anything else is an error,
+        not a silent "stop" for every truthy value."""
+        if stop is True or stop is False:
+            return stop
+        if type(stop).__name__ == "bool_":
+            return bool(stop)
+        raise TypeError(f"{type(self.overlay).__name__}.on_eval must return True (stop the job) or False, "
+                        f"but returned {stop!r:.60} of type {type(stop).__name__}")
 
     def _eval(self, job_id, step, score, loss, proxy, progress, waiting_since, gpu_hours, loss_gpu_hours):
         f = self.jobs[job_id]

@@ -285,7 +285,8 @@ def _protocol_fd() -> int:
 
 
 class Broken(DetectorOverlay):
-    """Misbehaves at its first eval in the way ``how`` says (crash, hang, raise, oversized, shape, noise)."""
+    """Misbehaves at its first eval in the way ``how`` says (crash, hang, raise, oversized, shape, noise,
+    truthy)."""
 
     def __init__(self, how: str) -> None:
         super().__init__("decline", {"k": 2}, "all", name="broken")
@@ -302,6 +303,8 @@ class Broken(DetectorOverlay):
         if how == "noise":
             print("debug output from the overlay")  # goes to stderr, not the protocol
             return False
+        if how == "truthy":
+            return "no"  # not a bool: an error, not a stop
         fd = _protocol_fd()
         if how == "oversized":
             os.write(fd, struct.pack(">I", 1 << 30) + b"[")

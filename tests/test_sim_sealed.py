@@ -203,6 +203,7 @@ def test_a_run_with_worker_processes_keeps_them_and_its_main_process_unreadable(
     ("raise", "ZeroDivisionError: the overlay's own bug"),
     ("oversized", "announced a frame of 1073741824 bytes"),
     ("shape", "expected 0 cut"),
+    ("truthy", "Broken.on_eval must return True .stop the job. or False, but returned 'no' of type str"),
 ])
 def test_a_misbehaving_child_gives_a_clear_error(how, message):
     cfg = load_config().replace(**{"workload.n_jobs": 10})
@@ -261,6 +262,7 @@ def test_cli_sealed_run_records_its_salt_and_reproduces(tmp_path, capsys):
     (["--sealed", "--trace", "x.csv"], "--trace cannot be salted or sealed"),
     (["--salt", "-3"], "--salt must be a non-negative integer"),
     (["--overlay-class", "m:C", "--overlay-params", "[1]"], "must be a JSON object"),
+    (["--overlay-class", "my_pkg.stops"], "--overlay-class takes MODULE:CLASS"),
 ])
 def test_cli_refuses(args, message, capsys):
     assert cli.main(["run", "--seeds", "1", "--quiet", *args]) == 2
