@@ -323,3 +323,37 @@ def test_a_callback_pickles_as_its_own_class_again():
     assert type(copy) is not type(cb) and type(copy)._owner() is copy and copy.mode is cb.mode
     assert (copy.world_feedback, copy.job_id, dict(copy.params), copy.history) == \
         (_half, "p", {"fraction": 0.5, "direction": "max"}, cb.history)
+
+
+def test_a_plain_torch_module_in_a_trainer_keeps_and_loads_its_best(tmp_path):
+    """transformers' Trainer trains a plain nn.Module too; the best copy then holds its weights as
+    model.safetensors (no save_pretrained to call) and load_best_at_end loads them back."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, x, labels):
+            return {"loss": torch.nn.functional.mse_loss(self.lin(x).squeeze(-1), labels)}
+
+    data = [{"x": torch.randn(4), "labels": torch.tensor(1.0)} for _ in range(32)]
+    scores = iter([0.1, 0.5, 0.3, 0.2, 0.1, 0.05, 0.0, 0.0])
+    kept = {}
+
+    def feedback(model, tokenizer):
+        score = next(scores)
+        if score == 0.5:
+            kept["weight"] = model.lin.weight.detach().clone()
+        return score
+
+    args = TrainingArguments(str(tmp_path), max_steps=16, per_device_train_batch_size=2, report_to=[],
+                             save_strategy="no", use_cpu=True, learning_rate=0.1, logging_strategy="no")
+    cb = EvalStopCallback(feedback, eval_every=2, coordinator=Coordinator(MemoryStore()), load_best_at_end=True)
+    model = Plain()
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
+    assert cb.stopped_at == 8 and cb.best_step == 4  # evals at 2, 4, 6, 8: 0.1, 0.5, 0.3, 0.2
+    assert (Path(cb.best_checkpoint) / "model.safetensors").is_file()
+    assert torch.equal(model.lin.weight, kept["weight"])  # the best weights are back in the model

@@ -58,7 +58,13 @@ def save_atomically(output_dir: str | os.PathLike, model: Any, tokenizer: Any,
     final = Path(output_dir) / folder
     tmp = final.with_name(f".{folder}.tmp-{os.getpid()}-{time.monotonic_ns()}")
     unwrapped = getattr(model, "module", model)
-    unwrapped.save_pretrained(tmp, safe_serialization=True)
+    if hasattr(unwrapped, "save_pretrained"):
+        unwrapped.save_pretrained(tmp, safe_serialization=True)
+    else:  # a plain torch module (transformers' Trainer takes those too): its weights, as Trainer saves them
+        from safetensors.torch import save_model
+
+        tmp.mkdir(parents=True)
+        save_model(unwrapped, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(tmp)
     if info is not None:
