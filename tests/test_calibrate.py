@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from evalstop_trl.analysis.calibrate import Direction, candidate_policies
-from evalstop_trl.analysis.histories import load_histories
+from evalstop_trl.analysis.histories import HistoryError, load_histories
 from evalstop_trl.analysis.intervals import bootstrap_mean, clopper_pearson, stops_needed
 from evalstop_trl.analysis.replay import replay_curve
 from evalstop_trl.cli import main
@@ -182,6 +182,19 @@ def test_every_format_reads_the_same_curve(formats):
     assert not any("Dec01" in r.source for r in runs)  # the transformers run's own TensorBoard log: read once
     assert [r.source for r in load_histories([folder / "hf-run" / "runs"], "eval_reward")] == [
         str(folder / "hf-run" / "runs" / "Dec01_12-00-00_host")]  # asked for directly, it is read
+    # the checkpoint copies named one by one (a glob) are one run too: the latest
+    (run,) = load_histories([str(folder / "hf-run" / "checkpoint-*" / "trainer_state.json")], "eval_reward")
+    assert run.source.endswith("checkpoint-200/trainer_state.json") and run.scores.steps == tuple(steps())
+
+
+def test_a_value_that_is_not_a_number_is_an_error_not_a_dropped_eval(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("step,eval_reward\n10,abc\n20,0.3\n30,\n")
+    with pytest.raises(HistoryError, match="'eval_reward' has a value that is not a number: 'abc' at step 10"):
+        load_histories([bad], "eval_reward")
+    bad.write_text("step,eval_reward\n10,0.1\n20,0.3\n30,\n40,0.2\n")  # an empty cell: a failed eval
+    (run,) = load_histories([bad], "eval_reward")
+    assert run.scores.steps == (10, 20, 40)
 
 
 def test_cli_on_every_format_labels_them_alike_and_says_not_enough_runs(formats):

@@ -106,7 +106,9 @@ def test_the_session_goes_on_in_shadow_mode_and_says_so_once(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="evalstop.callback"):
         stops = [session.report(s, v) for s, v in HACKED]
     assert stops == [False] * 6 and session.shadow.step == 40
-    assert sum("would stop at step 40" in r.getMessage() for r in caplog.records) == 1
+    said = [r.getMessage() for r in caplog.records if "would stop at step 40" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith("would stop at step 40: 2 consecutive declines: 0.5 → 0.45 → 0.4 "
+                                                "at step 40"), said
     assert session.eval_metrics(0.25, False)["evalstop/would_stop"] == 1
     assert c.status("local", "run").policy["mode"] == "shadow"
     c.close()

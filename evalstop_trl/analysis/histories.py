@@ -172,13 +172,22 @@ def _ts_accepts(path: Path) -> bool:
 
 def _ts_find(folder: Path) -> list[Found]:
     """trainer_state.json files; of ``run/checkpoint-N/trainer_state.json`` only the highest N per run."""
-    best: dict[Path, tuple[int, Path]] = {}
-    for p in _under(folder, lambda p: p.name == "trainer_state.json"):
-        m = re.fullmatch(r"checkpoint-(\d+)", p.parent.name)
-        run_dir, rank = (p.parent.parent, int(m.group(1))) if m else (p.parent, 1 << 62)
-        if run_dir not in best or rank > best[run_dir][0]:
-            best[run_dir] = (rank, p)
-    return [Found("trainer_state", p, (p,)) for _, p in sorted(best.values(), key=lambda t: str(t[1]))]
+    return _latest_states([Found("trainer_state", p, (p,))
+                           for p in _under(folder, lambda p: p.name == "trainer_state.json")])
+
+
+def _latest_states(found: list[Found]) -> list[Found]:
+    """Of the trainer_state.json files of one run (its own, its ``checkpoint-N/`` copies), only the
+    latest: the run's own, else the highest N. Other runs' entries are kept as they are."""
+    best: dict[Path, tuple[int, Found]] = {}
+    for f in found:
+        if f.reader == "trainer_state":
+            m = re.fullmatch(r"checkpoint-(\d+)", f.path.parent.name)
+            run_dir, rank = (f.path.parent.parent, int(m.group(1))) if m else (f.path.parent, 1 << 62)
+            if run_dir not in best or rank > best[run_dir][0]:
+                best[run_dir] = (rank, f)
+    kept = {id(f) for _, f in best.values()}
+    return [f for f in found if f.reader != "trainer_state" or id(f) in kept]
 
 
 def _ts_read(found: Found) -> RawHistory:
@@ -362,7 +371,7 @@ def find_runs(paths: Sequence[str | Path]) -> list[Found]:
         for match in matches:
             found += _find_one(Path(match))
     unique = list({(f.reader, f.path): f for f in found}.values())
-    return unique
+    return _latest_states(unique)  # checkpoint copies named one by one (a glob) count once too
 
 
 def _find_one(path: Path) -> list[Found]:
@@ -417,6 +426,10 @@ def _series(raw: RawHistory, metric: str, flag: str) -> Series:
     points = raw.series.get(metric)
     if not points and metric in raw.not_numbers:
         raise HistoryError(f"{raw.source}: {flag} {metric!r} holds no number: {raw.not_numbers[metric]}")
+    if metric in raw.not_numbers:  # not dropped silently: the curve would lose an eval nobody sees
+        raise HistoryError(f"{raw.source}: {flag} {metric!r} has a value that is not a number: "
+                           f"{raw.not_numbers[metric]} (fix the log, leave the cell empty for a failed eval, "
+                           "or leave this run out)")
     if not points:
         raise HistoryError(f"{raw.source}: {flag} {metric!r} not found; metrics in this run: "
                            f"{', '.join(raw.metrics()) or '(none)'}")

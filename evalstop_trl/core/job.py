@@ -45,7 +45,7 @@ _GENERIC_TYPES = frozenset({JobType.RLHF, JobType.OTHER})
 
 __all__ = [
     "Ack", "Amend", "Commit", "Event", "Expire", "Fail", "Finish", "Heartbeat", "JobState", "Observe", "Step", "Stop",
-    "amendments", "replay", "step", "stop_delivery",
+    "SHADOW_REASON", "amendments", "replay", "shadowed", "step", "stop_delivery",
 ]
 
 _RUNNING, _PENDING, _STOPPED, _FAILED = JobStatus.RUNNING, JobStatus.PENDING, JobStatus.STOPPED, JobStatus.FAILED
@@ -282,10 +282,14 @@ def _observe(state: JobState, cmd: Observe) -> Step:
     return Step(new, new.current() if new_record.status.terminal else decision, commit, stopped)
 
 
+#: how a shadow-mode job's answer to a decided stop begins (then the detector's reason)
+SHADOW_REASON = "shadow mode, not stopped: would stop: "
+
+
 def shadowed(decision: Decision, would_stop_step: int | None) -> Decision:
     """A shadow-mode job's answer to a stop its detector decided: CONTINUE, saying what would have
     happened (evidence ``would_stop``: the step of the first would-stop eval)."""
-    return Decision(_CONTINUE, f"shadow mode, not stopped: would stop: {decision.reason}", decision.best_step,
+    return Decision(_CONTINUE, SHADOW_REASON + decision.reason, decision.best_step,
                     decision.best_score, {**decision.evidence, "would_stop": would_stop_step})
 
 

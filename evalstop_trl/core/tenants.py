@@ -100,7 +100,8 @@ class Tenants:
     def get(self, name: str) -> TenantRecord:
         t = self.store.tenant(name)
         if t is None:
-            raise NotFound(f"no tenant named {name!r}")
+            raise NotFound(f"no tenant named {name!r} (create it first: evalstop tenants add {name} --db ...; an "
+                           "embedded evalstop.db of a callback has no tenants: use EvalStopCallback(shadow=True) there)")
         return t
 
     def list(self) -> list[TenantRecord]:

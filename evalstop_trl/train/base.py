@@ -209,6 +209,11 @@ class _Configured:
         """The job type given, else the one inferred from the trainer (None before training)."""
         return self.config.job_type or self._trainer_job_type
 
+    @property
+    def would_stop_step(self) -> int | None:
+        """Shadow mode: the step of the eval where the detector first decided to stop (None: not yet)."""
+        return self.session.shadow.step
+
     # ------------------------------------------------------------------ ExportableState
     def state(self) -> dict[str, Any]:
         """The callback's arguments and history, for a checkpoint (``TrainerState.stateful_callbacks``)."""

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..core.detectors import DETECTORS, Action, Decision, Detector, Observation, is_better
 from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound
-from ..core.job import shadowed
+from ..core.job import SHADOW_REASON, shadowed
 from ..core.labels import check_hparams, check_tags
 from .ranks import RankMessage
 from .scores import finite, to_number
@@ -266,7 +266,8 @@ class ShadowMode:
         would = decision.evidence.get("would_stop")
         if would is not None and self.step is None:
             self.step = would
-            log.warning("EvalStop (shadow mode, not stopping): would stop at step %s: %s", would, decision.reason)
+            log.warning("EvalStop (shadow mode, not stopping): would stop at step %s: %s", would,
+                        decision.reason.removeprefix(SHADOW_REASON))
         return decision
 
 
