@@ -115,23 +115,13 @@ def test_an_export_its_reader_stops_reading_holds_a_chunk_not_a_page_of_text(two
     as one chunk (csv: 3 copies of it, json: 2) and held it for as long as the reader kept the
     connection open without reading (2 such exports per tenant: +25 MB). Now about 256 KiB each."""
     two.start()
-    tags = {f"k{i:02d}": f"{i:02d}" * 128 for i in range(32)}  # the most a job may carry: 32 x 256 characters
-    hparams = {f"h{i:02d}": f"{i:02d}" * 128 for i in range(32)}
     with httpx.Client(base_url=two.url, headers=bearer(two.alice), timeout=30) as c:
-        for i in range(400):
-            r = c.post("/v1/jobs", json={"job_id": f"j{i:03d}", "tags": tags, "hparams": hparams})
-            assert r.status_code == 201, r.text
+        _full_jobs(c, 400)
         for fmt in ("csv", "json"):  # warm up: every code path once, read to the end
             assert len(c.get("/v1/runs/export", params={"format": fmt}).content) > 6_000_000
         time.sleep(0.5)
         before = rss_kib(two.proc.pid)
-        stalled = []
-        for fmt in ("csv", "json"):
-            s = socket.create_connection(("127.0.0.1", two.port))
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.sendall(f"GET /v1/runs/export?format={fmt} HTTP/1.1\r\nHost: x\r\n"
-                      f"Authorization: Bearer {two.alice}\r\n\r\n".encode())
-            stalled.append(s)
+        stalled = [_stall(two, f"/v1/runs/export?format={fmt}") for fmt in ("csv", "json")]
         try:
             time.sleep(2.0)
             grew = rss_kib(two.proc.pid) - before
@@ -146,3 +136,53 @@ def test_an_export_its_reader_stops_reading_holds_a_chunk_not_a_page_of_text(two
         while c.get("/v1/runs", params={"limit": 1}).status_code == 429 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert c.get("/v1/runs", params={"limit": 1}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/runs?limit=1000", "/v1/jobs?limit=1000"])
+def test_a_page_of_runs_its_readers_stop_reading_holds_the_tenants_read_slots_not_a_page_per_connection(two, path):
+    """A page of 400 jobs with full tags and hparams is 6.5 MB of JSON. Its handler let go of the
+    tenant's read slot once the answer was built, so every connection that never read its answer
+    left one in the server: 12 stalled connections, +80 MB (1000 connections: gigabytes). Now a
+    large answer is sent a slice at a time holding the slot: the third stalled request is a 429."""
+    two.start()
+    with httpx.Client(base_url=two.url, headers=bearer(two.alice), timeout=30) as c:
+        _full_jobs(c, 400)
+        assert len(c.get(path).content) > 6_000_000  # warm up
+        time.sleep(0.5)
+        before = rss_kib(two.proc.pid)
+        stalled = []
+        try:
+            for _ in range(12):
+                stalled.append(_stall(two, path))
+                time.sleep(0.2)
+            time.sleep(1.5)
+            grew = rss_kib(two.proc.pid) - before
+            assert grew < 30 * 1024, f"12 stalled pages hold {grew} KiB"
+            assert c.get("/v1/runs", params={"limit": 1}).status_code == 429  # alice's slots: both held
+            with httpx.Client(base_url=two.url, headers=bearer(two.bob), timeout=30) as b:
+                assert b.get(path).status_code == 200  # bob's are not
+        finally:
+            for s in stalled:
+                s.close()
+        deadline = time.monotonic() + 10
+        while c.get("/v1/runs", params={"limit": 1}).status_code == 429 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        page = c.get(path)  # and a page read at once is whole
+        assert page.status_code == 200 and len(page.json() if path.startswith("/v1/jobs") else page.json()["jobs"]) == 400
+
+
+def _full_jobs(c: httpx.Client, n: int) -> None:
+    """``n`` jobs with the most tags and hparams a job may carry (32 x 256 characters of each)."""
+    tags = {f"k{i:02d}": f"{i:02d}" * 128 for i in range(32)}
+    hparams = {f"h{i:02d}": f"{i:02d}" * 128 for i in range(32)}
+    for i in range(n):
+        r = c.post("/v1/jobs", json={"job_id": f"j{i:03d}", "tags": tags, "hparams": hparams})
+        assert r.status_code == 201, r.text
+
+
+def _stall(server, path: str) -> socket.socket:
+    """A request of ``path`` by alice whose answer is never read (a tiny receive buffer)."""
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.alice}\r\n\r\n".encode())
+    return s

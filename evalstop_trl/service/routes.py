@@ -25,6 +25,7 @@ import inspect
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, NamedTuple
@@ -33,6 +34,8 @@ from fastapi import FastAPI, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..core.api import EVALS_PAGE, ROUTES, Route, launcher_event
 from ..core.coordinator import Coordinator, WouldBlock
@@ -107,11 +110,13 @@ class TenantGate:
 
 
 class Answer(NamedTuple):
-    """A handler's result with a status or headers of its own (else: the route's status)."""
+    """A handler's result with a status or headers of its own (else: the route's status), and the
+    tenant's read slot it holds until it is sent (``close`` releases it)."""
 
     value: Any
     status: int | None = None
     headers: Mapping[str, str] | None = None
+    close: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +183,9 @@ class Handlers:
 
     def list_jobs(self, t: str, status: str | None, limit: int, offset: int) -> Answer:
         """The caller's jobs in registration order, paged (``X-Total-Count`` has the total)."""
-        with self.reads(t):
+        with self._reading(t) as slot:
             views, total = self.coordinator.page_jobs(t, status, limit, offset)
-        return Answer(views, headers={"X-Total-Count": str(total)})
+            return Answer(views, headers={"X-Total-Count": str(total)}, close=slot.pop_all().close)
 
     def status(self, t: str, job_id: str) -> JobView:
         return self.coordinator.status(t, job_id)
@@ -221,8 +226,8 @@ class Handlers:
 
     def reports(self, t: str, job_id: str, after_step: int | None, limit: int) -> list:
         """Stored reports in step order, paged: those after ``after_step``, at most ``limit``."""
-        with self.reads(t):
-            return self.coordinator.reports(t, job_id, after_step, limit)
+        with self._reading(t) as slot:
+            return Answer(self.coordinator.reports(t, job_id, after_step, limit), close=slot.pop_all().close)
 
     def stop(self, t: str, job_id: str, reason: str) -> JobView:
         return self.coordinator.stop(t, job_id, reason)
@@ -251,8 +256,8 @@ class Handlers:
 
     def evals(self, t: str, job_id: str, after_step: int | None, limit: int) -> list:
         """The job's snapshots in step order, paged: those after ``after_step``, at most ``limit``."""
-        with self.reads(t):
-            return self.coordinator.evals(t, job_id, after_step, limit)
+        with self._reading(t) as slot:
+            return Answer(self.coordinator.evals(t, job_id, after_step, limit), close=slot.pop_all().close)
 
     def claim_eval(self, t: str, worker: str, lease_s: float) -> Any:
         """Lease the caller's oldest snapshot waiting for an eval (204 if none)."""
@@ -275,15 +280,16 @@ class Handlers:
     def audit(self, t: str, job_id: str | None, limit: int, offset: int, after: int | None) -> Answer:
         """The caller's audit records, oldest first (of one job with ``job_id``), paged by ``offset`` or,
         cheaper, by keyset: ``after`` = the ``X-Next-After`` header of the previous page."""
-        with self.reads(t):
+        with self._reading(t) as slot:
             records, last = self.coordinator.audit_page(t, job_id, limit, offset, after)
-        return Answer(records, headers=None if last is None else {"X-Next-After": str(last)})
+            return Answer(records, headers=None if last is None else {"X-Next-After": str(last)},
+                          close=slot.pop_all().close)
 
 
     def browse_jobs(self, t: str, **query: Any) -> Any:
         """One page of the caller's runs: search, filters, sort, keyset paging (``next``)."""
-        with self.reads(t):
-            return self.coordinator.browse(t, job_query(**query))
+        with self._reading(t) as slot:
+            return Answer(self.coordinator.browse(t, job_query(**query)), close=slot.pop_all().close)
 
     def delete_job(self, t: str, job_id: str, reason: str) -> JobView:
         """Delete the caller's ended job with its reports (409 while it runs); its audit line stays."""
@@ -291,8 +297,16 @@ class Handlers:
 
     def summary(self, t: str) -> Any:
         """The caller's jobs by outcome and what its detectors' stops saved."""
-        with self.reads(t):
-            return self.coordinator.summary(t)
+        with self._reading(t) as slot:
+            return Answer(self.coordinator.summary(t), close=slot.pop_all().close)
+
+    @contextlib.contextmanager
+    def _reading(self, t: str) -> Iterator[contextlib.ExitStack]:
+        """One of the tenant's read slots, released on leaving unless the handler keeps it for its
+        answer (``Answer(..., close=slot.pop_all().close)``: held until the answer is sent)."""
+        with contextlib.ExitStack() as slot:
+            slot.enter_context(self.reads(t))
+            yield slot
 
     def _stream(self, t: str, make: Callable[[], Any], media_type: str, filename: str) -> Stream:
         """An export that holds one of the tenant's read slots until its last chunk is sent."""
@@ -325,16 +339,51 @@ def _tenant(request: Request) -> str:
     return tenant
 
 
+_SLICE = 64 * 1024  # bytes of a large answer sent at once (uvicorn's write buffer high-water mark)
+
+
+class SlicedAnswer(StreamingResponse):
+    """A large JSON answer sent a slice at a time that releases ``close`` (the tenant's read slot)
+    once it is sent or the client is gone. The next slice waits until the last is taken, so a
+    client that stops reading keeps its tenant's slot busy: the answers a tenant's stalled clients
+    leave in the server's memory are at most its read slots, not one per connection."""
+
+    def __init__(self, body: bytes, status_code: int, headers: Mapping[str, str] | None,
+                 close: Callable[[], None]) -> None:
+        async def slices():
+            for i in range(0, len(body), _SLICE):
+                yield body[i:i + _SLICE]
+
+        super().__init__(slices(), status_code=status_code, headers=headers, media_type="application/json")
+        self._close = close
+        weakref.finalize(self, close)  # an answer dropped before it is sent (the client went away)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._close()
+
+
 def _respond(route: Route, result: Any) -> Response:
     """The HTTP answer of a handler's result, encoded by the route's codec (strict JSON)."""
-    value, status, headers = result if isinstance(result, Answer) else (result, None, None)
+    value, status, headers, close = result if isinstance(result, Answer) else (result, None, None, None)
     if isinstance(value, Stream):
         return StreamAnswer(value)
-    data = route.result.encode(value)
-    if data is None:
+    try:
+        data = route.result.encode(value)
+        body = None if data is None else json.dumps(data, allow_nan=False).encode()
+    except BaseException:
+        if close is not None:
+            close()
+        raise
+    if close is not None and body is not None and len(body) > _SLICE:
+        return SlicedAnswer(body, status or route.status, headers, close)
+    if close is not None:
+        close()
+    if body is None:
         return Response(status_code=204, headers=headers)
-    return Response(json.dumps(data, allow_nan=False), status_code=status or route.status, headers=headers,
-                    media_type="application/json")
+    return Response(body, status_code=status or route.status, headers=headers, media_type="application/json")
 
 
 def _run(route: Route, handler: Callable[..., Any], tenant: str, args: dict[str, Any]) -> Response:
