@@ -73,6 +73,25 @@ def test_pick_markers(best, stop, expected):
     assert pick_markers([10, 20, 30], [None, 0.7, 0.6], best_step=best, stop_step=stop) == expected
 
 
+def test_a_shadow_job_s_plot_marks_where_it_would_have_stopped(monkeypatch, tmp_path):
+    from evalstop_trl import Coordinator, MemoryStore
+    from evalstop_trl.analysis import plots
+    from evalstop_trl.core.codec import to_wire
+
+    c = Coordinator(MemoryStore())
+    c.register_job("acme", "s", "grpo", 60, policy={"detector": "decline", "k": 2, "mode": "shadow"})
+    for step, score in ((10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.6)):
+        c.report("acme", "s", step, eval_score=score)
+    drawn = {}
+    monkeypatch.setattr(plots, "plot_curves", lambda path, steps, series, markers, **kw: drawn.update(markers=markers, **kw))
+    plots.plot_job(tmp_path / "s.png", to_wire(c.status("acme", "s")), [to_wire(r) for r in c.reports("acme", "s")])
+    assert drawn["markers"] == (Marker("best", 50, 0.6), Marker("would stop", 40, 0.4))
+    assert drawn["title"].endswith("shadow: would stop at step 40") and drawn["note"].startswith("2 consecutive declines")
+    monkeypatch.undo()
+    out = plots.plot_job(tmp_path / "s.png", to_wire(c.status("acme", "s")), [to_wire(r) for r in c.reports("acme", "s")])
+    assert_sensible_png(out)
+
+
 def test_plot_curves_rejects_unknown_suffix_and_empty_series(tmp_path):
     with pytest.raises(ValueError, match=r"must end in \.png, \.svg, \.pdf"):
         plot_curves(tmp_path / "x.jpeg", [1], {"eval_score": [0.5]})

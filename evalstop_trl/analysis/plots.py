@@ -35,7 +35,10 @@ COLORS = {
     "train_loss": "#CC79A7",
     "best": "#009E73",
     "stop": "#D55E00",
+    "would stop": "#56B4E9",
 }
+#: line style, point marker and whether the point is hollow, per marker label
+_MARKER_STYLES = {"best": ("--", "o", True), "stop": ("-", "X", False), "would stop": (":", "D", True)}
 _STYLES = {"eval_score": "-", "proxy_reward": "--", "train_loss": ":"}
 _LABELS = {"eval_score": "world feedback (eval score)", "proxy_reward": "proxy reward", "train_loss": "train loss"}
 #: file suffixes a plot can be written as
@@ -45,8 +48,8 @@ _STOP_KINDS = ("stop", "manual_stop")
 
 @dataclass(frozen=True, slots=True)
 class Marker:
-    """A marked step: ``label`` is "best" or "stop"; ``score`` is the world feedback reported at
-    that step (None when that step has no eval score)."""
+    """A marked step: ``label`` is "best", "stop" or "would stop" (shadow mode); ``score`` is the world
+    feedback reported at that step (None when that step has no eval score)."""
 
     label: str
     step: int
@@ -81,12 +84,12 @@ def stop_step(job: Mapping[str, Any], reports: Sequence[Mapping[str, Any]],
 
 
 def pick_markers(steps: Sequence[int], scores: Sequence[float | None], best_step: int | None,
-                 stop_step: int | None) -> tuple[Marker, ...]:
-    """The markers to draw: the best step, then the stop step (each only when known), with the
-    world feedback at that step when it was reported."""
+                 stop_step: int | None, would_stop_step: int | None = None) -> tuple[Marker, ...]:
+    """The markers to draw: the best step, the stop step, the would-stop step of a shadow-mode job
+    (each only when known), with the world feedback at that step when it was reported."""
     at = dict(zip(steps, scores, strict=True))
     out = []
-    for label, step in (("best", best_step), ("stop", stop_step)):
+    for label, step in (("best", best_step), ("stop", stop_step), ("would stop", would_stop_step)):
         if step is not None:
             out.append(Marker(label, step, at.get(step)))
     return tuple(out)
@@ -139,12 +142,12 @@ def plot_curves(path: str | Path, steps: Sequence[int], series: Mapping[str, Seq
             ax.axvspan(stop.step, x_end, color="#eef0f2", zorder=0,
                        label="after the stop" if key == keys[0] else None)
         for m in markers:
-            is_best = m.label == "best"
-            ax.axvline(m.step, color=COLORS[m.label], ls="--" if is_best else "-", lw=1.8,
+            line, point, hollow = _MARKER_STYLES[m.label]
+            ax.axvline(m.step, color=COLORS[m.label], ls=line, lw=1.8,
                        label=f"{m.label} step {m.step}" if key == keys[0] else None)
             if key == "eval_score" and m.score is not None:
-                ax.plot([m.step], [m.score], "o" if is_best else "X", ms=10, color=COLORS[m.label],
-                        mfc="white" if is_best else COLORS[m.label], mew=2.5, zorder=5)
+                ax.plot([m.step], [m.score], point, ms=10, color=COLORS[m.label],
+                        mfc="white" if hollow else COLORS[m.label], mew=2.5, zorder=5)
     axes[0].legend(loc="best", fontsize=8, framealpha=0.9)
     axes[-1].set_xlabel("step")
     axes[-1].set_xlim(min(0, min(steps)), x_end if x_end > 0 else 1)
@@ -170,7 +173,8 @@ def plot_job(path: str | Path, job: Mapping[str, Any], reports: Sequence[Mapping
     steps = [r["step"] for r in reports]
     series = {k: [r.get(k) for r in reports] for k in ("eval_score", "proxy_reward", "train_loss")}
     stop = stop_step(job, reports, audit)
-    markers = pick_markers(steps, series["eval_score"], job.get("best_step"), stop)
+    would = job.get("would_stop_step")
+    markers = pick_markers(steps, series["eval_score"], job.get("best_step"), stop, would)
     decision = job.get("decision") or {}
     title = f"{job.get('job_id')} ({job.get('job_type')}): {job.get('status')}"
     if stop is not None:
@@ -178,6 +182,9 @@ def plot_job(path: str | Path, job: Mapping[str, Any], reports: Sequence[Mapping
     if job.get("best_step") is not None:
         title += f"; best step {job['best_step']} ({job['best_score']:.4g})"
     note = decision.get("reason", "") if job.get("status") == "stopped" else ""
+    if would is not None:  # shadow mode: where it would have stopped, and why
+        title += f"; shadow: would stop at step {would}"
+        note = (job.get("would_stop") or {}).get("reason", "")
     return plot_curves(path, steps, series, markers, title=title, note=note, planned_steps=job.get("planned_steps"))
 
 
