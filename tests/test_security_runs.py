@@ -69,6 +69,15 @@ def test_a_tag_of_a_huge_integer_is_a_422_naming_the_tag(two):
         assert r.status_code == 201 and r.json()["tags"] == {"lr": "0.5", "seed": "12345", "x": "-7"}, r.text
 
 
+def test_a_404_does_not_echo_a_long_job_id_back_in_full(two):
+    two.start()
+    with httpx.Client(base_url=two.url, headers=bearer(two.alice), timeout=30) as c:
+        for path in ("/v1/jobs/{}", "/v1/jobs/{}/reports", "/v1/jobs/{}/export"):
+            r = c.get(path.format("x" * 5000))
+            assert r.status_code in (404, 422), r.text
+            assert len(r.text) < 600, (path, len(r.text))  # was 5,000+ characters: the id in full
+
+
 def test_what_held_keeps_holding_nothing_of_another_tenant_and_every_bad_input_a_4xx(two):
     two.start()
     a = httpx.Client(base_url=two.url, headers=bearer(two.alice), timeout=30)

@@ -42,7 +42,7 @@ class JobRemoval:
         slot = self.jobs.get(tenant, job_id)
         with slot.lock:
             if slot.deleted or slot.committed is None:
-                raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+                raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
             if slot.pending:
                 raise Conflict(f"job {job_id!r} has a write in progress; retry in a moment")
             state = slot.committed
@@ -55,6 +55,6 @@ class JobRemoval:
                                 reason or "deleted", {"status": status, "n_reports": view.n_reports,
                                                       "last_step": view.last_step})
             if not self.store.delete_job(tenant, job_id, audit):
-                raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+                raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
             self.jobs.forget(slot, view.n_reports)
         return view

@@ -198,7 +198,7 @@ class JobCache:
         """The job's slot for a command (reloaded first if a write of it failed)."""
         slot = self._slots.get((tenant, job_id))
         if slot is None or (slot.committed is None and not slot.pending):
-            raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+            raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
         if slot.broken:
             self.reload(slot)
         return self._ready(slot)
@@ -208,7 +208,7 @@ class JobCache:
         slot = self.get(tenant, job_id)
         state = slot.committed
         if state is None:
-            raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+            raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
         return state
 
     def reload(self, slot: Slot) -> None:
@@ -329,7 +329,7 @@ class ReplicatedJobs(JobCache):
         if slot is None:
             record = self.store.job(tenant, job_id)  # another replica's job
             if record is None:
-                raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+                raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
             return self.insert(self._load(record), committed=True)
         if slot.broken:
             self.reload(slot)
@@ -339,7 +339,7 @@ class ReplicatedJobs(JobCache):
             if stored > slot.committed.version:
                 self.reload(slot)
         if slot.committed is None and not slot.pending:
-            raise NotFound(f"no job {job_id!r} for tenant {tenant!r}")
+            raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
         return slot
 
     def active(self, tenant: str) -> int:
