@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import real_traces as rt  # noqa: E402  (the first set's trace format, reader and intervals)
 
+from evalstop_trl.analysis.calibrate import declined  # noqa: E402
 from evalstop_trl.analysis.intervals import binomial_cdf  # noqa: E402
 from evalstop_trl.analysis.replay import Curve, replay_curve  # noqa: E402
 from evalstop_trl.core.detectors import DETECTORS  # noqa: E402
@@ -170,9 +171,7 @@ def label(golds: tuple[float, ...] | list[float], rel_margin: float = REL_MARGIN
         raise ValueError("label needs a non-empty gold series")
     if not 0 <= rel_margin < 1:
         raise ValueError(f"rel_margin must be in [0, 1), got {rel_margin!r}")
-    hi, lo = max(golds), min(golds)
-    peak = golds.index(hi) if isinstance(golds, list) else tuple(golds).index(hi)
-    return peak < len(golds) - 1 and hi - golds[-1] > rel_margin * (hi - lo)
+    return declined(list(golds), rel_margin)
 
 
 def median_interval(values: list[float], alpha: float = 0.05) -> tuple[float, float, float] | None:

@@ -152,15 +152,30 @@ def _plain(value: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- labels
+def relative_decline(values: Sequence[float]) -> tuple[int, float]:
+    """``(peak, share)`` of a series where higher is better: the index of its best value (the earliest
+    on ties) and how far its last value fell below that best, as a share of the series' own range
+    (0 for a flat series). In no units: the same for ``a * values + b``, a > 0."""
+    if not values:
+        raise ValueError("a run's series needs at least one value")
+    peak = max(range(len(values)), key=lambda i: (values[i], -i))
+    spread = max(values) - min(values)
+    return peak, (values[peak] - values[-1]) / spread if spread > 0 else 0.0
+
+
+def declined(values: Sequence[float], margin: float) -> bool:
+    """The labelling rule of calibrate, shadow-report and the real-trace sets: the best value comes
+    before the last one, which falls short of it by more than ``margin`` of the series' range."""
+    peak, share = relative_decline(values)
+    return peak < len(values) - 1 and share > margin
+
+
 def label_run(run: RunHistory, direction: Direction, margin: float) -> RunLabel:
     """Label one run from its full label series (see the module docstring)."""
     series: Series = run.label or run.scores
     signed = [direction.sign() * v for v in series.values]
-    peak = max(range(len(signed)), key=lambda i: (signed[i], -i))  # the best, earliest on ties
-    spread = max(signed) - min(signed)
-    drop = signed[peak] - signed[-1]
-    share = drop / spread if spread > 0 else 0.0
-    hacked = peak < len(signed) - 1 and spread > 0 and drop > margin * spread
+    peak, share = relative_decline(signed)
+    hacked = declined(signed, margin)
     return RunLabel(run.name, run.source, run.format, series.metric, hacked, series.steps[peak], series.steps[-1],
                     series.values[peak], series.values[-1], share)
 

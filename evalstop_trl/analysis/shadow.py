@@ -32,6 +32,7 @@ from enum import Enum
 from typing import Any
 
 from ..core.records import JobStatus, Report
+from .calibrate import declined
 
 __all__ = ["ShadowOutcome", "ShadowSummary", "Verdict", "shadow_outcome", "summarize"]
 
@@ -112,8 +113,7 @@ def shadow_outcome(job_id: str, status: str, would_stop_step: int | None, report
         elif would_stop_step is not None:
             verdict = Verdict.RIGHT if gap <= margin else Verdict.EARLY
         else:
-            declined = span > 0 and best_step != evals[-1][0] and (best - values[-1]) > margin * span
-            verdict = Verdict.MISSED if declined else Verdict.QUIET
+            verdict = Verdict.MISSED if declined(values, margin) else Verdict.QUIET
     return ShadowOutcome(job_id, status, verdict, would_stop_step, last_step, saved, gap, best_step, len(evals))
 
 
