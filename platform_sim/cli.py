@@ -85,13 +85,7 @@ def _cmd_run_salted(args: argparse.Namespace) -> int:
     if args.write_trace:  # only now: a trace holds the truth
         write_trace(generate_workload(cfg, args.seed_start, res.salt), args.write_trace)
         print(f"wrote the workload of seed {args.seed_start} to {args.write_trace}", file=sys.stderr)
-    if args.plot:
-        from .plots import plot_run
-
-        print(f"wrote {plot_run(res.result, args.plot)}")
-    if args.json:
-        Path(args.json).write_text(res.to_json())
-        print(f"wrote {args.json}")
+    _write_outputs(args, res.result, res.to_json())
     return 0
 
 
@@ -117,14 +111,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     seed_start=args.seed_start)
     print(run_table(res))
     print(f"({time.perf_counter() - t0:.1f} s)")
+    _write_outputs(args, res, res.to_json())
+    return 0
+
+
+def _write_outputs(args: argparse.Namespace, result, json_text: str) -> None:
+    """``--plot`` and ``--json`` of ``platform-sim run``, salted or not."""
     if args.plot:
         from .plots import plot_run
 
-        print(f"wrote {plot_run(res, args.plot)}")
+        print(f"wrote {plot_run(result, args.plot)}")
     if args.json:
-        Path(args.json).write_text(res.to_json())
+        Path(args.json).write_text(json_text)
         print(f"wrote {args.json}")
-    return 0
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
