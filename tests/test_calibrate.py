@@ -103,24 +103,23 @@ def write_csv(path: Path, score: np.ndarray) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def write_tb_torch(folder: Path, score: np.ndarray) -> None:
-    from torch.utils.tensorboard import SummaryWriter  # simple_value scalars
-
-    w = SummaryWriter(str(folder))
+def _write_tb(w, score: np.ndarray) -> None:
     for i, s in enumerate(steps()):
         w.add_scalar("eval_reward", float(score[i]), s)
         w.add_scalar("train/loss", 1.0 / (i + 1), s)
     w.close()
+
+
+def write_tb_torch(folder: Path, score: np.ndarray) -> None:
+    from torch.utils.tensorboard import SummaryWriter  # simple_value scalars
+
+    _write_tb(SummaryWriter(str(folder)), score)
 
 
 def write_tb_native(folder: Path, score: np.ndarray) -> None:
     from tensorboard.summary import Writer  # TF2-style: the scalar stored as a tensor
 
-    w = Writer(str(folder))
-    for i, s in enumerate(steps()):
-        w.add_scalar("eval_reward", float(score[i]), s)
-        w.add_scalar("train/loss", 1.0 / (i + 1), s)
-    w.close()
+    _write_tb(Writer(str(folder)), score)
 
 
 def write_mlflow(root: Path, score: np.ndarray, run_id: str, run_name: str, deleted: bool = False) -> Path:
