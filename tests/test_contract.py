@@ -229,6 +229,14 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
     call("audit deleted", c.audit, "j2")
     call("re-register deleted", c.register_job, "j2", "sft")
     call("list_jobs after delete", c.list_jobs)
+    shadow = {"detector": "decline", "k": 2, "mode": "shadow"}
+    call("register shadow", c.register_job, "sh", "grpo", planned_steps=60, policy=shadow)
+    for step, score in ((10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3)):
+        call(f"report shadow {step}", c.report, "sh", step, eval_score=score)
+    call("status shadow", c.status, "sh")
+    call("audit shadow", c.audit, "sh")
+    call("register bad mode", c.register_job, "sh2", policy={"detector": "decline", "mode": "dry-run"})
+    call("summary with shadow", _summary, c.summary)
     return out
 
 
@@ -342,6 +350,11 @@ def test_the_script_means_what_it_says(results):
     assert [j["job_id"] for j in r["browse by id asc"]["jobs"]] == ["e1", "j1"] and r["browse by id asc"]["has_next"]
     assert [j["job_id"] for j in r["browse next page"]["jobs"]] == ["j2", "j3"]
     assert r["browse search"]["total"] == 4 and [j["job_id"] for j in r["browse filters"]["jobs"]] == ["j1"]
+    assert r["report shadow 40"]["action"] == "continue" and r["report shadow 40"]["evidence"]["would_stop"] == 40
+    assert r["status shadow"]["status"] == "running" and r["status shadow"]["would_stop_step"] == 40
+    assert r["status shadow"]["would_stop"]["action"] == "stop" and r["status shadow"]["policy"]["mode"] == "shadow"
+    assert [a["kind"] for a in r["audit shadow"]] == ["would_stop"] and r["register bad mode"]["error"] == 422
+    assert r["summary with shadow"]["would_stop"] == 1
     for bad in ("browse bad sort", "browse bad cursor", "browse bad limit", "export reports bad format"):
         assert r[bad]["error"] == 422, bad
     assert [x["step"] for x in r["export reports csv"]] == ["10", "20", "25", "30", "40", "50"]
