@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -93,6 +94,32 @@ def manifest(runs: int, max_steps: int, eval_every: int) -> dict[str, Any]:
     }
 
 
+#: the judge's fit, computed by torch kernels whose float results differ across CPUs and thread counts
+#: (and training amplifies the difference: mae 0.12934 committed, 0.12962 seen on another machine), so it
+#: is compared with this relative tolerance; everything else in a manifest is a setting, compared exactly
+JUDGE_FIT, JUDGE_FIT_REL = ("mae", "correlation"), 0.02
+
+
+def same_manifest(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two manifests (or two ``judge`` entries) describe the same traces: equal settings, and a
+    judge fit within :data:`JUDGE_FIT_REL`.
+
+    >>> same_manifest({"judge": {"mae": 0.12934, "label_noise": 0.15}}, {"judge": {"mae": 0.12962, "label_noise": 0.15}})
+    True
+    >>> same_manifest({"judge": {"mae": 0.12934, "label_noise": 0.15}}, {"judge": {"mae": 0.2, "label_noise": 0.15}})
+    False
+    >>> same_manifest({"judge": {"mae": 0.13, "label_noise": 0.15}}, {"judge": {"mae": 0.13, "label_noise": 0.2}})
+    False
+    """
+    if "judge" in a or "judge" in b:
+        rest = {k: v for k, v in a.items() if k != "judge"} == {k: v for k, v in b.items() if k != "judge"}
+        return rest and same_manifest(a.get("judge", {}), b.get("judge", {}))
+    fit = [k for k in JUDGE_FIT if k in a or k in b]
+    if {k: v for k, v in a.items() if k not in fit} != {k: v for k, v in b.items() if k not in fit}:
+        return False
+    return all(k in a and k in b and math.isclose(a[k], b[k], rel_tol=JUDGE_FIT_REL) for k in fit)
+
+
 def train_many(seeds: list[int], folder: Path, max_steps: int, eval_every: int,
                expected: dict[str, Any] | None = None) -> None:
     """Train runs ``seeds`` one after the other in this process, each to its end (no detector), and write
@@ -109,7 +136,7 @@ def train_many(seeds: list[int], folder: Path, max_steps: int, eval_every: int,
     pools = J.prompt_sets()
     jd = J.train_judge(pools.judge)
     got = asdict(jd.quality)
-    if expected is not None and any(abs(expected[k] - got[k]) > 1e-6 for k in expected):
+    if expected is not None and not same_manifest({k: got[k] for k in expected}, expected):
         raise ValueError(f"the judge trained here ({got}) is not the manifest's ({expected})")
     for seed in seeds:
         cfg = J.run_config(seed)
@@ -133,7 +160,7 @@ def generate(folder: Path, runs: int, max_steps: int, eval_every: int, workers: 
     path = folder / MANIFEST
     if path.exists():
         old = json.loads(path.read_text())
-        if {k: v for k, v in old.items() if k != "runs"} != {k: v for k, v in new.items() if k != "runs"}:
+        if not same_manifest({k: v for k, v in old.items() if k != "runs"}, {k: v for k, v in new.items() if k != "runs"}):
             raise ValueError(f"{path} was made with other settings; use another --traces folder or remove it")
         new["runs"] = {**old["runs"], **new["runs"]}
     path.write_text(json.dumps(new, indent=1) + "\n")

@@ -176,13 +176,10 @@ def test_the_generator_trains_a_real_run(tmp_path):
     assert all(0 <= r["world_feedback"] <= 1 and 0 <= r["gold"] <= 1 for r in rows)
     made = json.loads((tmp_path / jt.MANIFEST).read_text())
     assert made["prompt_pools"] == MANIFEST["prompt_pools"]
-    # The judge's size and label noise are settings, compared exactly; its fit (mae, correlation) is computed
-    # by torch kernels whose last digits differ across CPUs, so it is compared with a tolerance.
-    judge, want = made["judge"], MANIFEST["judge"]
-    assert set(judge) == set(want) == {"train_strings", "label_noise", "mae", "correlation"}
-    assert (judge["train_strings"], judge["label_noise"]) == (want["train_strings"], want["label_noise"])
-    for key in ("mae", "correlation"):
-        assert judge[key] == pytest.approx(want[key], rel=1e-3), key
+    # the judge's settings exactly, its fit (torch kernels: last digits differ across CPUs) within a tolerance
+    assert set(made["judge"]) == set(MANIFEST["judge"]) == {"train_strings", "label_noise", *jt.JUDGE_FIT}
+    assert jt.same_manifest(made["judge"], MANIFEST["judge"]), (made["judge"], MANIFEST["judge"])
+    assert not jt.same_manifest({**made["judge"], "correlation": made["judge"]["correlation"] * 0.9}, MANIFEST["judge"])
     assert "| decline |" in out.stdout
 
 
