@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from .detectors import Decision
 from .errors import InvalidInput, NotFound, QuotaExceeded
@@ -63,12 +64,18 @@ from .records import (
 )
 from .removal import JobRemoval
 from .repository import JobCache, ReplicatedJobs, Slot
-from .store import DONE, JobLimits, LimitReached, Store, StoreError, wait_durable
+from .store import DONE, JobLimits, LimitReached, StaleState, Store, StoreError, wait_durable
 from .tenants import Tenants
 
 __all__ = ["Coordinator", "PendingReport", "WouldBlock", "check_report"]
 
 _isfinite = math.isfinite
+
+#: how often a command whose write another replica beat (a version conflict: not an outage) is decided
+#: again on what that replica wrote before the caller sees it (a 503 is left for real store outages)
+CONFLICT_RETRIES = 3
+CONFLICT_PAUSE_S = 0.005  # the longest pause before the first retry (then 2x, 3x): replicas' retries spread out
+T = TypeVar("T")
 
 
 def _check_reason(reason: Any) -> None:
@@ -91,6 +98,7 @@ class PendingReport(NamedTuple):
     decision: Decision
     ticket: Future
     stopped: JobRecord | None  # the job's record if this report stopped it
+    args: tuple  # the report's (step, eval_score, train_loss, proxy_reward, checkpoint): decided again on a conflict
 
 
 def _check_job_quotas(jobs: JobCache, tenant: str, quotas: Quotas) -> None:
@@ -161,18 +169,31 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
         return self.external.gap_timeout_s
 
     # ------------------------------------------------------------------ compute, commit, swap
-    def _run(self, slot: Slot, command: Any) -> tuple[Step, Future]:
-        """Compute ``command`` on the job's head and queue its write; the swap happens when durable."""
-        with slot.lock:
-            if slot.deleted:  # deleted while this command waited for the lock
-                raise NotFound(f"no job {slot.head.record.job_id!r} for tenant {slot.head.record.tenant!r}")
-            out = step(slot.head, command)
-            if out.commit is None:
-                return out, slot.ticket  # nothing to write: answered once earlier writes are durable
-            r = slot.head.record
-            ticket = self.jobs.commit(out.commit, r.tenant, r.job_id)
-            slot.push(out.state, ticket)
-        return out, ticket
+    def _run(self, slot: Slot, command: Any, guard: Callable[[Slot], None] | None = None) -> tuple[Step, Future]:
+        """Compute ``command`` on the job's head and queue its write; the swap happens when durable.
+
+        With a shared store a job has at most one write in flight per replica: the command waits
+        (holding no lock) until the previous one landed, so no write is ever computed on a write the
+        store refused (whose version number another replica's write may have taken). ``guard(slot)``
+        runs under the job's lock just before the command is computed (a per-job quota)."""
+        shared = self.jobs.shared
+        while True:
+            if shared:
+                self.jobs.settle(slot)
+            with slot.lock:
+                if slot.deleted:  # deleted while this command waited for the lock
+                    raise NotFound(f"no job {slot.head.record.job_id!r} for tenant {slot.head.record.tenant!r}")
+                if shared and not slot.landed:
+                    continue  # another command queued a write meanwhile (or it failed): wait for it
+                if guard is not None:
+                    guard(slot)
+                out = step(slot.head, command)
+                if out.commit is None:
+                    return out, slot.ticket  # nothing to write: answered once earlier writes are durable
+                r = slot.head.record
+                ticket = self.jobs.commit(out.commit, r.tenant, r.job_id)
+                slot.push(out.state, ticket)
+            return out, ticket
 
     def _settle(self, ticket: Future, tenant: str, job_id: str) -> None:
         """Wait (holding no lock) until a write is durable. If it failed, memory is reloaded from the
@@ -182,13 +203,28 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
         try:
             wait_durable(ticket)
         except StoreError:
-            with contextlib.suppress(NotFound):
-                self.jobs.get(tenant, job_id)  # reloads the broken job
+            self.jobs.refresh(tenant, job_id)
             raise
 
-    def _command(self, tenant: str, job_id: str, command: Any) -> Step:
-        out, ticket = self._run(self.jobs.get(tenant, job_id), command)
-        self._settle(ticket, tenant, job_id)
+    @staticmethod
+    def _retrying(attempt: Callable[[], T]) -> T:
+        """``attempt()``, made again while another replica's write of the job beats it (a version
+        conflict, :class:`StaleState`: the job was reloaded, so the next attempt decides on what that
+        replica wrote): at most :data:`CONFLICT_RETRIES` times, each after a short random pause."""
+        for retry in range(CONFLICT_RETRIES):
+            try:
+                return attempt()
+            except StaleState:
+                time.sleep(random.uniform(0.0, CONFLICT_PAUSE_S * (retry + 1)))
+        return attempt()
+
+    def _command(self, tenant: str, job_id: str, command: Any, guard: Callable[[Slot], None] | None = None) -> Step:
+        def attempt() -> Step:
+            out, ticket = self._run(self.jobs.get(tenant, job_id), command, guard)
+            self._settle(ticket, tenant, job_id)
+            return out
+
+        out = self._retrying(attempt)
         if out.stopped:
             self._notify(out.state.record, out.decision)
         return out
@@ -229,9 +265,12 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
         simulator registers a job per arrival): returns ``created``, with the same checks."""
         return self._register(tenant, job_id, job_type, planned_steps, policy, webhook)[1]
 
-    def _register(self, tenant: str, job_id: str, job_type: str | JobType | None, planned_steps: int | None,
-                  policy: Policy | dict | None, webhook: str | None, tags: Mapping | None = None,
-                  hparams: Mapping | None = None) -> tuple[JobState, bool]:
+    def _register(self, *args: Any) -> tuple[JobState, bool]:
+        return self._retrying(lambda: self._register_once(*args))  # another replica registered it: attach
+
+    def _register_once(self, tenant: str, job_id: str, job_type: str | JobType | None, planned_steps: int | None,
+                       policy: Policy | dict | None, webhook: str | None, tags: Mapping | None = None,
+                       hparams: Mapping | None = None) -> tuple[JobState, bool]:
         quotas = self.tenants.quotas(tenant)
         reg = Registration.parse(job_id, JobType.RLHF if job_type is None else job_type, planned_steps, policy,
                                  webhook, default_policy=self.default_policy, default_mode=quotas.default_mode,
@@ -251,7 +290,7 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
             return out.state, False
         with jobs.register_lock:
             if jobs.find(tenant, job_id) is not None:  # registered meanwhile: attach
-                return self._register(tenant, job_id, job_type, planned_steps, policy, webhook, tags, hparams)
+                return self._register_once(tenant, job_id, job_type, planned_steps, policy, webhook, tags, hparams)
             self._report_limits[tenant] = quotas.max_reports_per_tenant
             _check_job_quotas(jobs, tenant, quotas)
             record = JobRecord.new(tenant, reg, self.clock())
@@ -274,9 +313,13 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
                train_loss: float | None = None, proxy_reward: float | None = None,
                checkpoint: str | None = None) -> Decision:
         """Record one report (durably, before returning) and return the job's decision."""
-        out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
-        if ticket is not DONE:
-            self._settle(ticket, tenant, job_id)
+        def attempt() -> Step:
+            out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
+            if ticket is not DONE:
+                self._settle(ticket, tenant, job_id)
+            return out
+
+        out = self._retrying(attempt)
         if out.stopped:
             self._notify(out.state.record, out.decision)
         return out.decision
@@ -289,7 +332,8 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
         if nonblocking and (tenant not in self._report_limits or not self.jobs.in_memory(tenant, job_id, step)):
             raise WouldBlock(job_id)
         out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
-        return PendingReport(tenant, job_id, out.decision, ticket, out.state.record if out.stopped else None)
+        return PendingReport(tenant, job_id, out.decision, ticket, out.state.record if out.stopped else None,
+                             (step, eval_score, train_loss, proxy_reward, checkpoint))
 
     def _report(self, tenant: str, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
                 proxy_reward: float | None, checkpoint: str | None) -> tuple[Step, Future]:
@@ -316,11 +360,17 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
             stored = self.store.report(tenant, job_id, step)
         return self._run(slot, Observe(rep, stored))
 
-    def complete(self, pending: PendingReport) -> None:
-        """Wait until ``pending`` is durable, then run the stop listeners (re-raises a store error)."""
-        self._settle(pending.ticket, pending.tenant, pending.job_id)
+    def complete(self, pending: PendingReport) -> Decision:
+        """Wait until ``pending`` is durable, run the stop listeners and return the decision (re-raises a
+        store error). A write another replica got to first is decided again (:meth:`report`), so the
+        decision returned may differ from ``pending.decision``."""
+        try:
+            self._settle(pending.ticket, pending.tenant, pending.job_id)
+        except StaleState:
+            return self.report(pending.tenant, pending.job_id, *pending.args)
         if pending.stopped is not None:
             self._notify(pending.stopped, pending.decision)
+        return pending.decision
 
     def stop(self, tenant: str, job_id: str, reason: str = "", actor: str | None = None) -> JobView:
         """Stop a job by hand (idempotent for a job already stopped)."""
@@ -355,15 +405,19 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
             return
         slot = self.jobs.get(tenant, job_id)
         limit = self.tenants.quotas(tenant).max_events_per_job
-        if slot.events is None:
-            slot.events = self.store.count_events(tenant, job_id)  # once per job (no lock held)
-        with slot.lock:  # counted and queued together: concurrent events cannot pass the quota
+        counted = slot.events
+        if counted is None:
+            counted = slot.events = self.store.count_events(tenant, job_id)  # once per job (no lock held)
+
+        def within_quota(slot: Slot) -> None:  # under the job's lock: counted and queued together
+            if slot.events is None:  # reloaded meanwhile
+                slot.events = counted
             if slot.events >= limit:
                 raise QuotaExceeded(f"job {job_id!r} has {slot.events} launcher events, the most a job may have "
                                     f"(max_events_per_job={limit})")
-            out, ticket = self._run(slot, command)
             slot.events += 1
-        self._settle(ticket, tenant, job_id)
+
+        self._command(tenant, job_id, command, within_quota)
 
     def close(self) -> None:
         self.store.close()

@@ -55,10 +55,14 @@ class Slot:
     registration is durable (the job is not visible before)."""
 
     __slots__ = ("lock", "committed", "head", "ticket", "generation", "broken", "lazy", "events", "deleted",
-                 "_on_status")
+                 "_on_status", "_swap")
 
     def __init__(self, state: JobState, committed: bool, on_status: Callable[[JobState, JobState], None]) -> None:
-        self.lock = threading.RLock()
+        self.lock = threading.RLock()  # the job lock: a command is computed and its write queued under it
+        # guards the swap (committed, generation, broken) against the store's writer thread, which runs
+        # _landed: held for a few assignments only, never while waiting, and never the job lock, so the
+        # writer can never wait for a command (a command may wait for the writer, holding no lock)
+        self._swap = threading.Lock()
         self.head = state
         self.committed: JobState | None = state if committed else None
         self.ticket: Future = DONE  # the job's latest queued write
@@ -81,7 +85,8 @@ class Slot:
             ticket.add_done_callback(lambda f, s=state, g=self.generation: self._landed(s, g, f))
 
     def _landed(self, state: JobState, generation: int, ticket: Future) -> None:
-        with self.lock:
+        # runs on the store's writer thread (or at once, if the write is already done): no job lock
+        with self._swap:
             if generation != self.generation:
                 return
             if ticket.exception() is not None:
@@ -92,11 +97,12 @@ class Slot:
     def reset(self, state: JobState) -> None:
         """Memory := the store's state (after a failed write, or a newer write by another replica)."""
         old = self.head
-        self.generation += 1
-        self.head = state
-        self.committed = state
-        self.ticket = DONE
-        self.broken = False
+        with self._swap:
+            self.generation += 1
+            self.head = state
+            self.committed = state
+            self.ticket = DONE
+            self.broken = False
         self.lazy = False
         self.events = None
         if old.record.status is not state.record.status:
@@ -106,6 +112,13 @@ class Slot:
     def pending(self) -> bool:
         """Writes are queued that are not durable yet."""
         return self.committed is not self.head
+
+    @property
+    def landed(self) -> bool:
+        """The job's latest queued write is durable (its head is what the store holds), so a command
+        computed on the head cannot build on a write the store refused."""
+        ticket = self.ticket
+        return ticket.done() and ticket.exception() is None
 
 
 class JobCache:
@@ -140,11 +153,13 @@ class JobCache:
         self.insert(stub, committed=True).lazy = True
 
     def _ready(self, slot: Slot) -> Slot:
-        """A lazily loaded job, replayed now (once; under its lock)."""
+        """A lazily loaded job, replayed now. The store is read holding no lock (an ended job's loaded
+        record does not change until it is replayed: every command replays it first); the first
+        replay to finish is swapped in under the job's lock."""
         if slot.lazy:
+            state, _ = load_state(self.store, slot.head.record, self._max_reports(slot.head.record.tenant))
             with slot.lock:
                 if slot.lazy:
-                    state, _ = load_state(self.store, slot.head.record, self._max_reports(slot.head.record.tenant))
                     slot.head = slot.committed = state
                     slot.lazy = False
         return slot
@@ -211,22 +226,44 @@ class JobCache:
             raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
         return state
 
+    #: a reload reads the store again at most this often when writes were queued while it read
+    RELOAD_TRIES = 3
+
     def reload(self, slot: Slot) -> None:
-        """Memory := the store, for one job. Runs under the job's lock (only after a failed write,
-        so the rare failure path waits on the store rather than letting a command race the reload)."""
+        """Memory := the store, for one job (after a failed write, or a newer write by another replica).
+
+        No lock is held while waiting: the job's queued writes are awaited and the store read first,
+        then the state is swapped in under the job's lock, but only if no write was queued meanwhile
+        (that write may have moved the store on): then it reads again, at most :attr:`RELOAD_TRIES`
+        times, after which the job stays marked broken and the next command reloads it."""
         r = slot.head.record
-        with slot.lock:
-            try:
-                wait_durable(slot.ticket)
-            except Exception:  # noqa: BLE001 - the failure is why we reload
-                pass
+        for _ in range(self.RELOAD_TRIES):
+            ticket = slot.ticket
+            ticket.exception()  # waits until the write is durable or failed (the failure is why we reload)
             record = self.store.job(r.tenant, r.job_id)
-            if record is None:
-                self.remove(slot)
-                slot.committed = None
+            state = None if record is None else load_state(self.store, record, self._max_reports(r.tenant))[0]
+            with slot.lock:
+                if slot.ticket is not ticket:
+                    continue
+                if state is None:
+                    self.remove(slot)
+                    slot.committed = None
+                    return
+                slot.reset(state)
                 return
-            state, _ = load_state(self.store, record, self._max_reports(r.tenant))
-            slot.reset(state)
+        slot.broken = True
+
+    def refresh(self, tenant: str, job_id: str) -> None:
+        """Reload the job after one of its writes failed (nothing if it is not in memory)."""
+        slot = self._slots.get((tenant, job_id))
+        if slot is not None:
+            self.reload(slot)
+
+    def settle(self, slot: Slot) -> None:
+        """Wait (holding no lock) until the job's latest queued write is durable; reload the job if it
+        failed. A shared store's commands are computed only on a landed head (see :attr:`Slot.landed`)."""
+        if slot.ticket.exception() is not None:
+            self.reload(slot)
 
     def active(self, tenant: str) -> int:
         return self._active.get(tenant, 0)
@@ -335,8 +372,8 @@ class ReplicatedJobs(JobCache):
             self.reload(slot)
         elif not slot.pending and slot.committed is not None:
             self._ready(slot)
-            stored = self.store.job_versions(tenant, [job_id]).get(job_id, 0)
-            if stored > slot.committed.version:
+            stored = self.store.job_versions(tenant, [job_id]).get(job_id)
+            if stored is None or stored > slot.committed.version:  # deleted, or written by another replica
                 self.reload(slot)
         if slot.committed is None and not slot.pending:
             raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")

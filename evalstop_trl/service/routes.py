@@ -212,17 +212,18 @@ class Handlers:
         except WouldBlock:  # it needs a store read first: in the thread pool
             pending = await run_in_threadpool(coordinator.submit_report, t, job_id, step, eval_score, train_loss,
                                               proxy_reward, checkpoint)
-        ticket = pending.ticket
+        ticket, decision = pending.ticket, pending.decision
         if not ticket.done():
             try:
                 await asyncio.wrap_future(ticket)
             except StoreError:
                 pass  # complete() reloads the job from the store (the source of truth) and re-raises
         if pending.stopped is not None or ticket.exception() is not None:
-            await run_in_threadpool(coordinator.complete, pending)  # re-raises a store error, runs stop listeners
+            # runs the stop listeners; decides again after a version conflict; re-raises a store error
+            decision = await run_in_threadpool(coordinator.complete, pending)
         self.metrics.reports.inc()
         self.metrics.latency.observe(time.perf_counter() - t0)
-        return pending.decision
+        return decision
 
     def reports(self, t: str, job_id: str, after_step: int | None, limit: int) -> list:
         """Stored reports in step order, paged: those after ``after_step``, at most ``limit``."""
