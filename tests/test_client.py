@@ -105,6 +105,59 @@ def test_contract_errors_raise_with_method_url_status_detail():
         bad.register_job("j")
 
 
+class QuotaServer(FakeServer):
+    """Answers 429 (with ``Retry-After``) to registrations and reports while ``full``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = False
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.full and self.up and request.method == "POST":
+            self.received.append((request.method, request.url.path, None))
+            return httpx.Response(429, json={"detail": "tenant 'acme' has 2 jobs, the most allowed (max_jobs=2)"},
+                                  headers={"Retry-After": "3"})
+        return super().__call__(request)
+
+
+@pytest.mark.parametrize("call", [lambda c: c.register_job("j2", "grpo"), lambda c: c.report("j", 1, eval_score=0.5),
+                                  lambda c: c.stop("j"), lambda c: c.record_event("j", "launcher_exit")],
+                         ids=["register_job", "report", "stop", "record_event"])
+def test_a_429_is_quota_exceeded_at_once_never_an_outage_and_never_queued(tmp_path, call, caplog):
+    """The same refusal as the embedded client's: QuotaExceeded (retry_after from Retry-After), one
+    request (no retry, no other replica), nothing in the outbox, no 'unreachable' in the log."""
+    from evalstop_trl.core.errors import QuotaExceeded
+
+    fake = QuotaServer()
+    c = make(fake, tmp_path, retries=3)
+    fake.full = True
+    with pytest.raises(QuotaExceeded) as exc:
+        call(c)
+    assert exc.value.retry_after == 3.0 and exc.value.status_code == 429 and "max_jobs=2" in str(exc.value)
+    assert len(fake.received) == 1 and c.pending == 0 and not c.unreachable
+    assert not (tmp_path / "outbox.jsonl").exists()
+    assert not any("unreachable" in r.message for r in caplog.records)
+
+
+def test_a_429_during_replay_keeps_the_outbox_in_order(tmp_path):
+    fake = QuotaServer()
+    c = make(fake, tmp_path)
+    fake.up = False
+    for step in (1, 2):
+        c.report("j", step, eval_score=0.5)
+    assert c.pending == 2
+    fake.up, fake.full = True, True
+    time.sleep(0.06)
+    from evalstop_trl.core.errors import QuotaExceeded
+
+    with pytest.raises(QuotaExceeded):
+        c.report("j", 3, eval_score=0.5)
+    assert c.pending == 2  # not dropped: a quota can free up (a 4xx that cannot is dropped, logged)
+    fake.full = False
+    c.report("j", 3, eval_score=0.5)
+    assert [b["step"] for m, p, b in fake.received if b and p.endswith("/reports")] == [1, 2, 3] and c.pending == 0
+
+
 @pytest.mark.parametrize("url, token, message", [("coord:8765", "t", "url must start with http"),
                                                   ("http://x", "", "token is empty")])
 def test_constructor_checks(url, token, message):

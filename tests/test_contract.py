@@ -90,8 +90,13 @@ def _summary(fn: Callable[[], Any]) -> dict[str, Any]:
     return {k: v for k, v in _plain(fn()).items() if k != "hours_saved"}
 
 
-def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
-    """Every API call, in one order; returns ``[(label, plain result or error)]``."""
+#: the quotas of tenant ``carol`` on every backend: the script runs into them
+CAPPED = {"max_jobs": 2, "max_events_per_job": 1}
+
+
+def _script(c: Any, other: Any, capped: Any) -> list[tuple[str, Any]]:
+    """Every API call, in one order; returns ``[(label, plain result or error)]``. ``capped`` is a
+    client of a tenant with the quotas :data:`CAPPED`."""
     out: list[tuple[str, Any]] = []
 
     def call(label: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -237,15 +242,25 @@ def _script(c: Any, other: Any) -> list[tuple[str, Any]]:
     call("audit shadow", c.audit, "sh")
     call("register bad mode", c.register_job, "sh2", policy={"detector": "decline", "mode": "dry-run"})
     call("summary with shadow", _summary, c.summary)
+    # a quota is the same refusal from both clients (QuotaExceeded, 429), and nothing is kept for later
+    call("capped register 1", capped.register_job, "c1", "grpo")
+    call("capped register 2", capped.register_job, "c2", "grpo")
+    call("capped register over max_jobs", capped.register_job, "c3", "grpo")
+    call("capped pending after the refusal", lambda: capped.pending)
+    call("capped re-register (attach)", capped.register_job, "c1", "grpo")
+    call("capped event", capped.record_event, "c1", "launcher_exit", "", exit_code=0)
+    call("capped event over max_events_per_job", capped.record_event, "c1", "launcher_exit", "", exit_code=0)
+    call("capped report (no quota)", capped.report, "c1", 1, eval_score=0.5)
+    call("capped pending at the end", lambda: capped.pending)
     return out
 
 
 def _run(make: Callable[[str], Any]) -> list[tuple[str, Any]]:
-    c, other = make("alice"), make("bob")
+    clients = make("alice"), make("bob"), make("carol")
     try:
-        return _script(c, other)
+        return _script(*clients)
     finally:
-        for client in (c, other):
+        for client in clients:
             client.close()
 
 
@@ -254,12 +269,15 @@ def results(tmp_path_factory, request) -> dict[str, list[tuple[str, Any]]]:
     tmp = tmp_path_factory.mktemp("contract")
     out: dict[str, list[tuple[str, Any]]] = {}
     coordinator = Coordinator(SQLiteStore(tmp / "embedded.db"))
-    out["embedded"] = _script(EmbeddedClient(coordinator, "alice"), EmbeddedClient(coordinator, "bob"))
+    coordinator.tenants.add("carol")
+    coordinator.tenants.set_quotas("carol", CAPPED)
+    out["embedded"] = _script(*(EmbeddedClient(coordinator, name) for name in ("alice", "bob", "carol")))
     coordinator.close()
-    with LocalServer(tmp / "http.db", tenants=("alice", "bob"), log=tmp / "http.log") as srv:
+    tenants, quotas = ("alice", "bob", "carol"), {"carol": CAPPED}
+    with LocalServer(tmp / "http.db", tenants=tenants, quotas=quotas, log=tmp / "http.log") as srv:
         out["http-sqlite"] = _run(lambda name: EvalStopClient(srv.url, srv.tokens[name], retries=0))
     dsn = request.getfixturevalue("postgres_cluster").create_database("contract")
-    with LocalServer(dsn, tenants=("alice", "bob"), log=tmp / "pg.log") as srv:
+    with LocalServer(dsn, tenants=tenants, quotas=quotas, log=tmp / "pg.log") as srv:
         out["http-postgres"] = _run(lambda name: EvalStopClient(srv.url, srv.tokens[name], retries=0))
     return out
 
@@ -355,6 +373,11 @@ def test_the_script_means_what_it_says(results):
     assert r["status shadow"]["would_stop"]["action"] == "stop" and r["status shadow"]["policy"]["mode"] == "shadow"
     assert [a["kind"] for a in r["audit shadow"]] == ["would_stop"] and r["register bad mode"]["error"] == 422
     assert r["summary with shadow"]["would_stop"] == 1
+    assert r["capped register 2"]["status"] == "pending" and r["capped re-register (attach)"]["job_id"] == "c1"
+    for label in ("capped register over max_jobs", "capped event over max_events_per_job"):
+        assert r[label]["error"] == 429, label
+    assert r["capped pending after the refusal"] == 0 and r["capped pending at the end"] == 0
+    assert r["capped report (no quota)"]["action"] == "continue"
     for bad in ("browse bad sort", "browse bad cursor", "browse bad limit", "export reports bad format"):
         assert r[bad]["error"] == 422, bad
     assert [x["step"] for x in r["export reports csv"]] == ["10", "20", "25", "30", "40", "50"]
@@ -432,7 +455,8 @@ def test_no_store_call_runs_on_the_event_loop(tmp_path):
     from fastapi.testclient import TestClient
 
     coordinator = Coordinator(_LoopWatch(tmp_path / "watch.db"))
-    tokens = {name: coordinator.tenants.add(name) for name in ("alice", "bob")}
+    tokens = {name: coordinator.tenants.add(name) for name in ("alice", "bob", "carol")}
+    coordinator.tenants.set_quotas("carol", CAPPED)
 
     class Via(httpx.BaseTransport):  # the client's requests, served by the app in process
         def __init__(self, tc: TestClient) -> None:

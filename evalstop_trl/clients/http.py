@@ -8,7 +8,8 @@ coordinator but the API's records.
 
 The HTTP client never raises into a training loop because the coordinator is unreachable:
 
-* each call retries connection errors and 5xx answers with exponential backoff;
+* each call retries connection errors, timeouts and 500/502/503/504 answers with exponential backoff
+  (the next replica first, when there are several);
 * when the coordinator is still unreachable, fail-open operations (the routes marked ``fail_open``:
   register, report, ack, finish, fail, publish_snapshot) are appended to a durable outbox (a JSONL
   file, fsync'd) and the caller gets a CONTINUE decision (None from the others); the outage is
@@ -22,10 +23,11 @@ The HTTP client never raises into a training loop because the coordinator is unr
   into training (a fail-open call stays in the outbox and ``report`` returns CONTINUE; any other
   call raises :class:`~evalstop_trl.core.errors.EvalStopError` saying so).
 
-Contract errors (4xx) raise a :class:`ClientError` naming the method, URL, status and the server's
-detail. Its subclass for the status is also the core's error class, so one ``except`` serves both
-clients: 401 -> :class:`Unauthorized`, 404 -> :class:`NotFound`, 409 -> :class:`Conflict`,
-422 -> :class:`InvalidInput`.
+Refusals (4xx) raise a :class:`ClientError` naming the method, URL, status and the server's
+detail, never retried and never kept in the outbox. Its subclass for the status is also the core's
+error class, so one ``except`` serves both clients: 401 -> :class:`Unauthorized`, 404 ->
+:class:`NotFound`, 409 -> :class:`Conflict`, 422 -> :class:`InvalidInput`, 429 ->
+:class:`QuotaExceeded` (``retry_after`` from the answer's ``Retry-After``).
 
 Example::
 
@@ -47,7 +49,7 @@ from typing import Any
 from ..core.api import MAX_WAIT_S, ROUTES, Route
 from ..core.browse import JobPage
 from ..core.detectors import Action, Decision
-from ..core.errors import EvalStopError, InvalidInput
+from ..core.errors import EvalStopError, InvalidInput, QuotaExceeded
 from ..core.records import AuditRecord, EvalTask, JobView, Report
 from ..core.summary import TenantSummary
 from .outbox import Operation, Outbox
@@ -127,6 +129,8 @@ class EvalStopClient:
                     answer = self.transport.call("POST", e.path, e.body, decode=_ROUTE_OF_OP[e.op].result.decode)
                     if e.op == "report":
                         last = answer
+                except QuotaExceeded:
+                    raise  # may succeed later (a rate, a quota freed): it stays queued, in order
                 except ClientError as exc:  # cannot succeed later either: drop it, say so
                     log.error("dropping queued %s for job %s: %s", e.op, e.job_id, exc)
                 outbox.pop()

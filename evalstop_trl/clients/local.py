@@ -48,9 +48,10 @@ class LocalServer:
     """
 
     def __init__(self, db: str | Path, tenants: tuple[str, ...] = (), args: tuple[str, ...] = (),
-                 log: str | Path | None = None) -> None:
+                 log: str | Path | None = None, quotas: dict[str, dict[str, Any]] | None = None) -> None:
         self.db, self.args, self.log = str(db), tuple(args), log
         self.tenant_names = tenants
+        self.quotas = quotas or {}  # tenant -> {quota: value}, set before the server starts
         self.tokens: dict[str, str] = {}
         self.port = free_loopback_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -66,6 +67,10 @@ class LocalServer:
             out = subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "add", name, "--db", self.db,
                                   "--json"], check=True, capture_output=True, text=True).stdout
             self.tokens[name] = json.loads(out)["token"]
+        for name, quotas in self.quotas.items():
+            flags = [f"--{k.replace('_', '-')}={v}" for k, v in quotas.items()]
+            subprocess.run([sys.executable, "-m", "evalstop_trl", "tenants", "quota", name, *flags, "--db", self.db],
+                           check=True, capture_output=True, text=True)
         sink = open(self.log, "w") if self.log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evalstop_trl", "serve", "--db", self.db, "--port", str(self.port),

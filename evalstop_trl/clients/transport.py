@@ -4,9 +4,12 @@ retries with exponential backoff, and an outage state that probes the coordinato
 
 4xx answers raise a :class:`ClientError` subclass that is also the core's error class for that
 status (401 :class:`Unauthorized`, 404 :class:`NotFound`, 409 :class:`Conflict`, 422
-:class:`InvalidInput`), so ``except Conflict`` works the same against the embedded coordinator and
-the service. Connection errors, 5xx and 2xx answers that are not JSON, after the retries, raise
-:class:`Unreachable`; so does an answer that is not what the route returns (``call(decode=...)``).
+:class:`InvalidInput`, 429 :class:`QuotaExceeded` with the answer's ``Retry-After`` as its
+``retry_after``), so ``except Conflict`` works the same against the embedded coordinator and the
+service. A refusal is never retried and never an outage: a 429 says the coordinator is up and
+counting. Only connection errors, timeouts, 502/503/504 and 2xx answers that are not JSON, after
+the retries, raise :class:`Unreachable` (the fail-open path); so does an answer that is not what
+the route returns (``call(decode=...)``).
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound, Unauthorized
+from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound, QuotaExceeded, Unauthorized
 
-__all__ = ["ClientError", "ConflictError", "InvalidInputError", "NotFoundError", "Transport", "Unreachable",
-           "UnauthorizedError"]
+__all__ = ["ClientError", "ConflictError", "InvalidInputError", "NotFoundError", "QuotaExceededError", "Transport",
+           "Unreachable", "UnauthorizedError"]
 
 log = logging.getLogger("evalstop.client")
 
@@ -32,9 +35,12 @@ class ClientError(EvalStopError):
         self.method, self.url, self.status_code, self.detail = method, url, status, detail
 
     @staticmethod
-    def of(method: str, url: str, status: int, detail: str) -> ClientError:
+    def of(method: str, url: str, status: int, detail: str, retry_after: float | None = None) -> ClientError:
         """The ClientError subclass for ``status`` (also the core's error class for it)."""
-        return _BY_STATUS.get(status, ClientError)(method, url, status, detail)
+        error = _BY_STATUS.get(status, ClientError)(method, url, status, detail)
+        if isinstance(error, QuotaExceeded):
+            error.retry_after = retry_after
+        return error
 
 
 class UnauthorizedError(ClientError, Unauthorized):
@@ -53,8 +59,23 @@ class InvalidInputError(ClientError, InvalidInput):
     """422 from the service."""
 
 
+class QuotaExceededError(ClientError, QuotaExceeded):
+    """429 from the service (``retry_after``: its ``Retry-After`` in seconds, if it sent one)."""
+
+
 _BY_STATUS: dict[int, type[ClientError]] = {401: UnauthorizedError, 404: NotFoundError, 409: ConflictError,
-                                            422: InvalidInputError}
+                                            422: InvalidInputError, 429: QuotaExceededError}
+#: the answers that mean the coordinator is away (a gateway without it, or it says it cannot serve now)
+_OUTAGE = frozenset({500, 502, 503, 504})
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds (None if absent or not a number of seconds)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds <= 86400 else None
 
 
 def _excerpt(text: str, n: int = 200) -> str:
@@ -128,12 +149,13 @@ class Transport:
                         return r.json()
                     except (ValueError, RecursionError):  # HTML from a proxy, a torn or absurdly nested body
                         last = f"HTTP {r.status_code} with an answer that is not JSON: {_excerpt(r.text)}"
-                elif r.status_code < 500 and r.status_code != 429:
+                elif r.status_code not in _OUTAGE:
                     try:
                         detail = r.json().get("detail", r.text)
                     except (ValueError, RecursionError, AttributeError):
                         detail = r.text
-                    raise ClientError.of(method, f"{base}{path}", r.status_code, _excerpt(str(detail), 2000))
+                    raise ClientError.of(method, f"{base}{path}", r.status_code, _excerpt(str(detail), 2000),
+                                         _retry_after(r.headers.get("retry-after")))
                 else:
                     last = f"HTTP {r.status_code}"
             if len(self.urls) > 1:
