@@ -1,13 +1,16 @@
 """EvalStop: stop reward-hacked RLHF runs from world-feedback evals.
 
-Layers, inner to outer (an inner layer never imports an outer one):
+Layers, inner to outer (an inner layer never imports an outer one; ``tests/test_architecture.py``
+holds the rules and checks that this list names every subpackage):
 
 * ``core/`` — detectors, records, lifecycles, registries, tenants, the coordinator, the store interface;
-* ``stores/`` — MemoryStore and SQLiteStore;
-* ``service/`` — the FastAPI app, its schemas, middleware, metrics and background workers;
+* ``stores/`` — SQLiteStore, PostgresStore and their writer (MemoryStore is re-exported from ``core/``);
 * ``clients/`` — the HTTP client (fail-open, outbox) and the embedded client;
+* ``analysis/`` — replay, calibrate and shadow reports over recorded curves;
+* ``integrations/`` — hooks for other tuners' loops (the Optuna pruner, Ray Tune);
+* ``service/`` — the FastAPI app, its schemas, middleware, metrics, dashboard and background workers;
+* ``launcher/`` — ``evalstop run``: a child process watched and stopped by signals;
 * ``train/`` — the TRL/transformers callback and tiny real RLHF jobs (the only torch importers);
-* ``analysis/`` — replaying recorded curves through detectors;
 * ``cli/`` — the ``evalstop`` command.
 
 The core, stores and clients import no torch; ``EvalStopCallback`` is imported lazily on first

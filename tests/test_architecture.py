@@ -9,6 +9,7 @@ module-level graph.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -228,6 +229,16 @@ def test_no_import_cycles_lazy_imports_included(package):
     cycles = [c for c in _all_cycles(_graph(lazy=True)) if _in_package(c, package)]
     assert not cycles, (f"{len(cycles)} import cycle(s) in {package}, imports inside functions included:\n"
                         + "\n".join(" -> ".join(c) for c in cycles))
+
+
+def test_the_package_docstring_and_the_rules_name_every_layer():
+    """The layer list of ``evalstop_trl/__init__.py`` and :data:`ALLOWED` are copies of the tree: tied here."""
+    import evalstop_trl
+
+    on_disk = {p.name for p in (ROOT / "evalstop_trl").iterdir() if (p / "__init__.py").exists()}
+    listed = re.findall(r"^\* ``(\w+)/``", evalstop_trl.__doc__, re.M)
+    assert sorted(listed) == sorted(on_disk) and len(listed) == len(set(listed))
+    assert {k.removeprefix("evalstop_trl.") for k in ALLOWED if k.startswith("evalstop_trl.")} == on_disk - {"cli"}
 
 
 def _layer(module: str) -> str | None:

@@ -158,6 +158,25 @@ def test_the_page_has_no_inline_script_and_the_code_never_writes_html():
 
 
 # ------------------------------------------------------------------ in the browser
+def _options(html: str, element: str, element_id: str) -> list[str]:
+    block = re.search(rf'<{element} id="{element_id}">(.*?)</{element}>', html, re.S)
+    assert block, f"no <{element} id={element_id!r}> in index.html"
+    return [v for v in re.findall(r'<option value="([^"]*)"', block.group(1)) if v]
+
+
+def test_the_pages_lists_are_the_registrys_and_the_enums():
+    """The filter lists of the run list are copies of the registry and the records' enums (the page is
+    static): each copy is tied to its source, in its order (the detector list once offered 5 of 9
+    rules and not ``sequential``)."""
+    from evalstop_trl.core.detectors import DETECTORS
+    from evalstop_trl.core.records import JobStatus, JobType
+
+    html = (Path(STATIC_DIR) / "index.html").read_text()
+    assert _options(html, "datalist", "detectors") == list(DETECTORS.names())
+    assert _options(html, "select", "f-job_type") == [t.value for t in JobType]
+    assert _options(html, "select", "f-status") == [s.value for s in JobStatus]
+
+
 def test_sign_in_rejects_a_bad_token(page, site):
     page.goto(site.url + "/")
     page.get_by_label("Tenant token").fill("es_not-a-token")
