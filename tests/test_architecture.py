@@ -2,8 +2,9 @@
 
 Imports are read with ``ast``. Two graphs: the module-level imports (what runs at import time) and
 every import, those inside functions (lazy imports) included; a cycle in either fails. ``if
-TYPE_CHECKING:`` blocks are for type checkers only and count in neither. The layer rules read the
-module-level graph.
+TYPE_CHECKING:`` blocks run for type checkers only and count in neither, but a third graph with them
+too must have no cycle either (a type-only import is still two modules that cannot be understood
+apart). The layer rules read the module-level graph.
 """
 
 from __future__ import annotations
@@ -61,12 +62,14 @@ def _is_type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _import_nodes(tree: ast.Module, lazy: bool):
+def _import_nodes(tree: ast.Module, lazy: bool, typing: bool = False):
     """Import statements at module level (inside module-level ``if``/``try`` too), or, with ``lazy``,
-    anywhere (in functions and classes); never inside an ``if TYPE_CHECKING:`` block."""
+    anywhere (in functions and classes); inside an ``if TYPE_CHECKING:`` block only with ``typing``."""
     def walk(node: ast.AST, depth: int):
         for child in ast.iter_child_nodes(node):
             if _is_type_checking(child):
+                if typing:
+                    yield from walk(child, depth + 1)
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 yield child
@@ -76,10 +79,10 @@ def _import_nodes(tree: ast.Module, lazy: bool):
     yield from walk(tree, 0)
 
 
-def _imports_in(source: str, module: str, is_package: bool, lazy: bool = False) -> set[str]:
+def _imports_in(source: str, module: str, is_package: bool, lazy: bool = False, typing: bool = False) -> set[str]:
     """Every name ``source`` (the text of ``module``) imports (see :func:`_import_nodes`)."""
     found: set[str] = set()
-    for node in _import_nodes(ast.parse(source), lazy):
+    for node in _import_nodes(ast.parse(source), lazy, typing):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         else:
@@ -87,16 +90,16 @@ def _imports_in(source: str, module: str, is_package: bool, lazy: bool = False) 
     return found
 
 
-def _imports(path: Path, lazy: bool = False) -> set[str]:
-    return _imports_in(path.read_text(), _module_name(path), path.name == "__init__.py", lazy)
+def _imports(path: Path, lazy: bool = False, typing: bool = False) -> set[str]:
+    return _imports_in(path.read_text(), _module_name(path), path.name == "__init__.py", lazy, typing)
 
 
-def _graph(lazy: bool = False) -> dict[str, set[str]]:
+def _graph(lazy: bool = False, typing: bool = False) -> dict[str, set[str]]:
     files = _files()
     graph = {}
     for name, path in files.items():
         targets = set()
-        for imported in _imports(path, lazy):
+        for imported in _imports(path, lazy, typing):
             # the longest known module that is a prefix of what was imported
             while imported and imported not in files:
                 imported = imported.rpartition(".")[0]
@@ -215,6 +218,8 @@ def test_lazy_imports_are_read_and_type_checking_blocks_are_not():
     assert {"pkg.top", "pkg.guarded"} <= eager and not eager & {"pkg.lazy", "pkg.in_method"}
     assert {"pkg.top", "pkg.guarded", "pkg.lazy", "pkg.in_method"} <= every
     assert not {m for m in every if "typing_only" in m}
+    typed = _imports_in(PLANTED, "pkg.mod", False, lazy=True, typing=True)
+    assert {"pkg.typing_only", "pkg.lazy_typing_only"} <= typed and every <= typed
 
 
 def test_no_import_cycles():
@@ -239,6 +244,15 @@ def test_the_package_docstring_and_the_rules_name_every_layer():
     listed = re.findall(r"^\* ``(\w+)/``", evalstop_trl.__doc__, re.M)
     assert sorted(listed) == sorted(on_disk) and len(listed) == len(set(listed))
     assert {k.removeprefix("evalstop_trl.") for k in ALLOWED if k.startswith("evalstop_trl.")} == on_disk - {"cli"}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycles_of_any_kind(package):
+    """Type-only imports included (the coordinator and its external evals once imported each other
+    that way): no cycle of any kind."""
+    cycles = [c for c in _all_cycles(_graph(lazy=True, typing=True)) if _in_package(c, package)]
+    assert not cycles, (f"{len(cycles)} import cycle(s) in {package}, type-only imports included:\n"
+                        + "\n".join(" -> ".join(c) for c in cycles))
 
 
 def _layer(module: str) -> str | None:

@@ -9,8 +9,10 @@ Each operation is *compute → commit → swap*: the pure job core (:mod:`.job`)
 state and the rows to write; the store queues them; the in-memory state readers see is replaced
 only once the write is durable (:mod:`.repository`), so memory always equals what a restart
 rebuilds. Locks are per job and held only while a step is computed and its write queued, never
-across a disk or network wait; stop listeners run after every lock is released. External evals
-live in :mod:`.evals`, tenants and tokens in :mod:`.tenants`, validation in :mod:`.records`.
+across a disk or network wait; stop listeners run after every lock is released. One class holds
+every operation (commands, reads, leases, external evals, deletion), each group under its own
+heading; the external-eval queue is :mod:`.evals` (handed the functions it needs, not the
+coordinator), tenants and tokens :mod:`.tenants`, validation :mod:`.records`.
 
 Rules:
 
@@ -33,24 +35,29 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple, TypeVar
 
+from .browse import JobPage, JobQuery, select
 from .detectors import Decision
-from .errors import InvalidInput, NotFound, QuotaExceeded
-from .evals import ExternalEvalMethods, ExternalEvals
-from .job import Ack, Amend, Event, Fail, Finish, JobState, Observe, Step, Stop, amendments, step
-from .leases import JobLeases
+from .errors import Conflict, EvalStopError, InvalidInput, NotFound, QuotaExceeded
+from .evals import ExternalEvals
+from .export import export_format
+from .job import Ack, Amend, Event, Expire, Fail, Finish, Heartbeat, JobState, Observe, Step, Stop, amendments, step
 from .memory_store import MemoryStore
-from .reads import JobReads
 from .records import (
     MAX_STEP,
     AuditKind,
+    AuditRecord,
+    EvalState,
+    EvalTask,
     JobRecord,
+    JobStatus,
     JobType,
     JobView,
     Policy,
@@ -62,9 +69,9 @@ from .records import (
     check_text,
     mode_named,
 )
-from .removal import JobRemoval
 from .repository import JobCache, ReplicatedJobs, Slot
-from .store import DONE, JobLimits, LimitReached, StaleState, Store, StoreError, wait_durable
+from .store import DONE, PRUNABLE, JobLimits, LimitReached, StaleState, Store, StoreError, wait_durable
+from .summary import TenantSummary
 from .tenants import Tenants
 
 __all__ = ["Coordinator", "PendingReport", "WouldBlock", "check_report"]
@@ -74,6 +81,7 @@ _isfinite = math.isfinite
 #: how often a command whose write another replica beat (a version conflict: not an outage) is decided
 #: again on what that replica wrote before the caller sees it (a 503 is left for real store outages)
 CONFLICT_RETRIES = 3
+EXPORT_PAGE = 1000  # reports or jobs read (and held) at once by an export
 CONFLICT_PAUSE_S = 0.005  # the longest pause before the first retry (then 2x, 3x): replicas' retries spread out
 T = TypeVar("T")
 
@@ -126,7 +134,7 @@ def _asked_policy(reg: Registration, policy: Any, job: JobState) -> Policy | Non
     return reg.policy if mode_named(policy) else reg.policy.with_mode(job.record.policy.mode)
 
 
-class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
+class Coordinator:
     """Make and record stop decisions for many tenants' jobs.
 
     Args:
@@ -157,7 +165,7 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
         self.tenants = Tenants(store, clock, quotas)
         repository = ReplicatedJobs if store.shared else JobCache
         self.jobs = repository(store, lambda t: self.tenants.quotas(t).max_reports_per_job, clock)
-        self.external = ExternalEvals(self, eval_gap_timeout_s)
+        self.external = ExternalEvals(store, self.jobs.read, self.tenants.quotas, clock, self._feed, eval_gap_timeout_s)
         self._stop_listeners: list[StopListener] = []
         self._report_limits: dict[str, int] = {}  # tenant -> max_reports_per_tenant, read at registration
         self.started_at = clock() if outage_grace else float("-inf")
@@ -419,5 +427,225 @@ class Coordinator(JobReads, JobLeases, ExternalEvalMethods, JobRemoval):
 
         self._command(tenant, job_id, command, within_quota)
 
+    # ------------------------------------------------------------------ reads: the committed state only (what a restart would rebuild), no lock held while views are built
+    def browse(self, tenant: str, query: JobQuery) -> JobPage:
+        """One page of the tenant's runs that ``query`` matches, in its order (see :mod:`.browse`):
+        their views, how many match in all, and the cursor of the next page. Only the page's jobs
+        are built into views (finished jobs replayed on first access)."""
+        page = select(self.jobs.run_rows(tenant), query, self.clock())
+        views = []
+        for job_id in page.jobs:
+            try:
+                views.append(self.jobs.read(tenant, job_id).view())
+            except NotFound:  # removed since the records were read
+                continue
+        return JobPage(tuple(views), page.total, page.next)
+
+    def summary(self, tenant: str) -> TenantSummary:
+        """The tenant's jobs by outcome and what its detectors' stops saved (:mod:`.summary`). Views
+        are built only for the jobs that need one (stopped, or in shadow mode); the rest are counted
+        from their records."""
+        def views():
+            for record in self.jobs.run_rows(tenant):
+                if record.status.value == "stopped" or record.mode == "shadow":
+                    try:
+                        yield self.jobs.read(tenant, record.job_id).view()
+                    except NotFound:
+                        continue
+                else:
+                    yield _RecordView(record)
+
+        return TenantSummary.of(views())
+
+    def export_reports(self, tenant: str, job_id: str, fmt: str = "csv") -> Iterator[str]:
+        """The job's reports as ``fmt`` (``csv`` or ``json``) text chunks, read a page at a time.
+        The job is looked up (NotFound) and the format checked before the first chunk."""
+        writer = export_format(fmt)
+        self.jobs.read(tenant, job_id)
+
+        def pages():
+            after = None
+            while True:
+                page = self.store.reports(tenant, job_id, after, EXPORT_PAGE)
+                if page:
+                    yield page
+                if len(page) < EXPORT_PAGE:
+                    return
+                after = page[-1].step
+
+        return writer.reports(pages())
+
+    def export_jobs(self, tenant: str, query: JobQuery, fmt: str = "csv") -> Iterator[str]:
+        """Every run ``query`` matches (its filters and order; its cursor and limit are ignored) as
+        ``fmt`` text chunks, a page of :data:`EXPORT_PAGE` views at a time."""
+        writer = export_format(fmt)
+        first = dataclasses.replace(query, limit=EXPORT_PAGE, after=None)
+
+        def pages():
+            q = first
+            while True:
+                page = self.browse(tenant, q)
+                if page.jobs:
+                    yield page.jobs
+                if page.next is None:
+                    return
+                cursor = JobQuery.parse(sort=q.sort, after=page.next)
+                q = dataclasses.replace(first, after=cursor.after, at=cursor.at)
+
+        return writer.jobs(pages())
+
+    def evals(self, tenant: str, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[EvalTask]:
+        """The job's published snapshots and their evals' states, in step order: those after
+        ``after_step``, at most ``limit`` (a keyed read of one page)."""
+        self.jobs.read(tenant, job_id)
+        return self.store.evals(tenant, job_id, after_step, limit)
+
+    def state(self, tenant: str, job_id: str) -> JobState:
+        """The job's durable state (what a restart would rebuild)."""
+        return self.jobs.read(tenant, job_id)
+
+    def status(self, tenant: str, job_id: str) -> JobView:
+        return self.jobs.read(tenant, job_id).view()
+
+    def list_jobs(self, tenant: str, status: JobStatus | str | None = None, limit: int | None = None,
+                  offset: int = 0) -> list[JobView]:
+        """The tenant's jobs in registration order, optionally of one ``status``, paged."""
+        return self.page_jobs(tenant, status, limit, offset)[0]
+
+    def page_jobs(self, tenant: str, status: JobStatus | str | None = None, limit: int | None = None,
+                  offset: int = 0) -> tuple[list[JobView], int]:
+        """``(views, total)``: one page of the tenant's jobs (``total`` counts every match). No lock is
+        held while views are built, so listing thousands of jobs never holds up another tenant."""
+        wanted = None if status is None else (status if isinstance(status, JobStatus) else _parse_status(status))
+        states, total = self.jobs.page(tenant, wanted, limit, offset)
+        return [s.view() for s in states], total
+
+    def report_span(self, tenant: str, job_id: str) -> tuple[Report | None, Report | None]:
+        """The job's first and last durable report (None before any)."""
+        state = self.jobs.read(tenant, job_id)
+        return state.first, state.last
+
+    def reports(self, tenant: str, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[Report]:
+        """The job's durable reports in step order: those after ``after_step``, at most ``limit``."""
+        self.jobs.read(tenant, job_id)
+        return self.store.reports(tenant, job_id, after_step, limit)
+
+    def audit(self, tenant: str, job_id: str | None = None, limit: int | None = None,
+              offset: int = 0, after: int | None = None) -> list[AuditRecord]:
+        """The tenant's audit records (of one job if ``job_id``), oldest first, paged by ``offset`` or
+        by keyset (``after``: the sequence number :meth:`audit_page` gave for the previous page)."""
+        return self.store.audit_page(tenant, job_id, limit, offset, after)[0]
+
+    def audit_page(self, tenant: str, job_id: str | None = None, limit: int | None = None, offset: int = 0,
+                   after: int | None = None) -> tuple[list[AuditRecord], int | None]:
+        """:meth:`audit` and the ``after`` of the next page (None after an empty page)."""
+        return self.store.audit_page(tenant, job_id, limit, offset, after)
+
+    # ------------------------------------------------------------------ leases: a job silent for longer than lease_s becomes LOST; a report or heartbeat revives it
+    def heartbeat(self, tenant: str, job_id: str, actor: str = "job") -> JobView:
+        """The job is alive: renews its lease (a LOST job is RUNNING again). Reports renew it too."""
+        if not isinstance(actor, str) or not 0 < len(actor) <= 128:
+            raise InvalidInput("actor must be a name of 1-128 characters.")
+        check_text("actor", actor, 128)
+        return self._command(tenant, job_id, Heartbeat(actor, self.clock())).state.view()
+
+    def sweep(self) -> list[tuple[str, str]]:
+        """Mark LOST every pending or running job silent for longer than ``lease_s`` (the service runs
+        this periodically; an embedded coordinator when it opens). Returns the (tenant, job_id) marked."""
+        if self.lease_s is None:
+            return []
+        now = self.clock()
+        lease = self.lease_s
+        marked = []
+        for slot in self.jobs.live_slots():
+            state = slot.head
+            if not state.record.status.active or now - max(state.last_seen, self.started_at) <= lease:
+                continue
+            r = state.record
+            try:
+                out = self._command(r.tenant, r.job_id, Expire(lease + max(0.0, self.started_at - state.last_seen),
+                                                               now))
+            except (StoreError, EvalStopError):
+                continue  # another replica changed it, or the store is down: the next sweep retries
+            if out.commit is not None:
+                marked.append((r.tenant, r.job_id))
+        return marked
+
+    # ------------------------------------------------------------------ external evals (see :mod:`.evals`)
+    def _feed(self, tenant: str, job_id: str, tasks: Sequence[EvalTask]) -> None:
+        """Report scored snapshots in step order: queued together, then waited for together (one
+        fsync for a catch-up batch); raises a store error (then nothing of the batch is marked fed)."""
+        pending = []
+        for task in tasks:
+            done = task.state is EvalState.DONE
+            try:
+                pending.append(self.submit_report(tenant, job_id, task.step, task.score if done else None,
+                                                  task.train_loss, task.proxy_reward, task.path if done else None))
+            except Conflict:
+                pass  # fed before a crash, or reported some other way: the stored report stands
+        for p in pending:
+            self.complete(p)
+
+    def publish_snapshot(self, tenant: str, job_id: str, step: int, path: str, train_loss: float | None = None,
+                         proxy_reward: float | None = None) -> EvalTask:
+        """A job saved a snapshot for external evaluators (see :meth:`.evals.ExternalEvals.publish`)."""
+        return self.external.publish(tenant, job_id, step, path, train_loss, proxy_reward)
+
+    def claim_eval(self, tenant: str, worker: str, lease_s: float) -> EvalTask | None:
+        """Lease the tenant's oldest snapshot waiting for an eval (see :meth:`.evals.ExternalEvals.claim`)."""
+        return self.external.claim(tenant, worker, lease_s)
+
+    def post_eval(self, tenant: str, job_id: str, step: int, score: float | None, worker: str = "",
+                  error: str | None = None) -> Decision:
+        """An evaluator's result for a snapshot (see :meth:`.evals.ExternalEvals.post`)."""
+        return self.external.post(tenant, job_id, step, score, worker, error)
+
+    # ------------------------------------------------------------------ deleting one of the tenant's own ended jobs (its audit line stays)
+    def delete_job(self, tenant: str, job_id: str, reason: str = "", actor: str | None = None) -> JobView:
+        """Delete the tenant's ended job (see the module docstring); returns the job as it was.
+
+        Raises:
+            NotFound: no such job for this tenant. Conflict: the job is not over yet, or a write of it
+            is still on its way to the disk (retry). InvalidInput: a reason that is not text.
+        """
+        check_text("reason", reason, 2000, multiline=True)
+        slot = self.jobs.get(tenant, job_id)
+        with slot.lock:
+            if slot.deleted or slot.committed is None:
+                raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
+            if slot.pending:
+                raise Conflict(f"job {job_id!r} has a write in progress; retry in a moment")
+            state = slot.committed
+            status = state.record.status.value
+            if status not in PRUNABLE:
+                raise Conflict(f"job {job_id!r} is {status}: only a stopped, finished, failed or lost job can be "
+                               "deleted; stop it or mark it failed first")
+            view = state.view()
+            audit = AuditRecord(tenant, job_id, self.clock(), AuditKind.DELETED, actor or f"tenant:{tenant}",
+                                reason or "deleted", {"status": status, "n_reports": view.n_reports,
+                                                      "last_step": view.last_step})
+            if not self.store.delete_job(tenant, job_id, audit):
+                raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
+            self.jobs.forget(slot, view.n_reports)
+        return view
+
     def close(self) -> None:
         self.store.close()
+
+
+class _RecordView:
+    """What :meth:`TenantSummary.of` reads of a job that needs no replay (its status)."""
+
+    __slots__ = ("status",)
+    would_stop_step = None
+
+    def __init__(self, record) -> None:
+        self.status = record.status.value
+
+
+def _parse_status(value: str) -> JobStatus:
+    try:
+        return JobStatus(value)
+    except ValueError:
+        raise InvalidInput(f"Unknown status {value!r}; valid statuses are: {', '.join(s.value for s in JobStatus)}.") \
+            from None

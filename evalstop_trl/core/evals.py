@@ -15,28 +15,35 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from .detectors import Decision
 from .errors import Conflict, InvalidInput, NotFound, QuotaExceeded
-from .records import EvalState, EvalTask, check_checkpoint, check_report, check_text
-from .store import wait_durable
+from .job import JobState
+from .records import EvalState, EvalTask, Quotas, check_checkpoint, check_report, check_text
+from .store import Store, wait_durable
 
-if TYPE_CHECKING:
-    from .coordinator import Coordinator
-
-__all__ = ["ExternalEvalMethods", "ExternalEvals"]
+__all__ = ["ExternalEvals"]
 
 _FEED_BATCH = 500  # snapshots read and fed at a time by a catch-up
 
 
 class ExternalEvals:
-    """The external-eval queue of one :class:`~.coordinator.Coordinator` (whose public methods
-    ``publish_snapshot``, ``claim_eval`` and ``post_eval`` call this)."""
+    """The external-eval queue of one :class:`~.coordinator.Coordinator`, which hands it what it needs
+    of the coordinator as plain functions (its ``publish_snapshot``, ``claim_eval`` and ``post_eval``
+    call this).
 
-    def __init__(self, coordinator: Coordinator, gap_timeout_s: float = 600.0) -> None:
-        self.coordinator = coordinator
-        self.store = coordinator.store
+    Args:
+        store: where snapshots live. read: ``read(tenant, job_id)``, the job's committed state
+            (:class:`NotFound` for another tenant's). quotas: ``quotas(tenant)``. clock: the time.
+        feed: ``feed(tenant, job_id, tasks)`` reports scored snapshots in step order, durably.
+        gap_timeout_s: a snapshot not scored this long after it was published counts as missing.
+    """
+
+    def __init__(self, store: Store, read: Callable[[str, str], JobState], quotas: Callable[[str], Quotas],
+                 clock: Callable[[], float], feed: Callable[[str, str, Sequence[EvalTask]], None],
+                 gap_timeout_s: float = 600.0) -> None:
+        self.store, self._read, self._quotas, self._clock, self._feed_tasks = store, read, quotas, clock, feed
         self.gap_timeout_s = gap_timeout_s
         self._locks: defaultdict[tuple[str, ...], threading.Lock] = defaultdict(threading.Lock)
         self._locks_lock = threading.Lock()
@@ -53,20 +60,20 @@ class ExternalEvals:
         if not isinstance(path, str) or not path:
             raise InvalidInput("path must be the snapshot's folder, a non-empty string.")
         check_checkpoint(path)
-        state = self.coordinator.jobs.read(tenant, job_id)
+        state = self._read(tenant, job_id)
         with self._lock("job", tenant, job_id):
             existing = self.store.eval(tenant, job_id, step)
             if existing is not None:
                 if existing.path != path:
                     raise Conflict(f"step {step} of job {job_id!r} already has a snapshot at {existing.path!r}")
                 return existing
-            limit = self.coordinator.tenants.quotas(tenant).max_snapshots_per_job
+            limit = self._quotas(tenant).max_snapshots_per_job
             if self.store.count_evals(tenant, job_id) >= limit:
                 raise QuotaExceeded(f"job {job_id!r} has {limit} snapshots, the most a job may have "
                                     f"(max_snapshots_per_job={limit}); start a new job")
             if state.last is not None and step <= state.last.step:
                 raise Conflict(f"step {step} of job {job_id!r} is not after its last report (step {state.last.step})")
-            task = EvalTask(tenant, job_id, step, path, self.coordinator.clock(), train_loss, proxy_reward)
+            task = EvalTask(tenant, job_id, step, path, self._clock(), train_loss, proxy_reward)
             ticket = self.store.put_eval(task)
         wait_durable(ticket)
         return task
@@ -80,7 +87,7 @@ class ExternalEvals:
         if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not 1 <= lease_s <= 3600:
             raise InvalidInput(f"lease_s must be in [1, 3600] seconds, but got {lease_s!r}.")
         with self._lock("claim", tenant):  # a lease must be durable before the next claim reads
-            return self.store.claim_eval(tenant, self.coordinator.clock(), lease_s, worker)
+            return self.store.claim_eval(tenant, self._clock(), lease_s, worker)
 
     def post(self, tenant: str, job_id: str, step: int, score: float | None, worker: str = "",
              error: str | None = None) -> Decision:
@@ -90,7 +97,7 @@ class ExternalEvals:
         check_text("worker", worker, 128)
         if error is not None:
             check_text("error", error, 2000, multiline=True)
-        self.coordinator.jobs.read(tenant, job_id)
+        self._read(tenant, job_id)
         with self._lock("job", tenant, job_id):
             task = self.store.eval(tenant, job_id, step)
             if task is None:
@@ -101,7 +108,7 @@ class ExternalEvals:
                     task, state=task.state.to(state) if task.state is EvalState.LEASED else state, score=score,
                     worker=worker or task.worker)))
             self._feed(tenant, job_id)
-        return self.coordinator.jobs.read(tenant, job_id).current()
+        return self._read(tenant, job_id).current()
 
     def _feed(self, tenant: str, job_id: str) -> None:
         """Report every scored snapshot whose earlier snapshots are all scored, in step order: each
@@ -110,17 +117,7 @@ class ExternalEvals:
             batch = self._feedable(tenant, job_id)
             if not batch:
                 return
-            pending = []
-            for task in batch:
-                done = task.state is EvalState.DONE
-                try:
-                    pending.append(self.coordinator.submit_report(
-                        tenant, job_id, task.step, task.score if done else None, task.train_loss, task.proxy_reward,
-                        task.path if done else None))
-                except Conflict:
-                    pass  # fed before a crash, or reported some other way: the stored report stands
-            for p in pending:
-                self.coordinator.complete(p)  # durable (or raises: nothing of the batch is marked fed)
+            self._feed_tasks(tenant, job_id, batch)  # durable (or raises: nothing of the batch is marked fed)
             tickets = [self.store.put_eval(dataclasses.replace(t, fed=True)) for t in batch]
             for ticket in tickets:
                 wait_durable(ticket)
@@ -129,7 +126,7 @@ class ExternalEvals:
 
     def _feedable(self, tenant: str, job_id: str) -> list[EvalTask]:
         """The next unfed snapshots that can be fed now (a complete prefix), at most a batch."""
-        now = self.coordinator.clock()
+        now = self._clock()
         out = []
         for task in self.store.unfed_evals(tenant, job_id, _FEED_BATCH):
             if not task.state.terminal:
@@ -138,24 +135,3 @@ class ExternalEvals:
                 task = dataclasses.replace(task, state=EvalState.MISSING)
             out.append(task)
         return out
-
-
-class ExternalEvalMethods:
-    """The :class:`~.coordinator.Coordinator`'s external-eval methods (over its ``external``)."""
-
-    external: ExternalEvals
-
-    def publish_snapshot(self, tenant: str, job_id: str, step: int, path: str, train_loss: float | None = None,
-                         proxy_reward: float | None = None) -> EvalTask:
-        """A job saved a snapshot for external evaluators (see :meth:`.evals.ExternalEvals.publish`)."""
-        return self.external.publish(tenant, job_id, step, path, train_loss, proxy_reward)
-
-    def claim_eval(self, tenant: str, worker: str, lease_s: float) -> EvalTask | None:
-        """Lease the tenant's oldest snapshot waiting for an eval (see :meth:`.evals.ExternalEvals.claim`)."""
-        return self.external.claim(tenant, worker, lease_s)
-
-    def post_eval(self, tenant: str, job_id: str, step: int, score: float | None, worker: str = "",
-                  error: str | None = None) -> Decision:
-        """An evaluator's result for a snapshot (see :meth:`.evals.ExternalEvals.post`)."""
-        return self.external.post(tenant, job_id, step, score, worker, error)
-
