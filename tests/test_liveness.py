@@ -119,3 +119,63 @@ def test_outage_grace_counts_silence_from_the_service_start(make):
 def test_the_lease_is_bounded(lease_s):
     with pytest.raises(InvalidInput, match="lease_s must be None or in"):
         Coordinator(lease_s=lease_s)
+
+
+def test_reviving_lost_jobs_cannot_pass_the_active_job_quota(make):
+    """The hardening issue's finding 5: with max_active_jobs 2, c1 and c2 lost, c3 and c4 registered,
+    heartbeats (or reports) to c1 and c2 made 4 active jobs. Revival counts the tenant's active jobs
+    (in the write's transaction on a shared store) and says what to do."""
+    clock = Clock()
+    c = make(clock, lease_s=300, quotas=Quotas(max_active_jobs=2))
+    for job in ("c1", "c2"):
+        c.register_job("acme", job, "grpo", 100)
+    clock.t += 301
+    assert sorted(c.sweep()) == [("acme", "c1"), ("acme", "c2")]
+    for job in ("c3", "c4"):
+        c.register_job("acme", job, "grpo", 100)
+    with pytest.raises(QuotaExceeded, match=r"max_active_jobs=2\): lost job 'c1' cannot run again.*finish or stop"):
+        c.heartbeat("acme", "c1")
+    with pytest.raises(QuotaExceeded, match="lost job 'c2' cannot run again"):
+        c.report("acme", "c2", 10, eval_score=0.5)
+    assert [c.status("acme", j).status for j in ("c1", "c2", "c3", "c4")] == ["lost", "lost", "pending", "pending"]
+    c.finish("acme", "c3")
+    assert c.heartbeat("acme", "c1").status == "running"  # a slot is free again: it runs
+    with pytest.raises(QuotaExceeded):
+        c.heartbeat("acme", "c2")
+    assert sum(v.status in ("pending", "running") for v in c.list_jobs("acme")) == 2
+
+
+def test_two_replicas_reviving_at_once_pass_the_quota_once(pg_dsn):
+    """Two coordinators over one PostgreSQL (replicas) revive two lost jobs at the same moment with
+    one active slot free: exactly one runs again."""
+    import threading
+
+    from evalstop_trl.stores.postgres import PostgresStore
+
+    clock = Clock()
+    stores = [PostgresStore(pg_dsn), PostgresStore(pg_dsn)]
+    a, b = (Coordinator(s, clock=clock, lease_s=300, quotas=Quotas(max_active_jobs=2)) for s in stores)
+    for job in ("c1", "c2"):
+        a.register_job("acme", job, "grpo", 100)
+    clock.t += 301
+    assert sorted(a.sweep()) == [("acme", "c1"), ("acme", "c2")]
+    a.register_job("acme", "c3", "grpo", 100)  # one active job of 2: one slot free
+    outcomes = []
+    barrier = threading.Barrier(2)
+
+    def revive(coord, job):
+        barrier.wait()
+        try:
+            outcomes.append(coord.heartbeat("acme", job).status)
+        except QuotaExceeded:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=revive, args=(coord, job)) for coord, job in ((a, "c1"), (b, "c2"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["refused", "running"]
+    assert stores[0].count_active("acme") == 2
+    for s in stores:
+        s.close()

@@ -65,6 +65,9 @@ class FlakyStore:
     def add_report(self, *args, **kwargs):
         return self._maybe(lambda: self.inner.add_report(*args, **kwargs))
 
+    def revive(self, *args, **kwargs):  # a lost job running again: a write like any other
+        return self._maybe(lambda: self.inner.revive(*args, **kwargs))
+
     def close(self):
         pass
 

@@ -70,7 +70,17 @@ from .records import (
     mode_named,
 )
 from .repository import JobCache, ReplicatedJobs, Slot
-from .store import DONE, PRUNABLE, JobLimits, LimitReached, StaleState, Store, StoreError, wait_durable
+from .store import (
+    DONE,
+    PRUNABLE,
+    JobLimits,
+    LimitReached,
+    StaleState,
+    Store,
+    StoreError,
+    revival_refused,
+    wait_durable,
+)
 from .summary import TenantSummary
 from .tenants import Tenants
 
@@ -82,6 +92,7 @@ _isfinite = math.isfinite
 #: again on what that replica wrote before the caller sees it (a 503 is left for real store outages)
 CONFLICT_RETRIES = 3
 EXPORT_PAGE = 1000  # reports or jobs read (and held) at once by an export
+_NO_LOCK = contextlib.nullcontext()
 CONFLICT_PAUSE_S = 0.005  # the longest pause before the first retry (then 2x, 3x): replicas' retries spread out
 T = TypeVar("T")
 
@@ -184,11 +195,16 @@ class Coordinator:
         (holding no lock) until the previous one landed, so no write is ever computed on a write the
         store refused (whose version number another replica's write may have taken). ``guard(slot)``
         runs under the job's lock just before the command is computed (a per-job quota)."""
-        shared = self.jobs.shared
+        shared, jobs = self.jobs.shared, self.jobs
         while True:
             if shared:
-                self.jobs.settle(slot)
-            with slot.lock:
+                jobs.settle(slot)
+            # a lost job may run again: its tenant's active jobs are counted first, under the registration
+            # lock in one process (taken before the job's lock, as registrations do), in the write's
+            # transaction with a shared store
+            lost = slot.head.record.status is JobStatus.LOST
+            quotas = self.tenants.quotas(slot.head.record.tenant) if lost else None
+            with jobs.register_lock if lost else _NO_LOCK, slot.lock:
                 if slot.deleted:  # deleted while this command waited for the lock
                     raise NotFound(f"no job {slot.head.record.job_id!r} for tenant {slot.head.record.tenant!r}")
                 if shared and not slot.landed:
@@ -199,7 +215,15 @@ class Coordinator:
                 if out.commit is None:
                     return out, slot.ticket  # nothing to write: answered once earlier writes are durable
                 r = slot.head.record
-                ticket = self.jobs.commit(out.commit, r.tenant, r.job_id)
+                revive = None
+                if r.status is JobStatus.LOST and out.state.record.status.active:
+                    if quotas is None:
+                        continue  # lost meanwhile: count with the registration lock held
+                    revive = JobLimits(quotas.max_jobs, quotas.max_active_jobs)
+                    if not shared and jobs.active(r.tenant) >= quotas.max_active_jobs:
+                        raise QuotaExceeded(revival_refused(r.tenant, r.job_id, jobs.active(r.tenant),
+                                                            quotas.max_active_jobs))
+                ticket = jobs.commit(out.commit, r.tenant, r.job_id, revive)
                 slot.push(out.state, ticket)
             return out, ticket
 
@@ -210,8 +234,10 @@ class Coordinator:
             return
         try:
             wait_durable(ticket)
-        except StoreError:
+        except StoreError as exc:
             self.jobs.refresh(tenant, job_id)
+            if isinstance(exc, LimitReached):  # a shared store counted the tenant's jobs: a quota, not an outage
+                raise QuotaExceeded(str(exc)) from None
             raise
 
     @staticmethod

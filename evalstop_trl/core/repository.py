@@ -30,7 +30,7 @@ from .browse import RunRow
 from .errors import NotFound
 from .job import Fail, JobState, counted, replay, step
 from .records import JobRecord, JobStatus
-from .store import DONE, Store, wait_durable
+from .store import DONE, JobLimits, Store, wait_durable
 
 if TYPE_CHECKING:
     from .job import Commit
@@ -315,12 +315,15 @@ class JobCache:
         return [RunRow.of(s.committed.record) for s in list(self._by_tenant.get(tenant, {}).values())
                 if s.committed is not None]
 
-    def commit(self, c: Commit, tenant: str, job_id: str) -> Future:
-        """Queue a step's rows (the caller holds the job's lock)."""
+    def commit(self, c: Commit, tenant: str, job_id: str, revive: JobLimits | None = None) -> Future:
+        """Queue a step's rows (the caller holds the job's lock). ``revive``: a lost job runs again
+        (a shared store checks the tenant's active jobs in the write's transaction)."""
         if c.report is not None:
             hit = self._reports.get(tenant)
             if hit is not None:
                 hit[0] += 1
+        if revive is not None:
+            return self.store.revive(c.job, c.report, c.audit, c.deliveries, c.expect, revive)
         if c.job is None:
             return self.store.add_report(tenant, job_id, c.report, c.expect)
         return self.store.commit(c.job, c.report, c.audit, c.deliveries, expect=c.expect)

@@ -24,7 +24,7 @@ from .browse import RunRow
 from .records import AuditRecord, Delivery, EvalState, EvalTask, JobRecord, Report, TenantRecord
 
 __all__ = ["DONE", "JobLimits", "LimitReached", "PruneCounts", "StaleState", "Store", "StoreError", "TenantRecord",
-           "Ticket", "wait_durable"]
+           "Ticket", "revival_refused", "wait_durable"]
 
 #: A pending durable write: resolves to None when on disk, or fails with StoreError.
 Ticket = Future
@@ -42,6 +42,13 @@ class StaleState(StoreError):
 class LimitReached(StoreError):
     """A shared store refused a registration over the tenant's quota (checked in the insert's own
     transaction, so concurrent registrations on several replicas cannot pass it together)."""
+
+
+def revival_refused(tenant: str, job_id: str, active: int, limit: int) -> str:
+    """Why a lost job may not run again: its tenant is at its active-job quota."""
+    return (f"tenant {tenant!r} has {active} active jobs, the most allowed (max_active_jobs={limit}): lost job "
+            f"{job_id!r} cannot run again until one of them finishes, is stopped or is lost; finish or stop "
+            "one first (or ask for a larger quota)")
 
 
 class JobLimits(NamedTuple):
@@ -126,6 +133,14 @@ class Store(ABC):
         ticket with :class:`LimitReached`; a store of one process leaves them to the coordinator, which
         checks them under its registration lock."""
         return self.commit(job, expect=0)
+
+    def revive(self, job: JobRecord, report: Report | None, audit: Sequence[AuditRecord], deliveries: Sequence[Delivery],
+               expect: int | None, limits: JobLimits) -> Ticket:
+        """:meth:`commit` of a lost job that runs again. A shared store checks ``limits.max_active_jobs``
+        in the write's transaction and fails the ticket with :class:`LimitReached` (replicas reviving
+        several jobs at once cannot pass the quota together); a store of one process leaves it to the
+        coordinator, which checks it under its registration lock."""
+        return self.commit(job, report, audit, deliveries, expect=expect)
 
     @abstractmethod
     def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:

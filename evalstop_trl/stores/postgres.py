@@ -35,7 +35,7 @@ from ..core.records import (
     Report,
     TenantRecord,
 )
-from ..core.store import JobLimits, LimitReached, StaleState, Store, StoreError, Ticket, wait_durable
+from ..core.store import JobLimits, LimitReached, StaleState, Store, StoreError, Ticket, revival_refused, wait_durable
 from .sql import (
     DELIVERY_COLS,
     EVAL_COLS,
@@ -253,6 +253,26 @@ class PostgresStore(SQLReads, Store):
     # ------------------------------------------------------------------ jobs, reports, audit
     def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = (),
                deliveries: Sequence[Delivery] = (), expect: int | None = None) -> Ticket:
+        return self._writes.submit(self._commit_op(job, report, audit, deliveries, expect))
+
+    def revive(self, job: JobRecord, report: Report | None, audit: Sequence[AuditRecord], deliveries: Sequence[Delivery],
+               expect: int | None, limits: JobLimits) -> Ticket:
+        """The commit of a lost job running again, after counting the tenant's active jobs under its
+        advisory lock (the lock registrations take: see :func:`_insert_within_limits`)."""
+        write = self._commit_op(job, report, audit, deliveries, expect)
+
+        def op(db) -> None:
+            db.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_TENANT_LOCK, job.tenant))
+            active = db.execute("SELECT count(*) FROM jobs WHERE tenant=%s AND status IN ('pending', 'running')",
+                                (job.tenant,)).fetchone()[0]
+            if active >= limits.max_active_jobs:
+                raise LimitReached(revival_refused(job.tenant, job.job_id, active, limits.max_active_jobs))
+            write(db)
+
+        return self._writes.submit(op)
+
+    def _commit_op(self, job: JobRecord, report: Report | None, audit: Sequence[AuditRecord],
+                   deliveries: Sequence[Delivery], expect: int | None) -> Callable:
         key, values = (job.tenant, job.job_id), _job_values(job)
         audit, deliveries = tuple(audit), tuple(deliveries)
 
@@ -292,7 +312,7 @@ class PostgresStore(SQLReads, Store):
                     f"INSERT INTO deliveries ({DELIVERY_COLS}) VALUES ({', '.join(['%s'] * 10)}) "
                     "ON CONFLICT (id) DO NOTHING", [delivery_row(d) for d in deliveries])
 
-        return self._writes.submit(op)
+        return op
 
     def register(self, job: JobRecord, limits: JobLimits) -> Ticket:
         """Insert a new job if the tenant's quotas allow (see :func:`_insert_within_limits`)."""

@@ -29,7 +29,7 @@ from ..core.records import (
     Report,
     TenantRecord,
 )
-from ..core.store import StaleState, Store, Ticket, wait_durable
+from ..core.store import JobLimits, LimitReached, StaleState, Store, StoreError, Ticket, revival_refused, wait_durable
 from .sql import (
     DELIVERY_COLS,
     EVAL_COLS,
@@ -223,7 +223,7 @@ class SQLiteStore(SQLReads, Store):
                 except Exception as exc:  # noqa: BLE001 - handed to the waiting caller
                     if db.in_transaction:
                         db.execute("ROLLBACK")
-                    ticket.set_exception(exc if isinstance(exc, StaleState) else store_error(exc))
+                    ticket.set_exception(exc if isinstance(exc, StoreError) else store_error(exc))  # a refusal as it is
         else:
             for _, ticket in batch:
                 ticket.set_result(None)
@@ -275,6 +275,27 @@ class SQLiteStore(SQLReads, Store):
     # ------------------------------------------------------------------ jobs, reports, audit
     def commit(self, job: JobRecord, report: Report | None = None, audit: Sequence[AuditRecord] = (),
                deliveries: Sequence[Delivery] = (), expect: int | None = None) -> Ticket:
+        return self._writes.submit(self._commit_op(job, report, audit, deliveries, expect))
+
+    def revive(self, job: JobRecord, report: Report | None, audit: Sequence[AuditRecord], deliveries: Sequence[Delivery],
+               expect: int | None, limits: JobLimits) -> Ticket:
+        """A shared file counts the tenant's active jobs in the write's transaction (``BEGIN IMMEDIATE``
+        serialises every process's writers); one process's coordinator has counted them already."""
+        write = self._commit_op(job, report, audit, deliveries, expect)
+        if not self.shared:
+            return self._writes.submit(write)
+
+        def op(db: sqlite3.Connection) -> None:
+            active = db.execute("SELECT count(*) FROM jobs WHERE tenant=? AND status IN ('pending', 'running')",
+                                (job.tenant,)).fetchone()[0]
+            if active >= limits.max_active_jobs:
+                raise LimitReached(revival_refused(job.tenant, job.job_id, active, limits.max_active_jobs))
+            write(db)
+
+        return self._writes.submit(op)
+
+    def _commit_op(self, job: JobRecord, report: Report | None, audit: Sequence[AuditRecord],
+                   deliveries: Sequence[Delivery], expect: int | None) -> Callable[[sqlite3.Connection], None]:
         row = _job_row(job)
         audit = tuple(audit)
         deliveries = tuple(deliveries)
@@ -301,7 +322,7 @@ class SQLiteStore(SQLReads, Store):
                 db.executemany(f"INSERT OR REPLACE INTO deliveries ({DELIVERY_COLS}) VALUES ({','.join('?' * 10)})",
                                [delivery_row(d) for d in deliveries])
 
-        return self._writes.submit(op)
+        return op
 
     def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
         check = self.shared and expect is not None
