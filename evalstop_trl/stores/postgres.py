@@ -35,13 +35,14 @@ from ..core.records import (
     Report,
     TenantRecord,
 )
-from ..core.store import JobLimits, LimitReached, StaleState, Store, StoreError, Ticket, revival_refused, wait_durable
+from ..core.store import JobLimits, LimitReached, StaleState, Store, StoreError, Ticket, wait_durable
 from .sql import (
     DELIVERY_COLS,
     EVAL_COLS,
     REPORT_COLS,
     TENANT_COLS,
     SQLReads,
+    check_revival,
     delivery_from_row,
     delivery_row,
     eval_from_row,
@@ -263,10 +264,7 @@ class PostgresStore(SQLReads, Store):
 
         def op(db) -> None:
             db.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_TENANT_LOCK, job.tenant))
-            active = db.execute("SELECT count(*) FROM jobs WHERE tenant=%s AND status IN ('pending', 'running')",
-                                (job.tenant,)).fetchone()[0]
-            if active >= limits.max_active_jobs:
-                raise LimitReached(revival_refused(job.tenant, job.job_id, active, limits.max_active_jobs))
+            check_revival(db, job, limits, postgres=True)
             write(db)
 
         return self._writes.submit(op)

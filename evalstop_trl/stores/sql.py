@@ -11,10 +11,20 @@ from types import MappingProxyType
 from typing import Any
 
 from ..core.labels import EMPTY as EMPTY_LABELS
-from ..core.records import AuditKind, AuditRecord, Delivery, EvalState, EvalTask, Report, TenantRecord
-from ..core.store import PRUNABLE, PruneCounts
+from ..core.records import (
+    AuditKind,
+    AuditRecord,
+    Delivery,
+    EvalState,
+    EvalTask,
+    JobRecord,
+    JobStatus,
+    Report,
+    TenantRecord,
+)
+from ..core.store import PRUNABLE, JobLimits, LimitReached, PruneCounts, revival_refused
 
-__all__ = ["SQLReads", "AUDIT_COLS", "DELIVERY_COLS", "EVAL_COLS", "REPORT_COLS", "TENANT_COLS", "audit_from_row",
+__all__ = ["SQLReads", "check_revival", "AUDIT_COLS", "DELIVERY_COLS", "EVAL_COLS", "REPORT_COLS", "TENANT_COLS", "audit_from_row",
            "delivery_from_row", "delivery_row", "eval_from_row", "eval_row", "labels_from", "labels_json", "q", "tenant_from_row"]
 
 TENANT_COLS = "name, token_hash, created_at, revoked, quotas, webhook_secret"
@@ -27,6 +37,16 @@ EVAL_COLS = "tenant, job_id, step, path, created_at, train_loss, proxy_reward, s
 def q(query: str, postgres: bool) -> str:
     """``query`` with PostgreSQL placeholders when ``postgres``."""
     return query.replace("?", "%s") if postgres else query
+
+
+def check_revival(db: Any, job: JobRecord, limits: JobLimits, postgres: bool) -> None:
+    """Inside a lost job's revival write: :class:`LimitReached` if its tenant already has
+    ``limits.max_active_jobs`` active jobs (the write's transaction serialises the count)."""
+    active_statuses = ", ".join(f"'{s.value}'" for s in JobStatus if s.active)
+    active = db.execute(q(f"SELECT count(*) FROM jobs WHERE tenant=? AND status IN ({active_statuses})", postgres),
+                        (job.tenant,)).fetchone()[0]
+    if active >= limits.max_active_jobs:
+        raise LimitReached(revival_refused(job.tenant, job.job_id, active, limits.max_active_jobs))
 
 
 def labels_json(labels: Mapping[str, Any]) -> str:

@@ -29,12 +29,13 @@ from ..core.records import (
     Report,
     TenantRecord,
 )
-from ..core.store import JobLimits, LimitReached, StaleState, Store, StoreError, Ticket, revival_refused, wait_durable
+from ..core.store import JobLimits, StaleState, Store, StoreError, Ticket, wait_durable
 from .sql import (
     DELIVERY_COLS,
     EVAL_COLS,
     TENANT_COLS,
     SQLReads,
+    check_revival,
     delivery_from_row,
     delivery_row,
     eval_from_row,
@@ -286,10 +287,7 @@ class SQLiteStore(SQLReads, Store):
             return self._writes.submit(write)
 
         def op(db: sqlite3.Connection) -> None:
-            active = db.execute("SELECT count(*) FROM jobs WHERE tenant=? AND status IN ('pending', 'running')",
-                                (job.tenant,)).fetchone()[0]
-            if active >= limits.max_active_jobs:
-                raise LimitReached(revival_refused(job.tenant, job.job_id, active, limits.max_active_jobs))
+            check_revival(db, job, limits, postgres=False)
             write(db)
 
         return self._writes.submit(op)
