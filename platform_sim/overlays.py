@@ -46,7 +46,6 @@ __all__ = ["OVERLAYS", "DetectorOverlay", "Overlay", "OracleOverlay", "StopAtOve
 TENANT = "platform"
 
 _JOB_TYPES = {"lora_sft": JobType.LORA_SFT, "dpo": JobType.DPO, "rlhf_ppo": JobType.PPO, "rlhf_grpo": JobType.GRPO}
-_STOP = Action.STOP
 
 
 # The simulated platform is one tenant with every job: a service's per-tenant quotas do not apply.
@@ -137,7 +136,7 @@ class DetectorOverlay(Overlay):
         name = self._watched.get(job_id)
         if name is None:
             return False
-        return self._report(TENANT, name, step, score, loss, proxy).action is _STOP
+        return self._report(TENANT, name, step, score, loss, proxy).action is Action.STOP
 
 
 class StopAtOverlay(Overlay):

@@ -206,19 +206,19 @@ def draw_noise(kind: str, n: int, m: int, rng: np.random.Generator, t_df: float 
 
 
 def run_detector(proto: Detector, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Feed each row of ``scores`` (n, m) to a fresh copy of ``proto``, eval by eval; return each
+    """Feed each row of ``scores`` (n, m) to ``proto`` from its start state, eval by eval; return each
     curve's stop index (-1: never stopped) and the index of its delivered (best) eval at the stop."""
     n, m = scores.shape
     stop = np.full(n, -1, dtype=int)
     best = np.full(n, -1, dtype=int)
     steps = [(i + 1) * STEP for i in range(m)]
     progress = [(i + 1) / m for i in range(m)]
-    trusted, stop_action = Observation.trusted, Action.STOP
+    start, decide = proto.start(), proto.decide
     for j, row in enumerate(scores.tolist()):
-        det = proto.clone()
+        state = start
         for i, y in enumerate(row):
-            d = det.observe(trusted("sweep", steps[i], y, None, None, "rlhf", progress[i]))
-            if d.action is stop_action:
+            state, d = decide(state, Observation("sweep", steps[i], y, None, None, "rlhf", progress[i]))
+            if d.action is Action.STOP:
                 stop[j], best[j] = i, d.best_step // STEP - 1
                 break
     return stop, best

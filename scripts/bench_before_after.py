@@ -27,12 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run_json(tree: Path, script: str, args: list[str]) -> dict:
+def _run_json(tree: Path, script: str, args: list[str], scripts: Path | None = None) -> dict:
+    """``script`` of ``scripts`` (default: the tree's own) run in ``tree`` with the tree's packages."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
         out = Path(fh.name)
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    subprocess.run([sys.executable, str(tree / "scripts" / script), *args, "--json", str(out)], cwd=tree, env=env,
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, str((scripts or tree / "scripts") / script), *args, "--json", str(out)], cwd=tree,
+                   env=env, check=True, stdout=subprocess.DEVNULL)
     data = json.loads(out.read_text())
     out.unlink()
     return data
@@ -65,9 +66,12 @@ def main() -> int:
                 got = {"sim_srtf_evalstop_ms": row["evalstop"], "sim_srtf_alone_ms": row["none"],
                        "sim_overlay_ms": row["evalstop_in_overlay"]}
                 if not args.skip_load:
+                    # today's load generator in both trees (it measures the server's CPU); the servers it
+                    # starts run the tree's own package (cwd and PYTHONPATH)
                     load = _run_json(tree, "load_test.py", ["--backends", "sqlite", "--jobs", str(args.jobs),
-                                                            "--reports", str(args.reports)])
+                                                            "--reports", str(args.reports)], ROOT / "scripts")
                     got.update(load_sqlite_rps=load["sqlite"]["evalstop"]["rate"],
+                               server_cpu_ms_per_report=load["sqlite"]["evalstop"]["server_cpu_ms_per_report"],
                                load_sqlite_paced_p50_ms=load["sqlite"]["evalstop_paced"]["p50_ms"],
                                optuna_rps=load["optuna_rdb_sqlite"]["rate"], load_ratio=load["ratio"])
                 for k, v in got.items():

@@ -29,7 +29,7 @@ ALLOWED = {
     "evalstop_trl.integrations": {"evalstop_trl.core", "evalstop_trl.integrations"},
     "evalstop_trl.service": {"evalstop_trl.core", "evalstop_trl.stores", "evalstop_trl.service",
                              "evalstop_trl.clients.local"},
-    "evalstop_trl.launcher": {"evalstop_trl.core", "evalstop_trl.launcher"},
+    "evalstop_trl.launcher": {"evalstop_trl.core", "evalstop_trl.clients", "evalstop_trl.launcher"},
     "evalstop_trl.train": {"evalstop_trl.core", "evalstop_trl.stores", "evalstop_trl.clients", "evalstop_trl.train"},
     "platform_sim": {"platform_sim", "evalstop_trl.core", "evalstop_trl.stores"},
 }

@@ -173,7 +173,7 @@ def test_metric_mode_and_missing_metric(tmp_path):
         ({"world_feedback": None}, "needs world_feedback"),
         ({"world_feedback": "eval_x", "detector": "nope"}, "valid detectors are"),
         ({"world_feedback": "eval_x", "k": 0}, r"k must be an integer in \[1, 1000\]"),
-        ({"world_feedback": "eval_x", "enforce": True}, "enforce was removed.*evalstop run"),
+        ({"world_feedback": "eval_x", "enforce": True}, "Unknown parameter.s. enforce for detector 'decline'"),
         ({"world_feedback": 3}, "must be a callable or a metric name"),
     ],
 )

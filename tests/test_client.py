@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from evalstop_trl import Action, Coordinator, MemoryStore
+from evalstop_trl.clients.api import EvalStopAPI
 from evalstop_trl.clients.embedded import EmbeddedClient
 from evalstop_trl.clients.http import ClientError, EvalStopClient
-from evalstop_trl.core.api import EvalStopAPI
 from evalstop_trl.core.codec import to_wire
 from evalstop_trl.core.errors import InvalidInput
 from evalstop_trl.core.records import AuditKind, AuditRecord, EvalState, EvalTask, JobView

@@ -105,7 +105,7 @@ def test_decoding_takes_defaults_for_missing_keys_and_ignores_unknown_ones():
 
 @pytest.mark.parametrize("cls, data, message", [
     (Decision, {"reason": "x"}, "not a Decision on the wire (KeyError: 'action')"),
-    (Decision, {"action": "pause", "reason": "x"}, "not a Decision on the wire (ValueError"),
+    (Decision, {"action": "pause", "reason": "x"}, "not a Decision on the wire (TypeError: action"),
     (AuditRecord, [], "a AuditRecord on the wire is an object, but got list"),
 ])
 def test_bad_wire_data_is_a_value_error_naming_the_record(cls, data, message):

@@ -2,7 +2,7 @@
 HTTP + PostgreSQL, compared field by field.
 
 One script (:func:`_script`) drives a client of tenant ``alice`` and one of tenant ``bob`` through
-every call of :class:`~evalstop_trl.core.api.EvalStopAPI`: registration (re-registration, conflict,
+every call of :class:`~evalstop_trl.clients.api.EvalStopAPI`: registration (re-registration, conflict,
 bad input), reports (CONTINUE and STOP with their evidence, a duplicate, a conflict, an out-of-order
 step, bad numbers), ack, finish, fail, stop, status, listing, paged reports, snapshots, claims,
 posted evals, launcher events, the audit log, and another tenant's attempts (404). Each result is
@@ -23,15 +23,19 @@ from typing import Any
 
 import pytest
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 
 from evalstop_trl import Coordinator, MemoryStore, SQLiteStore
+from evalstop_trl.clients.api import LOCAL_METHODS, EvalStopAPI
 from evalstop_trl.clients.embedded import EmbeddedClient
 from evalstop_trl.clients.http import EvalStopClient
 from evalstop_trl.clients.local import LocalServer
-from evalstop_trl.core.api import LOCAL_METHODS, ROUTES, EvalStopAPI
+from evalstop_trl.core.api import ROUTES
+from evalstop_trl.core.coordinator import Coordinator as _Coordinator
 from evalstop_trl.core.errors import EvalStopError
+from evalstop_trl.core.requests import REQUESTS, field_names
 from evalstop_trl.service.app import ServiceSettings, create_app
-from evalstop_trl.service.routes import SCHEMAS, Handlers
+from evalstop_trl.service.routes import QUERIES, Handlers, body_model
 
 #: fields that hold a time: their values differ between runs and are not compared
 TIMESTAMPS = frozenset({"received_at", "created_at", "lease_until", "at", "last_seen", "ended_at"})
@@ -94,9 +98,9 @@ def _summary(fn: Callable[[], Any]) -> dict[str, Any]:
 CAPPED = {"max_jobs": 2, "max_events_per_job": 1}
 
 
-def _script(c: Any, other: Any, capped: Any) -> list[tuple[str, Any]]:
+def _script(c: Any, other: Any, capped: Any, stranger: Any) -> list[tuple[str, Any]]:
     """Every API call, in one order; returns ``[(label, plain result or error)]``. ``capped`` is a
-    client of a tenant with the quotas :data:`CAPPED`."""
+    client of a tenant with the quotas :data:`CAPPED`; ``stranger`` one with a token nobody issued."""
     out: list[tuple[str, Any]] = []
 
     def call(label: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -137,7 +141,7 @@ def _script(c: Any, other: Any, capped: Any) -> list[tuple[str, Any]]:
     call("report negative step", c.report, "j1", -1)
     call("report nan", c.report, "j1", 31, eval_score=float("nan"))
     call("status running", c.status, "j1")
-    call("ack running", c.ack, "j1", "/ckpt/20")
+    call("ack running", c.ack, "j1", "/ckpt/20")  # an illegal transition: IllegalTransition, a Conflict (409)
     call("report 40 stop", c.report, "j1", 40, eval_score=0.5)
     call("report 50 after stop", c.report, "j1", 50, eval_score=0.9)
     call("status stopped", c.status, "j1")
@@ -252,11 +256,19 @@ def _script(c: Any, other: Any, capped: Any) -> list[tuple[str, Any]]:
     call("capped event over max_events_per_job", capped.record_event, "c1", "launcher_exit", "", exit_code=0)
     call("capped report (no quota)", capped.report, "c1", 1, eval_score=0.5)
     call("capped pending at the end", lambda: capped.pending)
+    # a token nobody issued: the same refusal (Unauthorized, 401) for a read and a fail-open write
+    call("stranger status", stranger.status, "j1")
+    call("stranger report", stranger.report, "j1", 60, eval_score=0.1)
+    call("stranger register", stranger.register_job, "s1")
+    call("stranger pending", lambda: stranger.pending)
     return out
 
 
+STRANGER = "es_" + "x" * 43  # a well-formed token that no tenant has
+
+
 def _run(make: Callable[[str], Any]) -> list[tuple[str, Any]]:
-    clients = make("alice"), make("bob"), make("carol")
+    clients = make("alice"), make("bob"), make("carol"), make(None)
     try:
         return _script(*clients)
     finally:
@@ -271,14 +283,15 @@ def results(tmp_path_factory, request) -> dict[str, list[tuple[str, Any]]]:
     coordinator = Coordinator(SQLiteStore(tmp / "embedded.db"))
     coordinator.tenants.add("carol")
     coordinator.tenants.set_quotas("carol", CAPPED)
-    out["embedded"] = _script(*(EmbeddedClient(coordinator, name) for name in ("alice", "bob", "carol")))
+    out["embedded"] = _script(*(EmbeddedClient(coordinator, name) for name in ("alice", "bob", "carol")),
+                              EmbeddedClient(coordinator, token=STRANGER))
     coordinator.close()
     tenants, quotas = ("alice", "bob", "carol"), {"carol": CAPPED}
     with LocalServer(tmp / "http.db", tenants=tenants, quotas=quotas, log=tmp / "http.log") as srv:
-        out["http-sqlite"] = _run(lambda name: EvalStopClient(srv.url, srv.tokens[name], retries=0))
+        out["http-sqlite"] = _run(lambda name: EvalStopClient(srv.url, srv.tokens.get(name, STRANGER), retries=0))
     dsn = request.getfixturevalue("postgres_cluster").create_database("contract")
     with LocalServer(dsn, tenants=tenants, quotas=quotas, log=tmp / "pg.log") as srv:
-        out["http-postgres"] = _run(lambda name: EvalStopClient(srv.url, srv.tokens[name], retries=0))
+        out["http-postgres"] = _run(lambda name: EvalStopClient(srv.url, srv.tokens.get(name, STRANGER), retries=0))
     return out
 
 
@@ -374,6 +387,9 @@ def test_the_script_means_what_it_says(results):
     assert [a["kind"] for a in r["audit shadow"]] == ["would_stop"] and r["register bad mode"]["error"] == 422
     assert r["summary with shadow"]["would_stop"] == 1
     assert r["capped register 2"]["status"] == "pending" and r["capped re-register (attach)"]["job_id"] == "c1"
+    for label in ("stranger status", "stranger report", "stranger register"):
+        assert r[label]["error"] == 401, label
+    assert r["stranger pending"] == 0
     for label in ("capped register over max_jobs", "capped event over max_events_per_job"):
         assert r[label]["error"] == 429, label
     assert r["capped pending after the refusal"] == 0 and r["capped pending at the end"] == 0
@@ -390,35 +406,56 @@ def test_the_script_means_what_it_says(results):
 # ------------------------------------------------------------------ one API, one route table
 def _api_methods() -> dict[str, inspect.Signature]:
     return {name: inspect.signature(fn) for name, fn in vars(EvalStopAPI).items()
-            if callable(fn) and not name.startswith("_")}
+            if inspect.isfunction(fn) and not name.startswith("_")}
 
 
-def test_every_remote_method_of_the_api_has_a_route_a_schema_and_a_handler():
+def test_every_remote_method_of_the_api_has_a_route_and_an_endpoint():
     remote = set(_api_methods()) - LOCAL_METHODS
     assert set(ROUTES) == remote
-    assert set(SCHEMAS) == remote
-    assert all(inspect.isfunction(getattr(Handlers, name, None)) for name in remote)
     app = create_app(Coordinator(MemoryStore()), ServiceSettings(run_webhooks=False))
     mounted = {(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods}
     assert {(r.method, r.path) for r in ROUTES.values()} <= mounted
-    for route in ROUTES.values():  # the route's arguments are the method's parameters (or their wire names)
+    assert set(QUERIES) == {name for name, r in ROUTES.items() if r.query}
+    for route in ROUTES.values():  # the route's arguments are the client method's parameters (or their wire names)
         names = set(_api_methods()[route.name].parameters) - {"self"}
         wire = set(route.path_args) | set(route.query) | set(route.body)
         assert wire - {"limit", "offset", "wait"} <= names, route.name
+        assert set(route.query) <= set(QUERIES.get(route.name, BaseModel).model_fields), route.name
 
 
-@pytest.mark.parametrize("make", [
-    lambda tmp: EmbeddedClient(Coordinator(MemoryStore())),
-    lambda tmp: EvalStopClient("http://127.0.0.1:9", "es_token", outbox=tmp / "outbox.jsonl"),
-], ids=["embedded", "http"])
-def test_both_clients_implement_the_protocol_with_its_signatures(make, tmp_path):
-    client = make(tmp_path)
-    assert isinstance(client, EvalStopAPI)
-    for name, want in _api_methods().items():
-        have = inspect.signature(getattr(client, name))
-        assert [(p.name, p.default) for p in have.parameters.values()] == \
-            [(p.name, p.default) for p in list(want.parameters.values())[1:]], name
-    client.close()
+def _params(fn: Callable[..., Any], skip: int) -> list[str]:
+    return [p.name for p in list(inspect.signature(fn).parameters.values())[skip:]
+            if p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+
+@pytest.mark.parametrize("name", [n for n, r in ROUTES.items() if r.request is not None])
+def test_a_request_record_is_the_body_the_client_method_and_the_coordinator_method(name):
+    """One declaration of a write's fields: the record. The body model is derived from it; the client
+    method and the coordinator method (called by keyword) are tied to it here."""
+    route = ROUTES[name]
+    fields = list(field_names(route.request))
+    assert list(body_model(route.request).model_fields) == fields
+    client = [p for p in _params(getattr(EvalStopAPI, name), 1) if p not in route.path_args]
+    assert client == fields, name
+    handler = getattr(Handlers, name, None)
+    coordinator = [p for p in _params(getattr(_Coordinator, name), 2) if p not in route.path_args]
+    if handler is None:  # called by keyword with exactly these (extra coordinator-only options have defaults)
+        assert coordinator[:len(fields)] == fields, name
+    else:
+        assert set(fields) <= set(coordinator), name
+
+
+def test_every_request_record_is_named_by_a_route():
+    assert set(REQUESTS) == {r.request for r in ROUTES.values() if r.request is not None}
+
+
+def test_both_clients_are_the_one_facade(tmp_path):
+    for client in (EmbeddedClient(Coordinator(MemoryStore())),
+                   EvalStopClient("http://127.0.0.1:9", "es_token", outbox=tmp_path / "outbox.jsonl")):
+        assert isinstance(client, EvalStopAPI)
+        for name in _api_methods():  # no transport redeclares a typed method
+            assert getattr(type(client), name) is getattr(EvalStopAPI, name) or name in LOCAL_METHODS, name
+        client.close()
 
 
 def test_connect_takes_any_client_of_the_protocol_and_nothing_else(tmp_path):
@@ -469,6 +506,7 @@ def test_no_store_call_runs_on_the_event_loop(tmp_path):
 
     _LoopWatch.on_loop.clear()
     with TestClient(create_app(coordinator, ServiceSettings(run_webhooks=False))) as tc:
-        results = _run(lambda name: EvalStopClient("http://testserver", tokens[name], transport=Via(tc), retries=0))
+        results = _run(lambda name: EvalStopClient("http://testserver", tokens.get(name, STRANGER), transport=Via(tc),
+                                                   retries=0))
     assert dict(results)["report 40 stop"]["action"] == "stop"
     assert _LoopWatch.on_loop == []

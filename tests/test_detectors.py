@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from types import MappingProxyType
 
 import pytest
@@ -286,13 +285,13 @@ def test_least_squares_slope(points, slope, sxx):
 def test_noise_level_ignores_smooth_curves_and_finds_the_noise():
     smooth = NoiseLevel(0.05, 2.0)
     for i in range(50):
-        smooth.add(1.0 + 0.3 * i - 0.01 * i * i)  # a quadratic: every third difference is 0
+        smooth = smooth.add(1.0 + 0.3 * i - 0.01 * i * i)  # a quadratic: every third difference is 0
     assert smooth.n == 47 and smooth.sigma == pytest.approx(0.05 * math.sqrt(2 / 49))
     import random
 
     rng, noisy = random.Random(0), NoiseLevel(0.05, 2.0)
     for i in range(4000):
-        noisy.add(math.sin(i / 200) + rng.gauss(0, 0.1))
+        noisy = noisy.add(math.sin(i / 200) + rng.gauss(0, 0.1))
     assert noisy.sigma == pytest.approx(0.1, rel=0.05)
 
 
@@ -339,9 +338,9 @@ def test_drop_reason_and_evidence():
 def test_noise_robust_memory_is_bounded_by_the_window(name):
     det = create_detector(name, window=3)
     for i in range(5000):
-        det.observe(Observation.trusted("j", i, float(i % 7) * 0.01 + i, None, None, "rlhf", None))
-    deques = [v for v in vars(det).values() if hasattr(v, "maxlen")] + [det.noise._last]
-    assert deques and all(len(q) <= 3 for q in deques)
+        det.observe(Observation("j", i, float(i % 7) * 0.01 + i, None, None, "rlhf", None))
+    windows = [v for v in det.state.rule if isinstance(v, tuple) and not hasattr(v, "_fields")]
+    assert windows and all(len(w) <= 3 for w in windows) and len(det.state.rule[0].last) <= 3
 
 
 @settings(max_examples=200, deadline=None)
@@ -395,15 +394,15 @@ def test_relative_noise_level_scales_with_the_units():
     ys = [math.sin(i / 5) + rng.gauss(0, 0.1) for i in range(30)]
     base = RelativeNoiseLevel(0.1, 4.0)
     for y in ys:
-        base.add(y)
+        base = base.add(y)
     for a, b in [(0.01, -50.0), (100.0, 3.0)]:
         other = RelativeNoiseLevel(0.1, 4.0)
         for y in ys:
-            other.add(a * y + b)
+            other = other.add(a * y + b)
         assert other.sigma == pytest.approx(a * base.sigma, rel=1e-9) and other.dof == base.dof
     flat = RelativeNoiseLevel(0.1, 4.0)
     for _ in range(5):
-        flat.add(2.0)
+        flat = flat.add(2.0)
     assert flat.sigma == 0.0  # every eval equal: no scale (the rules then never stop)
     assert all(d.action is Action.CONTINUE for d in run([2.0] * 8, "drop", window=1, z=0.0)[3])
 
@@ -475,7 +474,7 @@ def test_sequential_run_length_is_the_same_at_every_eval(n_total, span, w):
     det = create_detector("sequential", span=span)
     for i in range(n_total):
         det.observe(Observation("j", i + 1, float(i % 2), progress=(i + 1) / n_total))
-        assert det._w == w, (i, det._w)
+        assert det.state.rule.w == w, (i, det.state.rule.w)
 
 
 def test_sequential_threshold_grows_with_the_looks():
@@ -640,7 +639,7 @@ def test_issue_16_a_zero_noise_prior_is_refused_and_the_smallest_allowed_one_is_
     for name in ("drop", "trend", "cusum"):  # the same scores at the smallest allowed priors: no ZeroDivisionError
         det = _feed_safely(name, {"window": 2, "noise_prior": 1e-12, "prior_evals": 1e-3},
                            [(i, float(s), None, None) for i, s in enumerate(scores)])
-        assert det.noise.sigma > 0
+        assert det.state.rule[0].sigma > 0
 
 
 @pytest.mark.parametrize("old, new, rel", [(1.0, 0.5, 0.5), (0.0, 3.0, 0.0), (1e-300, 1.0, -SATURATION),
@@ -730,10 +729,10 @@ def test_any_allowed_parameters_and_finite_scores_never_raise(data, name):
     _feed_safely(name, params, rows)
 
 
-# ----------------------------------------------------------------------------- clone
+# ----------------------------------------------------------------------------- state as a value
 #: A few parameter sets for every registered detector (a new detector fails
-#: test_clone_cases_cover_every_detector until it is listed here).
-CLONE_CASES = {
+#: test_state_cases_cover_every_detector until it is listed here).
+STATE_CASES = {
     "decline": [{}, {"k": 1}, {"k": 3, "min_delta": 0.02, "direction": "min"}],
     "patience": [{}, {"k": 4, "min_delta": 0.01}, {"k": 1, "direction": "min"}],
     "stop_at": [{}, {"fraction": 0.3}, {"fraction": 1.0, "direction": "min"}],
@@ -747,7 +746,7 @@ CLONE_CASES = {
     "sequential": [{}, {"span": 0.3, "window": 3, "z": 0.5}, {"window": 1, "noise_rel": 0.2, "direction": "min"}],
     "never": [{}, {"direction": "min"}],
 }
-CLONE_PARAMS = [(name, params) for name, cases in CLONE_CASES.items() for params in cases]
+STATE_PARAMS = [(name, params) for name, cases in STATE_CASES.items() for params in cases]
 
 rows_st = st.lists(st.tuples(st.one_of(st.none(), st.floats(-1, 1)), st.one_of(st.none(), st.floats(0.01, 2))),
                    max_size=40)
@@ -758,75 +757,72 @@ def _observations(rows, first_step):
             for i, (score, loss) in enumerate(rows)]
 
 
-def _decisions(det, observations):
-    return [(d.action, d.reason, d.best_step, d.best_score, dict(d.evidence))
-            for d in map(det.observe, observations)]
+def _plain(d):
+    return (d.action, d.reason, d.best_step, d.best_score, dict(d.evidence))
 
 
-def test_clone_cases_cover_every_detector():
-    assert set(CLONE_CASES) == set(DETECTORS)
+def _run_from(det, state, observations):
+    out = []
+    for obs in observations:
+        state, d = det.decide(state, obs)
+        out.append(_plain(d))
+    return state, out
 
 
-@pytest.mark.parametrize("name, params", CLONE_PARAMS)
+def test_state_cases_cover_every_detector():
+    assert set(STATE_CASES) == set(DETECTORS)
+
+
+@pytest.mark.parametrize("name, params", STATE_PARAMS)
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
-def test_a_clone_decides_like_the_original_and_neither_changes_the_other(name, params, data):
+def test_decide_is_pure_a_state_can_be_kept_and_decided_from_again(name, params, data):
+    """A state is a value: deciding from it twice (after another series ran on from it) gives the
+    same decisions, and the shortcut observe() decides as decide() does."""
     rows, extra = data.draw(rows_st), data.draw(rows_st)
     split = data.draw(st.integers(0, len(rows)))
     obs, ahead = _observations(rows, 10), _observations(extra, 10 * split + 10)
-    reference = _decisions(create_detector(name, **params), obs)  # never cloned
-    a = create_detector(name, **params)
-    before = _decisions(a, obs[:split])
-    b, c = a.clone(), a.clone()
-    assert type(b) is type(a)
-    _decisions(c, ahead)  # a clone runs ahead on other observations...
-    assert before + _decisions(a, obs[split:]) == reference  # ...and the original decides as if never cloned
-    assert before + _decisions(b, obs[split:]) == reference  # the original ran on: the other clone is untouched
+    det = create_detector(name, **params)
+    reference = [_plain(det.observe(o)) for o in obs]  # one series kept in the detector
+    kept, before = _run_from(det, det.start(), obs[:split])
+    frozen = repr(kept)
+    _run_from(det, kept, ahead)  # another series runs on from the kept state...
+    assert repr(kept) == frozen  # ...and leaves it as it was
+    assert before + _run_from(det, kept, obs[split:])[1] == reference
+    assert before + _run_from(create_detector(name, **params), kept, obs[split:])[1] == reference
 
 
-_SHAREABLE = (int, float, str, type(None), Action, Decision, MappingProxyType)  # immutable (a Decision is frozen)
+_VALUES = (int, float, str, type(None), Action, Decision, MappingProxyType)  # immutable (a Decision is frozen)
 
 
-def _shared_mutables(a, b, path):
-    """Paths of mutable objects that ``a`` and ``b`` (an object and its clone) share."""
-    if a is b and isinstance(a, _SHAREABLE):
+def _mutables(value, path):
+    """Paths of mutable objects inside a state (there must be none)."""
+    if isinstance(value, _VALUES):
         return
-    if isinstance(a, tuple):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            yield from _shared_mutables(x, y, f"{path}[{i}]")
+    if isinstance(value, tuple):  # a tuple or a NamedTuple
+        for i, x in enumerate(value):
+            yield from _mutables(x, f"{path}[{i}]")
         return
-    if a is b:
-        yield path
-        return
-    if isinstance(a, dict):
-        for key in a:
-            yield from _shared_mutables(a[key], b[key], f"{path}[{key!r}]")
-    elif isinstance(a, (list, deque)):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            yield from _shared_mutables(x, y, f"{path}[{i}]")
-    else:
-        slots = [s for cls in type(a).__mro__ for s in getattr(cls, "__slots__", ())]
-        attrs = list(getattr(a, "__dict__", {})) + slots
-        for attr in attrs:
-            yield from _shared_mutables(getattr(a, attr), getattr(b, attr), f"{path}.{attr}")
+    yield f"{path}: {type(value).__name__}"
 
 
-@pytest.mark.parametrize("name, params", CLONE_PARAMS)
+@pytest.mark.parametrize("name, params", STATE_PARAMS)
 @pytest.mark.parametrize("n", [0, 3, 12, 40])
-def test_a_clone_shares_no_mutable_state(name, params, n):
+def test_a_state_holds_only_immutable_values(name, params, n):
     import random
 
     rng = random.Random(n)
     det = create_detector(name, **params)
-    _decisions(det, _observations([(rng.uniform(-1, 1), rng.uniform(0.5, 1)) for _ in range(n)], 10))
-    twin = det.clone()
-    assert list(vars(twin)) == list(vars(det))
-    shared = list(_shared_mutables(det, twin, name))
-    assert not shared, f"{type(det).__name__} shares {shared} with its clone: list them in _mutable"
+    state, _ = _run_from(det, det.start(), _observations([(rng.uniform(-1, 1), rng.uniform(0.5, 1))
+                                                           for _ in range(n)], 10))
+    assert not list(_mutables(state, name))
 
 
-def test_a_stopped_clone_stays_stopped():
+def test_a_stopped_state_stays_stopped_and_resume_forgets_the_stop():
     det = create_detector("decline", k=1)
-    _decisions(det, _observations([(0.5, None), (0.4, None)], 10))
-    twin = det.clone()
-    assert twin.observe(Observation("j", 99, 0.9)) is det.observe(Observation("j", 99, 0.9))
+    state, _ = _run_from(det, det.start(), _observations([(0.5, None), (0.4, None)], 10))
+    again, d = det.decide(state, Observation("j", 99, 0.9))
+    assert again is state and d is state.stopped and d.stop
+    resumed = det.resume(state)
+    assert resumed.stopped is None and resumed.best_step == state.best_step
+    assert not det.decide(resumed, Observation("j", 99, 0.9))[1].stop

@@ -103,7 +103,7 @@ def _random_command(coord: Coordinator, rng: random.Random, steps: dict[str, int
     elif kind == "fail":
         coord.fail("acme", job, "crashed")
     else:
-        coord.record_event("acme", job, AuditKind.LAUNCHER_EXIT, "child exited", {"exit_code": 1}, "launcher")
+        coord.append_event("acme", job, AuditKind.LAUNCHER_EXIT, "child exited", {"exit_code": 1}, "launcher")
 
 
 def _snapshot(coord: Coordinator) -> dict:

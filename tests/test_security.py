@@ -50,7 +50,7 @@ def test_1_a_tenant_cannot_make_the_service_signal_any_process(two):
 @pytest.mark.parametrize("body, field", [
     ({"job_id": "x", "policy": {"detector": "decline", "k": 10**6}}, "k must be an integer in [1, 1000]"),
     ({"job_id": "x", "policy": {"detector": "decline", "k": 10**18}}, "k must be an integer in [1, 1000]"),
-    ({"job_id": "x", "policy": {"detector": "decline", "grace_s": 1e10}}, "policy.grace_s is no longer supported"),
+    ({"job_id": "x", "policy": {"detector": "decline", "grace_s": 1e10}}, "Unknown parameter(s) grace_s"),
     ({"job_id": "x", "policy": {"detector": "decline", "min_delta": 10**400}}, "min_delta must be a finite number"),
     ({"job_id": "x", "policy": {"detector": "loss_plateau", "window": 10**9}}, "window must be an integer"),
     ({"job_id": "x", "planned_steps": 10**400}, "planned_steps"),

@@ -69,12 +69,12 @@ def test_idempotent_reports_and_conflict(api):
 @pytest.mark.parametrize(
     "path, body, raw, status, detail",
     [
-        ("/v1/jobs/j/reports", {"step": -1}, None, 422, "step: Input should be greater than or equal to 0"),
-        ("/v1/jobs/j/reports", {"step": 1.5}, None, 422, "step: must be an integer"),
-        ("/v1/jobs/j/reports", {"step": "3"}, None, 422, "step: must be an integer"),
-        ("/v1/jobs/j/reports", {"step": 1, "eval_score": "high"}, None, 422, "eval_score: must be a number"),
-        ("/v1/jobs/j/reports", None, '{"step": 1, "eval_score": NaN}', 422, "eval_score: must be a finite number"),
-        ("/v1/jobs/j/reports", None, '{"step": 1, "train_loss": Infinity}', 422, "train_loss: must be a finite number"),
+        ("/v1/jobs/j/reports", {"step": -1}, None, 422, "step must be a non-negative integer"),
+        ("/v1/jobs/j/reports", {"step": 1.5}, None, 422, "step: Input should be a valid integer"),
+        ("/v1/jobs/j/reports", {"step": "3"}, None, 422, "step: Input should be a valid integer"),
+        ("/v1/jobs/j/reports", {"step": 1, "eval_score": "high"}, None, 422, "eval_score: Input should be a valid number"),
+        ("/v1/jobs/j/reports", None, '{"step": 1, "eval_score": NaN}', 422, "eval_score must be finite"),
+        ("/v1/jobs/j/reports", None, '{"step": 1, "train_loss": Infinity}', 422, "train_loss must be finite"),
         ("/v1/jobs/j/reports", {"step": 1, "extra": 1}, None, 422, "extra: Extra inputs are not permitted"),
         ("/v1/jobs/j/reports", None, "{not json", 422, "body is not valid JSON"),
         ("/v1/jobs/j/reports", {}, None, 422, "step: Field required"),

@@ -141,13 +141,13 @@ def test_sqlite_migrates_a_version_1_database(tmp_path):
             created_at REAL NOT NULL, updated_at REAL NOT NULL, decision TEXT, stopped_by TEXT, stopped_at REAL,
             acked_at REAL, checkpoint TEXT, finished_at REAL, PRIMARY KEY (tenant, job_id));
         INSERT INTO jobs VALUES ('old', 'j', 'grpo', 10, '{"detector": "decline", "k": 2, "min_delta": 0.0,
-            "direction": "max", "enforce": true, "grace_s": 30}', 123, 1.0, NULL, 'running', 1.0, 1.0, NULL, NULL,
+            "direction": "max"}', 123, 1.0, NULL, 'running', 1.0, 1.0, NULL, NULL,
             NULL, NULL, NULL, NULL);
     """)
     db.commit()
     db.close()
     c = Coordinator(SQLiteStore(path))
-    assert c.status("old", "j").policy["k"] == 2 and "enforce" not in c.status("old", "j").policy
+    assert c.status("old", "j").policy["k"] == 2
     assert c.tenants.get("old").quotas == {}
     c.close()
     assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (5,)

@@ -28,7 +28,7 @@ def add_target_flags(p: argparse.ArgumentParser) -> None:
 
 
 def open_client(args: argparse.Namespace):
-    """An :class:`~evalstop_trl.core.api.EvalStopAPI` client for ``args``: embedded over ``--db`` (leases
+    """An :class:`~evalstop_trl.clients.api.EvalStopAPI` client for ``args``: embedded over ``--db`` (leases
     applied: a job whose process died shows as lost), else HTTP to ``--url``."""
     if getattr(args, "db", None):
         from ..clients.embedded import EmbeddedClient

@@ -1,4 +1,4 @@
-"""Clients of the coordinator, one interface (:class:`~evalstop_trl.core.api.EvalStopAPI`):
+"""Clients of the coordinator, one interface (:class:`~evalstop_trl.clients.api.EvalStopAPI`):
 :class:`EvalStopClient` (HTTP, fail-open, durable outbox; its calls derived from the route table)
 and :class:`EmbeddedClient` (in process). Imported lazily: the HTTP client needs httpx only."""
 

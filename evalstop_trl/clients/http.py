@@ -1,10 +1,9 @@
-"""Clients: :class:`EvalStopClient` (HTTP, fail-open) and :class:`EmbeddedClient` (in process).
+"""The HTTP transport of the client API: :class:`EvalStopClient` (fail-open, with a durable outbox).
 
-Both implement :class:`~evalstop_trl.core.api.EvalStopAPI` and return the same records. Every call
-here is derived from the route table (:data:`~evalstop_trl.core.api.ROUTES`): :meth:`EvalStopClient.call`
-builds the request from a route's row and decodes the answer with the route's codec
-(:mod:`evalstop_trl.core.codec`), so each method is one line. This module needs nothing of the
-coordinator but the API's records.
+Its methods are :class:`~evalstop_trl.clients.api.EvalStopAPI`'s; every call is derived from the
+route table (:data:`~evalstop_trl.core.api.ROUTES`): the path and query from the route's row, the
+body from the route's request record, the answer decoded with the route's codec
+(:mod:`evalstop_trl.core.codec`). This module needs nothing of the coordinator but the API's records.
 
 The HTTP client never raises into a training loop because the coordinator is unreachable:
 
@@ -46,12 +45,9 @@ import os
 import threading
 from typing import Any
 
-from ..core.api import MAX_WAIT_S, ROUTES, Route
-from ..core.browse import JobPage
-from ..core.detectors import Action, Decision
+from ..core.api import ROUTES, Route
 from ..core.errors import EvalStopError, InvalidInput, QuotaExceeded
-from ..core.records import AuditRecord, EvalTask, JobView, Report
-from ..core.summary import TenantSummary
+from .api import EvalStopAPI
 from .outbox import Operation, Outbox
 from .transport import ClientError, Transport, Unreachable
 
@@ -62,8 +58,6 @@ log = logging.getLogger("evalstop.client")
 #: the outbox's name of a fail-open route (kept: outboxes written by earlier versions replay as before)
 _OUTBOX_OP = {"register_job": "register", "publish_snapshot": "snapshot"}
 _ROUTE_OF_OP = {_OUTBOX_OP.get(r.name, r.name): r for r in ROUTES.values() if r.fail_open}
-_EXPORT_TIMEOUT_S = 120.0  # an export streams up to a tenant's whole history
-_KEPT = Decision(Action.CONTINUE, "coordinator unreachable: report kept in the outbox (fail-open)")
 
 
 def _body_checked(body: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -81,8 +75,8 @@ def _body_checked(body: dict[str, Any] | None) -> dict[str, Any] | None:
     return body
 
 
-class EvalStopClient:
-    """HTTP client of ``evalstop serve`` (an :class:`~evalstop_trl.core.api.EvalStopAPI`).
+class EvalStopClient(EvalStopAPI):
+    """HTTP client of ``evalstop serve`` (an :class:`~evalstop_trl.clients.api.EvalStopAPI`).
 
     Args:
         url: the coordinator, e.g. ``http://127.0.0.1:8765``, or its replicas separated by commas
@@ -182,19 +176,19 @@ class EvalStopClient:
             return not self.outbox
 
     # ------------------------------------------------------------------ one call, derived from its route
-    def call(self, name: str, /, *, timeout: float | None = None, **args: Any) -> Any:
-        """Call the API method ``name`` (a key of :data:`~evalstop_trl.core.api.ROUTES`) with ``args``
-        (its wire names); returns the decoded result. A fail-open route returns None when the call
-        was kept in the outbox; a paged route returns every page (up to ``limit`` items, if given)."""
-        route = ROUTES[name]
+    def _send(self, route: Route, args: dict[str, Any], request: Any, timeout: float | None) -> Any:
+        """The call of ``route``: a fail-open route returns None when the call was kept in the outbox;
+        a paged route returns every page (up to ``limit`` items, if given)."""
         if route.page is not None:
             return self._pages(route, args)
-        return self._send(route, args, timeout)
+        return self._request(route, args, route.payload(request), timeout)
 
-    def _send(self, route: Route, args: dict[str, Any], timeout: float | None = None) -> Any:
-        path, body = route.target(args), _body_checked(route.payload(args))
+    def _request(self, route: Route, args: dict[str, Any], body: dict[str, Any] | None,
+                 timeout: float | None = None) -> Any:
+        path, body = route.target(args), _body_checked(body)
         if route.fail_open:
-            return self._fail_open(route, Operation(_OUTBOX_OP.get(route.name, route.name), args["job_id"], path, body))
+            job_id = args["job_id"] if "job_id" in args else body["job_id"]  # a registration's is in its body
+            return self._fail_open(route, Operation(_OUTBOX_OP.get(route.name, route.name), job_id, path, body))
         try:
             answer = self.transport.send(route.method, path, body, timeout=timeout, text=route.text)
         except Unreachable as exc:
@@ -213,116 +207,13 @@ class EvalStopClient:
             want = size if limit is None else max(0, min(limit - len(out), size))
             if want == 0:
                 return out
-            page = self._send(route, {**args, "limit": want, **({"offset": len(out)} if route.page == "offset" else {})})
+            page = self._request(route, {**args, "limit": want, **({"offset": len(out)} if route.page == "offset"
+                                                                   else {})}, None)
             out.extend(page)
             if len(page) < want:
                 return out
             if route.page == "after_step":
                 args["after_step"] = page[-1].step
 
-    # ------------------------------------------------------------------ the API (EvalStopAPI)
-    def register_job(self, job_id: str, job_type: str | None = None, planned_steps: int | None = None,
-                     policy: dict[str, Any] | None = None, webhook: str | None = None,
-                     tags: dict[str, Any] | None = None, hparams: dict[str, Any] | None = None) -> JobView | None:
-        return self.call("register_job", job_id=job_id, job_type=job_type, planned_steps=planned_steps, policy=policy,
-                         webhook=webhook, tags=tags, hparams=hparams)
-
-    def report(self, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
-               proxy_reward: float | None = None, checkpoint: str | None = None) -> Decision:
-        return self.call("report", job_id=job_id, step=step, eval_score=eval_score, train_loss=train_loss,
-                         proxy_reward=proxy_reward, checkpoint=checkpoint) or _KEPT
-
-    def ack(self, job_id: str, checkpoint: str | None = None, step: int | None = None) -> JobView | None:
-        return self.call("ack", job_id=job_id, checkpoint=checkpoint, step=step)
-
-    def finish(self, job_id: str) -> JobView | None:
-        return self.call("finish", job_id=job_id)
-
-    def fail(self, job_id: str, reason: str = "") -> JobView | None:
-        """Mark the job failed (its trainer crashed); fail-open like a report."""
-        return self.call("fail", job_id=job_id, reason=reason)
-
-    def stop(self, job_id: str, reason: str = "") -> JobView:
-        return self.call("stop", job_id=job_id, reason=reason)
-
-    def heartbeat(self, job_id: str, actor: str = "job") -> JobView:
-        """Renew the job's lease (not kept in the outbox: a heartbeat is only worth sending now)."""
-        return self.call("heartbeat", job_id=job_id, actor=actor)
-
-    def status(self, job_id: str) -> JobView:
-        return self.call("status", job_id=job_id)
-
-    def list_jobs(self, status: str | None = None) -> list[JobView]:
-        """Every job of the tenant (paging through the service's limit)."""
-        return self.call("list_jobs", status=status)
-
-    def reports(self, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[Report]:
-        """Stored reports in step order; pages through the service's limit unless ``limit`` is given."""
-        return self.call("reports", job_id=job_id, after_step=after_step, limit=limit)
-
-    def publish_snapshot(self, job_id: str, step: int, path: str, train_loss: float | None = None,
-                         proxy_reward: float | None = None) -> EvalTask | None:
-        """Queue a snapshot for external evaluators (fail-open: kept in the outbox during an outage)."""
-        return self.call("publish_snapshot", job_id=job_id, step=step, path=path, train_loss=train_loss,
-                         proxy_reward=proxy_reward)
-
-    def claim_eval(self, worker: str, lease_s: float = 300.0) -> EvalTask | None:
-        """Lease the oldest snapshot waiting for an eval (None if there is none)."""
-        return self.call("claim_eval", worker=worker, lease_s=lease_s)
-
-    def post_eval(self, job_id: str, step: int, score: float | None, worker: str = "",
-                  error: str | None = None) -> Decision:
-        return self.call("post_eval", job_id=job_id, step=step, score=score, worker=worker,
-                         error=error[:2000] if error else None)
-
-    def evals(self, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[EvalTask]:
-        """The job's snapshots in step order; pages through the service's limit unless ``limit`` is given."""
-        return self.call("evals", job_id=job_id, after_step=after_step, limit=limit)
-
-    def wait_decision(self, job_id: str, wait_s: float = 30.0, stopped: bool = False) -> JobView:
-        """Long poll: the job once it is no longer running (or stopped, with ``stopped``), or after ``wait_s``."""
-        wait_s = min(max(wait_s, 0.0), MAX_WAIT_S)
-        return self.call("wait_decision", job_id=job_id, wait=f"{wait_s:g}", stopped=stopped, timeout=wait_s + 10)
-
-    def record_event(self, job_id: str, kind: str, reason: str = "", exit_code: int | None = None) -> None:
-        """Append a launcher event (``launcher_sigterm``, ``launcher_sigkill``, ``launcher_exit``) to the audit log."""
-        return self.call("record_event", job_id=job_id, kind=kind, reason=reason, exit_code=exit_code)
-
-    def audit(self, job_id: str | None = None) -> list[AuditRecord]:
-        """The tenant's audit records (of one job with ``job_id``), oldest first, every page."""
-        return self.call("audit", job_id=job_id)
-
-    def browse_jobs(self, q: str | None = None, status: str | None = None, job_type: str | None = None,
-                    detector: str | None = None, tag: str | None = None, sort: str | None = None,
-                    order: str | None = None, limit: int | None = None, after: str | None = None) -> JobPage:
-        """One page of the tenant's runs (search, filters, sort); the next: ``after=page.next``."""
-        return self.call("browse_jobs", q=q, status=status, job_type=job_type, detector=detector, tag=tag, sort=sort,
-                         order=order, limit=limit, after=after)
-
-    def delete_job(self, job_id: str, reason: str = "") -> JobView:
-        """Delete an ended job (stopped, finished, failed, lost) with its reports; audited."""
-        return self.call("delete_job", job_id=job_id, reason=reason)
-
-    def summary(self) -> TenantSummary:
-        """The tenant's jobs by outcome and what its detectors' stops saved (steps, job-hours)."""
-        return self.call("summary")
-
-    def export_reports(self, job_id: str, format: str = "csv") -> str:  # noqa: A002 - the wire name
-        """The job's reports as CSV or JSON text."""
-        return self.call("export_reports", job_id=job_id, format=format, timeout=_EXPORT_TIMEOUT_S)
-
-    def export_jobs(self, format: str = "csv", q: str | None = None, status: str | None = None,  # noqa: A002
-                    job_type: str | None = None, detector: str | None = None, tag: str | None = None,
-                    sort: str | None = None, order: str | None = None) -> str:
-        """The tenant's runs that the filters match, in their order, as CSV or JSON text."""
-        return self.call("export_jobs", format=format, q=q, status=status, job_type=job_type, detector=detector,
-                         tag=tag, sort=sort, order=order, timeout=_EXPORT_TIMEOUT_S)
-
     def close(self) -> None:
         self.transport.close()
-
-    def __enter__(self) -> EvalStopClient:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -1,15 +1,18 @@
 """Wire codecs: the one place where the API's records become JSON-able dicts and back.
 
 The service encodes every answer with :func:`to_wire` and the HTTP client decodes it with
-:func:`from_wire`, so both ends agree by construction. A record's wire keys are its dataclass
-fields, no more and no fewer (``tests/test_codec.py`` checks every field of every record).
+:func:`from_wire`, so both ends agree by construction. Both are derived from the record's fields
+and their annotations (a dataclass's or a NamedTuple's): the wire keys are the fields, no more and
+no fewer, and a record is decoded by keyword construction, so its own checks run
+(``tests/test_codec.py`` checks every field of every record; a field of a type the codec has no
+rule for fails at import).
 
 * :class:`~.detectors.Decision`, :class:`~.records.JobView`, :class:`~.records.Report`,
   :class:`~.records.EvalTask`, :class:`~.records.AuditRecord`;
 * enums travel as their values, read-only mappings as objects, tuples as lists;
 * non-finite floats become ``null`` (:func:`json_safe`), so the JSON stays strict;
-* decoding takes a field's default when an older server left it out, and ignores keys it does
-  not know (a newer server's).
+* decoding takes a field's default when an older server left it out (an optional field without
+  one: None; a mapping: empty), and ignores keys it does not know (a newer server's).
 
 :class:`Codec` wraps these for one API result (a record, a list of them, an optional one, a
 record under a key, or nothing), as the route table (:mod:`.api`) names them.
@@ -24,14 +27,19 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import numbers
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, TypeVar
 
-from .detectors import Action, Decision
-from .records import AuditKind, AuditRecord, EvalState, EvalTask, JobView, Report
+from .detectors import Decision
+from .records import AuditRecord, EvalTask, JobView, Report
 
 __all__ = ["AUDIT", "DECISION", "EVAL_TASK", "JOB", "RECORDS", "REPORT", "Codec", "from_wire", "json_safe", "many", "nothing",
            "optional", "to_wire", "under"]
@@ -68,118 +76,138 @@ def _num(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-def _float(value: Any) -> float | None:
-    return None if value is None else float(value)
+# ------------------------------------------------------------------ one codec per record, derived from its fields
+def _inner(hint: Any) -> tuple[Any, bool]:
+    """``(type, optional)`` of a field's annotation (``X | None`` -> ``(X, True)``)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) != 1:
+            raise TypeError(f"the codec has no rule for a field of type {hint!r}")
+        return rest[0], True
+    return hint, False
 
 
-# ------------------------------------------------------------------ one pair per record
-def _decision_to(d: Decision) -> dict[str, Any]:
-    return {"action": d.action.value, "reason": d.reason, "best_step": d.best_step, "best_score": _num(d.best_score),
-            "evidence": json_safe(d.evidence)}
+def _checked(kind: type, what: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise TypeError(f"must be {what}, but got {value!r:.40}")
+        return value
+
+    return check
 
 
-def _decision_from(w: Mapping[str, Any]) -> Decision:
-    reason, best_step, evidence = w["reason"], w.get("best_step"), w.get("evidence") or {}
-    if not isinstance(reason, str):
-        raise TypeError(f"reason must be a string, but got {type(reason).__name__}")
-    if best_step is not None and (isinstance(best_step, bool) or not isinstance(best_step, int)):
-        raise TypeError(f"best_step must be an integer or null, but got {best_step!r:.40}")
-    if not isinstance(evidence, Mapping):
-        raise TypeError(f"evidence must be an object, but got {type(evidence).__name__}")
-    return Decision(Action(w["action"]), reason, best_step, _float(w.get("best_score")), evidence)
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"must be a number, but got {value!r:.40}")
+    return float(value)
 
 
-def _job_to(v: JobView) -> dict[str, Any]:
-    return {"job_id": v.job_id, "job_type": v.job_type, "status": v.status, "policy": json_safe(v.policy),
-            "decision": None if v.decision is None else _decision_to(v.decision), "best_step": v.best_step,
-            "best_score": _num(v.best_score), "best_checkpoint": v.best_checkpoint, "n_reports": v.n_reports,
-            "last_step": v.last_step, "planned_steps": v.planned_steps, "acked": v.acked,
-            "created_at": v.created_at, "last_seen": v.last_seen, "ended_at": v.ended_at,
-            "would_stop": None if v.would_stop is None else _decision_to(v.would_stop),
-            "would_stop_step": v.would_stop_step, "tags": dict(v.tags), "hparams": json_safe(v.hparams)}
-
-
-def _labels(value: Any) -> Mapping[str, Any]:
+def _mapping(value: Any) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise TypeError(f"tags and hparams must be objects, but got {type(value).__name__}")
+        raise TypeError(f"must be an object, but got {type(value).__name__}")
     return value
 
 
-def _job_from(w: Mapping[str, Any]) -> JobView:
-    decision, would_stop = w.get("decision"), w.get("would_stop")
-    return JobView(w["job_id"], w["job_type"], w["status"], w.get("policy") or {},
-                   None if decision is None else _decision_from(decision), w.get("best_step"),
-                   _float(w.get("best_score")), w.get("best_checkpoint"), w["n_reports"], w.get("last_step"),
-                   w.get("planned_steps"), w["acked"], w.get("created_at", 0.0), w.get("last_seen"),
-                   w.get("ended_at"), None if would_stop is None else _decision_from(would_stop),
-                   w.get("would_stop_step"), _labels(w.get("tags")), _labels(w.get("hparams")))
-
-
-def _report_to(r: Report) -> dict[str, Any]:
-    return {"step": r.step, "eval_score": _num(r.eval_score), "train_loss": _num(r.train_loss),
-            "proxy_reward": _num(r.proxy_reward), "checkpoint": r.checkpoint, "received_at": r.received_at}
-
-
-def _report_from(w: Mapping[str, Any]) -> Report:
-    return Report(w["step"], _float(w.get("eval_score")), _float(w.get("train_loss")), _float(w.get("proxy_reward")),
-                  w.get("checkpoint"), float(w.get("received_at", 0.0)))
-
-
-def _task_to(t: EvalTask) -> dict[str, Any]:
-    return {"tenant": t.tenant, "job_id": t.job_id, "step": t.step, "path": t.path, "created_at": t.created_at,
-            "train_loss": _num(t.train_loss), "proxy_reward": _num(t.proxy_reward), "state": t.state.value,
-            "lease_until": t.lease_until, "worker": t.worker, "score": _num(t.score), "fed": t.fed}
-
-
-def _task_from(w: Mapping[str, Any]) -> EvalTask:
-    return EvalTask(w["tenant"], w["job_id"], w["step"], w["path"], float(w["created_at"]),
-                    _float(w.get("train_loss")), _float(w.get("proxy_reward")), EvalState(w.get("state", "pending")),
-                    float(w.get("lease_until", 0.0)), w.get("worker", ""), _float(w.get("score")),
-                    bool(w.get("fed", False)))
-
-
-def _audit_to(a: AuditRecord) -> dict[str, Any]:
-    return {"tenant": a.tenant, "job_id": a.job_id, "at": a.at, "kind": a.kind.value, "actor": a.actor,
-            "reason": a.reason, "evidence": json_safe(a.evidence)}
-
-
-def _audit_from(w: Mapping[str, Any]) -> AuditRecord:
-    return AuditRecord(w["tenant"], w["job_id"], float(w["at"]), AuditKind(w["kind"]), w["actor"], w["reason"],
-                       w.get("evidence") or {})
-
-
-_CODECS: dict[type, tuple[Callable[[Any], dict[str, Any]], Callable[[Mapping[str, Any]], Any]]] = {
-    Decision: (_decision_to, _decision_from),
-    JobView: (_job_to, _job_from),
-    Report: (_report_to, _report_from),
-    EvalTask: (_task_to, _task_from),
-    AuditRecord: (_audit_to, _audit_from),
+_SCALARS: dict[Any, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    str: (lambda v: v, _checked(str, "a string")),
+    int: (lambda v: v, _checked(int, "an integer")),
+    bool: (lambda v: v, _checked(bool, "true or false")),
+    float: (_num, _number),
 }
-RECORDS: tuple[type, ...] = tuple(_CODECS)
+
+
+def _field_codec(hint: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """How one field's value becomes JSON and back, from its annotation."""
+    kind, optional = _inner(hint)
+    origin = typing.get_origin(kind) or kind
+    if kind in _SCALARS:
+        enc, dec = _SCALARS[kind]
+    elif isinstance(kind, type) and issubclass(kind, Enum):
+        enc, dec = (lambda v: v.value), kind
+    elif kind in RECORDS:
+        enc, dec = to_wire, functools.partial(_decode, kind)
+    elif isinstance(origin, type) and issubclass(origin, Mapping):
+        return json_safe, _mapping  # None on the wire: empty
+    else:  # a new record field of a type the wire does not know yet
+        raise TypeError(f"the codec has no rule for a field of type {hint!r}")
+    if optional:
+        return (lambda v: None if v is None else enc(v)), (lambda v: None if v is None else dec(v))
+    return enc, dec
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+    encode: Callable[[Any], Any]
+    decode: Callable[[Any], Any]
+    default: Any  # MISSING: the wire must carry it (an optional field without a default is None)
+    factory: Callable[[], Any] | None = None
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[_Field, ...]:
+    """A record's fields with their codecs: a dataclass's or a NamedTuple's, in order."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    if dataclasses.is_dataclass(cls):
+        spec = [(f.name, f.default, None if f.default_factory is dataclasses.MISSING else f.default_factory)
+                for f in dataclasses.fields(cls)]
+    else:
+        spec = [(n, cls._field_defaults.get(n, dataclasses.MISSING), None) for n in cls._fields]
+    for name, default, factory in spec:
+        enc, dec = _field_codec(hints[name])
+        if default is dataclasses.MISSING and factory is None and _inner(hints[name])[1]:
+            default = None  # an older server may leave out an optional value
+        out.append(_Field(name, enc, dec, default, factory))
+    return tuple(out)
+
+
+def _encode(record: Any) -> dict[str, Any]:
+    return {f.name: f.encode(getattr(record, f.name)) for f in _fields(type(record))}
+
+
+def _decode(cls: type[T], w: Mapping[str, Any]) -> T:
+    if not isinstance(w, Mapping):
+        raise TypeError(f"a {cls.__name__} is an object, but got {type(w).__name__}")
+    values = {}
+    for f in _fields(cls):
+        if f.name in w:
+            try:
+                values[f.name] = f.decode(w[f.name])
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"{f.name} {exc}") from None
+        elif f.factory is not None:
+            values[f.name] = f.factory()
+        elif f.default is not dataclasses.MISSING:
+            values[f.name] = f.default
+        else:
+            raise KeyError(f.name)
+    return cls(**values)  # keyword construction: the record's own checks run
+
+
+#: the records that cross the wire (their keys: their fields, no more and no fewer)
+RECORDS: tuple[type, ...] = (Decision, JobView, Report, EvalTask, AuditRecord)
 
 
 def to_wire(record: Any) -> dict[str, Any]:
     """A record as a JSON-able dict (keys: its fields). TypeError for anything else."""
-    try:
-        encode = _CODECS[type(record)][0]
-    except KeyError:
+    if type(record) not in RECORDS:
         raise TypeError(f"to_wire encodes {', '.join(c.__name__ for c in RECORDS)}, "
-                        f"but got {type(record).__name__}.") from None
-    return encode(record)
+                        f"but got {type(record).__name__}.")
+    return _encode(record)
 
 
 def from_wire(cls: type[T], data: Any) -> T:
     """The ``cls`` record a JSON object describes. ValueError naming the record if it does not."""
-    try:
-        decode = _CODECS[cls][1]
-    except KeyError:
-        raise TypeError(f"from_wire decodes {', '.join(c.__name__ for c in RECORDS)}, but got {cls!r}.") from None
+    if cls not in RECORDS:
+        raise TypeError(f"from_wire decodes {', '.join(c.__name__ for c in RECORDS)}, but got {cls!r}.")
     if not isinstance(data, Mapping):
         raise ValueError(f"a {cls.__name__} on the wire is an object, but got {type(data).__name__}.")
     try:
-        return decode(data)
+        return _decode(cls, data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"not a {cls.__name__} on the wire ({type(exc).__name__}: {exc}): {dict(data)!r:.300}") \
             from None
@@ -197,8 +225,7 @@ class Codec:
 
 
 def _record(cls: type) -> Codec:
-    to, _ = _CODECS[cls]
-    return Codec(cls.__name__, to, lambda data: from_wire(cls, data))
+    return Codec(cls.__name__, _encode, lambda data: from_wire(cls, data))
 
 
 def many(item: Codec) -> Codec:

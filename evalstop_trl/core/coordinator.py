@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,7 +50,6 @@ from .export import export_format
 from .job import Ack, Amend, Event, Expire, Fail, Finish, Heartbeat, JobState, Observe, Step, Stop, amendments, step
 from .memory_store import MemoryStore
 from .records import (
-    MAX_STEP,
     AuditKind,
     AuditRecord,
     EvalState,
@@ -86,7 +84,6 @@ from .tenants import Tenants
 
 __all__ = ["Coordinator", "PendingReport", "WouldBlock", "check_report"]
 
-_isfinite = math.isfinite
 
 #: how often a command whose write another replica beat (a version conflict: not an outage) is decided
 #: again on what that replica wrote before the caller sees it (a 503 is left for real store outages)
@@ -95,6 +92,20 @@ EXPORT_PAGE = 1000  # reports or jobs read (and held) at once by an export
 _NO_LOCK = contextlib.nullcontext()
 CONFLICT_PAUSE_S = 0.005  # the longest pause before the first retry (then 2x, 3x): replicas' retries spread out
 T = TypeVar("T")
+
+
+_LAUNCHER_KINDS = {k.value: k for k in AuditKind if k.from_launcher}
+
+
+def _launcher_event(kind: str, reason: str = "", exit_code: int | None = None) -> tuple[AuditKind, str, dict[str, Any]]:
+    """What :meth:`Coordinator.record_event` appends: ``(kind, reason, evidence)``."""
+    event = _LAUNCHER_KINDS.get(kind) if isinstance(kind, str) else None
+    if event is None:
+        raise InvalidInput(f"kind must be one of {', '.join(_LAUNCHER_KINDS)}, but got {kind!r}.")
+    if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)
+                                  or not -255 <= exit_code <= 255):
+        raise InvalidInput(f"exit_code must be an integer in [-255, 255], but got {exit_code!r}.")
+    return event, reason or event.value, {} if exit_code is None else {"exit_code": exit_code}
 
 
 def _check_reason(reason: Any) -> None:
@@ -328,7 +339,7 @@ class Coordinator:
             self._report_limits[tenant] = quotas.max_reports_per_tenant
             _check_job_quotas(jobs, tenant, quotas)
             record = JobRecord.new(tenant, reg, self.clock())
-            state = JobState(record, reg.policy.build(), max_reports=quotas.max_reports_per_job, version=1)
+            state = JobState.new(record, quotas.max_reports_per_job)._replace(version=1)
             # a shared store checks the quotas again inside the insert's transaction (replicas race)
             ticket = self.store.register(record, JobLimits(quotas.max_jobs, quotas.max_active_jobs))
             slot = jobs.insert(state, committed=False)
@@ -371,11 +382,7 @@ class Coordinator:
 
     def _report(self, tenant: str, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
                 proxy_reward: float | None, checkpoint: str | None) -> tuple[Step, Future]:
-        if not (type(step) is int and 0 <= step <= MAX_STEP
-                and (eval_score is None or type(eval_score) is float and _isfinite(eval_score))
-                and (train_loss is None or type(train_loss) is float and _isfinite(train_loss))
-                and (proxy_reward is None or type(proxy_reward) is float and _isfinite(proxy_reward))):
-            check_report(step, eval_score, train_loss, proxy_reward)
+        check_report(step, eval_score, train_loss, proxy_reward)
         if checkpoint is not None:
             check_checkpoint(checkpoint)
         slot = self.jobs.get(tenant, job_id)
@@ -429,7 +436,13 @@ class Coordinator:
         _check_reason(reason)
         return self._command(tenant, job_id, Fail(reason, f"job:{job_id}", self.clock())).state.view()
 
-    def record_event(self, tenant: str, job_id: str, kind: AuditKind, reason: str, evidence: dict,
+    def record_event(self, tenant: str, job_id: str, kind: str, reason: str = "", exit_code: int | None = None) -> None:
+        """What the job's launcher did (``launcher_sigterm``, ``launcher_sigkill`` or ``launcher_exit``),
+        appended to its audit log; InvalidInput for any other kind (a tenant may not forge a stop)."""
+        event, reason, evidence = _launcher_event(kind, reason, exit_code)
+        self.append_event(tenant, job_id, event, reason, evidence, actor="launcher")
+
+    def append_event(self, tenant: str, job_id: str, kind: AuditKind, reason: str, evidence: dict,
                      actor: str = "coordinator") -> None:
         """Append a launcher or webhook event to the job's audit log."""
         _check_reason(reason)
@@ -570,9 +583,7 @@ class Coordinator:
     # ------------------------------------------------------------------ leases: a job silent for longer than lease_s becomes LOST; a report or heartbeat revives it
     def heartbeat(self, tenant: str, job_id: str, actor: str = "job") -> JobView:
         """The job is alive: renews its lease (a LOST job is RUNNING again). Reports renew it too."""
-        if not isinstance(actor, str) or not 0 < len(actor) <= 128:
-            raise InvalidInput("actor must be a name of 1-128 characters.")
-        check_text("actor", actor, 128)
+        check_text("actor", actor, 128, min_len=1)
         return self._command(tenant, job_id, Heartbeat(actor, self.clock())).state.view()
 
     def sweep(self) -> list[tuple[str, str]]:

@@ -28,8 +28,9 @@ job's own evals with a prior that is a fraction (``noise_rel``) of the range of 
 absolute ``noise_prior`` (in score units, the pre-issue-18 behaviour) is still accepted and, when
 set, replaces the relative prior exactly as before.
 
-Copies: :meth:`Detector.clone` returns an independent copy in a microsecond or two (the state of a
-job's detector can be advanced on a copy and swapped in only once the report is stored).
+State: a detector is its parameters; what it remembers of a job is a :class:`DetectorState`, an
+immutable value, and ``decide(state, obs) -> (state', decision)`` is pure, so a job's state can be
+advanced and swapped in only once the report is stored, without copying anything.
 
 Best checkpoint: the step with the best eval score seen so far (highest for ``direction="max"``,
 lowest for ``"min"``); ties keep the earliest step.
@@ -47,11 +48,10 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Mapping
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from .registry import Registry
 
@@ -60,6 +60,7 @@ __all__ = [
     "CusumDetector",
     "Decision",
     "Detector",
+    "DetectorState",
     "DeclineDetector",
     "DropDetector",
     "LossPlateauDetector",
@@ -87,8 +88,6 @@ class Action(str, Enum):
     CONTINUE = "continue"
     STOP = "stop"
 
-
-_CONTINUE = Action.CONTINUE  # bound once: Enum member lookups are slow on the hot path
 
 #: The largest step an Observation takes (the service's bound too: records.MAX_STEP); every step is
 #: then exact as a float, and a trend's sums of squared steps stay finite.
@@ -134,8 +133,7 @@ class Observation(_ObservationFields):
     """What a detector may see about one report of one job (immutable; validated on creation).
 
     ``progress`` is step / planned steps (None when unknown). Building one checks every number
-    (ValueError for NaN, infinity, a negative step); the coordinator, which has already checked the
-    values at its boundary, builds them with :meth:`trusted` instead (the simulator's hot path).
+    (ValueError for NaN, infinity, a negative step).
     """
 
     __slots__ = ()
@@ -154,12 +152,6 @@ class Observation(_ObservationFields):
             check_finite("progress", progress)
         if progress is not None and progress < 0:
             raise ValueError(f"progress must be >= 0, but got {progress!r}.")
-        return tuple.__new__(cls, (job_id, step, eval_score, train_loss, proxy_reward, job_type, progress))
-
-    @classmethod
-    def trusted(cls, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
-                proxy_reward: float | None, job_type: str, progress: float | None) -> Observation:
-        """An Observation of values already checked at an API boundary (not checked again)."""
         return tuple.__new__(cls, (job_id, step, eval_score, train_loss, proxy_reward, job_type, progress))
 
 
@@ -181,12 +173,6 @@ class Decision(_DecisionFields):
                 evidence: Mapping[str, Any] | None = None) -> Decision:
         if type(evidence) is not MappingProxyType:
             evidence = _NO_EVIDENCE if not evidence else MappingProxyType(dict(evidence))
-        return tuple.__new__(cls, (action, reason, best_step, best_score, evidence))
-
-    @classmethod
-    def trusted(cls, action: Action, reason: str, best_step: int | None, best_score: float | None,
-                evidence: MappingProxyType) -> Decision:
-        """A Decision of a read-only ``evidence`` a detector built (not converted again)."""
         return tuple.__new__(cls, (action, reason, best_step, best_score, evidence))
 
     @property
@@ -233,72 +219,111 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-D = TypeVar("D", bound="Detector")
+class DetectorState(NamedTuple):
+    """A job's detector state: an immutable value (the best so far, a sticky stop, the rule's own).
+
+    ``rule`` is the rule's state, a tuple of numbers and tuples (never a container that changes),
+    so a state can be kept, shared and compared; :meth:`Detector.decide` returns a new one."""
+
+    best_step: int | None = None
+    best_score: float | None = None
+    stopped: Decision | None = None
+    rule: Any = ()
+
+
+def _push(window: tuple, value: Any, size: int) -> tuple:
+    """``window`` with ``value`` appended, keeping the last ``size`` items."""
+    return (*window, value) if len(window) < size else (*window[1 - size:], value) if size > 1 else (value,)
 
 
 class Detector(ABC):
-    """Base class: one ``observe`` method; a STOP is sticky; :meth:`clone` copies.
+    """Base class: a rule's parameters (fixed once built) and one pure function of a state.
 
-    A subclass lists in ``_mutable`` the attributes it sets that hold mutable state (a deque, a dict,
-    a :class:`NoiseLevel`: anything whose ``copy()`` returns an independent copy); every other
-    attribute must hold an immutable value. A subclass with other state overrides :meth:`clone`.
+    :meth:`start` gives a job's first :class:`DetectorState` and :meth:`decide` the next state and the
+    decision after one observation: ``decide(state, obs) -> (state', decision)``, pure, so the
+    coordinator keeps each job's state as a value and never copies a detector. A STOP is sticky
+    (:meth:`resume` forgets it). A subclass implements ``_start`` and ``_decide`` on its own part
+    of the state (``state.rule``); the best-so-far is the base's.
+
+    For a caller that follows one series, :meth:`observe` keeps a state in the detector itself::
+
+        >>> det = create_detector("decline", k=1)
+        >>> det.observe(Observation("j", 10, 0.5)).action, det.observe(Observation("j", 20, 0.4)).action
+        (<Action.CONTINUE: 'continue'>, <Action.STOP: 'stop'>)
     """
 
     #: registry name, set by subclasses
     name: str = ""
-    #: attributes holding mutable state, copied by :meth:`clone` (the rest are shared, immutable)
-    _mutable: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, direction: str = "max") -> None:
         if direction not in _DIRECTIONS:
             raise ValueError(f"direction must be 'max' or 'min', but got {direction!r}.")
         self.direction = direction
-        self.best_step: int | None = None
-        self.best_score: float | None = None
-        self._stopped: Decision | None = None
+        self._max = direction == "max"
+        self._state: DetectorState | None = None  # observe()'s series only; decide() never reads it
 
-    def observe(self, obs: Observation) -> Decision:
-        """Take one observation and return the decision after it."""
-        if self._stopped is not None:
-            return self._stopped
+    def start(self) -> DetectorState:
+        """The state of a job with no observation yet."""
+        return DetectorState(rule=self._start())
+
+    def decide(self, state: DetectorState, obs: Observation) -> tuple[DetectorState, Decision]:
+        """The state after ``obs`` and the decision: a pure function of ``state`` and ``obs``."""
+        if state.stopped is not None:
+            return state, state.stopped
+        best_step, best_score = state.best_step, state.best_score
         score = obs.eval_score
-        if score is not None and (
-            self.best_score is None
-            or (score > self.best_score if self.direction == "max" else score < self.best_score)
-        ):
-            self.best_step, self.best_score = obs.step, score
-        decision = self._observe(obs)
-        if decision.action is not _CONTINUE:
-            self._stopped = decision
-        return decision
+        if score is not None and (best_score is None or (score > best_score if self._max else score < best_score)):
+            best_step, best_score = obs.step, score
+        rule, decision = self._decide(state.rule, obs, best_step, best_score)
+        return DetectorState(best_step, best_score, decision if decision.action is Action.STOP else None,
+                             rule), decision
+
+    def resume(self, state: DetectorState) -> DetectorState:
+        """``state`` without its sticky STOP: deciding goes on (shadow mode: the job trains on after a
+        would-stop, so its best-so-far and later decisions keep following its evals)."""
+        return state._replace(stopped=None)
+
+    def _start(self) -> Any:
+        """The rule's own state before any observation (default: none)."""
+        return ()
 
     @abstractmethod
-    def _observe(self, obs: Observation) -> Decision:
-        """The rule itself; the best-so-far is already updated."""
+    def _decide(self, rule: Any, obs: Observation, best_step: int | None,
+                best_score: float | None) -> tuple[Any, Decision]:
+        """The rule itself: its next state and the decision; the best-so-far is already updated."""
 
-    def resume(self) -> None:
-        """Forget a sticky STOP and go on deciding (shadow mode: the job trains on after a would-stop,
-        so its best-so-far and later decisions keep following its evals)."""
-        self._stopped = None
+    # ------------------------------------------------------------------ one series kept in the detector
+    @property
+    def state(self) -> DetectorState:
+        """The state of the series :meth:`observe` follows."""
+        if self._state is None:
+            self._state = self.start()
+        return self._state
 
-    def clone(self: D) -> D:
-        """An independent copy: observing on either one never changes the other's decisions.
+    def observe(self, obs: Observation) -> Decision:
+        """Take the next observation of the series this detector follows; the decision after it."""
+        self._state, decision = self.decide(self.state, obs)
+        return decision
 
-        Copies the instance's attributes and each container in ``_mutable`` (O(window), about a
-        microsecond; no ``copy.deepcopy``).
-        """
-        new = object.__new__(self.__class__)
-        state = self.__dict__.copy()
-        for attr in self._mutable:
-            state[attr] = state[attr].copy()
-        new.__dict__ = state
-        return new
+    def resume_series(self) -> None:
+        """:meth:`resume` on the series :meth:`observe` follows."""
+        self._state = self.resume(self.state)
 
-    def _continue(self, reason: str, **evidence: Any) -> Decision:
-        return Decision.trusted(_CONTINUE, reason, self.best_step, self.best_score, MappingProxyType(evidence))
+    @property
+    def best_step(self) -> int | None:
+        return self.state.best_step
 
-    def _stop(self, reason: str, **evidence: Any) -> Decision:
-        return Decision.trusted(Action.STOP, reason, self.best_step, self.best_score, MappingProxyType(evidence))
+    @property
+    def best_score(self) -> float | None:
+        return self.state.best_score
+
+
+def _continue(reason: str, best_step: int | None, best_score: float | None, **evidence: Any) -> Decision:
+    return Decision(Action.CONTINUE, reason, best_step, best_score, MappingProxyType(evidence))
+
+
+def _stop(reason: str, best_step: int | None, best_score: float | None, **evidence: Any) -> Decision:
+    return Decision(Action.STOP, reason, best_step, best_score, MappingProxyType(evidence))
 
 
 #: Bounds of every detector parameter: no work or memory may grow with a number a caller sends.
@@ -335,55 +360,49 @@ def _check_delta(min_delta: Any) -> float:
 
 class DeclineDetector(Detector):
     """The paper's rule: STOP after ``k`` consecutive evals, each worse than the one before by more
-    than ``min_delta``. Reports without an eval score are skipped (no count, no reset)."""
+    than ``min_delta``. Reports without an eval score are skipped (no count, no reset).
+
+    State: the count of declines and the last ``k + 1`` evals of the current run of declines (memory
+    bounded by ``k``, not by the run)."""
 
     name = "decline"
-    _mutable = ("_run", "_said")
 
     def __init__(self, k: int = 2, min_delta: float = 0.0, direction: str = "max") -> None:
         super().__init__(direction)
         self.k = _check_k(k)
         self.min_delta = _check_delta(min_delta)
-        self.count = 0
-        # the last k+1 evals of the current run of declines (memory bounded by k, not by the run)
-        self._run: deque[tuple[int, float]] = deque(maxlen=self.k + 1)
-        self._said: dict[int, tuple[str, Mapping[str, Any]]] = {}  # count -> (reason, evidence), built once
+        # a CONTINUE's reason and evidence depend on the count only: built once per count (a memo)
+        self._said: dict[int, tuple[str, Mapping[str, Any]]] = {}
 
-    def _observe(self, obs: Observation) -> Decision:
+    def _start(self) -> tuple[int, tuple[tuple[int, float], ...]]:
+        return 0, ()
+
+    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+        count, run = rule
         score = obs.eval_score
         if score is None:
-            return self._continue("no eval score in this report", declines=self.count)
-        run = self._run
-        # is_decline(score, previous), inlined: this rule runs once per simulated eval
-        if run and (score < run[-1][1] - self.min_delta if self.direction == "max"
-                    else score > run[-1][1] + self.min_delta):
-            self.count += 1
-        elif self.count or run:
-            self.count = 0
-            run.clear()
-        run.append((obs.step, score))
-        if self.count >= self.k:
-            path = " → ".join(_fmt(s) for _, s in self._run)
-            return self._stop(
-                f"{self.k} consecutive {'declines' if self.direction == 'max' else 'rises'}: {path} at step {obs.step}",
-                declines=self.count,
-                scores=[s for _, s in self._run],
-                steps=[st for st, _ in self._run],
-                k=self.k,
-                min_delta=self.min_delta,
-            )
-        said = self._said.get(self.count)
+            return rule, _continue("no eval score in this report", best_step, best_score, declines=count)
+        if run and is_decline(score, run[-1][1], self.direction, self.min_delta):
+            count, run = count + 1, _push(run, (obs.step, score), self.k + 1)
+        else:
+            count, run = 0, ((obs.step, score),)
+        if count >= self.k:
+            path = " → ".join(_fmt(s) for _, s in run)
+            return (count, run), _stop(
+                f"{self.k} consecutive {'declines' if self._max else 'rises'}: {path} at step {obs.step}",
+                best_step, best_score, declines=count, scores=[s for _, s in run], steps=[st for st, _ in run],
+                k=self.k, min_delta=self.min_delta)
+        said = self._said.get(count)
         if said is None:
-            said = self._said[self.count] = (f"{self.count} consecutive "
-                                             f"{'decline' if self.direction == 'max' else 'rise'}(s) of {self.k}",
-                                             MappingProxyType({"declines": self.count}))
-        return Decision.trusted(_CONTINUE, said[0], self.best_step, self.best_score, said[1])
+            said = self._said[count] = (f"{count} consecutive {'decline' if self._max else 'rise'}(s) of {self.k}",
+                                        MappingProxyType({"declines": count}))
+        return (count, run), Decision(Action.CONTINUE, said[0], best_step, best_score, said[1])
 
 
 class PatienceDetector(Detector):
     """transformers' EarlyStoppingCallback semantics: STOP after ``k`` evals in a row that do not
     improve on the best score so far by more than ``min_delta``. Unlike ``decline``, a flat or
-    slowly rising-then-noisy curve also stops it."""
+    slowly rising-then-noisy curve also stops it. State: the count and the reference score."""
 
     name = "patience"
 
@@ -391,28 +410,28 @@ class PatienceDetector(Detector):
         super().__init__(direction)
         self.k = _check_k(k)
         self.min_delta = _check_delta(min_delta)
-        self.count = 0
-        self._reference: float | None = None
 
-    def _observe(self, obs: Observation) -> Decision:
+    def _start(self) -> tuple[int, float | None]:
+        return 0, None
+
+    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+        count, reference = rule
         score = obs.eval_score
         if score is None:
-            return self._continue("no eval score in this report", stale=self.count)
-        if self._reference is None or is_better(score, self._reference, self.direction, self.min_delta):
-            self.count = 0
+            return rule, _continue("no eval score in this report", best_step, best_score, stale=count)
+        if reference is None or is_better(score, reference, self.direction, self.min_delta):
+            count = 0
         else:
-            self.count += 1
-        if self._reference is None or is_better(score, self._reference, self.direction):
-            self._reference = score
-        if self.count >= self.k:
-            return self._stop(
-                f"{self.count} evals without improving on the best {_fmt(self.best_score)} "
-                f"(step {self.best_step}) by more than {self.min_delta:g}, at step {obs.step}",
-                stale=self.count,
-                k=self.k,
-                min_delta=self.min_delta,
-            )
-        return self._continue(f"{self.count} eval(s) without improvement of {self.k}", stale=self.count)
+            count += 1
+        if reference is None or is_better(score, reference, self.direction):
+            reference = score
+        if count >= self.k:
+            return (count, reference), _stop(
+                f"{count} evals without improving on the best {_fmt(best_score)} "
+                f"(step {best_step}) by more than {self.min_delta:g}, at step {obs.step}",
+                best_step, best_score, stale=count, k=self.k, min_delta=self.min_delta)
+        return (count, reference), _continue(f"{count} eval(s) without improvement of {self.k}", best_step,
+                                             best_score, stale=count)
 
 
 class StopAtDetector(Detector):
@@ -426,16 +445,15 @@ class StopAtDetector(Detector):
         if self.fraction == 0:
             raise ValueError("fraction must be in (0, 1], but got fraction=0.")
 
-    def _observe(self, obs: Observation) -> Decision:
+    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
         if obs.progress is None:
-            return self._continue("progress unknown (no planned_steps): stop_at never stops this job")
+            return rule, _continue("progress unknown (no planned_steps): stop_at never stops this job", best_step,
+                                   best_score)
         if obs.progress >= self.fraction:
-            return self._stop(
-                f"progress {obs.progress:.2f} reached {self.fraction:.2f} at step {obs.step}",
-                progress=obs.progress,
-                fraction=self.fraction,
-            )
-        return self._continue(f"progress {obs.progress:.2f} < {self.fraction:.2f}", progress=obs.progress)
+            return rule, _stop(f"progress {obs.progress:.2f} reached {self.fraction:.2f} at step {obs.step}",
+                               best_step, best_score, progress=obs.progress, fraction=self.fraction)
+        return rule, _continue(f"progress {obs.progress:.2f} < {self.fraction:.2f}", best_step, best_score,
+                               progress=obs.progress)
 
 
 #: Where the noise-robust rules saturate a score, and ``loss_plateau`` a relative improvement: far
@@ -459,34 +477,29 @@ def relative_improvement(old: float, new: float) -> float:
 
 class LossPlateauDetector(Detector):
     """Baseline: STOP when the train loss improved by less than ``tolerance`` (relative) over the
-    last ``window`` loss observations. Reports without a train loss are skipped."""
+    last ``window`` loss observations. Reports without a train loss are skipped. State: the last
+    ``window + 1`` losses."""
 
     name = "loss_plateau"
-    _mutable = ("_losses",)
 
     def __init__(self, window: int = 2, tolerance: float = 0.03, direction: str = "max") -> None:
         super().__init__(direction)
         self.window = _check_int("window", window, 1, MAX_WINDOW)
         self.tolerance = _check_number("tolerance", tolerance, -MAX_DELTA, MAX_DELTA)
-        self._losses: deque[float] = deque(maxlen=self.window + 1)
 
-    def _observe(self, obs: Observation) -> Decision:
+    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
         if obs.train_loss is None:
-            return self._continue("no train loss in this report")
-        self._losses.append(obs.train_loss)
-        if len(self._losses) <= self.window:
-            return self._continue(f"{len(self._losses)} loss point(s), need {self.window + 1}")
-        old = self._losses[-self.window - 1]
-        rel = relative_improvement(old, obs.train_loss)
+            return rule, _continue("no train loss in this report", best_step, best_score)
+        losses = _push(rule, obs.train_loss, self.window + 1)
+        if len(losses) <= self.window:
+            return losses, _continue(f"{len(losses)} loss point(s), need {self.window + 1}", best_step, best_score)
+        rel = relative_improvement(losses[-self.window - 1], obs.train_loss)
         if rel < self.tolerance:
-            return self._stop(
-                f"train loss improved {rel:.1%} over the last {self.window} evals "
-                f"(< {self.tolerance:.1%}) at step {obs.step}",
-                relative_improvement=rel,
-                window=self.window,
-                tolerance=self.tolerance,
-            )
-        return self._continue(f"train loss improving {rel:.1%} over {self.window} evals", relative_improvement=rel)
+            return losses, _stop(f"train loss improved {rel:.1%} over the last {self.window} evals "
+                                 f"(< {self.tolerance:.1%}) at step {obs.step}", best_step, best_score,
+                                 relative_improvement=rel, window=self.window, tolerance=self.tolerance)
+        return losses, _continue(f"train loss improving {rel:.1%} over {self.window} evals", best_step, best_score,
+                                 relative_improvement=rel)
 
 
 # ----------------------------------------------------------------------------- noise-robust detectors
@@ -532,86 +545,68 @@ def pooled_sigma(prior: float, prior_evals: float, sum_sq: float, n: int) -> flo
     return math.sqrt((prior_evals * prior * prior + sum_sq) / dof) if dof > 0 else 0.0
 
 
-class NoiseLevel:
+class NoiseLevel(NamedTuple):
     """Online eval-noise level of one job: third differences of consecutive eval scores, pooled
-    with a prior guess (``noise_prior``, worth ``prior_evals`` terms). O(1) memory."""
+    with a prior guess (``prior``, worth ``prior_evals`` terms). An immutable value (``add`` returns
+    the next one); O(1) memory."""
 
-    __slots__ = ("prior", "prior_evals", "_last", "_sum_sq", "n")
+    prior: float
+    prior_evals: float
+    last: tuple[float, ...] = ()  # the last three evals
+    sum_sq: float = 0.0
+    n: int = 0
 
-    def __init__(self, prior: float, prior_evals: float) -> None:
-        self.prior, self.prior_evals = prior, prior_evals
-        self._last: deque[float] = deque(maxlen=3)
-        self._sum_sq = 0.0
-        self.n = 0
-
-    def add(self, y: float) -> None:
-        if len(self._last) == 3:
-            d = third_difference(self._last[0], self._last[1], self._last[2], y)
-            self._sum_sq += d * d / 20.0
-            self.n += 1
-        self._last.append(y)
-
-    def copy(self) -> NoiseLevel:
-        """An independent copy (for :meth:`Detector.clone`)."""
-        new = _new_noise_level(NoiseLevel)
-        new.prior, new.prior_evals, new._last, new._sum_sq, new.n = (
-            self.prior, self.prior_evals, self._last.copy(), self._sum_sq, self.n)
-        return new
+    def add(self, y: float) -> NoiseLevel:
+        last, sum_sq, n = self.last, self.sum_sq, self.n
+        if len(last) == 3:
+            d = third_difference(last[0], last[1], last[2], y)
+            sum_sq, n = sum_sq + d * d / 20.0, n + 1
+        return NoiseLevel(self.prior, self.prior_evals, _push(last, y, 3), sum_sq, n)
 
     @property
     def sigma(self) -> float:
-        return pooled_sigma(self.prior, self.prior_evals, self._sum_sq, self.n)
+        return pooled_sigma(self.prior, self.prior_evals, self.sum_sq, self.n)
 
     @property
     def dof(self) -> float:
         return self.prior_evals + self.n
 
 
-_new_noise_level = object.__new__
-
-
-class RelativeNoiseLevel:
+class RelativeNoiseLevel(NamedTuple):
     """Online eval-noise level of one job in the job's own units: third differences of consecutive
     evals (as :class:`NoiseLevel`) pooled with a prior of ``rel`` times the range of the evals so far
     (max - min), worth ``prior_evals`` terms. Under ``a * score + b`` (a > 0) the level scales by
-    ``a``: rules that measure in its units are invariant. O(1) memory.
+    ``a``: rules that measure in its units are invariant. An immutable value; O(1) memory.
 
     The sum of squared differences is kept in units of the current range (rescaled when the range
     grows; a third difference is at most 8 ranges), so nothing overflows or underflows to a zero
     level while the range is positive. ``sigma`` is 0 only while every eval so far is equal.
     """
 
-    __slots__ = ("rel", "prior_evals", "_last", "_sum_sq", "n", "low", "high")
+    rel: float
+    prior_evals: float
+    last: tuple[float, ...] = ()  # the last three evals
+    sum_sq: float = 0.0  # sum of (third difference / range)^2 / 20
+    n: int = 0
+    low: float = 0.0
+    high: float = 0.0
 
-    def __init__(self, rel: float, prior_evals: float) -> None:
-        self.rel, self.prior_evals = rel, prior_evals
-        self._last: deque[float] = deque(maxlen=3)
-        self._sum_sq = 0.0  # sum of (third difference / range)^2 / 20
-        self.n = 0
-        self.low = self.high = 0.0
-
-    def add(self, y: float) -> None:
-        if not self._last and not self.n:
-            self.low = self.high = y
-        elif y < self.low or y > self.high:
-            old = self.high - self.low
-            self.low, self.high = min(self.low, y), max(self.high, y)
-            if self._sum_sq:
-                self._sum_sq *= (old / (self.high - self.low)) ** 2
-        if len(self._last) == 3:
-            rng = self.high - self.low
+    def add(self, y: float) -> RelativeNoiseLevel:
+        last, sum_sq, n, low, high = self.last, self.sum_sq, self.n, self.low, self.high
+        if not last and not n:
+            low = high = y
+        elif y < low or y > high:
+            old = high - low
+            low, high = min(low, y), max(high, y)
+            if sum_sq:
+                sum_sq *= (old / (high - low)) ** 2
+        if len(last) == 3:
+            rng = high - low
             if rng > 0:
-                d = third_difference(self._last[0], self._last[1], self._last[2], y) / rng  # |d| <= 8
-                self._sum_sq += d * d / 20.0
-            self.n += 1
-        self._last.append(y)
-
-    def copy(self) -> RelativeNoiseLevel:
-        """An independent copy (for :meth:`Detector.clone`)."""
-        new = _new_noise_level(RelativeNoiseLevel)
-        new.rel, new.prior_evals, new._last, new._sum_sq, new.n, new.low, new.high = (
-            self.rel, self.prior_evals, self._last.copy(), self._sum_sq, self.n, self.low, self.high)
-        return new
+                d = third_difference(last[0], last[1], last[2], y) / rng  # |d| <= 8
+                sum_sq += d * d / 20.0
+            n += 1
+        return RelativeNoiseLevel(self.rel, self.prior_evals, _push(last, y, 3), sum_sq, n, low, high)
 
     @property
     def range(self) -> float:
@@ -620,7 +615,7 @@ class RelativeNoiseLevel:
     @property
     def relative_sigma(self) -> float:
         """The noise level in units of the range (at least ``rel * sqrt(prior_evals / dof)`` > 0)."""
-        return pooled_sigma(self.rel, self.prior_evals, self._sum_sq, self.n)
+        return pooled_sigma(self.rel, self.prior_evals, self.sum_sq, self.n)
 
     @property
     def sigma(self) -> float:
@@ -632,8 +627,8 @@ class RelativeNoiseLevel:
 
 
 def _check_noise(noise_prior: Any, noise_rel: Any, prior_evals: Any) -> NoiseLevel | RelativeNoiseLevel:
-    """The noise level of a rule: absolute (``noise_prior`` in score units) when ``noise_prior`` is
-    set, otherwise relative (``noise_rel`` of the range of the job's evals)."""
+    """The noise level of a rule before any eval: absolute (``noise_prior`` in score units) when
+    ``noise_prior`` is set, otherwise relative (``noise_rel`` of the range of the job's evals)."""
     evals = _check_number("prior_evals", prior_evals, MIN_PRIOR_EVALS, MAX_PRIOR_EVALS)
     rel = _check_number("noise_rel", noise_rel, MIN_NOISE_REL, MAX_NOISE_REL)
     if noise_prior is None:
@@ -646,7 +641,8 @@ _NO_SCALE = "every eval so far is equal: no noise scale yet"
 
 class _NoisyDetector(Detector):
     """Base of the noise-robust rules: a ``window`` of recent evals (at least ``min_window``), the
-    eval noise estimated online (:class:`NoiseLevel`), scores signed so that higher is better."""
+    eval noise estimated online (:class:`NoiseLevel`; ``noise`` is its value before any eval),
+    scores signed so that higher is better."""
 
     def __init__(self, window: int, min_window: int, noise_prior: float | None, noise_rel: float,
                  prior_evals: float, direction: str) -> None:
@@ -667,87 +663,94 @@ class DropDetector(_NoisyDetector):
     ``z`` (widened for an estimated sigma, :func:`t_threshold`). Sigma, the eval noise level, is
     estimated online from the job's own evals with a prior of ``noise_rel`` times their range
     (:class:`RelativeNoiseLevel`), worth ``prior_evals`` evals; an absolute ``noise_prior`` in score
-    units (:class:`NoiseLevel`, the behaviour before issue 18) replaces it when set. Memory:
-    ``2 * window`` scores. Reports without an eval are skipped.
+    units (:class:`NoiseLevel`, the behaviour before issue 18) replaces it when set. State: the noise
+    level, the last ``window`` evals, the ``window`` before those and the best earlier mean.
+    Reports without an eval are skipped.
     """
 
     name = "drop"
-    _mutable = ("noise", "_now", "_before")
 
     def __init__(self, window: int = 2, z: float = 1.4, noise_prior: float | None = None,
                  noise_rel: float = DROP_NOISE_REL, prior_evals: float = 4.0, direction: str = "max") -> None:
         super().__init__(window, 1, noise_prior, noise_rel, prior_evals, direction)
         self.z = _check_number("z", z, 0.0, MAX_Z)
-        self._now: deque[float] = deque(maxlen=self.window)  # the last ``window`` evals
-        self._before: deque[float] = deque(maxlen=self.window)  # the ``window`` evals before those
-        self._ref: float | None = None  # best mean of a window that ended before the current one
 
-    def _observe(self, obs: Observation) -> Decision:
+    def _start(self) -> Any:
+        return self.noise, (), (), None
+
+    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
         if obs.eval_score is None:
-            return self._continue("no eval score in this report")
+            return rule, _continue("no eval score in this report", best_step, best_score)
+        noise, now, before, ref = rule
         y = self._signed(obs.eval_score)
-        self.noise.add(y)
+        noise = noise.add(y)
         w = self.window
-        if len(self._now) == w:
-            self._before.append(self._now.popleft())
-        self._now.append(y)
-        if len(self._before) < w:
-            return self._continue(f"{len(self._before) + len(self._now)} eval(s), need {2 * w}")
-        earlier = sum(self._before) / w
-        self._ref = earlier if self._ref is None else max(self._ref, earlier)
-        now = sum(self._now) / w
-        sigma = self.noise.sigma
+        if len(now) == w:
+            before, now = _push(before, now[0], w), now[1:]
+        now = (*now, y)
+        if len(before) < w:
+            return (noise, now, before, ref), _continue(f"{len(before) + len(now)} eval(s), need {2 * w}",
+                                                        best_step, best_score)
+        earlier = sum(before) / w
+        ref = earlier if ref is None else max(ref, earlier)
+        rule = noise, now, before, ref
+        mean = sum(now) / w
+        sigma = noise.sigma
         if sigma <= 0:
-            return self._continue(_NO_SCALE)
-        stat = (self._ref - now) / (sigma * math.sqrt(2.0 / w))
-        threshold = t_threshold(self.z, self.noise.dof)
-        evidence = {"z": stat, "threshold": threshold, "sigma": sigma, "drop": self._sign * (self._ref - now)}
+            return rule, _continue(_NO_SCALE, best_step, best_score)
+        stat = (ref - mean) / (sigma * math.sqrt(2.0 / w))
+        threshold = t_threshold(self.z, noise.dof)
+        evidence = {"z": stat, "threshold": threshold, "sigma": sigma, "drop": self._sign * (ref - mean)}
         if stat > threshold:
-            return self._stop(
-                f"mean of the last {w} evals is {_fmt(abs(self._ref - now))} below the best {w}-eval mean "
+            return rule, _stop(
+                f"mean of the last {w} evals is {_fmt(abs(ref - mean))} below the best {w}-eval mean "
                 f"({_fmt(stat)} noise units > {_fmt(threshold)}; noise {_fmt(sigma)}) at step {obs.step}",
-                **evidence)
-        return self._continue(f"drop {_fmt(stat)} noise units <= {_fmt(threshold)}", **evidence)
+                best_step, best_score, **evidence)
+        return rule, _continue(f"drop {_fmt(stat)} noise units <= {_fmt(threshold)}", best_step, best_score,
+                               **evidence)
 
 
 class TrendDetector(_NoisyDetector):
     """Noise-robust rule: STOP when the least-squares slope of the last ``window`` evals (against
     their steps) is significantly negative: ``-slope / se`` above ``z`` (widened for an estimated
     sigma), with ``se = sigma / sqrt(Sxx)`` and sigma estimated online as in :class:`DropDetector`
-    (``noise_rel`` / ``noise_prior``). Memory: ``window`` evals.
+    (``noise_rel`` / ``noise_prior``). State: the noise level and the last ``window`` evals.
     """
 
     name = "trend"
-    _mutable = ("noise", "_recent")
 
     def __init__(self, window: int = 5, z: float = 1.1, noise_prior: float | None = None,
                  noise_rel: float = TREND_NOISE_REL, prior_evals: float = 4.0, direction: str = "max") -> None:
         super().__init__(window, 2, noise_prior, noise_rel, prior_evals, direction)
         self.z = _check_number("z", z, 0.0, MAX_Z)
-        self._recent: deque[tuple[int, float]] = deque(maxlen=self.window)
 
-    def _observe(self, obs: Observation) -> Decision:
+    def _start(self) -> Any:
+        return self.noise, ()
+
+    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
         if obs.eval_score is None:
-            return self._continue("no eval score in this report")
+            return rule, _continue("no eval score in this report", best_step, best_score)
+        noise, recent = rule
         y = self._signed(obs.eval_score)
-        self.noise.add(y)
-        self._recent.append((obs.step, y))
-        if len(self._recent) < self.window:
-            return self._continue(f"{len(self._recent)} eval(s), need {self.window}")
-        slope, sxx = least_squares_slope(self._recent)
+        rule = noise, recent = noise.add(y), _push(recent, (obs.step, y), self.window)
+        if len(recent) < self.window:
+            return rule, _continue(f"{len(recent)} eval(s), need {self.window}", best_step, best_score)
+        slope, sxx = least_squares_slope(recent)
         if sxx <= 0:
-            return self._continue("all evals in the window share one step")
-        sigma = self.noise.sigma
+            return rule, _continue("all evals in the window share one step", best_step, best_score)
+        sigma = noise.sigma
         if sigma <= 0:
-            return self._continue(_NO_SCALE)
+            return rule, _continue(_NO_SCALE, best_step, best_score)
         stat = -slope * math.sqrt(sxx) / sigma
-        threshold = t_threshold(self.z, self.noise.dof)
+        threshold = t_threshold(self.z, noise.dof)
         evidence = {"t": stat, "threshold": threshold, "sigma": sigma, "slope": self._sign * slope}
         if stat > threshold:
-            return self._stop(
+            return rule, _stop(
                 f"the last {self.window} evals fall (slope {_fmt(self._sign * slope)} per step, "
-                f"t = {_fmt(stat)} > {_fmt(threshold)}; noise {_fmt(sigma)}) at step {obs.step}", **evidence)
-        return self._continue(f"trend t = {_fmt(-stat)} (stop below {_fmt(-threshold)})", **evidence)
+                f"t = {_fmt(stat)} > {_fmt(threshold)}; noise {_fmt(sigma)}) at step {obs.step}",
+                best_step, best_score, **evidence)
+        return rule, _continue(f"trend t = {_fmt(-stat)} (stop below {_fmt(-threshold)})", best_step, best_score,
+                               **evidence)
 
 
 def least_squares_slope(points: Any) -> tuple[float, float]:
@@ -766,39 +769,53 @@ class CusumDetector(_NoisyDetector):
     """Noise-robust rule, a one-sided CUSUM of shortfalls: each eval's shortfall below the best
     ``window``-eval mean so far, in noise units, minus ``drift``, accumulates (never below 0);
     STOP when the sum exceeds ``threshold``. Sigma is estimated online as in :class:`DropDetector`
-    (``noise_rel`` / ``noise_prior``). Memory: ``window`` scores.
+    (``noise_rel`` / ``noise_prior``). State: the noise level, the last ``window`` scores, the best
+    mean and the sum.
     """
 
     name = "cusum"
-    _mutable = ("noise", "_recent")
 
     def __init__(self, window: int = 2, drift: float = 0.25, threshold: float = 3.5, noise_prior: float | None = None,
                  noise_rel: float = CUSUM_NOISE_REL, prior_evals: float = 4.0, direction: str = "max") -> None:
         super().__init__(window, 1, noise_prior, noise_rel, prior_evals, direction)
         self.drift = _check_number("drift", drift, 0.0, MAX_Z)
         self.threshold = _check_number("threshold", threshold, 0.0, MAX_Z)
-        self._recent: deque[float] = deque(maxlen=self.window)
-        self._ref: float | None = None
-        self.total = 0.0
 
-    def _observe(self, obs: Observation) -> Decision:
+    def _start(self) -> Any:
+        return self.noise, (), None, 0.0
+
+    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
         if obs.eval_score is None:
-            return self._continue("no eval score in this report")
+            return rule, _continue("no eval score in this report", best_step, best_score)
+        noise, recent, ref, total = rule
         y = self._signed(obs.eval_score)
-        self.noise.add(y)
-        sigma = self.noise.sigma
-        if self._ref is not None:
-            self.total = max(0.0, self.total + ((self._ref - y) / sigma if sigma > 0 else 0.0) - self.drift)
-        self._recent.append(y)
-        if len(self._recent) == self.window:
-            mean = sum(self._recent) / self.window
-            self._ref = mean if self._ref is None else max(self._ref, mean)
-        evidence = {"cusum": self.total, "threshold": self.threshold, "sigma": sigma}
-        if self.total > self.threshold:
-            return self._stop(f"accumulated shortfall below the best {self.window}-eval mean "
-                              f"{_fmt(self.total)} noise units > {_fmt(self.threshold)} (noise {_fmt(sigma)}) "
-                              f"at step {obs.step}", **evidence)
-        return self._continue(f"cusum {_fmt(self.total)} <= {_fmt(self.threshold)}", **evidence)
+        noise = noise.add(y)
+        sigma = noise.sigma
+        if ref is not None:
+            total = max(0.0, total + ((ref - y) / sigma if sigma > 0 else 0.0) - self.drift)
+        recent = _push(recent, y, self.window)
+        if len(recent) == self.window:
+            mean = sum(recent) / self.window
+            ref = mean if ref is None else max(ref, mean)
+        rule = noise, recent, ref, total
+        evidence = {"cusum": total, "threshold": self.threshold, "sigma": sigma}
+        if total > self.threshold:
+            return rule, _stop(f"accumulated shortfall below the best {self.window}-eval mean "
+                               f"{_fmt(total)} noise units > {_fmt(self.threshold)} (noise {_fmt(sigma)}) "
+                               f"at step {obs.step}", best_step, best_score, **evidence)
+        return rule, _continue(f"cusum {_fmt(total)} <= {_fmt(self.threshold)}", best_step, best_score, **evidence)
+
+
+class _Sequential(NamedTuple):
+    """:class:`SequentialDetector`'s state."""
+
+    recent: tuple[float, ...] = ()  # the last 2 * window evals (signed)
+    diffs: tuple[float, ...] = ()  # their third differences
+    low: float = 0.0
+    high: float = 0.0
+    best: float | None = None  # best w-mean that ended before the last w evals
+    w: int = 0  # the run length ``best`` was built for
+    looks: int = 0
 
 
 class SequentialDetector(Detector):
@@ -830,7 +847,7 @@ class SequentialDetector(Detector):
 
     Every quantity is a difference of scores over a difference of scores, so the decisions are the
     same in any units (``a * score + b``, a > 0). No stop before ``min_evals`` evals (nor before
-    ``2 w``). Memory: ``4 * window`` numbers; work per report O(window). Reports without an eval are
+    ``2 w``). State: ``4 * window`` numbers; work per report O(window). Reports without an eval are
     skipped. Defaults: ``scripts/tune_detectors.py`` (tuning seeds < 1000;
     ``configs/sweep/tuning-log.jsonl``).
 
@@ -844,7 +861,6 @@ class SequentialDetector(Detector):
     """
 
     name = "sequential"
-    _mutable = ("_recent", "_diffs")
 
     def __init__(self, z: float = 0.75, span: float = 0.15, window: int = 8, noise_rel: float = 0.02,
                  min_evals: int = 4, direction: str = "max") -> None:
@@ -857,75 +873,77 @@ class SequentialDetector(Detector):
         self.noise_rel = _check_number("noise_rel", noise_rel, MIN_NOISE_REL, MAX_NOISE_REL)
         self.min_evals = _check_int("min_evals", min_evals, 2, MAX_WINDOW)
         self._sign = 1.0 if direction == "max" else -1.0
-        self._recent: deque[float] = deque(maxlen=2 * self.window)  # the last 2 * window evals
-        self._diffs: deque[float] = deque(maxlen=2 * self.window)  # their third differences
-        self._low = self._high = 0.0
-        self._best: float | None = None  # best w-mean that ended before the last w evals
-        self._w = 0
-        self.looks = 0
 
-    def _run_length(self, progress: float | None) -> int:
+    def _start(self) -> _Sequential:
+        return _Sequential()
+
+    def run_length(self, looks: int, progress: float | None) -> int:
         """Evals per ``span`` of training, from the evals so far and the progress (1 without)."""
         if progress is None or progress <= 0:
             return 1
-        if self.span * self.looks >= self.window * progress:
+        if self.span * looks >= self.window * progress:
             return self.window
         # half up, with a tolerance for the rounding of looks / progress: with evenly spaced evals
         # 0.15 * 7 / 0.7 is 1.5000000000000002 and 0.15 * 4 / 0.4 is 1.4999999999999998, and w must
         # not flip between 1 and 2 from one eval to the next
-        return max(1, int(self.span * self.looks / progress + 0.5 + 1e-9))
+        return max(1, int(self.span * looks / progress + 0.5 + 1e-9))
 
-    def _update_reference(self, w: int) -> None:
-        recent = self._recent
-        if w != self._w:  # the cadence changed (or the first eval): rebuild from the evals in memory
-            self._w, self._best = w, None
+    @staticmethod
+    def _reference(recent: tuple[float, ...], w: int, kept: int, best: float | None) -> float | None:
+        """The best earlier ``w``-mean: rebuilt from the evals in memory when the cadence changed
+        (or at the first eval), else updated with the ``w``-mean that ended ``w`` evals ago."""
+        if w != kept:
+            best = None
             prefix = [0.0]
             for v in recent:  # running sums: O(window) even if the cadence changes at every report
                 prefix.append(prefix[-1] + v)
             for end in range(w, len(prefix) - w):
                 m = (prefix[end] - prefix[end - w]) / w
-                self._best = m if self._best is None or m > self._best else self._best
-        elif len(recent) >= 2 * w:  # the w-mean that ended w evals ago becomes eligible
-            vals = list(recent)[-2 * w:-w]
-            m = sum(vals) / w
-            self._best = m if self._best is None or m > self._best else self._best
+                best = m if best is None or m > best else best
+        elif len(recent) >= 2 * w:
+            m = sum(recent[-2 * w:-w]) / w
+            best = m if best is None or m > best else best
+        return best
 
-    def _observe(self, obs: Observation) -> Decision:
+    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
         if obs.eval_score is None:
-            return self._continue("no eval score in this report")
+            return rule, _continue("no eval score in this report", best_step, best_score)
+        recent, diffs, low, high, best, kept, looks = rule
         y = self._sign * obs.eval_score
         if not -SATURATION <= y <= SATURATION:
             y = math.copysign(SATURATION, y)
-        recent = self._recent
+        size = 2 * self.window
         if len(recent) >= 3:
-            self._diffs.append(third_difference(recent[-3], recent[-2], recent[-1], y))
-        if not self.looks:
-            self._low = self._high = y
-        elif y < self._low:
-            self._low = y
-        elif y > self._high:
-            self._high = y
-        recent.append(y)
-        self.looks += 1
-        n = self.looks
-        w = self._run_length(obs.progress)
-        self._update_reference(w)
-        if n < self.min_evals or n < 2 * w or self._best is None or not self._diffs:
-            return self._continue(f"{n} eval(s), need {max(self.min_evals, 2 * w, 4)}")
-        rng = self._high - self._low
-        k = len(self._diffs)
-        sigma = max(self.noise_rel * rng, math.sqrt(sum(d * d for d in self._diffs) / (20.0 * k)))
+            diffs = _push(diffs, third_difference(recent[-3], recent[-2], recent[-1], y), size)
+        if not looks:
+            low = high = y
+        elif y < low:
+            low = y
+        elif y > high:
+            high = y
+        recent = _push(recent, y, size)
+        n = looks = looks + 1
+        w = self.run_length(looks, obs.progress)
+        best = self._reference(recent, w, kept, best)
+        rule = _Sequential(recent, diffs, low, high, best, w, looks)
+        if n < self.min_evals or n < 2 * w or best is None or not diffs:
+            return rule, _continue(f"{n} eval(s), need {max(self.min_evals, 2 * w, 4)}", best_step, best_score)
+        rng = high - low
+        k = len(diffs)
+        sigma = max(self.noise_rel * rng, math.sqrt(sum(d * d for d in diffs) / (20.0 * k)))
         if sigma <= 0:
-            return self._continue(_NO_SCALE)
-        now = sum(list(recent)[-w:]) / w
-        stat = (self._best - now) / (sigma * math.sqrt(2.0 / w))
+            return rule, _continue(_NO_SCALE, best_step, best_score)
+        now = sum(recent[-w:]) / w
+        stat = (best - now) / (sigma * math.sqrt(2.0 / w))
         threshold = t_quantile(self.z, k) + math.sqrt(2.0 * math.log(n / w))
         evidence = {"stat": stat, "threshold": threshold, "sigma": sigma, "run": w, "looks": n}
         if stat > threshold:
-            return self._stop(
+            return rule, _stop(
                 f"mean of the last {w} eval(s) is {_fmt(stat)} noise units below the best earlier {w}-eval mean "
-                f"(> {_fmt(threshold)} after {n} looks; noise {_fmt(sigma)}) at step {obs.step}", **evidence)
-        return self._continue(f"drop {_fmt(stat)} noise units <= {_fmt(threshold)} after {n} looks", **evidence)
+                f"(> {_fmt(threshold)} after {n} looks; noise {_fmt(sigma)}) at step {obs.step}",
+                best_step, best_score, **evidence)
+        return rule, _continue(f"drop {_fmt(stat)} noise units <= {_fmt(threshold)} after {n} looks", best_step,
+                               best_score, **evidence)
 
 
 def t_quantile(z: float, dof: float) -> float:
@@ -945,8 +963,8 @@ class NeverDetector(Detector):
 
     name = "never"
 
-    def _observe(self, obs: Observation) -> Decision:
-        return self._continue("never stops")
+    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+        return rule, _continue("never stops", best_step, best_score)
 
 
 DETECTORS: Registry[Detector] = Registry("detector")

@@ -81,9 +81,7 @@ class ExternalEvals:
     def claim(self, tenant: str, worker: str, lease_s: float) -> EvalTask | None:
         """Lease the tenant's oldest snapshot waiting for an eval (or one whose lease ran out: its
         worker died) to ``worker`` for ``lease_s`` seconds; None if there is none."""
-        if not isinstance(worker, str) or not worker:
-            raise InvalidInput("worker must be a name of 1-128 characters.")
-        check_text("worker", worker, 128)
+        check_text("worker", worker, 128, min_len=1)
         if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not 1 <= lease_s <= 3600:
             raise InvalidInput(f"lease_s must be in [1, 3600] seconds, but got {lease_s!r}.")
         with self._lock("claim", tenant):  # a lease must be durable before the next claim reads

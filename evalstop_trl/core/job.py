@@ -6,7 +6,7 @@ rows to write, the audit lines, the webhook deliveries; ``stopped``: a stop to d
 :class:`~evalstop_trl.core.coordinator.Coordinator` applies a step as *compute → commit → swap*: it
 computes the step on the job's state, hands the commit to the store, and replaces the in-memory
 state only once the store says the commit is durable. A state is never changed in place (the
-detector is cloned before it observes), so a failed commit leaves memory exactly as the store is,
+detector's memory of the job is a value too), so a failed commit leaves memory exactly as the store is,
 and :func:`replay` rebuilds, from the stored reports, the state the steps had built.
 
 Example::
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .detectors import Action, Decision, Detector, Observation
+from .detectors import Action, Decision, Detector, DetectorState, Observation
 from .errors import Conflict, QuotaExceeded
 from .records import (
     AuditKind,
@@ -48,10 +48,6 @@ __all__ = [
     "SHADOW_REASON", "amendments", "replay", "shadowed", "step", "stop_delivery",
 ]
 
-_RUNNING, _PENDING, _STOPPED, _FAILED = JobStatus.RUNNING, JobStatus.PENDING, JobStatus.STOPPED, JobStatus.FAILED
-_LOST = JobStatus.LOST
-_SHADOW = PolicyMode.SHADOW
-_CONTINUE = Action.CONTINUE
 _NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -62,7 +58,8 @@ class JobState(NamedTuple):
     themselves are in the store). ``version`` counts the job's writes (shared stores check it)."""
 
     record: JobRecord
-    detector: Detector  # owned by this state: step() observes on a clone
+    detector: Detector  # the job's rule: its parameters only (shared, never changed)
+    memory: DetectorState  # what the rule remembers of the job's evals (a value)
     first: Report | None = None
     last: Report | None = None
     n_reports: int = 0
@@ -76,7 +73,8 @@ class JobState(NamedTuple):
     @classmethod
     def new(cls, record: JobRecord, max_reports: int = 10**9, detector: Detector | None = None) -> JobState:
         """A job with no report yet (a new registration, or a stored job before its replay)."""
-        return cls(record, detector or record.policy.build(), max_reports=max_reports, version=record.version)
+        detector = detector or record.policy.build()
+        return cls(record, detector, detector.start(), max_reports=max_reports, version=record.version)
 
     @property
     def last_seen(self) -> float:
@@ -91,13 +89,13 @@ class JobState(NamedTuple):
         if record.status.terminal:
             if record.decision is not None:
                 return record.decision
-            return Decision(_CONTINUE, f"job is {record.status.value}", self.detector.best_step,
-                            self.detector.best_score)
-        return self.decision or Decision(_CONTINUE, "no eval yet", self.detector.best_step, self.detector.best_score)
+            return Decision(Action.CONTINUE, f"job is {record.status.value}", self.memory.best_step,
+                            self.memory.best_score)
+        return self.decision or Decision(Action.CONTINUE, "no eval yet", self.memory.best_step, self.memory.best_score)
 
     def view(self) -> JobView:
         """What the tenant reads about the job."""
-        r, det = self.record, self.detector
+        r, det = self.record, self.memory
         return JobView(
             job_id=r.job_id, job_type=r.job_type.value, status=r.status.value, policy=r.policy.to_dict(),
             decision=self.current() if self.n_reports or r.decision else None, best_step=det.best_step,
@@ -110,8 +108,8 @@ class JobState(NamedTuple):
 
     def observation(self, rep: Report) -> Observation:
         planned = self.record.planned_steps
-        return Observation.trusted(self.record.job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
-                                   self.record.job_type.value, rep.step / planned if planned else None)
+        return Observation(self.record.job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
+                           self.record.job_type.value, rep.step / planned if planned else None)
 
 
 class Commit(NamedTuple):
@@ -241,15 +239,13 @@ def _observe(state: JobState, cmd: Observe) -> Step:
     if state.n_reports >= state.max_reports:
         raise QuotaExceeded(f"job {job_id!r} has {state.n_reports} reports, the most a job may have "
                             f"(max_reports_per_job={state.max_reports}); start a new job")
-    detector = state.detector.clone()
-    planned = record.planned_steps
-    decision = detector.observe(Observation.trusted(job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
-                                                    record.job_type.value, rep.step / planned if planned else None))
+    detector = state.detector
+    memory, decision = detector.decide(state.memory, state.observation(rep))
     status = record.status
     new_record, audit, deliveries, stopped = record, (), (), False
     would_stop, would_stop_step = state.would_stop, state.would_stop_step
-    if decision.action is Action.STOP and record.policy.mode is _SHADOW:
-        detector.resume()  # the job trains on: its best keeps following its evals
+    if decision.action is Action.STOP and record.policy.mode is PolicyMode.SHADOW:
+        memory = detector.resume(memory)  # the job trains on: its best keeps following its evals
         if would_stop is None:
             would_stop, would_stop_step = decision, rep.step
             audit = (AuditRecord(record.tenant, job_id, rep.received_at, AuditKind.WOULD_STOP,
@@ -262,20 +258,20 @@ def _observe(state: JobState, cmd: Observe) -> Step:
     elif decision.action is Action.STOP:
         actor = f"detector:{record.policy.detector}"
         now = rep.received_at
-        new_record = record.evolve(status=status.to(_STOPPED), updated_at=now, decision=decision,
+        new_record = record.evolve(status=status.to(JobStatus.STOPPED), updated_at=now, decision=decision,
                                          stopped_by=actor, stopped_at=now)
         audit = (AuditRecord(record.tenant, job_id, now, AuditKind.STOP, actor, decision.reason,
                              {**decision.evidence, "step": rep.step, "best_step": decision.best_step,
                               "best_score": decision.best_score}),)
         deliveries = _deliveries(record, new_record, now)
         stopped = True
-    elif status is _PENDING:
-        new_record = record.evolve(status=_RUNNING, updated_at=rep.received_at)
-    elif status is _LOST:
-        new_record = record.evolve(status=_RUNNING, updated_at=rep.received_at)
+    elif status is JobStatus.PENDING:
+        new_record = record.evolve(status=JobStatus.RUNNING, updated_at=rep.received_at)
+    elif status is JobStatus.LOST:
+        new_record = record.evolve(status=JobStatus.RUNNING, updated_at=rep.received_at)
         audit = (*audit, _seen_again(state, rep.received_at, f"report of step {rep.step}"))
-    new = JobState(new_record, detector, state.first or rep, rep, state.n_reports + 1,
-                   rep.checkpoint if detector.best_step == rep.step else state.best_checkpoint, decision,
+    new = JobState(new_record, detector, memory, state.first or rep, rep, state.n_reports + 1,
+                   rep.checkpoint if memory.best_step == rep.step else state.best_checkpoint, decision,
                    state.max_reports, state.version + 1, would_stop, would_stop_step)
     # job None: only the report is written (the fast path), so a step with audit lines writes the record too
     commit = Commit(None if new_record is record and not audit else new_record, rep, audit, deliveries, state.version)
@@ -289,7 +285,7 @@ SHADOW_REASON = "shadow mode, not stopped: would stop: "
 def shadowed(decision: Decision, would_stop_step: int | None) -> Decision:
     """A shadow-mode job's answer to a stop its detector decided: CONTINUE, saying what would have
     happened (evidence ``would_stop``: the step of the first would-stop eval)."""
-    return Decision(_CONTINUE, SHADOW_REASON + decision.reason, decision.best_step,
+    return Decision(Action.CONTINUE, SHADOW_REASON + decision.reason, decision.best_step,
                     decision.best_score, {**decision.evidence, "would_stop": would_stop_step})
 
 
@@ -298,27 +294,27 @@ def _transition(state: JobState, status: JobStatus, now: float, audit: AuditReco
     """``state`` moved to ``status`` (by the status's transition table), and the commit that writes it."""
     record = state.record
     new_record = record.evolve(status=record.status.to(status), updated_at=now, **changes)
-    deliveries = _deliveries(record, new_record, now) if status is _STOPPED else ()
+    deliveries = _deliveries(record, new_record, now) if status is JobStatus.STOPPED else ()
     new = state._replace(record=new_record, version=state.version + 1)
     return new, Commit(new_record, None, () if audit is None else (audit,), deliveries, state.version)
 
 
 def _stop(state: JobState, cmd: Stop) -> Step:
-    record, det = state.record, state.detector
-    if record.status is _STOPPED:
+    record, det = state.record, state.memory
+    if record.status is JobStatus.STOPPED:
         return Step(state, state.current())
     decision = Decision(Action.STOP, f"manual stop by {cmd.actor}: {cmd.reason or 'no reason given'}",
                         det.best_step, det.best_score, {"manual": True})
     audit = AuditRecord(record.tenant, record.job_id, cmd.now, AuditKind.MANUAL_STOP, cmd.actor, decision.reason,
                         {"best_step": decision.best_step, "best_score": decision.best_score})
-    new, commit = _transition(state, _STOPPED, cmd.now, audit, decision=decision, stopped_by=cmd.actor,
+    new, commit = _transition(state, JobStatus.STOPPED, cmd.now, audit, decision=decision, stopped_by=cmd.actor,
                               stopped_at=cmd.now)
     return Step(new, decision, commit, stopped=True)
 
 
 def _ack(state: JobState, cmd: Ack) -> Step:
     record = state.record
-    if record.status is not _STOPPED:
+    if record.status is not JobStatus.STOPPED:
         raise Conflict(f"job {record.job_id!r} is {record.status.value}: there is no stop to acknowledge")
     first = record.acked_at is None
     checkpoint = cmd.checkpoint or record.checkpoint
@@ -332,7 +328,7 @@ def _ack(state: JobState, cmd: Ack) -> Step:
                             "stop acknowledged", evidence)
     elif checkpoint == record.checkpoint:
         return Step(state, state.current())  # a repeated ack changes nothing
-    new, commit = _transition(state, _STOPPED, cmd.now, audit, acked_at=record.acked_at or cmd.now,
+    new, commit = _transition(state, JobStatus.STOPPED, cmd.now, audit, acked_at=record.acked_at or cmd.now,
                               checkpoint=checkpoint)
     return Step(new, new.current(), commit)
 
@@ -350,7 +346,7 @@ def _fail(state: JobState, cmd: Fail) -> Step:
         return Step(state, state.current())
     audit = AuditRecord(record.tenant, record.job_id, cmd.now, AuditKind.FAILED, cmd.actor,
                         cmd.reason or "the job reported a failure", {})
-    new, commit = _transition(state, _FAILED, cmd.now, audit, finished_at=cmd.now)
+    new, commit = _transition(state, JobStatus.FAILED, cmd.now, audit, finished_at=cmd.now)
     return Step(new, new.current(), commit)
 
 
@@ -371,8 +367,8 @@ def _heartbeat(state: JobState, cmd: Heartbeat) -> Step:
     record = state.record
     if record.status.terminal:
         return Step(state, state.current())
-    audit = _seen_again(state, cmd.now, f"heartbeat from {cmd.actor}") if record.status is _LOST else None
-    new_record = record.evolve(status=_RUNNING if record.status is _LOST else record.status, last_seen=cmd.now)
+    audit = _seen_again(state, cmd.now, f"heartbeat from {cmd.actor}") if record.status is JobStatus.LOST else None
+    new_record = record.evolve(status=JobStatus.RUNNING if record.status is JobStatus.LOST else record.status, last_seen=cmd.now)
     new = state._replace(record=new_record, version=state.version + 1)
     return Step(new, new.current(), Commit(new_record, None, () if audit is None else (audit,), (), state.version))
 
@@ -385,7 +381,7 @@ def _expire(state: JobState, cmd: Expire) -> Step:
     reason = f"no report or heartbeat for {silent:.0f} s (lease {cmd.lease_s:g} s): marked lost"
     audit = AuditRecord(record.tenant, record.job_id, cmd.now, AuditKind.LOST, "coordinator", reason,
                         {"last_seen": state.last_seen, "lease_s": cmd.lease_s})
-    new, commit = _transition(state, _LOST, cmd.now, audit)
+    new, commit = _transition(state, JobStatus.LOST, cmd.now, audit)
     return Step(new, new.current(), commit)
 
 
@@ -395,8 +391,11 @@ def _amend(state: JobState, cmd: Amend) -> Step:
     audit = AuditRecord(record.tenant, record.job_id, cmd.now, AuditKind.AMENDED, cmd.actor,
                         f"registration amended: {said}", {k: _shown(v) for k, v in cmd.changes.items()})
     new_record = record.evolve(updated_at=cmd.now, **cmd.changes)
-    detector = new_record.policy.build() if "policy" in cmd.changes else state.detector
-    new = state._replace(record=new_record, detector=detector, version=state.version + 1)
+    if "policy" in cmd.changes:
+        detector = new_record.policy.build()
+        new = state._replace(record=new_record, detector=detector, memory=detector.start(), version=state.version + 1)
+    else:
+        new = state._replace(record=new_record, version=state.version + 1)
     return Step(new, new.current(), Commit(new_record, None, (audit,), (), state.version))
 
 
@@ -447,28 +446,30 @@ _HANDLERS: dict[type, Callable[[JobState, Any], Step]] = {
 def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**9) -> JobState:
     """The state a stored job's reports rebuild (the store's record is the truth for its status).
 
-    The same fold as :func:`step`'s reports, without cloning (the detector is new). Raises what the
-    detector raises on a history it cannot take (the coordinator then marks the job failed)."""
+    The same fold as :func:`step`'s reports. Raises what the detector raises on a history it cannot
+    take (the coordinator then marks the job failed)."""
     detector = record.policy.build()
+    memory = detector.start()
     first = last = None
     n = 0
     best_checkpoint = decision = would_stop = would_stop_step = None
     planned, job_id, job_type = record.planned_steps, record.job_id, record.job_type.value
-    shadow = record.policy.mode is _SHADOW
+    shadow = record.policy.mode is PolicyMode.SHADOW
     for rep in reports:
-        decision = detector.observe(Observation.trusted(job_id, rep.step, rep.eval_score, rep.train_loss,
-                                                        rep.proxy_reward, job_type, rep.step / planned if planned else None))
+        memory, decision = detector.decide(memory, Observation(job_id, rep.step, rep.eval_score, rep.train_loss,
+                                                               rep.proxy_reward, job_type,
+                                                               rep.step / planned if planned else None))
         if shadow and decision.action is Action.STOP:
-            detector.resume()
+            memory = detector.resume(memory)
             if would_stop is None:
                 would_stop, would_stop_step = decision, rep.step
             decision = shadowed(decision, would_stop_step)
         first = first or rep
         last = rep
         n += 1
-        if detector.best_step == rep.step:
+        if memory.best_step == rep.step:
             best_checkpoint = rep.checkpoint
-    return JobState(record, detector, first, last, n, best_checkpoint, decision, max_reports, record.version,
+    return JobState(record, detector, memory, first, last, n, best_checkpoint, decision, max_reports, record.version,
                     would_stop, would_stop_step)
 
 
@@ -480,7 +481,8 @@ def counted(record: JobRecord, reports: Iterable[Report], max_reports: int = 10*
         first = first or rep
         last = rep
         n += 1
-    return JobState(record, _fresh_or_never(record), first, last, n, None, None, max_reports, record.version)
+    detector = _fresh_or_never(record)
+    return JobState(record, detector, detector.start(), first, last, n, None, None, max_reports, record.version)
 
 
 def _fresh_or_never(record: JobRecord) -> Detector:
@@ -504,7 +506,7 @@ def decided_step(state: JobState) -> int | None:
 
 
 def _deliveries(old: JobRecord, new: JobRecord, now: float) -> tuple[Delivery, ...]:
-    if old.status is _STOPPED or not old.webhook or new.decision is None:
+    if old.status is JobStatus.STOPPED or not old.webhook or new.decision is None:
         return ()
     return (stop_delivery(new, now),)
 

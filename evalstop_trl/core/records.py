@@ -91,12 +91,13 @@ _LINE_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # no control cha
 _TEXT_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # free text may hold tabs and line breaks
 
 
-def check_text(kind: str, value: Any, max_len: int = 2000, *, multiline: bool = False) -> str:
-    """Return ``value`` if it is a string of at most ``max_len`` characters with no NUL or other
+def check_text(kind: str, value: Any, max_len: int = 2000, *, multiline: bool = False, min_len: int = 0) -> str:
+    """Return ``value`` if it is a string of ``min_len`` to ``max_len`` characters with no NUL or other
     control character (``multiline``: tabs and line breaks allowed), else raise :class:`InvalidInput`.
     A NUL in particular is refused here: PostgreSQL cannot store one."""
-    if not isinstance(value, str) or len(value) > max_len:
-        raise InvalidInput(f"{kind} must be a string of at most {max_len} characters, but got {value!r:.80}.")
+    if not isinstance(value, str) or not min_len <= len(value) <= max_len:
+        size = f"at most {max_len}" if not min_len else f"{min_len}-{max_len}"
+        raise InvalidInput(f"{kind} must be a string of {size} characters, but got {value!r:.80}.")
     bad = (_TEXT_CONTROL if multiline else _LINE_CONTROL).search(value)
     if bad:
         raise InvalidInput(f"{kind} must not contain control characters, but got {bad.group()!r} at position "
@@ -191,7 +192,6 @@ class Escalation(Lifecycle, str, Enum):
 
 
 # keys of policies stored by evalstop 0.1, when the service signalled processes itself; ignored now
-_LEGACY_POLICY_KEYS = ("enforce", "grace_s")
 
 
 class PolicyMode(str, Enum):
@@ -257,21 +257,15 @@ class Policy:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None, *, stored: bool = False) -> Policy:
         """``{"detector": "decline", "k": 2}`` (``"mode": "shadow"`` optional); missing keys take
-        defaults. ``stored=True`` reads a policy written by an older evalstop (its ``enforce``/``grace_s``
-        keys are dropped)."""
+        defaults. ``stored=True`` reads a stored policy: one that today's bounds refuse is kept as it was
+        (building its detector raises, and the coordinator marks the job failed with the reason)."""
         if data is None:
             return cls()
         if isinstance(data, Policy):
             return data
         if not isinstance(data, Mapping):
             raise InvalidInput(f"policy must be an object, but got {data!r}.")
-        skip = ("detector", "mode", *_LEGACY_POLICY_KEYS) if stored else ("detector", "mode")
-        for key in _LEGACY_POLICY_KEYS:
-            if key in data and not stored:
-                raise InvalidInput(
-                    f"policy.{key} is no longer supported: the service never signals a process. Run the job under "
-                    "'evalstop run --grace-s S -- CMD', whose launcher stops a loop that ignores the stop flag.")
-        params = {k: v for k, v in data.items() if k not in skip}
+        params = {k: v for k, v in data.items() if k not in ("detector", "mode")}
         detector = data.get("detector", "decline")
         mode = PolicyMode.parse(data.get("mode", PolicyMode.ENFORCE))
         if not stored:
@@ -374,8 +368,6 @@ class AuditKind(str, Enum):
     AMENDED = "amended"  # a re-registration filled in or changed the job's plan, policy or webhook
     DELETED = "deleted"  # the tenant deleted the ended job with its reports (the audit line stays)
     WOULD_STOP = "would_stop"  # shadow mode: the detector decided a stop that was not carried out
-    SIGTERM = "sigterm"  # legacy: written by evalstop 0.1, whose service signalled processes itself
-    SIGKILL = "sigkill"
 
     @property
     def from_launcher(self) -> bool:

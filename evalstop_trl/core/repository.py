@@ -149,7 +149,8 @@ class JobCache:
 
     def _insert_lazy(self, record: JobRecord) -> None:
         # a stand-in state: its record only (no detector, no counts) until _ready() replays the job
-        stub = JobState(record, None, max_reports=self._max_reports(record.tenant), version=record.version)  # type: ignore[arg-type]
+        stub = JobState(record, None, None, max_reports=self._max_reports(record.tenant),  # type: ignore[arg-type]
+                        version=record.version)
         self.insert(stub, committed=True).lazy = True
 
     def _ready(self, slot: Slot) -> Slot:

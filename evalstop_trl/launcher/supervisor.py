@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.api import EvalStopAPI
+from ..clients.api import EvalStopAPI
 from ..core.errors import EvalStopError
 from ..core.records import Escalation, JobStatus, JobView
 from .enforce import Enforcer, describe
@@ -102,7 +102,7 @@ class Launcher:
     """Run one command for one job (see the module docstring).
 
     Args:
-        client: an :class:`~evalstop_trl.core.api.EvalStopAPI`.
+        client: an :class:`~evalstop_trl.clients.api.EvalStopAPI`.
         job_id, job_type, planned_steps, policy: the job's registration (None: unspecified).
         url, token: exported to the child.
         grace_s: seconds a stopped child has to acknowledge (and then to exit), and between SIGTERM

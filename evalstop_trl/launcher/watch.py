@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..core.api import EvalStopAPI
+from ..clients.api import EvalStopAPI
 from ..core.errors import EvalStopError
 from ..core.records import JobStatus, JobView
 

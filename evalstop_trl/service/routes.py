@@ -21,50 +21,47 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import inspect
 import json
 import threading
 import time
+import typing
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Annotated, Any, NamedTuple
 
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ..core.api import EVALS_PAGE, ROUTES, Route, launcher_event
+from ..core.api import EVALS_PAGE, ROUTES, Route
 from ..core.coordinator import Coordinator, WouldBlock
 from ..core.detectors import Decision
 from ..core.errors import QuotaExceeded, Unauthorized
 from ..core.export import export_format
 from ..core.records import MAX_STEP, AuditKind, JobView
+from ..core.requests import (
+    AckRequest,
+    ClaimRequest,
+    EvalResult,
+    EventRequest,
+    JobRequest,
+    ReportRequest,
+    SnapshotRequest,
+    values,
+)
 from ..core.store import StoreError
 from .metrics import Metrics
 from .middleware import TokenBuckets
 from .runs import ExportQuery, RunsExportQuery, RunsQuery, Stream, StreamAnswer, job_query
-from .schemas import (
-    AckIn,
-    AuditQuery,
-    ClaimIn,
-    EvalResultIn,
-    EventIn,
-    FailIn,
-    HeartbeatIn,
-    JobIn,
-    JobsQuery,
-    ReportIn,
-    ReportsQuery,
-    SnapshotIn,
-    StopIn,
-    WaitQuery,
-)
+from .schemas import AuditQuery, JobsQuery, ReportsQuery, WaitQuery
 
-__all__ = ["EVAL_CALLS_PER_TENANT", "READS_PER_TENANT", "SCHEMAS", "Answer", "Handlers", "Schema", "TenantGate",
+__all__ = ["EVAL_CALLS_PER_TENANT", "QUERIES", "READS_PER_TENANT", "Answer", "Handlers", "TenantGate", "body_model",
            "mount_routes"]
 
 READS_PER_TENANT = 2  # expensive reads of one tenant served at once
@@ -119,53 +116,66 @@ class Answer(NamedTuple):
     close: Callable[[], None] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Schema:
-    """What a route reads besides its path: a body or a query-string model (``optional``: may be absent)."""
-
-    model: type[BaseModel] | None = None
-    where: str = "body"  # or "query"
-    optional: bool = False
-    path: Mapping[str, Any] = field(default_factory=dict)  # path argument -> annotation (default: str)
-
-
-SCHEMAS: Mapping[str, Schema] = {
-    "register_job": Schema(JobIn),
-    "list_jobs": Schema(JobsQuery, "query"),
-    "status": Schema(),
-    "wait_decision": Schema(WaitQuery, "query"),
-    "report": Schema(ReportIn),
-    "reports": Schema(ReportsQuery, "query"),
-    "stop": Schema(StopIn, optional=True),
-    "ack": Schema(AckIn, optional=True),
-    "finish": Schema(),
-    "fail": Schema(FailIn, optional=True),
-    "heartbeat": Schema(HeartbeatIn, optional=True),
-    "publish_snapshot": Schema(SnapshotIn),
-    "evals": Schema(EvalsQuery, "query"),
-    "claim_eval": Schema(ClaimIn),
-    "post_eval": Schema(EvalResultIn, path={"step": Annotated[int, Path(ge=0, le=MAX_STEP)]}),
-    "record_event": Schema(EventIn),
-    "audit": Schema(AuditPageQuery, "query"),
-    "browse_jobs": Schema(RunsQuery, "query"),
-    "export_jobs": Schema(RunsExportQuery, "query"),
-    "export_reports": Schema(ExportQuery, "query"),
-    "summary": Schema(),
-    "delete_job": Schema(StopIn, optional=True),
+#: the query-string model of each route that reads one (its fields include the route's ``query``)
+QUERIES: Mapping[str, type[BaseModel]] = {
+    "list_jobs": JobsQuery,
+    "wait_decision": WaitQuery,
+    "reports": ReportsQuery,
+    "evals": EvalsQuery,
+    "audit": AuditPageQuery,
+    "browse_jobs": RunsQuery,
+    "export_jobs": RunsExportQuery,
+    "export_reports": ExportQuery,
 }
+_PATH_TYPES = {"step": int}  # a path argument that is not text (its bounds: the coordinator's)
+
+
+@functools.cache
+def body_model(record: type) -> type[BaseModel]:
+    """The pydantic model of a request record's JSON body: its fields with their types and defaults,
+    no other key. Pydantic parses the types only (strictly: no "1" for 1, no true for 1); the values
+    are the coordinator's to check, one validation for every client."""
+    hints = typing.get_type_hints(record)
+    defs: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        default = ... if f.default is dataclasses.MISSING else f.default
+        defs[f.name] = (hints[f.name], Field(default, description=f.metadata.get("doc")))
+    return create_model(record.__name__.removesuffix("Request") + "Body",
+                        __config__=ConfigDict(extra="forbid", strict=True), **defs)
+
+
+def _optional(record: type) -> bool:
+    """A body may be left out when every field has a default."""
+    return all(f.default is not dataclasses.MISSING for f in dataclasses.fields(record))
+
 
 _POLL_S = 0.25
 
 
 class Handlers:
     """The server side of each route: ``handler(tenant, **args)`` calls the coordinator for the
-    authenticated tenant (args are the route's path, query and body values, by wire name)."""
+    authenticated tenant (args: the route's path and query values by wire name, and its body as the
+    route's ``request`` record). A route with nothing to add (a read slot, a budget, a status) has no
+    method here: :meth:`handler` calls the coordinator's method of its name."""
 
     def __init__(self, coordinator: Coordinator, metrics: Metrics) -> None:
         self.coordinator, self.metrics = coordinator, metrics
         self.reads = TenantGate(READS_PER_TENANT, "expensive reads (listing jobs, reports, evals, audit)")
         self.eval_calls = TenantGate(EVAL_CALLS_PER_TENANT, "claims or posted evals")
         self.buckets = TokenBuckets()
+
+    def handler(self, name: str) -> Callable[..., Any]:
+        """The handler of route ``name``: the method of that name, or the coordinator's by keyword."""
+        own = getattr(self, name, None)
+        if own is not None:
+            return own
+        method = getattr(self.coordinator, name)
+
+        def direct(t: str, request: Any = None, **args: Any) -> Any:
+            return method(t, **args, **({} if request is None else values(request)))
+
+        direct.__doc__ = method.__doc__
+        return direct
 
     def _event_budget(self, t: str) -> None:
         """One token of the tenant's event budget (launcher events and snapshots), or 429."""
@@ -175,10 +185,8 @@ class Handlers:
             raise QuotaExceeded(f"tenant {t!r} sends launcher events and snapshots faster than its quota "
                                 f"(event_rate={q.event_rate:g}/s, event_burst={q.event_burst})", retry_after=wait)
 
-    def register_job(self, t: str, job_id: str, job_type: str, planned_steps: int | None, policy: dict | None,
-                     webhook: str | None, tags: dict | None, hparams: dict | None) -> Answer:
-        view, created = self.coordinator.register_job(t, job_id, job_type, planned_steps, policy, webhook, tags,
-                                                      hparams)
+    def register_job(self, t: str, request: JobRequest) -> Answer:
+        view, created = self.coordinator.register_job(t, **values(request))
         return Answer(view, None if created else 200)
 
     def list_jobs(self, t: str, status: str | None, limit: int, offset: int) -> Answer:
@@ -186,9 +194,6 @@ class Handlers:
         with self._reading(t) as slot:
             views, total = self.coordinator.page_jobs(t, status, limit, offset)
             return Answer(views, headers={"X-Total-Count": str(total)}, close=slot.pop_all().close)
-
-    def status(self, t: str, job_id: str) -> JobView:
-        return self.coordinator.status(t, job_id)
 
     async def wait_decision(self, t: str, job_id: str, wait: float, stopped: bool) -> JobView:
         """The job's status and decision. With ``wait``, a long poll: answers as soon as the job is no
@@ -200,18 +205,16 @@ class Handlers:
                 return view
             await asyncio.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
 
-    async def report(self, t: str, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
-                     proxy_reward: float | None, checkpoint: str | None) -> Decision:
+    async def report(self, t: str, job_id: str, request: ReportRequest) -> Decision:
         """Decide on the loop when the job is in memory (else in the thread pool), then await
         durability without holding a thread, so one group commit serves many reports."""
         t0 = time.perf_counter()
         coordinator = self.coordinator
         try:  # a job in memory: microseconds on the loop, only its write queued (Store.QUEUED_WRITES)
-            pending = coordinator.submit_report(t, job_id, step, eval_score, train_loss, proxy_reward, checkpoint,
-                                                nonblocking=True)
+            pending = coordinator.submit_report(t, job_id, **values(request), nonblocking=True)
         except WouldBlock:  # it needs a store read first: in the thread pool
-            pending = await run_in_threadpool(coordinator.submit_report, t, job_id, step, eval_score, train_loss,
-                                              proxy_reward, checkpoint)
+            pending = await run_in_threadpool(functools.partial(coordinator.submit_report, t, job_id,
+                                                                **values(request)))
         ticket, decision = pending.ticket, pending.decision
         if not ticket.done():
             try:
@@ -230,53 +233,38 @@ class Handlers:
         with self._reading(t) as slot:
             return Answer(self.coordinator.reports(t, job_id, after_step, limit), close=slot.pop_all().close)
 
-    def stop(self, t: str, job_id: str, reason: str) -> JobView:
-        return self.coordinator.stop(t, job_id, reason)
-
-    def ack(self, t: str, job_id: str, checkpoint: str | None, step: int | None) -> JobView:
-        view = self.coordinator.ack(t, job_id, checkpoint, step)
+    def ack(self, t: str, job_id: str, request: AckRequest) -> JobView:
+        view = self.coordinator.ack(t, job_id, **values(request))
         self.metrics.acks.inc()
         return view
 
-    def finish(self, t: str, job_id: str) -> JobView:
-        return self.coordinator.finish(t, job_id)
-
-    def fail(self, t: str, job_id: str, reason: str) -> JobView:
-        return self.coordinator.fail(t, job_id, reason)
-
-    def heartbeat(self, t: str, job_id: str, actor: str) -> JobView:
-        """The job is alive: renews its lease (a lost job runs again)."""
-        return self.coordinator.heartbeat(t, job_id, actor)
-
-    def publish_snapshot(self, t: str, job_id: str, step: int, path: str, train_loss: float | None,
-                         proxy_reward: float | None) -> Any:
+    def publish_snapshot(self, t: str, job_id: str, request: SnapshotRequest) -> Any:
         """A snapshot for an external evaluator (``external_eval``): the path is only stored and handed
         to the tenant's own evaluators; the service never reads it."""
         self._event_budget(t)
-        return self.coordinator.publish_snapshot(t, job_id, step, path, train_loss, proxy_reward)
+        return self.coordinator.publish_snapshot(t, job_id, **values(request))
 
     def evals(self, t: str, job_id: str, after_step: int | None, limit: int) -> list:
         """The job's snapshots in step order, paged: those after ``after_step``, at most ``limit``."""
         with self._reading(t) as slot:
             return Answer(self.coordinator.evals(t, job_id, after_step, limit), close=slot.pop_all().close)
 
-    def claim_eval(self, t: str, worker: str, lease_s: float) -> Any:
+    def claim_eval(self, t: str, request: ClaimRequest) -> Any:
         """Lease the caller's oldest snapshot waiting for an eval (204 if none)."""
         with self.eval_calls(t):
-            return self.coordinator.claim_eval(t, worker, lease_s)
+            return self.coordinator.claim_eval(t, **values(request))
 
-    def post_eval(self, t: str, job_id: str, step: int, score: float | None, worker: str, error: str | None) -> Decision:
+    def post_eval(self, t: str, job_id: str, step: int, request: EvalResult) -> Decision:
         """An evaluator's score for a snapshot (or ``score: null`` with ``error``): fed in step order."""
         with self.eval_calls(t):
-            return self.coordinator.post_eval(t, job_id, step, score, worker, error)
+            return self.coordinator.post_eval(t, job_id, step, **values(request))
 
-    def record_event(self, t: str, job_id: str, kind: str, reason: str, exit_code: int | None) -> None:
+    def record_event(self, t: str, job_id: str, request: EventRequest) -> None:
         """Record what the job's launcher (``evalstop run``) did: an escalation or the child's exit."""
-        event, reason, evidence = launcher_event(kind, reason, exit_code)
         self._event_budget(t)
-        self.coordinator.record_event(t, job_id, event, reason, evidence, actor="launcher")
-        if event is not AuditKind.LAUNCHER_EXIT:
-            self.metrics.signals.labels(event.value.removeprefix("launcher_").upper()).inc()
+        self.coordinator.record_event(t, job_id, **values(request))
+        if request.kind != AuditKind.LAUNCHER_EXIT.value:
+            self.metrics.signals.labels(request.kind.removeprefix("launcher_").upper()).inc()
 
     def audit(self, t: str, job_id: str | None, limit: int, offset: int, after: int | None) -> Answer:
         """The caller's audit records, oldest first (of one job with ``job_id``), paged by ``offset`` or,
@@ -291,10 +279,6 @@ class Handlers:
         """One page of the caller's runs: search, filters, sort, keyset paging (``next``)."""
         with self._reading(t) as slot:
             return Answer(self.coordinator.browse(t, job_query(**query)), close=slot.pop_all().close)
-
-    def delete_job(self, t: str, job_id: str, reason: str) -> JobView:
-        """Delete the caller's ended job with its reports (409 while it runs); its audit line stays."""
-        return self.coordinator.delete_job(t, job_id, reason)
 
     def summary(self, t: str) -> Any:
         """The caller's jobs by outcome and what its detectors' stops saved."""
@@ -391,28 +375,33 @@ def _run(route: Route, handler: Callable[..., Any], tenant: str, args: dict[str,
     return _respond(route, handler(tenant, **args))
 
 
-def _endpoint(route: Route, handler: Callable[..., Any], schema: Schema) -> Callable[..., Any]:
-    """A FastAPI endpoint for ``route``: its signature declares the path arguments and the schema
-    (so FastAPI validates them and documents them in OpenAPI); the body runs ``handler``."""
-    model, optional, is_async = schema.model, schema.optional, inspect.iscoroutinefunction(handler)
+def _endpoint(route: Route, handler: Callable[..., Any]) -> Callable[..., Any]:
+    """A FastAPI endpoint for ``route``: its signature declares the path arguments, the query model
+    and the body model derived from the request record (so FastAPI parses them and documents them
+    in OpenAPI); the body runs ``handler`` with the request record built from the body."""
+    query, record, is_async = QUERIES.get(route.name), route.request, inspect.iscoroutinefunction(handler)
+    body = None if record is None else body_model(record)
+    optional = record is not None and _optional(record)
 
-    async def endpoint(request: Request, **values: Any) -> Response:
+    async def endpoint(request: Request, **given: Any) -> Response:
         tenant = _tenant(request)
-        params = values.pop("params", None)
-        if params is None and model is not None:
-            params = model()  # an optional body left out: its defaults
-        args = {**values, **(dict(params) if params is not None else {})}
+        query_values = given.pop("query", None)
+        args = {**given, **dict(query_values or {})}
+        if record is not None:
+            given = args.pop("body", None)
+            args["request"] = record(**(dict(given) if given is not None else {}))
         if is_async:
             return _respond(route, await handler(tenant, **args))
         return await run_in_threadpool(_run, route, handler, tenant, args)
 
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [inspect.Parameter("request", kw, annotation=Request)]
-    params += [inspect.Parameter(name, kw, annotation=schema.path.get(name, str)) for name in route.path_args]
-    if model is not None:
-        annotation = Annotated[model, Query()] if schema.where == "query" else (model | None if optional else model)
-        default = None if optional else inspect.Parameter.empty
-        params.append(inspect.Parameter("params", kw, annotation=annotation, default=default))
+    params += [inspect.Parameter(name, kw, annotation=_PATH_TYPES.get(name, str)) for name in route.path_args]
+    if query is not None:
+        params.append(inspect.Parameter("query", kw, annotation=Annotated[query, Query()]))
+    if body is not None:
+        params.append(inspect.Parameter("body", kw, annotation=body | None if optional else body,
+                                        default=None if optional else inspect.Parameter.empty))
     endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     endpoint.__name__ = route.name
     endpoint.__doc__ = handler.__doc__
@@ -422,8 +411,7 @@ def _endpoint(route: Route, handler: Callable[..., Any], schema: Schema) -> Call
 def mount_routes(app: FastAPI, handlers: Handlers) -> None:
     """Register one endpoint per row of :data:`~evalstop_trl.core.api.ROUTES` on ``app``."""
     for route in ROUTES.values():
-        handler = getattr(handlers, route.name)
         responses = {204: {"description": "nothing now"}} if route.result.name.endswith("| None") else None
-        app.add_api_route(route.path, _endpoint(route, handler, SCHEMAS[route.name]), methods=[route.method],
+        app.add_api_route(route.path, _endpoint(route, handlers.handler(route.name)), methods=[route.method],
                           status_code=route.status, name=route.name, responses=responses,
                           response_class=Response)

@@ -410,6 +410,6 @@ class WebhookSender:
     def _finish(self, d: Delivery, attempt: int, outcome: str, kind: AuditKind, reason: str) -> None:
         self._store(replace(d, attempts=attempt, done=True, outcome=outcome))
         try:
-            self.coordinator.record_event(d.tenant, d.job_id, kind, reason, {"attempts": attempt}, actor="webhook")
+            self.coordinator.append_event(d.tenant, d.job_id, kind, reason, {"attempts": attempt}, actor="webhook")
         except NotFound:
             pass

@@ -90,18 +90,10 @@ def default_job_id(args: Any) -> str:
     return re.sub(r"[^A-Za-z0-9_.:@-]", "-", name).lstrip("-_.:@")[:120] or "job"
 
 
-def _check_options(keep_best: str, detector_params: dict[str, Any], restored: bool) -> None:
-    """Raise ValueError for a bad ``keep_best`` or an option that was removed (dropped from a checkpoint's
-    state written by evalstop 0.1)."""
+def _check_options(keep_best: str) -> None:
+    """Raise ValueError for a bad ``keep_best``."""
     if keep_best not in _KEEP_BEST:
         raise ValueError(f"EvalStopCallback: keep_best must be one of {', '.join(_KEEP_BEST)}, but got {keep_best!r}.")
-    for gone in ("enforce", "grace_s"):
-        if gone in detector_params:
-            if not restored:
-                raise ValueError(f"EvalStopCallback: {gone} was removed (the service never signals a process); "
-                                 "run the training under 'evalstop run --grace-s S -- CMD' to stop a loop that "
-                                 "ignores the stop flag.")
-            detector_params.pop(gone)
 
 
 class FeedbackMode(str, Enum):
@@ -360,7 +352,7 @@ class EvalStopCallback(_Configured, TrainerCallback, ExportableState):
         if _restored and world_feedback is None and self.mode is not FeedbackMode.EXTERNAL:
             raise ValueError(_NO_DONOR)
         self._check(world_feedback, eval_every, _restored)
-        _check_options(keep_best, detector_params, _restored)
+        _check_options(keep_best)
         self._direction_note = None
         if direction is None and "direction" not in detector_params:
             direction = self._default_direction(world_feedback, quiet=_restored)

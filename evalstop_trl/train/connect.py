@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..clients.api import EvalStopAPI
 from ..clients.embedded import EmbeddedClient
 from ..clients.http import EvalStopClient
-from ..core.api import EvalStopAPI
 from ..core.coordinator import Coordinator
 from ..stores.sqlite import SQLiteStore
 from .session import DEFAULT_LEASE_S

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core.api import EvalStopAPI
+from ..clients.api import EvalStopAPI
 from ..core.records import EvalTask
 
 __all__ = ["Evaluator", "SnapshotRefused", "check_tree", "inside", "isolate_sys_path", "load_function",
@@ -254,7 +254,7 @@ class Evaluator:
     """Workers that claim, evaluate and score snapshots of one tenant's jobs.
 
     Args:
-        client: an :class:`~evalstop_trl.core.api.EvalStopAPI` (``claim_eval``, ``post_eval``).
+        client: an :class:`~evalstop_trl.clients.api.EvalStopAPI` (``claim_eval``, ``post_eval``).
         function: ``(model, tokenizer) -> float``, higher is better (the job's policy says the direction).
         root: only snapshots (and adapters' base models) under this folder are opened.
         workers: threads; device: where models go; lease_s: how long a claim lasts.

@@ -409,7 +409,7 @@ class EvalStopSession:
         if (not reached or getattr(self.client, "unreachable", False)) and self.config.fail_mode == "local":
             decision = local
         if self.shadow.on and local.action is Action.STOP:
-            self._local.resume()
+            self._local.resume_series()
         decision = self.shadow.apply(step, decision)
         self.history.append(entry)
         self.decision = decision
