@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.evalstop-installed
 
-.PHONY: demo test lint bench reproduce clean setup chromium postgres
+.PHONY: demo test check lint bench reproduce clean setup chromium postgres
 
 setup: $(STAMP)
 
@@ -20,6 +20,13 @@ demo: $(STAMP)
 
 test: $(STAMP) chromium postgres
 	$(PY) -m pytest -q
+
+# The fast tier, at most 2 minutes on 2 cores: the pure core, the contract's embedded half, the
+# architecture and packaging rules and the doctests (no server, no PostgreSQL, no trainer).
+CHECK_TESTS := tests/core tests/clients/test_contract.py tests/test_architecture.py tests/test_packaging.py \
+	evalstop_trl platform_sim
+check: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" -k "not postgres and not http" $(CHECK_TESTS)
 
 # The dashboard's browser tests drive the Debian chromium through Playwright (Playwright's own
 # browser download does not work here); install it when it is missing.

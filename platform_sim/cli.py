@@ -11,8 +11,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, apply_overrides, load_config, parse_value
-from .results import json_safe
+from evalstop_trl.core.extras import install_hint
+
+try:
+    from .config import ConfigError, apply_overrides, load_config, parse_value
+    from .results import json_safe
+except ModuleNotFoundError as _missing:  # installed without the simulator's extra: main() says so
+    if install_hint(_missing) is None:
+        raise
+    _MISSING: ModuleNotFoundError | None = _missing
+else:
+    _MISSING = None
 
 
 def write_json(obj: Any, path: str | Path) -> None:
@@ -230,11 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if _MISSING is not None:
+        print(f"platform-sim: error: {install_hint(_MISSING, 'sim')}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as exc:
         print(f"platform-sim {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # the simulator's extra is not installed: say so
+        hint = install_hint(exc, "ray" if getattr(args, "ray", None) is not None else "sim")
+        if hint is None:
+            raise
+        print(f"platform-sim {args.command}: error: {hint}", file=sys.stderr)
         return 2
     except OSError as exc:  # an output path that cannot be written, a trace that cannot be read
         print(f"platform-sim {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)

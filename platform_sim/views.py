@@ -13,14 +13,14 @@ In-process, this is a wall of references, not a sandbox: code in the same interp
 walk the call stack (``sys._getframe``, a traceback's frames), scan every live object
 (``gc.get_objects``), ask who holds it (``gc.get_referrers``), or rebuild the public workload
 (``generate_workload(cfg, seed)``, the seed read from ``sys.argv`` or matched from the visible job
-types). ``tests/test_sim_wall.py`` lists what the references defend.
+types). ``tests/sim/test_sim_wall.py`` lists what the references defend.
 
 **The wall that holds** is the sealed mode (``platform-sim run --sealed``, ``--overlay-class
 module:Class``; :mod:`platform_sim.sealed`): the overlay runs in a fresh process with a clean command
 line and environment, after it has dropped its capabilities, and receives these snapshots' fields
 as JSON, nothing else: the engine's objects are in another address space. Its workloads' hidden
 streams are drawn with a secret salt (:func:`platform_sim.workload.generate_workload`), so the
-public generator cannot rebuild the truth either. ``tests/test_sim_sealed.py`` runs every cheat
+public generator cannot rebuild the truth either. ``tests/sim/test_sim_sealed.py`` runs every cheat
 above both ways: in-process each reproduces the Oracle; sealed none does better than a guess.
 
 Example::

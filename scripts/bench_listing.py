@@ -1,5 +1,5 @@
 """Benchmark: one tenant lists 20,000 jobs as fast as the server lets it; how long does another
-tenant's report take? (The scenario of tests/test_security.py test 6, with the tail measured.)
+tenant's report take? (The scenario of tests/service/test_security.py test 6, with the tail measured.)
 
 Tenant A's 20,000 registrations are written straight into a fresh SQLite database; `evalstop serve`
 starts over it on loopback; tenant B sends ``--reports`` reports (10 ms apart) while the server is

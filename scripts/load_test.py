@@ -163,7 +163,7 @@ def cpu_seconds(pid: int) -> float:
 def run_backend(db: str, replicas: int, args: argparse.Namespace) -> dict:
     """Start ``replicas`` servers over ``db``, run the saturation and the paced stream, stop them."""
     # one tenant sends the whole stream: lift its report-rate quota (1,000/s by default) out of the way,
-    # this measures the server, not the quota (tests/test_security.py tests the quota)
+    # this measures the server, not the quota (tests/service/test_security.py tests the quota)
     # every job connects from 127.0.0.1 at once, as through a proxy: the per-address guards are the proxy's
     lifted = ("--report-rate", "1000000", "--report-burst", "1000000", "--max-active-jobs", "100000",
               "--unauth-connections-per-ip", "0", "--unauth-rate-per-ip", "0")

@@ -1,5 +1,5 @@
 """The audit's cheats, each written as a real overlay (a subclass of the real ``DetectorOverlay``),
-and a driver that runs one of them in-process or sealed (``tests/test_sim_sealed.py``).
+and a driver that runs one of them in-process or sealed (``tests/sim/test_sim_sealed.py``).
 
 Every cheat tries to learn each job's truth (hacked? gold peak?) and, if it can, stops the job at the
 first eval at or past its true peak: the Oracle's decision at eval granularity. It never uses the

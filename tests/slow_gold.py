@@ -1,4 +1,4 @@
-"""A world-feedback function that hangs (an evaluator to kill mid-eval in tests/test_external_eval.py)."""
+"""A world-feedback function that hangs (an evaluator to kill mid-eval in tests/core/test_external_eval.py)."""
 
 import time
 

@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..core.extras import install_hint
 from .common import EXIT_BAD_INPUT, CLIError
 
 __all__ = ["CLIError", "build_parser", "main"]
@@ -41,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: commands that need an extra as a whole (the others name the extra of the module they miss)
+_COMMAND_EXTRA = {"serve": "service", "calibrate": "calibrate"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -48,6 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except CLIError as exc:
         print(f"evalstop {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ModuleNotFoundError as exc:  # a command of an extra that is not installed: say which
+        hint = install_hint(exc, _COMMAND_EXTRA.get(args.command))
+        if hint is None:
+            raise
+        print(f"evalstop {args.command}: error: {hint}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # the reader went away (`| head`): not an error (before OSError, its base)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -150,7 +150,7 @@ def _tune_gc() -> None:
 def _tune_gil() -> None:
     """Hand the GIL to the event loop sooner: a worker thread building a page of 1,000 jobs for one
     tenant holds it for up to the switch interval (5 ms by default) each time the loop wants it, which
-    another tenant's report waits out several times (tests/test_security.py measures the effect)."""
+    another tenant's report waits out several times (tests/service/test_security.py measures the effect)."""
     import sys
 
     sys.setswitchinterval(0.0005)

@@ -4,7 +4,7 @@ The service encodes every answer with :func:`to_wire` and the HTTP client decode
 :func:`from_wire`, so both ends agree by construction. Both are derived from the record's fields
 and their annotations (a dataclass's or a NamedTuple's): the wire keys are the fields, no more and
 no fewer, and a record is decoded by keyword construction, so its own checks run
-(``tests/test_codec.py`` checks every field of every record; a field of a type the codec has no
+(``tests/core/test_codec.py`` checks every field of every record; a field of a type the codec has no
 rule for fails at import).
 
 * :class:`~.detectors.Decision`, :class:`~.records.JobView`, :class:`~.records.Report`,

@@ -6,7 +6,7 @@ fields are the body's keys (with their types and defaults), and everything else 
 * the service's body model (``service/routes.py``: pydantic parses the types, nothing more);
 * the HTTP client's body (the record's fields, None left out) and the outbox entry;
 * the handler's call of the :class:`~.coordinator.Coordinator` method of the route's name, by keyword
-  (``tests/test_contract.py`` checks that each method takes exactly these parameters).
+  (``tests/clients/test_contract.py`` checks that each method takes exactly these parameters).
 
 The one validation of the values (bounds, text, names) is the coordinator's, shared by every client;
 so a record built here is only a typed container. A field's ``doc`` metadata is its description

@@ -1,0 +1,448 @@
+"""``evalstop calibrate`` on real files written here: a trainer_state.json, JSONL, CSV, TensorBoard event
+files from two real writers (torch's SummaryWriter: simple_value; tensorboard.summary.Writer: a tensor),
+an MLflow file-store folder; the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evalstop_trl.analysis.calibrate import Direction, candidate_policies
+from evalstop_trl.analysis.histories import HistoryError, load_histories
+from evalstop_trl.analysis.intervals import bootstrap_mean, clopper_pearson, stops_needed
+from evalstop_trl.analysis.replay import replay_curve
+from evalstop_trl.cli import main
+from evalstop_trl.core.detectors import DETECTORS
+
+ROOT = Path(__file__).resolve().parents[2]
+EVALSTOP = ROOT / ".venv" / "bin" / "evalstop"
+EVERY, N_EVALS = 10, 20
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    exe = ([str(EVALSTOP)] if EVALSTOP.exists() else
+           [sys.executable, "-c", "from evalstop_trl.cli import main; raise SystemExit(main())"])
+    return subprocess.run([*exe, "calibrate", *map(str, args)], capture_output=True, text=True, timeout=120,
+                          env=env or ENV, cwd=ROOT)
+
+
+# ----------------------------------------------------------------------------- synthetic runs
+def hacked_truth(peak: int) -> np.ndarray:
+    """Rises from 0.2 to 0.7 at eval ``peak``, then falls to 0.25 at the last eval."""
+    i = np.arange(N_EVALS, dtype=float)
+    up = 0.2 + 0.5 * i / peak
+    down = 0.7 - 0.45 * (i - peak) / (N_EVALS - 1 - peak)
+    return np.where(i <= peak, up, down)
+
+
+def healthy_truth() -> np.ndarray:
+    """Rises and saturates near 0.7 (a plateau where noise alone makes declines)."""
+    return 0.2 + 0.5 * (1 - np.exp(-np.arange(N_EVALS) / 4.0))
+
+
+def make_run(rng: np.random.Generator, hacked: bool, noise: float = 0.015) -> tuple[np.ndarray, np.ndarray]:
+    """(noisy eval the detector sees, gold series for the label)."""
+    truth = hacked_truth(int(rng.integers(7, 13))) if hacked else healthy_truth()
+    return truth + rng.normal(0, noise, N_EVALS), truth + rng.normal(0, 0.002, N_EVALS)
+
+
+def steps() -> list[int]:
+    return [EVERY * (i + 1) for i in range(N_EVALS)]
+
+
+def write_jsonl(path: Path, score: np.ndarray, gold: np.ndarray | None = None, key: str = "eval_reward") -> Path:
+    rows = []
+    for i, s in enumerate(steps()):
+        row = {"step": s, key: float(score[i]), "loss": 1.0 / (i + 1)}
+        if gold is not None:
+            row["gold"] = float(gold[i])
+        rows.append(json.dumps(row))
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory) -> tuple[Path, dict[str, bool]]:
+    """60 hacked and 40 healthy runs as JSONL (noisy eval_reward, near-clean gold); name -> hacked."""
+    folder = tmp_path_factory.mktemp("team")
+    rng = np.random.default_rng(7)
+    truth = {}
+    for i in range(100):
+        hacked = i < 60
+        name = f"run{i:03d}"
+        score, gold = make_run(rng, hacked)
+        write_jsonl(folder / f"{name}.jsonl", score, gold)
+        truth[name] = hacked
+    return folder, truth
+
+
+# ----------------------------------------------------------------------------- the five formats
+def write_trainer_state(folder: Path, score: np.ndarray, key: str = "eval_reward") -> None:
+    """run/checkpoint-100 (half the log) and run/checkpoint-200 (all of it): one run."""
+    for ckpt, upto in ((100, N_EVALS // 2), (200, N_EVALS)):
+        log = []
+        for i, s in enumerate(steps()[:upto]):
+            log.append({"step": s, "loss": 1.0 / (i + 1), "epoch": i / 10})
+            log.append({"step": s, key: float(score[i]), "eval_runtime": 1.5})
+        d = folder / "hf-run" / f"checkpoint-{ckpt}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": steps()[upto - 1], "max_steps": 200,
+                                                          "log_history": log}))
+
+
+def write_csv(path: Path, score: np.ndarray) -> None:
+    lines = ["step,eval_reward,loss"] + [f"{s},{float(score[i])!r},{1.0 / (i + 1)!r}" for i, s in enumerate(steps())]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _write_tb(w, score: np.ndarray) -> None:
+    for i, s in enumerate(steps()):
+        w.add_scalar("eval_reward", float(score[i]), s)
+        w.add_scalar("train/loss", 1.0 / (i + 1), s)
+    w.close()
+
+
+def write_tb_torch(folder: Path, score: np.ndarray) -> None:
+    from torch.utils.tensorboard import SummaryWriter  # simple_value scalars
+
+    _write_tb(SummaryWriter(str(folder)), score)
+
+
+def write_tb_native(folder: Path, score: np.ndarray) -> None:
+    from tensorboard.summary import Writer  # TF2-style: the scalar stored as a tensor
+
+    _write_tb(Writer(str(folder)), score)
+
+
+def write_mlflow(root: Path, score: np.ndarray, run_id: str, run_name: str, deleted: bool = False) -> Path:
+    """MLflow's file store: mlruns/<experiment_id>/<run_id>/{meta.yaml, metrics/<key>, params/, tags/}."""
+    exp = root / "mlruns" / "1"
+    exp.mkdir(parents=True, exist_ok=True)
+    (exp / "meta.yaml").write_text("artifact_location: file:///x\nexperiment_id: '1'\nlifecycle_stage: active\n"
+                                   "name: team\n")
+    run = exp / run_id
+    (run / "metrics" / "train").mkdir(parents=True)
+    (run / "params").mkdir()
+    (run / "tags").mkdir()
+    (run / "params" / "lr").write_text("1e-5")
+    (run / "tags" / "mlflow.runName").write_text(run_name)
+    stage = "deleted" if deleted else "active"
+    (run / "meta.yaml").write_text(f"artifact_uri: file:///x\nexperiment_id: '1'\nlifecycle_stage: {stage}\n"
+                                   f"run_id: {run_id}\nrun_name: {run_name}\nstatus: 3\n")
+    t0 = 1_700_000_000_000
+    (run / "metrics" / "eval_reward").write_text(
+        "".join(f"{t0 + s} {float(score[i])!r} {s}\n" for i, s in enumerate(steps())))
+    (run / "metrics" / "train" / "loss").write_text(
+        "".join(f"{t0 + s} {1.0 / (i + 1)!r} {s}\n" for i, s in enumerate(steps())))
+    return run
+
+
+@pytest.fixture(scope="module")
+def formats(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    """One hacked curve in every format (and a deleted MLflow run that must be left out)."""
+    folder = tmp_path_factory.mktemp("formats")
+    score, _ = make_run(np.random.default_rng(3), hacked=True)
+    write_trainer_state(folder, score)
+    write_tb_native(folder / "hf-run" / "runs" / "Dec01_12-00-00_host", score)  # report_to="tensorboard": same run
+    write_jsonl(folder / "jsonl-run.jsonl", score)
+    write_csv(folder / "csv-run.csv", score)
+    write_tb_torch(folder / "tb-torch", score)
+    write_tb_native(folder / "tb-native", score)
+    run = write_mlflow(folder, score, "a1b2c3", "mlflow-run")
+    (run / "artifacts").mkdir()
+    (run / "artifacts" / "samples.csv").write_text("prompt,completion\nhi,there\n")  # an artifact, not a run
+    write_mlflow(folder, score, "dead00", "thrown-away", deleted=True)
+    return folder, score
+
+
+def test_every_format_reads_the_same_curve(formats):
+    folder, score = formats
+    runs = load_histories([folder], "eval_reward")
+    by_format = {r.format: r for r in runs}
+    assert sorted(r.format for r in runs) == ["csv", "jsonl", "mlflow", "tensorboard", "tensorboard",
+                                             "trainer_state"]
+    for run in runs:
+        assert run.scores.steps == tuple(steps()), run.source
+        # float32 in TensorBoard, float64 elsewhere
+        np.testing.assert_allclose(run.scores.values, score, rtol=1e-6, err_msg=run.source)
+        assert run.losses[0] == pytest.approx(1.0) and run.losses[-1] == pytest.approx(1 / N_EVALS)
+    assert by_format["trainer_state"].planned_steps == 200  # max_steps of the latest checkpoint
+    assert by_format["trainer_state"].source.endswith("checkpoint-200/trainer_state.json")
+    assert by_format["mlflow"].name == "1/mlflow-run"  # meta.yaml's run_name
+    assert not any("thrown-away" in r.name for r in runs)
+    assert not any("Dec01" in r.source for r in runs)  # the transformers run's own TensorBoard log: read once
+    assert [r.source for r in load_histories([folder / "hf-run" / "runs"], "eval_reward")] == [
+        str(folder / "hf-run" / "runs" / "Dec01_12-00-00_host")]  # asked for directly, it is read
+    # the checkpoint copies named one by one (a glob) are one run too: the latest
+    (run,) = load_histories([str(folder / "hf-run" / "checkpoint-*" / "trainer_state.json")], "eval_reward")
+    assert run.source.endswith("checkpoint-200/trainer_state.json") and run.scores.steps == tuple(steps())
+
+
+def test_a_value_that_is_not_a_number_is_an_error_not_a_dropped_eval(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("step,eval_reward\n10,abc\n20,0.3\n30,\n")
+    with pytest.raises(HistoryError, match="'eval_reward' has a value that is not a number: 'abc' at step 10"):
+        load_histories([bad], "eval_reward")
+    bad.write_text("step,eval_reward\n10,0.1\n20,0.3\n30,\n40,0.2\n")  # an empty cell: a failed eval
+    (run,) = load_histories([bad], "eval_reward")
+    assert run.scores.steps == (10, 20, 40)
+
+
+def test_cli_on_every_format_labels_them_alike_and_says_not_enough_runs(formats):
+    folder, _ = formats
+    out = cli(folder, "--metric", "eval_reward", "--json")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["n_runs"] == 6 and res["n_hacked"] == 6
+    assert {r["format"] for r in res["runs"]} == {"csv", "jsonl", "mlflow", "tensorboard", "trainer_state"}
+    assert len({r["peak_step"] for r in res["runs"]}) == 1  # the same curve in every format
+    assert res["direction"] == "max" and res["label_metric"] == "eval_reward"
+    rec = res["recommendation"]
+    assert rec["policy"] is None and rec["runs_needed"] == stops_needed(0.9)  # all hacked: 36 runs would do
+    assert f"at least {stops_needed(0.9)} stops" in rec["reason"] and "not enough runs" in rec["reason"]
+    assert any("circular" in n for n in res["notes"]) and any("FPR cannot be estimated" in n for n in res["notes"])
+
+
+# ----------------------------------------------------------------------------- the team: table and policy
+@pytest.fixture(scope="module")
+def team_result(team):
+    folder, _ = team
+    out = cli(folder, "--label-metric", "gold", "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_labels_match_the_truth_of_the_synthetic_runs(team, team_result):
+    _, truth = team
+    labels = {r["name"]: r["hacked"] for r in team_result["runs"]}
+    assert labels == truth
+    assert team_result["metric"] == "eval_reward" and team_result["label_metric"] == "gold"
+    assert team_result["n_runs"] == 100 and team_result["n_hacked"] == 60
+
+
+def test_every_registered_detector_is_scored_and_counts_match_a_direct_replay(team, team_result):
+    folder, truth = team
+    labels = [p["label"] for p in (s["policy"] for s in team_result["scores"])]
+    expected = {p.label for p in candidate_policies()}
+    assert set(labels) == expected
+    assert {s["policy"]["detector"] for s in team_result["scores"]} == set(DETECTORS) - {"never"}
+    assert {"decline k=1", "decline k=3"} <= set(labels)
+    runs = {r.name: r for r in load_histories([folder], "eval_reward", "gold")}
+    names = [r["name"] for r in team_result["runs"]]
+    for score in team_result["scores"]:
+        pol = score["policy"]
+        tp = fp = 0
+        for name, stop in zip(names, score["stop_steps"], strict=True):
+            run = runs[name]
+            res = replay_curve(run.curve(), pol["detector"], planned_steps=run.planned_steps,
+                               **{**pol["params"], **({"direction": "max"} if "direction" in
+                                                      DETECTORS.params(pol["detector"]) else {})})
+            mine = res.stop_step if res.stopped and res.stop_step < run.scores.steps[-1] else None
+            assert stop == mine, (pol["label"], name)
+            tp += stop is not None and truth[name]
+            fp += stop is not None and not truth[name]
+        assert score["precision"]["k"] == tp and score["precision"]["n"] == tp + fp
+        assert score["recall"]["n"] == 60 and score["fpr"]["k"] == fp and score["fpr"]["n"] == 40
+        if tp + fp:
+            lo, hi = clopper_pearson(tp, tp + fp)
+            assert score["precision"]["ci"]["low"] == pytest.approx(lo)
+        savings = [0.0 if s is None else (200 - s) / 200 for s in score["stop_steps"]]
+        assert score["savings"]["value"] == pytest.approx(float(np.mean(savings)))
+
+
+def test_noise_makes_the_eager_rule_stop_healthy_runs(team_result):
+    by_label = {s["policy"]["label"]: s for s in team_result["scores"]}
+    assert by_label["decline k=1"]["fpr"]["k"] > 0  # plateau noise: one decline is not evidence
+    assert by_label["decline k=1"]["fpr"]["k"] > by_label["decline k=3"]["fpr"]["k"]
+
+
+def test_the_recommended_policy_follows_the_documented_rule(team_result):
+    rec = team_result["recommendation"]
+    assert rec["policy"] is not None, rec["reason"]
+    qualified = [s for s in team_result["scores"] if s["precision"]["ci"] and s["precision"]["ci"]["low"] >= 0.9]
+    best = max(s["savings"]["value"] for s in qualified)
+    chosen = next(s for s in team_result["scores"] if s["policy"]["label"] == rec["policy"]["label"])
+    assert chosen in qualified and chosen["savings"]["value"] == best
+    ties = [s for s in qualified if s["savings"]["value"] == best]
+    assert chosen["recall"]["value"] == max(s["recall"]["value"] for s in ties)
+    det = rec["policy"]["detector"]
+    assert rec["callback"].startswith(f'EvalStopCallback("eval_reward", detector="{det}"')
+    assert rec["callback"].endswith('direction="max")')
+    assert f"--detector {det}" in rec["cli"] and rec["cli"].startswith("evalstop replay ")
+    assert rec["service_policy"]["detector"] == det
+
+
+def test_the_table_and_the_printed_policy(team, team_result):
+    folder, _ = team
+    out = cli(folder, "--label-metric", "gold")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "100 runs (jsonl)" in text and "60 hacked, 40 healthy" in text
+    header = next(line for line in text.splitlines() if line.startswith("policy"))
+    for col in ("stops", "precision", "recall", "FPR", "lag (evals)", "savings"):
+        assert col in header
+    for s in team_result["scores"]:
+        row = next(line for line in text.splitlines() if line.startswith(s["policy"]["label"] + " "))
+        assert f"({s['precision']['k']}/{s['precision']['n']})" in row
+    rec = team_result["recommendation"]
+    assert f"Recommended policy: {rec['policy']['label']}:" in text
+    assert rec["callback"] in text and rec["cli"] in text
+    assert "Note: labels come from" not in text  # gold labels: not circular
+
+
+def test_label_metric_decides_the_label_not_the_detector_series(tmp_path):
+    # the eval the detector sees keeps rising (a proxy), gold falls: hacked only by the gold label
+    rising = 0.2 + 0.03 * np.arange(N_EVALS)
+    write_jsonl(tmp_path / "proxy.jsonl", rising, gold=hacked_truth(8))
+    own = json.loads(cli(tmp_path, "--metric", "eval_reward", "--json").stdout)
+    gold = json.loads(cli(tmp_path, "--metric", "eval_reward", "--label-metric", "gold", "--json").stdout)
+    assert own["runs"][0]["hacked"] is False and own["runs"][0]["label_metric"] == "eval_reward"
+    assert gold["runs"][0]["hacked"] is True and gold["runs"][0]["peak_step"] == steps()[8]
+
+
+def test_a_loss_is_minimised_by_default(tmp_path):
+    loss = 3.0 - 2.0 * hacked_truth(9) + np.random.default_rng(1).normal(0, 0.01, N_EVALS)  # falls, then rises
+    write_trainer_state(tmp_path, loss, key="eval_loss")
+    res = json.loads(cli(tmp_path, "--json").stdout)  # eval_loss is the only eval metric: chosen by default
+    assert res["metric"] == "eval_loss" and res["direction"] == "min"
+    assert res["runs"][0]["hacked"] is True and res["runs"][0]["peak_step"] == steps()[9]
+    flipped = json.loads(cli(tmp_path, "--json", "--direction", "max").stdout)
+    assert flipped["direction"] == "max" and flipped["runs"][0]["peak_step"] != steps()[9]
+
+
+def test_margin_is_relative_to_each_runs_range(tmp_path):
+    # the same shape in units x100 and +5: the same label and the same stops
+    base = hacked_truth(10) + np.random.default_rng(2).normal(0, 0.01, N_EVALS)
+    write_jsonl(tmp_path / "small.jsonl", base)
+    write_jsonl(tmp_path / "big.jsonl", 100 * base + 5)
+    res = json.loads(cli(tmp_path, "--json", "--margin", "0.5").stdout)
+    small, big = sorted(res["runs"], key=lambda r: r["name"], reverse=True)
+    assert small["hacked"] == big["hacked"] is True
+    assert small["drop_share"] == pytest.approx(big["drop_share"])
+    strict = json.loads(cli(tmp_path, "--json", "--margin", "0.95").stdout)
+    assert not any(r["hacked"] for r in strict["runs"])  # falls to about 10% of its range above the start
+
+
+# ----------------------------------------------------------------------------- errors
+def test_missing_metric_lists_the_available_ones(team):
+    folder, _ = team
+    out = cli(folder / "run000.jsonl", "--metric", "eval_acc")
+    assert out.returncode == 2 and out.stdout == ""
+    assert "run000.jsonl: metric 'eval_acc' not found; metrics in this run: eval_reward, gold, loss" in out.stderr
+    out = cli(folder / "run000.jsonl", "--label-metric", "judge")
+    assert "label metric 'judge' not found" in out.stderr and out.returncode == 2
+
+
+def test_unreadable_unknown_and_missing_files(tmp_path, capsys):
+    bad_json = tmp_path / "trainer_state.json"
+    bad_json.write_text('{"log_history": [')
+    binary = tmp_path / "run.csv"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    garbage = tmp_path / "tb" / "events.out.tfevents.1.host"
+    garbage.parent.mkdir()
+    garbage.write_bytes(b"not an event file at all")
+    unknown = tmp_path / "weights.bin"
+    unknown.write_bytes(b"\0\1")
+    bad_mlflow = write_mlflow(tmp_path, healthy_truth(), "r1", "r1")
+    (bad_mlflow / "metrics" / "eval_reward").write_text("1700000000 0.5 10\nthree fields expected\n")
+    cases = [
+        (bad_json, f"{bad_json}: invalid JSON"),
+        (binary, f"{binary}: not a UTF-8 text file"),
+        (garbage, f"{garbage}: no TensorBoard event could be read"),
+        (unknown, f"{unknown}: unknown format; calibrate reads: trainer_state.json"),
+        (tmp_path / "nope", f"{tmp_path / 'nope'}: no such file or folder"),
+        (bad_mlflow, f"{bad_mlflow / 'metrics' / 'eval_reward'}:2: expected '<timestamp_ms> <value> <step>'"),
+        (str(tmp_path / "*.parquet"), "the pattern matches no file or folder"),
+    ]
+    out = cli(bad_json)  # one through the installed command, the rest through the same entry point in-process
+    assert out.returncode == 2 and out.stderr.startswith(f"evalstop calibrate: error: {bad_json}: invalid JSON")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases += [(empty, f"{empty}: no run found in this folder"), (unknown, "--margin must be in [0, 1)", "--margin", "1.5")]
+    for path, message, *flags in cases:
+        assert main(["calibrate", str(path), *flags]) == 2, path
+        err = capsys.readouterr().err
+        assert err.startswith("evalstop calibrate: error: ") and message in err, err
+
+
+def test_without_tensorboard_it_says_which_pip_command_to_run(tmp_path, formats):
+    folder, _ = formats
+    shim = tmp_path / "shim"
+    (shim / "tensorboard").mkdir(parents=True)
+    (shim / "tensorboard" / "__init__.py").write_text("raise ImportError('no tensorboard here')\n")
+    env = {**ENV, "PYTHONPATH": str(shim)}
+    out = cli(folder / "tb-torch", env=env)
+    assert out.returncode == 2
+    assert "needs the tensorboard package; run: pip install 'evalstop[calibrate]'" in out.stderr
+    assert cli(folder / "jsonl-run.jsonl", env=env).returncode == 0  # other formats do not need it
+
+
+def test_different_default_metrics_are_refused(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", healthy_truth(), key="eval_reward")
+    write_jsonl(tmp_path / "b.jsonl", healthy_truth(), key="eval_accuracy")
+    out = cli(tmp_path)
+    assert out.returncode == 2 and "the runs default to different metrics" in out.stderr and "--metric" in out.stderr
+
+
+# ----------------------------------------------------------------------------- pieces
+def test_clopper_pearson_covers_at_least_95_percent():
+    n = 25
+    intervals = [clopper_pearson(k, n) for k in range(n + 1)]
+    for p in np.linspace(0.01, 0.99, 99):
+        pmf = [math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)]
+        coverage = sum(w for w, (lo, hi) in zip(pmf, intervals, strict=True) if lo <= p <= hi)
+        assert coverage >= 0.95 - 1e-9, p
+    assert stops_needed(0.9) == 36 and clopper_pearson(36, 36)[0] >= 0.9 > clopper_pearson(35, 35)[0]
+
+
+def test_bootstrap_mean_is_seeded_and_brackets_the_mean():
+    values = np.random.default_rng(0).normal(3.0, 1.0, 50)
+    a, b = bootstrap_mean(values), bootstrap_mean(values)
+    assert a == b and a.ci.low < a.value < a.ci.high and a.value == pytest.approx(values.mean())
+    assert bootstrap_mean([]).value is None and bootstrap_mean([2.0]).ci is None
+
+
+def test_candidates_follow_the_registry():
+    names = {p.detector for p in candidate_policies()}
+    assert names == set(DETECTORS) - {"never"}
+    keys = [(p.detector, tuple(sorted({**DETECTORS.params(p.detector), **dict(p.params)}.items()))) for p in
+            candidate_policies()]
+    assert len(keys) == len(set(keys))  # no variant repeats a detector's defaults
+    assert Direction("min").sign() == -1.0
+
+
+def test_the_command_does_not_import_the_training_stack(formats):
+    folder, _ = formats
+    code = ("import sys; from evalstop_trl.cli import main; "
+            f"rc = main(['calibrate', {str(folder / 'jsonl-run.jsonl')!r}, '--json']); "
+            "print([m for m in ('torch', 'transformers', 'trl') if m in sys.modules], rc, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                         timeout=120)
+    assert out.stderr.strip().endswith("[] 0"), out.stderr
+
+
+def test_progress_bar_only_for_many_runs():
+    from tqdm import tqdm
+
+    from evalstop_trl.cli.calibrate import PROGRESS_FROM, _progress
+
+    assert not isinstance(_progress("x", PROGRESS_FROM - 1)([1, 2]), tqdm)
+    assert isinstance(_progress("x", PROGRESS_FROM)([1, 2]), tqdm)
+    assert isinstance(_progress("x")(list(range(PROGRESS_FROM))), tqdm)
+    assert not isinstance(_progress("x")([1]), tqdm)
+
+
+def test_mlflow_run_name_falls_back_to_the_run_name_tag(tmp_path):
+    run = write_mlflow(tmp_path, healthy_truth(), "ff00", "from-the-tag")
+    (run / "meta.yaml").write_text("experiment_id: '1'\nlifecycle_stage: active\nrun_id: ff00\nstatus: 3\n")
+    (only,) = load_histories([tmp_path / "mlruns"], "eval_reward")
+    assert only.name == "1/from-the-tag" and only.format == "mlflow"
+    assert only.losses[-1] == pytest.approx(1 / N_EVALS)  # metrics/train/loss: a key with a slash

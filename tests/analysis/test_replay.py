@@ -1,0 +1,161 @@
+"""`evalstop replay`: three formats, metric choice, the rule, bad input -> exit 2."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from evalstop_trl.analysis.replay import ReplayError, load_curve, replay_curve
+from evalstop_trl.cli import main
+from tests.core.test_detectors import reference_decline
+
+
+def write(tmp_path, fmt, steps, scores, metric="eval_gold", extra=None):
+    extra = extra or {}
+    if fmt == "trainer_state":
+        log = []
+        for s, v in zip(steps, scores, strict=False):
+            log.append({"step": s, "loss": 1.0 / (s + 1), "learning_rate": 1e-4})
+            log.append({"step": s, metric: v, "eval_runtime": 0.1, "epoch": s / 100, **extra})
+        p = tmp_path / "trainer_state.json"
+        p.write_text(json.dumps({"max_steps": max(steps), "log_history": log}))
+    elif fmt == "csv":
+        p = tmp_path / "curve.csv"
+        p.write_text("step," + metric + "\n" + "".join(f"{s},{v}\n" for s, v in zip(steps, scores, strict=False)))
+    else:
+        p = tmp_path / "curve.jsonl"
+        p.write_text("".join(json.dumps({"step": s, metric: v}) + "\n" for s, v in zip(steps, scores, strict=False)))
+    return p
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("fmt", ["trainer_state", "csv", "jsonl"])
+@pytest.mark.parametrize("seed", range(12))
+def test_replay_matches_the_rule_on_random_curves(tmp_path, capsys, fmt, seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 15)
+    scores = [round(rng.uniform(0, 1), 3) for _ in range(n)]
+    steps = [10 * (i + 1) for i in range(n)]
+    k = rng.randint(1, 3)
+    min_delta = rng.choice([0.0, 0.02])
+    p = write(tmp_path, fmt, steps, scores)
+    code, out, _ = run_cli(capsys, "replay", p, "--k", k, "--min-delta", min_delta, "--json")
+    assert code == 0
+    got = json.loads(out)
+    assert set(got) == {"stopped", "stop_step", "best_step", "best_score", "reason"}
+    stop, best = reference_decline(scores, k, min_delta, "max")
+    assert got["stopped"] == (stop is not None)
+    assert got["stop_step"] == stop
+    if stop is not None:
+        assert got["best_step"] == best
+    else:
+        assert got["best_step"] == steps[scores.index(max(scores))]
+    assert got["best_score"] == scores[steps.index(got["best_step"])]
+
+
+def test_human_table_marks_best_and_stop(tmp_path, capsys):
+    p = write(tmp_path, "csv", [1, 2, 3, 4, 5], [0.1, 0.5, 0.4, 0.3, 0.2])
+    code, out, _ = run_cli(capsys, "replay", p)
+    assert code == 0
+    assert "<- best" in out and "<- STOP" in out and "(after stop)" in out
+    assert "STOP at step 4; best step 2" in out
+
+
+def test_trainer_state_skips_training_logs_and_refuses_to_guess_among_eval_keys(tmp_path):
+    p = write(tmp_path, "trainer_state", [10, 20, 30], [0.3, 0.2, 0.1])
+    curve = load_curve(p)  # the only eval key: taken
+    assert curve.metric == "eval_gold" and curve.steps == (10, 20, 30) and curve.planned_steps == 30
+    assert curve.losses[0] == pytest.approx(1 / 11)
+    p = write(tmp_path, "trainer_state", [10, 20, 30], [0.3, 0.2, 0.1], extra={"eval_other": 1.0})
+    with pytest.raises(ReplayError, match="several evaluation metrics.*eval_gold, eval_other.*--metric"):
+        load_curve(p)  # never a silent pick (a DPO state file would have given eval_entropy)
+    assert load_curve(p, "eval_other").scores == (1.0, 1.0, 1.0)
+
+
+def test_direction_min_and_other_detectors(tmp_path):
+    p = write(tmp_path, "jsonl", [1, 2, 3, 4], [1.0, 0.8, 0.9, 1.0], metric="eval_loss")
+    assert replay_curve(load_curve(p), "decline", direction="min").stop_step == 4
+    assert replay_curve(load_curve(p), "patience", k=2, direction="min").stop_step == 4
+    assert replay_curve(load_curve(p), "stop_at", planned_steps=4, fraction=0.5).stop_step == 2
+    assert not replay_curve(load_curve(p), "never").stopped
+
+
+@pytest.mark.parametrize(
+    "content, name, argv, message",
+    [
+        (None, "missing.csv", [], "no such file"),
+        ("hello world\n", "curve.txt", [], "unknown format"),
+        ("{bad json", "x.json", [], "invalid JSON"),
+        ('{"a": 1}', "x.json", [], "log_history"),
+        ("step,score\n1,0.5\n2,abc\n", "c.csv", [], "score at step 2 is 'abc', not a number"),
+        ("step,score\n1,0.5\n2,nan\n", "c.csv", [], "must be finite"),
+        ("epoch,score\n1,0.5\n", "c.csv", [], "no 'step' column"),
+        ("step,a,b\n1,0.5,0.6\n", "c.csv", [], "several metrics and none named eval_*: a, b; choose one with --metric"),
+        ("step,a\n1,0.5\n", "c.csv", ["--metric", "zz"], "metric 'zz' not found; metrics in the file: a"),
+        ('{"step": 1, "s": 0.5}\n[1]\n', "c.jsonl", [], "expected a JSON object"),
+        ('{"step": 1, "s": "0.5"}\n', "c.jsonl", ["--metric", "s"], "not a number"),
+        ('{"step": -1, "s": 0.5}\n', "c.jsonl", [], "steps must be non-negative integers"),
+        ("step,a\n1,0.5\n", "c.csv", ["--detector", "nope"], "valid detectors are"),
+        ("step,a\n1,0.5\n", "c.csv", ["--k", "0"], "k must be an integer in [1, 1000]"),
+        ("step,a\n1,0.5\n", "c.csv", ["--detector", "never", "--k", "2"], "Unknown parameter(s) k"),
+        ("step,a\n1,0.5\n", "c.csv", ["--detector", "stop_at", "--planned-steps", "-5"], "--planned-steps must be"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, content, name, argv, message):
+    p = tmp_path / name
+    if content is not None:
+        p.write_text(content)
+    code, out, err = run_cli(capsys, "replay", p, *argv)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_replay_help_does_not_import_torch():
+    code = (
+        "import sys; from evalstop_trl.cli import main\n"
+        "try:\n    main(['replay', '--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'transformers', 'fastapi', 'uvicorn', 'numpy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_import_package_does_not_import_torch():
+    code = "import sys, evalstop_trl; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_loader_error_type(tmp_path):
+    with pytest.raises(ReplayError):
+        load_curve(tmp_path / "nothing.jsonl")
+
+
+def test_several_eval_metrics_are_refused_with_the_list_and_evalstop_score_wins(tmp_path):
+    import json as _json
+
+    state = {"log_history": [{"step": 10, "eval_loss": 0.5, "eval_entropy": 2.0, "eval_rewards/margins": 0.1}]}
+    path = tmp_path / "trainer_state.json"
+    path.write_text(_json.dumps(state))
+    with pytest.raises(ReplayError, match="several evaluation metrics.*eval_loss, eval_entropy"):
+        load_curve(path)
+    state["log_history"].append({"step": 10, "evalstop/score": 0.7, "evalstop/best_score": 0.7})
+    path.write_text(_json.dumps(state))
+    assert load_curve(path).metric == "evalstop/score"
+
+
+def test_any_detector_parameter_through_param(tmp_path, capsys):
+    p = write(tmp_path, "jsonl", [1, 2, 3, 4], [0.5, 0.7, 0.6, 0.5])
+    assert main(["replay", str(p), "--detector", "decline", "--param", "k=1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stop_step"] == 3
+    assert main(["replay", str(p), "--param", "k"]) == 2
+    assert "--param must look like NAME=VALUE" in capsys.readouterr().err

@@ -1,0 +1,119 @@
+"""World feedback evaluated by separate ``evalstop evaluate`` workers (issue 10, item 7), end to end:
+a hacked tiny GRPO run publishes snapshots and keeps training; two workers score them (one is
+killed mid-eval, its lease runs out, the other takes its snapshot); the run is stopped and the kept
+snapshot scores as reported."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from evalstop_trl.clients.http import EvalStopClient  # noqa: E402
+from evalstop_trl.train.tiny import PRESETS, GoldEval, run_tiny  # noqa: E402
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _worker(server, token, fn: str, tmp_path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "evalstop_trl", "evaluate", "--url", server.url, "--fn", fn, "--fn-path", str(ROOT),
+         "--lease-s", "4", "--root", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "EVALSTOP_TOKEN": token})
+
+
+def test_external_evaluators_stop_a_hacked_run(server, tmp_path):
+    token = server.add_tenant("lab")
+    server.start()
+    doomed = _worker(server, token, "tests.slow_gold:score", tmp_path)  # hangs in its first eval
+    good = None
+    killed: list[int] = []
+
+    def kill_the_doomed_one_mid_eval() -> None:
+        nonlocal good
+        name = f"{socket.gethostname()}-{doomed.pid}/0"
+        with EvalStopClient(server.url, token) as c:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    tasks = c.evals("ext")
+                except Exception:  # noqa: BLE001 - the job is not registered yet
+                    tasks = []
+                held = [t.step for t in tasks if t.worker == name and t.state.value == "leased"]
+                if held:
+                    doomed.send_signal(signal.SIGKILL)
+                    killed.extend(held)
+                    good = _worker(server, token, "evalstop_trl.train.tiny:gold_hacked", tmp_path)
+                    return
+                time.sleep(0.1)
+
+    watcher = threading.Thread(target=kill_the_doomed_one_mid_eval)
+    watcher.start()
+    try:
+        run = run_tiny("grpo", "hacked", output_dir=tmp_path, coordinator=server.url, token=token, job_id="ext",
+                       max_steps=600, eval_every=15, callback_kwargs={"external_eval": True})
+    finally:
+        watcher.join()
+        for p in (doomed, good):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=60)
+    assert killed, "the first worker never took a snapshot"
+    cb = run.callback
+    assert run.stopped_at is not None and run.stopped_at < 600, (run.steps_done, cb.decision)
+    assert cb.stop_lag is not None and cb.stop_lag >= 0
+    with EvalStopClient(server.url, token) as c:
+        job = c.status("ext")
+        tasks = {t.step: t for t in c.evals("ext")}
+        ack = [e for e in c.audit("ext") if e.kind.value == "ack"][0]
+    assert job.status == "stopped" and "consecutive declines" in job.decision.reason
+    assert ack.evidence["stop_lag"] == cb.stop_lag  # also in `evalstop status` / the demo
+    assert tasks[killed[0]].state.value == "done" and tasks[killed[0]].worker != f"{socket.gethostname()}-{doomed.pid}/0"
+    # the kept snapshot is the reported best, and scores as reported; the others were pruned
+    best = Path(job.best_checkpoint)
+    assert best.name == f"checkpoint-{job.best_step}" and best.is_dir()
+    from evalstop_trl.train.evaluator import load_snapshot
+
+    model, tok = load_snapshot(best)
+    assert GoldEval(PRESETS["hacked"])(model, tok) == pytest.approx(job.best_score, abs=1e-5)
+    scored = [s for s, t in tasks.items() if t.fed and s != job.best_step]
+    assert scored and not any((tmp_path / "trainer" / f"checkpoint-{s}").exists() for s in scored)
+
+
+def test_a_stop_prunes_every_snapshot_but_the_best_even_those_scored_late(tmp_path):
+    """The race CI can hit: an evaluator that was behind scores a snapshot after the run's last prune.
+    During training only scored snapshots go; at the stop every one but the best goes."""
+    from evalstop_trl.clients.embedded import EmbeddedClient
+    from evalstop_trl.core.coordinator import Coordinator
+    from evalstop_trl.stores.memory import MemoryStore
+    from evalstop_trl.train.callback import EvalStopCallback
+
+    client = EmbeddedClient(Coordinator(MemoryStore()))
+    client.register_job("ext", "grpo")
+    cb = EvalStopCallback(external_eval=True, eval_every=15)
+    cb.client, cb.job_id, cb._output_dir = client, "ext", str(tmp_path)
+    for step in (15, 30, 45, 60):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        client.publish_snapshot("ext", step, str(tmp_path / f"checkpoint-{step}"))
+        cb._snapshots.append(step)
+    for step, score in ((15, 0.5), (30, 0.4)):  # scored so far: 15 (the best) and 30
+        client.post_eval("ext", step, score)
+    kept = lambda: sorted(int(p.name.split("-")[1]) for p in tmp_path.iterdir())  # noqa: E731
+    cb._prune()
+    assert kept() == [15, 45, 60]  # the scored non-best one went; unscored ones stay for their evaluators
+    cb._prune(final=True)
+    assert kept() == [15]  # stopped: only the best is worth keeping, whatever is scored later
+    client.post_eval("ext", 45, 0.9)  # a late score changes nothing on disk
+    assert kept() == [15] and cb._snapshots == [15]

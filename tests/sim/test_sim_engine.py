@@ -1,0 +1,247 @@
+"""Engine invariants (properties), scheduler order on hand-made workloads, views, overlays, the job
+lifecycle, the event queue and the cluster, and results pinned to a recorded golden."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from platform_sim.config import load_config
+from platform_sim.curves import CurveKind
+from platform_sim.engine import Simulation
+from platform_sim.experiments import simulate
+from platform_sim.jobs import Timing
+from platform_sim.overlays import DetectorOverlay, Overlay
+from platform_sim.policies import build_overlay, build_scheduler
+from platform_sim.schedulers import SCHEDULERS
+from platform_sim.views import VISIBLE_FIELDS, InformationBoundaryError, JobSnapshot
+from platform_sim.workload import generate_workload
+from tests.sim_helpers import job, small_config, workload
+
+
+class CheckedSimulation(Simulation):
+    """Checks the GPU invariant after every planning step."""
+
+    max_in_use = 0
+
+    def _plan(self, allow_preempt):
+        super()._plan(allow_preempt)
+        in_use = sum(j.spec.gpus for j in self.running.values())
+        c = self.cluster
+        assert 0 <= c.free == c.total_gpus - in_use
+        assert sum(c.node_free) == c.free and min(c.node_free) >= 0
+        assert all(j.running for j in self.running.values()) and not any(j.running for j in self.waiting.values())
+        self.max_in_use = max(self.max_in_use, in_use)
+
+
+def run(wl, cfg, scheduler, overlay="none", cls=Simulation):
+    sim = cls(wl, cfg, build_scheduler(cfg, scheduler), build_overlay(cfg, wl, overlay))
+    return sim, sim.run()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), scheduler=st.sampled_from(sorted(SCHEDULERS)),
+       overlay=st.sampled_from(["none", "evalstop", "stop_at", "loss_plateau", "oracle"]),
+       pack=st.booleans(), load=st.sampled_from([0.5, 1.2]))
+def test_engine_invariants(seed, scheduler, overlay, pack, load):
+    cfg = load_config().replace(**{"workload.n_jobs": 40, "cluster.pack_small_jobs": pack, "workload.load": load})
+    wl = generate_workload(cfg, seed)
+    sim, res = run(wl, cfg, scheduler, overlay, CheckedSimulation)
+    assert sim.max_in_use <= 64
+    assert len(res.outcomes) == 40 and sim.departed == 40
+    for o, spec, truth in zip(res.outcomes, wl.jobs, wl.truths, strict=False):
+        assert o.completed != o.stopped  # departed exactly once, one way
+        assert o.departure_s >= o.first_start_s >= o.arrival_s
+        if o.completed:
+            assert o.jct_s >= truth.duration_s  # JCT >= exclusive duration
+            assert o.evals_done == wl.n_evals
+        assert o.gpu_seconds <= spec.gpus * (o.departure_s - o.first_start_s) + 1e-6
+        assert o.gpu_seconds >= spec.gpus * (o.work_done - 1e-6)
+    # same seed, same result
+    assert run(wl, cfg, scheduler, overlay)[1] == res
+
+
+def test_timing_layout():
+    cfg = load_config()
+    t = Timing.of(36000.0, cfg, 10)
+    assert t.seg_train == 3600.0 and t.seg_eval == pytest.approx(0.02 * 3600 + 60)
+    assert t.progress_of(t.work_at(0.35)) == pytest.approx(0.35)
+    assert t.work_at(1.0) == t.total_work and t.progress_of(t.total_work) == 1.0
+    assert t.progress_of(t.seg_train + 10) == pytest.approx(0.1)  # no progress during an eval
+
+
+def test_fifo_vs_sjf_order():
+    cfg = small_config()
+    # a long 8-GPU job occupies the node; then a long and a short job queue behind it
+    wl = workload(job(0, 8, 0, 10), job(1, 8, 1, 20, est_h=20), job(2, 8, 2, 1, est_h=1))
+    _, fifo = run(wl, cfg, "fifo")
+    _, sjf = run(wl, cfg, "sjf_est")
+    assert fifo.outcomes[1].first_start_s == 10 * 3600 and fifo.outcomes[2].first_start_s == 30 * 3600
+    assert sjf.outcomes[2].first_start_s == 10 * 3600 and sjf.outcomes[1].first_start_s == 11 * 3600
+
+
+def test_strict_fifo_blocks_and_backfill_does_not():
+    cfg = small_config()
+    wl = workload(job(0, 6, 0, 10), job(1, 8, 1, 1), job(2, 2, 2, 1))
+    _, back = run(wl, cfg.replace(**{"scheduler.fifo.backfill": True}), "fifo")
+    _, strict = run(wl, cfg.replace(**{"scheduler.fifo.backfill": False}), "fifo")
+    assert back.outcomes[2].first_start_s == 2 * 3600  # fills the 2 free GPUs
+    assert strict.outcomes[2].first_start_s == 11 * 3600  # waits behind job 1
+
+
+def test_srtf_preempts_with_restart_overhead():
+    cfg = small_config(**{"workload.restart_overhead_s": 600.0})
+    wl = workload(job(0, 8, 0, 10), job(1, 8, 1, 1))
+    _, res = run(wl, cfg, "srtf_est")
+    long, short = res.outcomes
+    assert short.first_start_s == 3600 and short.departure_s == 2 * 3600
+    assert long.restarts == 1
+    assert long.departure_s == pytest.approx(11 * 3600 + 600)  # 1 h waiting + 10 min restart
+
+
+def test_loss_aware_runs_new_jobs_first_and_promotes_starved_ones():
+    cfg = small_config(**{"scheduler.loss_aware.promote_h": 1.0})
+    wl = workload(job(0, 8, 0, 4), job(1, 8, 0.5, 4))
+    _, res = run(wl, cfg, "loss_aware")
+    assert all(o.completed for o in res.outcomes)
+    assert res.outcomes[1].first_start_s < res.outcomes[0].departure_s  # the newcomer got GPUs
+
+
+def test_evalstop_overlay_stops_through_the_coordinator():
+    cfg = small_config()
+    hacked = job(0, 8, 0, 5, scores=(0.5, 0.9, 0.7, 0.6, 0.5), kind=CurveKind.HACKED, hacked=True, peak=0.4)
+    wl = workload(hacked, job(1, 8, 0, 5, scores=(0.1, 0.2, 0.3, 0.35, 0.3)))
+    sim, res = run(wl, cfg, "fifo", "evalstop")
+    stopped, healthy = res.outcomes
+    assert stopped.stopped and stopped.evals_done == 4 and stopped.departure_s == 4 * 3600
+    assert stopped.best_eval == 2 and stopped.delivered_progress == pytest.approx(0.4)
+    assert healthy.completed  # a single decline at the very end does not stop it
+    assert healthy.first_start_s == 4 * 3600  # it got the GPUs the moment the hacked job was stopped
+    audit = sim.overlay.coordinator.audit("platform")
+    assert [a.job_id for a in audit] == ["0"] and "2 consecutive declines" in audit[0].reason
+
+
+class _EvalLog(Overlay):
+    """Stops job 0 at its third eval, through one of the two eval hooks; logs what it received."""
+
+    def __init__(self) -> None:
+        self.got: list = []
+
+
+class _BySnapshot(_EvalLog):
+    def on_eval(self, job, step, score, loss, proxy):
+        self.got.append((job, step))
+        return job.job_id == 0 and step == 3
+
+
+class _ById(_EvalLog):
+    def on_eval_id(self, job_id, step, score, loss, proxy):
+        self.got.append((job_id, step))
+        return job_id == 0 and step == 3
+
+
+def test_the_two_eval_hooks_decide_alike_and_only_on_eval_gets_snapshots():
+    cfg = small_config()
+    wl = workload(job(0, 8, 0, 5), job(1, 8, 0, 5))
+    results, logs = [], []
+    for overlay in (_BySnapshot(), _ById()):
+        results.append(Simulation(wl, cfg, build_scheduler(cfg, "fifo"), overlay).run().outcomes)
+        logs.append(overlay.got)
+    assert results[0] == results[1] and results[0][0].stopped and results[0][0].evals_done == 3
+    snapshots, ids = logs
+    assert all(isinstance(j, JobSnapshot) for j, _ in snapshots)
+    assert [(j.job_id, s) for j, s in snapshots] == ids and all(type(j) is int for j, _ in ids)
+    assert snapshots[2][0].evals_done == 3  # the snapshot is taken after the eval
+
+
+def test_the_eval_hook_defined_lowest_in_the_class_hierarchy_is_called():
+    cfg = small_config()
+    hacked = job(0, 8, 0, 5, scores=(0.5, 0.9, 0.7, 0.6, 0.5), kind=CurveKind.HACKED, hacked=True, peak=0.4)
+    wl = workload(hacked)
+
+    class Both(_BySnapshot, _ById):  # on_eval comes first in its hierarchy
+        pass
+
+    class Watching(DetectorOverlay):  # an on_eval_id overlay whose subclass overrides on_eval
+        def __init__(self) -> None:
+            super().__init__("decline", {"k": 2}, "all", name="evalstop")
+            self.seen: list = []
+
+        def on_eval(self, job, step, score, loss, proxy):
+            self.seen.append(job)
+            return super().on_eval(job, step, score, loss, proxy)  # reaches the Coordinator
+
+    both, watching = Both(), Watching()
+    Simulation(wl, cfg, build_scheduler(cfg, "fifo"), both).run()
+    assert both.got and all(isinstance(j, JobSnapshot) for j, _ in both.got)
+    res = Simulation(wl, cfg, build_scheduler(cfg, "fifo"), watching).run()
+    assert [v.evals_done for v in watching.seen] == [1, 2, 3, 4]
+    assert res.outcomes[0].stopped and res.outcomes[0].evals_done == 4  # the decline rule stopped it
+
+
+def test_oracle_stops_at_the_true_peak_and_is_marked():
+    cfg = small_config()
+    hacked = job(0, 8, 0, 4, scores=(0.5, 0.9, 0.7, 0.6), kind=CurveKind.HACKED, hacked=True, peak=0.3)
+    _, res = run(workload(hacked), cfg, "fifo", "oracle")
+    assert res.is_oracle and res.outcomes[0].stopped
+    assert res.outcomes[0].delivered_progress == pytest.approx(0.3)
+    assert res.outcomes[0].departure_s == pytest.approx(0.3 * 4 * 3600)
+
+
+def test_snapshots_enforce_the_information_boundary():
+    cfg = small_config()
+    wl = workload(job(0, 8, 0, 4))
+    sim = Simulation(wl, cfg, build_scheduler(cfg, "fifo"), build_overlay(cfg, wl, "none"))
+    view = sim.jobs[0].snapshot(0.0)
+    assert view.gpus == 8 and view.est_duration_s == 4 * 3600 and view.progress == 0.0
+    assert view._fields == VISIBLE_FIELDS
+    for hidden in ("duration_s", "truth", "hacked", "scores", "peak_progress", "spec"):
+        with pytest.raises(InformationBoundaryError, match="not visible"):
+            getattr(view, hidden)
+    with pytest.raises(InformationBoundaryError, match="read-only"):
+        view.gpus = 1
+
+
+def test_a_default_run_is_deterministic_and_fast_enough_to_test():
+    cfg = load_config()
+    a = simulate(cfg, 11, overlay="evalstop")
+    b = simulate(cfg, 11, overlay="evalstop")
+    assert a == b and a.events > 1000
+
+
+def _digest(res) -> str:
+    """sha256 of every outcome field (floats to 10 significant digits), the makespan and the event count.
+
+    Not to the last bit: numpy's vectorised exp/log may differ in the last place between CPUs (the
+    digests recorded with floats rounded to 9 decimals, 15-16 digits of a time in seconds, differed
+    on another machine with the same event counts)."""
+    import hashlib
+    from dataclasses import astuple
+
+    def r(v):
+        return f"{v:.10g}" if isinstance(v, float) else v
+
+    rows = [tuple(r(v) for v in astuple(o)) for o in res.outcomes]
+    return hashlib.sha256(repr((rows, r(res.makespan_s), res.events)).encode()).hexdigest()
+
+
+# Recorded on the default config, seed 0, with the engine of commit 1a1b8e6 (before the plan/place/apply
+# half moved into dispatch.py), Python 3.11.7, numpy 2.4.6. (The earlier digests, floats at 9 decimals,
+# recorded before the engine was split into event queue / cluster / jobs, did not reproduce on this
+# machine even from the commit that recorded them.) A refactor must reproduce these exactly; a
+# deliberate behaviour change updates them in its own commit.
+GOLDEN = [
+    ("fifo", "none", 2200, "518425a806aad9116c95912fff36bc29bca4effc16e5cc6c3908720b0845aff5"),
+    ("srtf_est", "evalstop", 1904, "dc2783f35f674efc6efd5ea2c1441eb71a874f0ec6f11647ea1e6276426248ec"),
+    ("sjf_est", "stop_at", 1711, "bd02f5b19f0c1a0bc2173ea61deea75e4439d7032d1c781e685a9d984e45dd09"),
+    ("loss_aware", "loss_plateau", 5640, "a95e5abbdf7bd21740c28eb6404c0dbd51566943347a907a3a91dd82b77ee61b"),
+    ("srtf_est", "oracle", 1819, "e717af66df5f3e3b81bffa702f5faefb3c723e969e83497a5e88b45ff6ea1ee2"),
+]
+
+
+@pytest.mark.parametrize("scheduler, overlay, events, sha", GOLDEN)
+def test_results_identical_to_recorded_golden(scheduler, overlay, events, sha):
+    res = simulate(load_config(), 0, scheduler, overlay)
+    assert res.events == events
+    assert _digest(res) == sha

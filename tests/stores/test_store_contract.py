@@ -1,0 +1,250 @@
+"""One contract, three stores: MemoryStore, SQLiteStore and PostgresStore (a real PostgreSQL)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from evalstop_trl import Conflict, Coordinator, MemoryStore, SQLiteStore
+from evalstop_trl.core.records import AuditKind, AuditRecord, Delivery, JobRecord, JobType, Policy, Report, TenantRecord
+from evalstop_trl.core.store import StaleState, StoreError, wait_durable
+from tests.store_helpers import STORE_KINDS, open_store
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request, tmp_path):
+    s = open_store(request.param, tmp_path / "s.db", request)
+    yield s
+    s.close()
+
+
+def _job(job_id: str = "j", **changes) -> JobRecord:
+    return JobRecord("a", job_id, JobType.GRPO, 100, Policy(), created_at=1.0, updated_at=1.0, **changes)
+
+
+def test_tenants(store):
+    store.add_tenant(TenantRecord("acme", "h1", 1.0, webhook_secret="s"))
+    with pytest.raises(Conflict):
+        store.add_tenant(TenantRecord("acme", "h2", 2.0))
+    assert store.tenant_by_hash("h1").name == "acme" and store.tenant("acme").webhook_secret == "s"
+    assert store.update_tenant(TenantRecord("acme", "h3", 1.0, revoked=True, quotas={"report_rate": 5.0}))
+    assert store.tenant_by_hash("h1") is None and store.tenant_by_hash("h3").revoked
+    assert dict(store.tenant("acme").quotas) == {"report_rate": 5.0}
+    assert not store.update_tenant(TenantRecord("ghost", "h", 1.0))
+    assert [t.name for t in store.list_tenants()] == ["acme"]
+
+
+def test_reports_in_step_order_and_paged(store):
+    wait_durable(store.commit(_job(), expect=0))
+    for step in range(10):
+        wait_durable(store.add_report("a", "j", Report(step, 0.1 * step, received_at=float(step)), expect=1 + step))
+    assert [r.step for r in store.reports("a", "j")] == list(range(10))
+    assert [r.step for r in store.reports("a", "j", after_step=3, limit=4)] == [4, 5, 6, 7]
+    assert store.report("a", "j", 5).eval_score == pytest.approx(0.5) and store.report("a", "j", 42) is None
+    assert store.job("a", "j").job_id == "j" and store.job("a", "nope") is None
+
+
+def test_audit_filtered_and_paged(store):
+    wait_durable(store.commit(_job("j1"), expect=0))
+    wait_durable(store.commit(_job("j2"), expect=0))
+    for i in range(6):
+        job = "j1" if i % 2 == 0 else "j2"
+        wait_durable(store.commit(_job(job), None, (AuditRecord("a", job, float(i), AuditKind.ACK, "x", f"r{i}"),),
+                                  expect=1 + i // 2))
+    assert [a.reason for a in store.audit("a", "j1")] == ["r0", "r2", "r4"]
+    assert [a.reason for a in store.audit("a", limit=2, offset=1)] == ["r1", "r2"]
+    assert store.audit("b") == []
+
+
+def test_delete_job_removes_one_ended_job_of_one_tenant_and_keeps_its_audit_line(store):
+    from evalstop_trl.core.records import EvalTask, JobStatus
+
+    wait_durable(store.commit(_job("run", status=JobStatus.RUNNING), Report(1, 0.5), expect=0))
+    wait_durable(store.commit(_job("done", status=JobStatus.FINISHED), Report(1, 0.5), expect=0))
+    other = JobRecord("b", "done", JobType.GRPO, 100, Policy(), status=JobStatus.FINISHED, created_at=1.0)
+    wait_durable(store.commit(other, Report(1, 0.9), expect=0))  # another tenant's job of the same id
+    wait_durable(store.put_eval(EvalTask("a", "done", 1, "/snap/1", 1.0)))
+    line = AuditRecord("a", "done", 2.0, AuditKind.DELETED, "tenant:a", "clean-up", {"n_reports": 1})
+    assert not store.delete_job("a", "run", line)  # still running: nothing written
+    assert store.job("a", "run") is not None and store.audit("a", "run") == []
+    assert store.delete_job("a", "done", line)
+    assert store.job("a", "done") is None and store.reports("a", "done") == [] and store.evals("a", "done") == []
+    assert [(a.kind, a.reason) for a in store.audit("a", "done")] == [(AuditKind.DELETED, "clean-up")]
+    assert store.job("b", "done") is not None and [r.step for r in store.reports("b", "done")] == [1]
+    assert not store.delete_job("a", "done", line)  # gone already
+    assert store.count_reports("a") == 1  # the running job's only
+
+
+def test_run_rows_are_one_tenants_jobs_with_what_the_list_sorts_and_filters(store):
+    from evalstop_trl.core.browse import RunRow
+    from evalstop_trl.core.records import JobStatus, PolicyMode
+
+    shadow = Policy("patience", {"k": 3}, PolicyMode.SHADOW)
+    wait_durable(store.commit(_job("j1", tags={"team": "rl"}), expect=0))
+    j2 = _job("j2").evolve(policy=shadow, status=JobStatus.STOPPED, stopped_at=5.0)
+    wait_durable(store.commit(j2, expect=0))
+    wait_durable(store.commit(JobRecord("b", "j9", JobType.SFT, None, Policy(), created_at=2.0), expect=0))
+    rows = sorted(store.run_rows("a"))
+    assert rows == [RunRow("j1", JobType.GRPO, JobStatus.PENDING, "decline", "enforce", 1.0, 1.0, None, None,
+                           {"team": "rl"}),
+                    RunRow("j2", JobType.GRPO, JobStatus.STOPPED, "patience", "shadow", 1.0, 1.0, 5.0, None, {})]
+    assert [r.job_id for r in store.run_rows("b")] == ["j9"] and store.run_rows("nobody") == []
+
+
+def test_deliveries_are_claimed_leased_and_finished(store):
+    d = Delivery("a/j/stop", "a", "j", "http://example.com/h", "{}", created_at=5.0)
+    wait_durable(store.commit(_job(), None, (), (d,), expect=0))
+    (claimed,) = store.claim_deliveries(now=10.0, limit=5, lease_s=30.0)
+    assert claimed.id == "a/j/stop"
+    assert store.claim_deliveries(now=11.0, limit=5, lease_s=30.0) == []  # leased
+    assert len(store.claim_deliveries(now=41.0, limit=5, lease_s=30.0)) == 1  # the lease ran out: back in the queue
+    wait_durable(store.update_delivery(Delivery(d.id, "a", "j", d.url, d.body, 5.0, attempts=1, done=True,
+                                                outcome="delivered")))
+    assert store.claim_deliveries(now=1e9, limit=5, lease_s=30.0) == []
+
+
+def test_a_shared_store_refuses_writes_on_stale_state(pg_dsn):
+    from evalstop_trl.stores.postgres import PostgresStore
+
+    store = PostgresStore(pg_dsn)  # versions are checked by shared stores only (one process owns the others)
+    assert store.shared and not SQLiteStore.shared and not MemoryStore.shared
+    wait_durable(store.commit(_job(), expect=0))
+    with pytest.raises(StaleState):
+        wait_durable(store.commit(_job(), expect=0))  # registered already
+    wait_durable(store.add_report("a", "j", Report(1, 0.5), expect=1))
+    with pytest.raises(StaleState):
+        wait_durable(store.add_report("a", "j", Report(2, 0.5), expect=1))  # someone else wrote version 2
+    assert isinstance(StaleState("x"), StoreError)
+    assert store.job_versions("a", ["j"]) == {"j": 2} and store.job("a", "j").version == 2
+    # one refused write in a batch sinks nothing else
+    bad = store.add_report("a", "j", Report(3, 0.5), expect=7)
+    good = store.add_report("a", "j", Report(3, 0.5), expect=2)
+    with pytest.raises(StaleState):
+        wait_durable(bad)
+    wait_durable(good)
+    assert [r.step for r in store.reports("a", "j")] == [1, 3]
+    store.close()
+
+
+def test_sqlite_migrates_a_version_1_database(tmp_path):
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path)  # the schema evalstop 0.1 wrote
+    db.executescript("""
+        CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (1);
+        CREATE TABLE tenants (name TEXT PRIMARY KEY, token_hash TEXT NOT NULL UNIQUE, created_at REAL NOT NULL,
+            revoked INTEGER NOT NULL DEFAULT 0);
+        INSERT INTO tenants VALUES ('old', 'hash', 1.0, 0);
+        CREATE TABLE jobs (tenant TEXT NOT NULL, job_id TEXT NOT NULL, job_type TEXT NOT NULL, planned_steps INTEGER,
+            policy TEXT NOT NULL, pid INTEGER, pid_start_time REAL, webhook TEXT, status TEXT NOT NULL,
+            created_at REAL NOT NULL, updated_at REAL NOT NULL, decision TEXT, stopped_by TEXT, stopped_at REAL,
+            acked_at REAL, checkpoint TEXT, finished_at REAL, PRIMARY KEY (tenant, job_id));
+        INSERT INTO jobs VALUES ('old', 'j', 'grpo', 10, '{"detector": "decline", "k": 2, "min_delta": 0.0,
+            "direction": "max"}', 123, 1.0, NULL, 'running', 1.0, 1.0, NULL, NULL,
+            NULL, NULL, NULL, NULL);
+    """)
+    db.commit()
+    db.close()
+    c = Coordinator(SQLiteStore(path))
+    assert c.status("old", "j").policy["k"] == 2
+    assert c.tenants.get("old").quotas == {}
+    c.close()
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (5,)
+    # version 3 added last_seen (liveness): an old job has none, and counts from its last write
+    c = Coordinator(SQLiteStore(path))
+    c.heartbeat("old", "j")
+    assert c.state("old", "j").record.last_seen is not None
+    c.close()
+
+
+def test_postgres_audit_is_append_only_and_the_schema_versioned(pg_dsn):
+    import psycopg
+
+    from evalstop_trl.stores.postgres import SCHEMA_VERSION, PostgresStore
+
+    c = Coordinator(PostgresStore(pg_dsn))
+    c.register_job("a", "j", "grpo")
+    c.stop("a", "j", "x")
+    c.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        with pytest.raises(psycopg.Error, match="append-only"):
+            db.execute("DELETE FROM audit")
+        db.execute("UPDATE schema_version SET version = 99")
+    with pytest.raises(ValueError, match="schema version 99"):
+        PostgresStore(pg_dsn)
+
+
+def _tags_roundtrip(c: Coordinator) -> None:
+    """An old job reads with no tags or hparams; a re-registration adds them (audited) and they stay."""
+    view = c.status("old", "j")
+    assert dict(view.tags) == {} and dict(view.hparams) == {}
+    c.register_job("old", "j", tags={"team": "rl"}, hparams={"learning_rate": 3e-4, "model": "tiny"})
+    assert c.audit("old", "j")[-1].evidence["tags"] == {"team": "rl"}
+
+
+def test_sqlite_migrates_version_4_to_5_tags_and_hparams(tmp_path):
+    path = tmp_path / "v4.db"
+    c = Coordinator(SQLiteStore(path))
+    c.register_job("old", "j", "grpo")
+    c.close()
+    db = sqlite3.connect(path)  # what evalstop wrote before issue 19: no tags, no hparams, version 4
+    db.executescript("ALTER TABLE jobs DROP COLUMN tags; ALTER TABLE jobs DROP COLUMN hparams; "
+                     "UPDATE schema_version SET version = 4;")
+    db.close()
+    c = Coordinator(SQLiteStore(path))
+    _tags_roundtrip(c)
+    c.close()
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (5,)
+    c = Coordinator(SQLiteStore(path))
+    assert dict(c.status("old", "j").tags) == {"team": "rl"} and c.status("old", "j").hparams["learning_rate"] == 3e-4
+    c.close()
+
+
+def test_postgres_migrates_version_2_to_3_tags_and_hparams(pg_dsn):
+    import psycopg
+
+    from evalstop_trl.stores.postgres import PostgresStore
+
+    c = Coordinator(PostgresStore(pg_dsn))
+    c.register_job("old", "j", "grpo")
+    c.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        db.execute("ALTER TABLE jobs DROP COLUMN tags")
+        db.execute("ALTER TABLE jobs DROP COLUMN hparams")
+        db.execute("UPDATE schema_version SET version = 2")
+    c = Coordinator(PostgresStore(pg_dsn))
+    _tags_roundtrip(c)
+    c.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+    c = Coordinator(PostgresStore(pg_dsn))
+    assert dict(c.status("old", "j").tags) == {"team": "rl"} and c.status("old", "j").hparams["model"] == "tiny"
+    c.close()
+
+
+def test_a_bad_postgres_location_is_a_clear_error():
+    from evalstop_trl.stores import open_store
+
+    with pytest.raises(ValueError, match=r"Cannot open the PostgreSQL database postgresql://u:\*\*\*@127.0.0.1:9/x"):
+        open_store("postgresql://u:secret@127.0.0.1:9/x")
+
+
+def test_a_command_that_waited_for_a_deleted_job_writes_nothing(tmp_path):
+    """A report that got the job's slot before the delete took its lock is refused (404) when it gets
+    the lock, instead of writing rows of a job that is gone (or re-creating it)."""
+    from evalstop_trl.core.errors import NotFound
+    from evalstop_trl.core.job import Observe
+
+    c = Coordinator(SQLiteStore(tmp_path / "d.db"))
+    c.register_job("a", "j", "grpo")
+    c.report("a", "j", 10, 0.5)
+    c.stop("a", "j", "done")
+    slot = c.jobs.get("a", "j")  # a racing command holds the slot ...
+    c.delete_job("a", "j", "clean-up")  # ... while the delete runs
+    with pytest.raises(NotFound):
+        c._run(slot, Observe(Report(20, 0.4, received_at=1.0)))
+    c.close()
+    store = SQLiteStore(tmp_path / "d.db")
+    assert store.job("a", "j") is None and store.reports("a", "j") == []
+    store.close()

@@ -1,0 +1,358 @@
+"""EvalStopCallback with real TRL trainers training real tiny models (CPU)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from evalstop_trl import Coordinator, MemoryStore  # noqa: E402
+from evalstop_trl.train.callback import EvalStopCallback  # noqa: E402
+from evalstop_trl.train.tiny import PRESETS, GoldEval, label_trace, run_tiny  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_hacked_grpo_is_stopped_and_best_checkpoint_loads(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run = run_tiny("grpo", "hacked", output_dir=tmp_path, max_steps=300, eval_every=15)
+    assert run.stopped_at is not None and run.stopped_at < 300, run.trace
+    assert "consecutive declines" in run.reason
+    golds = [t["gold"] for t in run.trace]
+    assert run.best_score == max(golds) and run.best_step == run.trace[golds.index(max(golds))]["step"]
+    assert run.trace[-1]["proxy"] > run.trace[0]["proxy"]  # the proxy kept improving
+    best = AutoModelForCausalLM.from_pretrained(run.best_checkpoint)
+    tok = AutoTokenizer.from_pretrained(run.best_checkpoint)
+    assert GoldEval(PRESETS["hacked"])(best, tok) == pytest.approx(run.best_score, abs=1e-5)
+    # the embedded coordinator's SQLite file says the same
+    from evalstop_trl import SQLiteStore
+
+    coord = Coordinator(SQLiteStore(tmp_path / "trainer" / "evalstop.db"))
+    (job,) = coord.list_jobs("local")
+    assert job.status == "stopped" and job.acked and job.best_checkpoint == run.best_checkpoint
+    coord.close()
+
+
+def test_healthy_grpo_runs_to_the_end(tmp_path):
+    run = run_tiny("grpo", "healthy", output_dir=tmp_path, max_steps=150, eval_every=15)
+    assert run.stopped_at is None and run.steps_done == 150
+    assert not label_trace([t["gold"] for t in run.trace])
+
+
+def test_callback_does_not_perturb_training(tmp_path):
+    def losses(run):
+        return [(h["step"], h.get("loss"), h.get("reward")) for h in run.log_history if "loss" in h]
+
+    with_cb = run_tiny("grpo", "hacked", output_dir=tmp_path / "a", max_steps=40, eval_every=5, stop=False)
+    without = run_tiny("grpo", "hacked", output_dir=tmp_path / "b", max_steps=40, with_evalstop=False)
+    assert losses(with_cb) == losses(without) and len(losses(with_cb)) == 8
+
+
+@pytest.mark.parametrize("trainer", ["rloo", "dpo", "online_dpo", "sft"])
+def test_every_trainer_stops_on_a_stop_decision(tmp_path, trainer):
+    run = run_tiny(trainer, "hacked", output_dir=tmp_path, max_steps=40, eval_every=5, detector="stop_at", fraction=0.5)
+    assert run.stopped_at == 20 and run.steps_done == 20, (trainer, run.steps_done)
+    assert len(run.trace) == 4 and all(t["gold"] is not None for t in run.trace)
+    if trainer in ("rloo", "online_dpo"):
+        assert run.trace[-1]["proxy"] is not None  # the trainer's reward was forwarded
+    assert run.trace[-1]["loss"] is not None
+
+
+def test_peft_lora_best_adapter_is_saved_and_loadable(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run = run_tiny("grpo", "hacked", output_dir=tmp_path, max_steps=30, eval_every=10, peft=True,
+                   detector="stop_at", fraction=0.6)
+    best = Path(run.best_checkpoint)
+    assert (best / "adapter_config.json").exists() and not (best / "model.safetensors").exists()
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "base-model")
+    model = PeftModel.from_pretrained(base, best)
+    assert sum(p.numel() for n, p in model.named_parameters() if "lora" in n) > 0
+
+
+def test_against_a_live_server(server, tmp_path):
+    token = server.add_tenant("lab")
+    server.start()
+    run = run_tiny("grpo", "hacked", output_dir=tmp_path, coordinator=server.url, token=token, job_id="lab-hacked",
+                   max_steps=300, eval_every=15)
+    assert run.stopped_at is not None and run.stopped_at < 300
+    from evalstop_trl.clients.http import EvalStopClient
+
+    with EvalStopClient(server.url, token) as c:
+        job = c.status("lab-hacked")
+        assert job.status == "stopped" and job.acked and job.best_step == run.best_step
+        assert [a.kind.value for a in c.audit()] == ["stop", "ack"]
+
+
+class _Args:
+    def __init__(self, out):
+        self.output_dir = str(out)
+
+
+class _State:
+    def __init__(self, step=0, max_steps=100):
+        self.global_step, self.max_steps, self.is_world_process_zero = step, max_steps, True
+        self.log_history = []
+
+
+class _Control:
+    should_training_stop = False
+    should_log = False
+    should_save = False
+
+
+def _eval_step(cb, tmp_path, step, control, model):
+    """What a trainer does at an eval step: on_step_end, then (should_log) on_log with the step's logs."""
+    state = _State(step)
+    cb.on_step_end(_Args(tmp_path), state, control, model=model)
+    assert control.should_log  # the callback asked for this step's log
+    cb.on_log(_Args(tmp_path), state, control, logs={"loss": 0.1 * step})
+
+
+def test_world_feedback_may_return_tensor_scalars_and_nan_is_a_missing_eval(tmp_path, caplog):
+    values = iter([torch.tensor(0.5), torch.tensor(float("nan")), None, torch.tensor(0.6)])
+    cb = EvalStopCallback(lambda m, t: next(values), eval_every=1, coordinator=Coordinator(MemoryStore()),
+                          job_id="t", save_best=False)
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    model = torch.nn.Linear(1, 1)
+    for step in (1, 2, 3, 4):
+        _eval_step(cb, tmp_path, step, _Control(), model)
+    assert [h["eval_score"] for h in cb.history] == [0.5, None, None, pytest.approx(0.6)]
+    assert cb.best_score == pytest.approx(0.6) and cb.history[0]["train_loss"] == pytest.approx(0.1)  # this step's loss
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed) == 2 and "score is nan" in failed[0] and "score is None" in failed[1]  # each one (issue 20.8)
+
+
+def test_on_eval_error_raise_and_stop(tmp_path):
+    def broken(m, t):
+        raise TimeoutError("the judge timed out")
+
+    model = torch.nn.Linear(1, 1)
+    cb = EvalStopCallback(broken, eval_every=1, coordinator=Coordinator(MemoryStore()), job_id="r",
+                          save_best=False, max_eval_failures=2, on_eval_error="raise")
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    _eval_step(cb, tmp_path, 1, _Control(), model)
+    with pytest.raises(RuntimeError, match="2 evals in a row failed.*TimeoutError: the judge timed out"):
+        cb.on_step_end(_Args(tmp_path), _State(2), _Control(), model=model)
+    coord = Coordinator(MemoryStore())
+    cb = EvalStopCallback(broken, eval_every=1, coordinator=coord, job_id="s", save_best=False,
+                          max_eval_failures=2, on_eval_error="stop")
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    control = _Control()
+    for step in (1, 2):
+        _eval_step(cb, tmp_path, step, control, model)
+    assert control.should_training_stop and cb.stopped_at == 2
+    assert coord.status("local", "s").status == "stopped" and "2 evals in a row failed" in cb.decision.reason
+
+
+def test_metric_mode_and_missing_metric(tmp_path):
+    cb = EvalStopCallback("eval_reward", coordinator=Coordinator(MemoryStore()), job_id="m", save_best=False)
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    control = _Control()
+    for step, v in [(10, 0.5), (20, 0.4), (30, 0.3)]:
+        cb.on_evaluate(_Args(tmp_path), _State(step), control, metrics={"eval_reward": v, "eval_loss": 1.0})
+    assert control.should_training_stop and cb.best_step == 10 and cb.direction == "max"
+    with pytest.raises(ValueError, match="metric 'eval_reward' is not in the evaluation metrics; available: eval_loss"):
+        cb.on_evaluate(_Args(tmp_path), _State(40), _Control(), metrics={"eval_loss": 1.0})
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"world_feedback": lambda m, t: 0.0}, "eval_every must be an integer >= 1"),
+        ({"world_feedback": None}, "needs world_feedback"),
+        ({"world_feedback": "eval_x", "detector": "nope"}, "valid detectors are"),
+        ({"world_feedback": "eval_x", "k": 0}, r"k must be an integer in \[1, 1000\]"),
+        ({"world_feedback": "eval_x", "enforce": True}, "Unknown parameter.s. enforce for detector 'decline'"),
+        ({"world_feedback": 3}, "must be a callable or a metric name"),
+    ],
+)
+def test_constructor_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EvalStopCallback(**kwargs)
+
+
+def test_url_without_token_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("EVALSTOP_TOKEN", raising=False)
+    cb = EvalStopCallback("eval_x", coordinator="http://127.0.0.1:9")
+    with pytest.raises(ValueError, match="needs a token"):
+        cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+
+
+DIST_WORKER = Path(__file__).resolve().parents[1] / "dist_worker.py"
+
+
+@pytest.mark.parametrize("mode", ["rank0", "all"])
+def test_two_processes_stop_together(tmp_path, mode):
+    import signal
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+         str(DIST_WORKER), str(tmp_path), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:  # a hang: take the whole process group down, workers included
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    steps = sorted((tmp_path / f"rank{r}.txt").read_text() for r in (0, 1))
+    assert steps[0] == steps[1] and steps[0].startswith("stopped at 12, best step ") and steps[0].endswith("stop")
+    assert "best step None" not in steps[0]
+    if mode == "all":  # both ranks ran the (collective) eval at every eval step; rank 0's score was used
+        assert [(tmp_path / f"evals-rank{r}.txt").read_text().split() for r in (0, 1)] == [["2", "2"]] * 2
+        assert float(steps[0].split("best score ")[1].split(",")[0]) < 100
+
+
+def test_the_constructor_returns_the_adapter_of_its_mode():
+    from evalstop_trl.train.callback import FeedbackMode
+
+    cases = [(EvalStopCallback(lambda m, t: 0.0, eval_every=5), FeedbackMode.CALLABLE),
+             (EvalStopCallback("eval_reward"), FeedbackMode.METRIC),
+             (EvalStopCallback(external_eval=True, eval_every=5), FeedbackMode.EXTERNAL)]
+    for cb, mode in cases:
+        assert isinstance(cb, EvalStopCallback) and cb.mode is mode and cb.external_eval is (mode == "external")
+        assert type(cb).__name__ == "EvalStopCallback"  # the key of its state in a checkpoint
+    assert type(cases[0][0]) is not type(EvalStopCallback(lambda m, t: 0.0, eval_every=5))  # a class per instance
+
+
+def test_a_state_restores_only_through_the_callback_it_replaces(tmp_path):
+    from evalstop_trl.train.callback import EvalStopSession
+
+    def judge(m, t):
+        return 0.5
+
+    coord = Coordinator(MemoryStore())
+    cb = EvalStopCallback(judge, eval_every=1, coordinator=coord, job_id="r", save_best=False)
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    _eval_step(cb, tmp_path, 1, _Control(), torch.nn.Linear(1, 1))
+    state = cb.state()
+    with pytest.raises(ValueError, match="cannot be restored without the callback itself"):
+        EvalStopCallback.from_state(state)  # no callback to take the callable from
+    copy = type(cb).from_state(state)  # what transformers does: type(callback)(**args), then the attributes
+    assert copy is not cb and copy.world_feedback is judge and copy._coordinator_arg is coord
+    assert isinstance(cb.session, EvalStopSession) and cb.session is copy.session  # the user's object follows
+    assert cb.history == [{"step": 1, "eval_score": 0.5, "train_loss": pytest.approx(0.1), "proxy_reward": None}]
+    other = EvalStopCallback(lambda m, t: 1.0, eval_every=1, job_id="other")
+    assert type(other).from_state(other.state()).world_feedback is other.world_feedback is not judge
+
+
+def _restorable_trainer(out, cb, max_steps, preempt_at=None):
+    from datasets import Dataset
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
+
+    from evalstop_trl.train.tiny import build_model, build_tokenizer, make_prompts
+
+    tok = build_tokenizer()
+    ds = Dataset.from_dict(dict(tok([p + "eeee" for p in make_prompts(64, 1)], add_special_tokens=False)))
+    args = TrainingArguments(output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=8, report_to="none",
+                             use_cpu=True, save_strategy="steps", save_steps=5, logging_steps=5, disable_tqdm=True,
+                             restore_callback_states_from_checkpoint=True)
+    trainer = Trainer(model=build_model(tok), args=args, train_dataset=ds, processing_class=tok, callbacks=[cb],
+                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+    trainer.remove_callback(PrinterCallback)
+
+    class Preempted(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == preempt_at:
+                raise RuntimeError(f"preempted at step {preempt_at}")
+
+    if preempt_at is not None:
+        trainer.add_callback(Preempted())
+    return trainer
+
+
+def test_two_trainers_in_one_process_keep_their_own_world_feedback_across_a_restore(tmp_path):
+    calls: dict[str, list[int]] = {"first": [], "a": [], "b": []}
+
+    def feedback(name):
+        def score(model, tokenizer):
+            calls[name].append(1)
+            return 0.5
+
+        return score
+
+    coord_a, coord_b = Coordinator(MemoryStore()), Coordinator(MemoryStore())
+
+    def callback(name, coord, job_id):
+        return EvalStopCallback(feedback(name), eval_every=5, coordinator=coord, job_id=job_id, detector="never",
+                                save_best=False)
+
+    with pytest.raises(RuntimeError, match="preempted"):  # after checkpoint-10
+        _restorable_trainer(tmp_path / "a", callback("first", coord_a, "a"), max_steps=20, preempt_at=10).train()
+    cb_a = callback("a", coord_a, "a")
+    trainer_a = _restorable_trainer(tmp_path / "a", cb_a, max_steps=20)
+    cb_b = callback("b", coord_b, "b")  # built last: the old process-wide "latest" callback
+    trainer_b = _restorable_trainer(tmp_path / "b", cb_b, max_steps=10)
+    trainer_a.train(resume_from_checkpoint=True)
+    (live,) = [c for c in trainer_a.callback_handler.callbacks if isinstance(c, EvalStopCallback)]
+    assert live is not cb_a and live.world_feedback is cb_a.world_feedback  # transformers' copy, A's callable
+    assert (len(calls["a"]), calls["b"]) == (2, [])  # steps 15 and 20
+    assert [h["step"] for h in cb_a.history] == [5, 10, 15, 20]  # the checkpoint's history, then the copy's
+    assert [r.step for r in coord_a.reports("local", "a")] == [5, 10, 15, 20] and not coord_b.list_jobs("local")
+    trainer_b.train()
+    assert (len(calls["a"]), len(calls["b"])) == (2, 2)
+    assert cb_b.session is not cb_a.session and [h["step"] for h in cb_b.history] == [5, 10]
+    assert [v.job_id for v in coord_b.list_jobs("local")] == ["b"]
+
+
+def _half(model, tokenizer):
+    return 0.5
+
+
+def test_a_callback_pickles_as_its_own_class_again():
+    import pickle
+
+    cb = EvalStopCallback(_half, eval_every=5, job_id="p", detector="stop_at", fraction=0.5)
+    cb.history.append({"step": 5, "eval_score": 0.5, "train_loss": None, "proxy_reward": None})
+    copy = pickle.loads(pickle.dumps(cb))
+    assert isinstance(copy, EvalStopCallback) and type(copy).__name__ == "EvalStopCallback"
+    assert type(copy) is not type(cb) and type(copy)._owner() is copy and copy.mode is cb.mode
+    assert (copy.world_feedback, copy.job_id, dict(copy.params), copy.history) == \
+        (_half, "p", {"fraction": 0.5, "direction": "max"}, cb.history)
+
+
+def test_a_plain_torch_module_in_a_trainer_keeps_and_loads_its_best(tmp_path):
+    """transformers' Trainer trains a plain nn.Module too; the best copy then holds its weights as
+    model.safetensors (no save_pretrained to call) and load_best_at_end loads them back."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, x, labels):
+            return {"loss": torch.nn.functional.mse_loss(self.lin(x).squeeze(-1), labels)}
+
+    data = [{"x": torch.randn(4), "labels": torch.tensor(1.0)} for _ in range(32)]
+    scores = iter([0.1, 0.5, 0.3, 0.2, 0.1, 0.05, 0.0, 0.0])
+    kept = {}
+
+    def feedback(model, tokenizer):
+        score = next(scores)
+        if score == 0.5:
+            kept["weight"] = model.lin.weight.detach().clone()
+        return score
+
+    args = TrainingArguments(str(tmp_path), max_steps=16, per_device_train_batch_size=2, report_to=[],
+                             save_strategy="no", use_cpu=True, learning_rate=0.1, logging_strategy="no")
+    cb = EvalStopCallback(feedback, eval_every=2, coordinator=Coordinator(MemoryStore()), load_best_at_end=True)
+    model = Plain()
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
+    assert cb.stopped_at == 8 and cb.best_step == 4  # evals at 2, 4, 6, 8: 0.1, 0.5, 0.3, 0.2
+    assert (Path(cb.best_checkpoint) / "model.safetensors").is_file()
+    assert torch.equal(model.lin.weight, kept["weight"])  # the best weights are back in the model
