@@ -282,7 +282,7 @@ HEADER = ("detector", "precision (B)", "recall", "FPR (B)", "FPR (A)", "lag (eva
 
 
 def rows(res: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The table's cells, one tuple per detector (what the README shows and the test compares)."""
+    """The table's cells, one tuple per detector (what docs/results.md shows and the test compares)."""
     return [(t["detector"], rt.fmt(t["precision"]), rt.fmt(t["recall"]), rt.fmt(t["fpr"]), rt.fmt(t["fpr_label"]),
              fmt_lag(t["lag"])) for t in res["table"]]
 

@@ -1,4 +1,4 @@
-"""Re-measure the README's headline and detector claims on seeds nobody tuned on, pooled, with intervals.
+"""Re-measure the headline (README, docs/results.md) and detector claims on seeds nobody tuned on, pooled, with intervals.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/remeasure_claims.py --ranges 5000:30,8000:30 --json claims.json
 

@@ -15,10 +15,10 @@ import re
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from evalstop_trl.core.extras import EXTRA_OF, install_hint
 

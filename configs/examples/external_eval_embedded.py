@@ -1,6 +1,6 @@
 """External evaluators on the embedded store: ``EvalStopCallback(external_eval=True, eval_every=10)`` with
 no coordinator (SQLite in the output folder) and an ``evalstop evaluate --db`` worker on the same file
-(README, "World feedback from separate evaluators"). Under a minute on CPU.
+(docs/training.md, "World feedback from separate evaluators"). Under a minute on CPU.
 
     python configs/examples/external_eval_embedded.py [--out DIR]
 

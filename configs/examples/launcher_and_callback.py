@@ -1,5 +1,5 @@
 """The launcher and the callback together: ``evalstop run -- python train.py`` where train.py has an
-``EvalStopCallback`` (README, "Run a job under evalstop run"). Under a minute on CPU.
+``EvalStopCallback`` (docs/training.md, "Run a job under evalstop run"). Under a minute on CPU.
 
     python configs/examples/launcher_and_callback.py [--out DIR]
 

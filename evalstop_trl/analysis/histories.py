@@ -405,13 +405,15 @@ def read_run(found: Found) -> RawHistory | None:
 
 # ----------------------------------------------------------------------------- metric selection
 def choose_metric(raw: RawHistory) -> str:
-    """The default metric: the only series, else ``evalstop/score``, else the only eval metric
+    """The default metric: the only series, else ``evalstop/score`` (``train/evalstop/score`` in a
+    TensorBoard log, where transformers prefixes the training logs), else the only eval metric
     (``eval_*`` or ``eval/*``, throughput keys excluded); else a HistoryError listing them."""
     names = [n for n in raw.metrics() if n not in _LOSS_SERIES] or raw.metrics()
     if len(names) == 1:
         return names[0]
-    if "evalstop/score" in names:
-        return "evalstop/score"
+    for own in ("evalstop/score", "train/evalstop/score"):  # what EvalStopCallback saw
+        if own in names:
+            return own
     evals = [n for n in names if n.startswith(("eval_", "eval/"))
              and n.replace("eval/", "eval_") not in _NOT_SCORES and not n.startswith("evalstop/")]
     if len(evals) == 1:

@@ -16,7 +16,7 @@ import time
 
 from .common import CLIError, add_token_flags, read_token
 
-__all__ = ["add_inspect_commands", "add_target_flags", "open_client"]
+__all__ = ["add_inspect_commands", "add_target_flags", "embedded_db", "open_client"]
 
 
 def add_target_flags(p: argparse.ArgumentParser) -> None:
@@ -27,9 +27,28 @@ def add_target_flags(p: argparse.ArgumentParser) -> None:
     add_token_flags(p)
 
 
+def embedded_db(cwd: str = ".") -> str | None:
+    """The embedded coordinator's file a command run next to it means: ``./evalstop.db``, else the one
+    ``evalstop.db`` in a folder of ``cwd`` (an output folder); None if there is none, or several."""
+    here = os.path.join(cwd, "evalstop.db")
+    if os.path.isfile(here):
+        return here
+    found = sorted(os.path.join(cwd, d, "evalstop.db") for d in os.listdir(cwd)
+                   if os.path.isfile(os.path.join(cwd, d, "evalstop.db")))
+    return found[0] if len(found) == 1 else None
+
+
 def open_client(args: argparse.Namespace):
     """An :class:`~evalstop_trl.clients.api.EvalStopAPI` client for ``args``: embedded over ``--db`` (leases
-    applied: a job whose process died shows as lost), else HTTP to ``--url``."""
+    applied: a job whose process died shows as lost), else HTTP to ``--url``. With neither (and no
+    ``$EVALSTOP_URL`` or token), the embedded file next to the command (:func:`embedded_db`), said on stderr."""
+    no_target = not (getattr(args, "db", None) or getattr(args, "url", None) or os.environ.get("EVALSTOP_URL"))
+    if no_target and not (getattr(args, "token", None) or getattr(args, "token_file", None)
+                          or os.environ.get("EVALSTOP_TOKEN")):
+        found = embedded_db()
+        if found is not None:
+            print(f"evalstop: reading the embedded coordinator's {found} (--db; --url for a service)", file=sys.stderr)
+            args.db = found
     if getattr(args, "db", None):
         from ..clients.embedded import EmbeddedClient
         from ..core.coordinator import Coordinator
@@ -41,11 +60,23 @@ def open_client(args: argparse.Namespace):
             store = SQLiteStore(args.db, shared=True)  # a training process may be writing it
         except ValueError as exc:
             raise CLIError(str(exc)) from None
-        return EmbeddedClient(Coordinator(store, lease_s=_lease()), tenant=args.tenant)
+        coordinator = Coordinator(store, lease_s=_lease())
+        names = [t.name for t in coordinator.tenants.list()]
+        if names and args.tenant not in names:  # a service's database: its jobs belong to its tenants
+            shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+            print(f"evalstop: reading tenant {args.tenant!r} of {args.db}, whose tenants are {shown}: pass "
+                  "--tenant NAME for theirs", file=sys.stderr)
+        return EmbeddedClient(coordinator, tenant=args.tenant)
     from ..clients.http import EvalStopClient
 
     url = args.url or os.environ.get("EVALSTOP_URL", "http://127.0.0.1:8765")
-    return EvalStopClient(url, read_token(args), retries=0)
+    try:
+        token = read_token(args)
+    except CLIError as exc:
+        if no_target:  # most likely a run's embedded file: say how to read it
+            raise CLIError(f"{exc}; or read an embedded coordinator's file with --db PATH/evalstop.db") from None
+        raise
+    return EvalStopClient(url, token, retries=0)
 
 
 def _lease() -> float | None:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..core.detectors import DETECTORS
+from ..core.detectors import DEFAULT_DETECTOR, DETECTORS, RECOMMENDED_DETECTOR
 from .common import CLIError
 
 __all__ = ["add_replay_command"]
@@ -24,8 +24,9 @@ def add_replay_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tenant", default="local", help="evalstop.db: the jobs' tenant (default: local, the "
                    "embedded coordinator's)")
     p.add_argument("--metric", help="score column or key (default: the only numeric one, else the first eval_*)")
-    p.add_argument("--detector", default="decline",
-                   help=f"one of {', '.join(DETECTORS.names())} (default decline)")
+    p.add_argument("--detector", default=DEFAULT_DETECTOR,
+                   help=f"one of {', '.join(DETECTORS.names())} (default {DEFAULT_DETECTOR}; recommended for new "
+                        f"users: {RECOMMENDED_DETECTOR})")
     p.add_argument("--k", type=int, help="consecutive declines (decline) or evals without improvement (patience)")
     p.add_argument("--min-delta", type=float, dest="min_delta", help="a change must exceed this to count")
     p.add_argument("--direction", choices=("max", "min"), help="max (default): higher is better")

@@ -73,7 +73,9 @@ __all__ = [
     "t_quantile",
     "TrendDetector",
     "DETECTORS",
+    "DEFAULT_DETECTOR",
     "MAX_STEP",
+    "RECOMMENDED_DETECTOR",
     "SATURATION",
     "create_detector",
     "detector_params",
@@ -966,6 +968,11 @@ class NeverDetector(Detector):
     def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
         return rule, _continue("never stops", best_step, best_score)
 
+
+#: the detector of a policy that names none: the paper's rule
+DEFAULT_DETECTOR = "decline"
+#: the detector recommended to new users (the README and ``evalstop replay --help`` say so; tests/test_readme.py)
+RECOMMENDED_DETECTOR = "sequential"
 
 DETECTORS: Registry[Detector] = Registry("detector")
 for _cls in (DeclineDetector, PatienceDetector, StopAtDetector, LossPlateauDetector, DropDetector, TrendDetector,

@@ -20,7 +20,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .detectors import DETECTORS, Decision, check_finite
+from .detectors import DEFAULT_DETECTOR, DETECTORS, Decision, check_finite
 from .detectors import MAX_STEP as _MAX_STEP
 from .errors import InvalidInput
 from .labels import EMPTY as _NO_LABELS
@@ -221,7 +221,7 @@ class Policy:
     with a number a caller sends. In a dict (:meth:`to_dict`, the API) the mode is the key ``mode``,
     present only for ``shadow``."""
 
-    detector: str = "decline"
+    detector: str = DEFAULT_DETECTOR
     params: Mapping[str, Any] = field(default_factory=dict)
     mode: PolicyMode = PolicyMode.ENFORCE
 
@@ -266,7 +266,7 @@ class Policy:
         if not isinstance(data, Mapping):
             raise InvalidInput(f"policy must be an object, but got {data!r}.")
         params = {k: v for k, v in data.items() if k not in ("detector", "mode")}
-        detector = data.get("detector", "decline")
+        detector = data.get("detector", DEFAULT_DETECTOR)
         mode = PolicyMode.parse(data.get("mode", PolicyMode.ENFORCE))
         if not stored:
             return cls(detector=detector, params=params, mode=mode)

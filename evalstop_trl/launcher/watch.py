@@ -9,6 +9,7 @@ tries again (fail-open). A stop once seen stays seen.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -28,11 +29,15 @@ _ACK_POLL_S = 0.25  # after a stop: how often to look for the child's acknowledg
 _FAILED = object()
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\\\\]")  # what could forge a line (and the escape)
+
+
 def log_text(text: object, limit: int = 500) -> str:
-    """Tenant text (a reason, a job id) fit for one log line: escaped, so it cannot forge lines."""
+    """Tenant text (a reason, a job id) fit for one log line: control characters, line separators and
+    backslashes escaped, so it cannot forge lines; printable text stays as it is ("0.7 → 0.6")."""
     s = str(text)
     s = s if len(s) <= limit else s[:limit] + "..."
-    return s.encode("unicode_escape", "backslashreplace").decode("ascii")
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), s)
 
 
 def checked_view(answer: object) -> JobView | None:

@@ -119,7 +119,10 @@ def load_function(spec: str, path: str | os.PathLike | None = None) -> Callable[
             _import_top_from(top, Path(path).resolve(), spec)
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load --fn {spec!r}: {exc}") from None
+        hint = ""
+        if path is None and isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] == top:
+            hint = f"; if {top!r} is not installed, pass --fn-path DIR, the folder that holds {top}"
+        raise ValueError(f"cannot load --fn {spec!r}: {exc}{hint}") from None
     if not callable(fn):
         raise ValueError(f"--fn {spec!r} is not callable.")
     return fn

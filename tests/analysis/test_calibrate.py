@@ -446,3 +446,14 @@ def test_mlflow_run_name_falls_back_to_the_run_name_tag(tmp_path):
     (only,) = load_histories([tmp_path / "mlruns"], "eval_reward")
     assert only.name == "1/from-the-tag" and only.format == "mlflow"
     assert only.losses[-1] == pytest.approx(1 / N_EVALS)  # metrics/train/loss: a key with a slash
+
+
+@pytest.mark.parametrize("own", ["evalstop/score", "train/evalstop/score"])
+def test_the_callbacks_own_score_is_the_default_metric_in_every_log_format(own):
+    """A TensorBoard log of a trainer with EvalStopCallback holds train/evalstop/score (transformers
+    prefixes the training logs): it is the default, not one of 30 candidates."""
+    from evalstop_trl.analysis.histories import RawHistory, choose_metric
+
+    series = {name: {10: 0.5, 20: 0.6} for name in (own, "train/reward", "train/kl", "eval/reward", "eval/kl",
+                                                    "train/evalstop/best_score", "train/learning_rate")}
+    assert choose_metric(RawHistory("run", "events.out", "tensorboard", series)) == own

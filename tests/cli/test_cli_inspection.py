@@ -87,3 +87,39 @@ def test_serve_says_it_cannot_listen_before_any_banner(tmp_path):
         out = _evalstop("serve", "--db", str(tmp_path / "c.db"), "--port", str(port), ok=False)
     assert "cannot listen on 127.0.0.1:" in out.stderr and "serving" not in out.stdout
     assert "postgresql://" in _evalstop("tenants", "add", "--help").stdout
+
+
+def _bare_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k not in ("EVALSTOP_URL", "EVALSTOP_TOKEN")}
+
+
+@pytest.mark.parametrize("where", [".", "out"])
+def test_status_and_audit_next_to_an_embedded_database_read_it_and_say_so(db, tmp_path, where):
+    """No --db, no URL, no token: the evalstop.db here (or in the one output folder here) is read."""
+    home = tmp_path / "home"
+    (home / where).mkdir(parents=True, exist_ok=True)
+    db.rename(home / where / "evalstop.db")
+    for command in ("status", "audit"):
+        out = subprocess.run([sys.executable, "-m", "evalstop_trl", command], cwd=home, capture_output=True,
+                             text=True, timeout=60, env=_bare_env())
+        assert out.returncode == 0 and "run-a" in out.stdout, out.stderr
+        assert "reading the embedded coordinator's" in out.stderr and "evalstop.db" in out.stderr
+
+
+def test_status_with_nothing_to_read_suggests_db(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "evalstop_trl", "status"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, env=_bare_env())
+    assert out.returncode == 2 and "--db PATH/evalstop.db" in out.stderr, out.stderr
+
+
+def test_db_of_a_service_says_which_tenant_it_reads(tmp_path):
+    path = tmp_path / "coord.db"
+    c = Coordinator(SQLiteStore(path))
+    c.tenants.add("acme")
+    c.register_job("acme", "run-a", "grpo", 100)
+    c.close()
+    default = _evalstop("shadow-report", "--db", str(path))
+    assert "reading tenant 'local'" in default.stderr and "acme" in default.stderr and "--tenant NAME" in default.stderr
+    assert "reading tenant" not in _evalstop("status", "--db", str(path), "--tenant", "acme").stderr

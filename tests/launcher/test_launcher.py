@@ -212,3 +212,14 @@ def test_a_launch_onto_an_ended_job_is_a_new_run(server, tmp_path):
     with EvalStopClient(server.url, token) as c:
         assert c.status("again-2").status == "finished" and c.status("again").status == "stopped"
         assert [a.kind.value for a in c.audit("again-2")] == ["launcher_exit"]
+
+
+@pytest.mark.parametrize("text, logged", [
+    ("2 consecutive declines: 0.7 → 0.6 → 0.5", "2 consecutive declines: 0.7 → 0.6 → 0.5"),  # printable: as it is
+    ("forged\nevalstop run: job x stopped", "forged\\nevalstop run: job x stopped"),  # no second log line
+    ("a\u2028b\x00c\\n", "a\\u2028b\\x00c\\\\n"),  # line separators, NUL, and the escape itself
+])
+def test_tenant_text_in_the_launchers_log_is_readable_and_cannot_forge_a_line(text, logged):
+    from evalstop_trl.launcher.watch import log_text
+
+    assert log_text(text) == logged

@@ -1,7 +1,7 @@
 """The second real task (scripts/judge_traces.py, evalstop_trl/train/judge.py): the committed traces
 in configs/traces/judge/ cover the design, world feedback and gold are different evals on disjoint
-prompts, labels use a margin relative to each run's gold range, and the README's table is what the
-traces give today (recomputed here, so a stale README fails). One real 4-step run keeps the
+prompts, labels use a margin relative to each run's gold range, and the table of docs/results.md is what the
+traces give today (recomputed here, so a stale table fails). One real 4-step run keeps the
 generator honest."""
 
 from __future__ import annotations
@@ -145,9 +145,9 @@ def test_median_interval_uses_the_binomial_order_statistics(n, lo_rank, hi_rank)
 
 
 def readme_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("### A second real task: a learned judge vs an exact rule")
-    end = text.index("\n### ", start + 1)
+    text = (ROOT / "docs" / "results.md").read_text()
+    start = text.index("## A second real task: a learned judge vs an exact rule")
+    end = text.index("\n## ", start + 1)
     return text[start:end]
 
 

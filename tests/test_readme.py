@@ -1,0 +1,92 @@
+"""The README is a guide: short, no test counts or timings, its facts tied to their one home, its
+links alive and its commands real (each ``evalstop`` / ``platform-sim`` line parses with today's CLI;
+the cheap ones run).
+
+The detector facts (the default, the recommendation, the table's names) live in
+``evalstop_trl/core/detectors.py``; every public ``detector=`` default is tied to the default here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evalstop_trl.core.detectors import DEFAULT_DETECTOR, DETECTORS, RECOMMENDED_DETECTOR
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_readme_is_a_guide_of_at_most_300_lines_without_test_counts_or_timings():
+    assert len(README.splitlines()) <= 300
+    assert not re.search(r"\b\d[\d,]* tests\b|\d+ min(utes)? of tests|passed in", README)
+
+
+def test_the_readme_says_the_default_and_the_recommendation_the_registry_holds():
+    assert f"**Recommendation for new users: `{RECOMMENDED_DETECTOR}`**" in README
+    assert f"| `{DEFAULT_DETECTOR}` (the default" in README
+    table = README[README.index("## Choose a detector"):README.index("## The service")]
+    named = set(re.findall(r"`([a-z_]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()
+                                                      if line.startswith("| `"))))
+    assert named == set(DETECTORS)
+
+
+def test_every_public_detector_default_is_the_registrys_default():
+    from evalstop_trl.analysis.replay import replay_curve
+    from evalstop_trl.core.records import Policy
+    from evalstop_trl.integrations.optuna import EvalStopPruner
+    from evalstop_trl.integrations.ray_tune import EvalStopStopper
+    from evalstop_trl.train.base import EvalStopCallback
+    from evalstop_trl.train.session import SessionConfig
+
+    assert Policy().detector == DEFAULT_DETECTOR
+    for fn in (replay_curve, EvalStopPruner.__init__, EvalStopStopper.__init__, EvalStopCallback.__init__,
+               SessionConfig.build):
+        assert inspect.signature(fn).parameters["detector"].default == DEFAULT_DETECTOR, fn.__qualname__
+
+
+def test_every_link_of_the_readme_exists():
+    for target in re.findall(r"\]\(([^)#]+)\)", README):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), target
+
+
+def _commands() -> list[list[str]]:
+    """Every ``evalstop`` / ``platform-sim`` command line of the README's shell blocks."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            line = line.split("#")[0].strip()
+            if line.startswith(("evalstop ", "platform-sim ")):
+                out.append(shlex.split(line))
+    return out
+
+
+def test_the_readmes_commands_parse_with_todays_cli():
+    from evalstop_trl.cli import build_parser as evalstop_parser
+    from platform_sim.cli import build_parser as sim_parser
+
+    commands = _commands()
+    assert len(commands) >= 5
+    for argv in commands:
+        parser = evalstop_parser() if argv[0] == "evalstop" else sim_parser()
+        parser.parse_args(argv[1:])  # an unknown flag or command exits 2 here
+
+
+@pytest.mark.slow
+def test_the_readmes_cheap_commands_run(tmp_path):
+    ran = 0
+    for argv in _commands():
+        if argv[:3] == ["evalstop", "tenants", "add"] or argv == ["platform-sim", "run"]:
+            module = "evalstop_trl" if argv[0] == "evalstop" else "platform_sim.cli"
+            r = subprocess.run([sys.executable, "-m", module, *argv[1:]], cwd=tmp_path, capture_output=True,
+                               text=True, timeout=300)
+            assert r.returncode == 0, (argv, r.stderr[-2000:])
+            ran += 1
+    assert ran == 2
