@@ -4,7 +4,7 @@ A 2-layer GPT-2 over a 30-token character tokenizer (both built here, no downloa
 you can hack (it pays for the letter "e", which is what you want, and more for "z", which is not),
 and a held-out world-feedback eval (the share of "e" the policy writes on prompts it never trains
 on). GRPO first learns both letters, then trades "e" for "z": the reward keeps rising while the eval
-peaks and falls, and ``EvalStopCallback`` stops the run and keeps its best checkpoint. A few minutes
+peaks and falls, and ``EvalStopCallback`` stops the run and keeps its best checkpoint. Under a minute
 on a CPU; exits 0 when the run was stopped before its planned end.
 
     python configs/examples/own_model.py [--out DIR] [--max-steps 200]

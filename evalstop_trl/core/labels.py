@@ -37,7 +37,7 @@ MAX_KEY = 64
 MAX_VALUE = 256
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 _KEY = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.:/-]{{0,{MAX_KEY - 1}}}")
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")  # a lone surrogate: no UTF-8
 
 
 def _entries(kind: str, value: Any) -> list[tuple[str, Any]]:
@@ -59,7 +59,7 @@ def _text(kind: str, key: str, v: str) -> str:
     if len(v) > MAX_VALUE:
         raise InvalidInput(f"{kind}.{key} must be at most {MAX_VALUE} characters, but got {len(v)}.")
     if _CONTROL.search(v):
-        raise InvalidInput(f"{kind}.{key} must not contain control characters.")
+        raise InvalidInput(f"{kind}.{key} must not contain control characters or lone surrogates.")
     return v
 
 

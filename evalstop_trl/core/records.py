@@ -87,8 +87,10 @@ def check_report(step: Any, eval_score: Any = None, train_loss: Any = None, prox
                 raise InvalidInput(str(exc)) from None
 
 
-_LINE_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # no control character (nor line separator) in a path or a name
-_TEXT_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # free text may hold tabs and line breaks
+# no control character (nor line separator) in a path or a name; free text may hold tabs and line breaks;
+# neither a lone surrogate (JSON can carry one, UTF-8 cannot: PostgreSQL would refuse it for ever)
+_LINE_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+_TEXT_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 
 
 def check_text(kind: str, value: Any, max_len: int = 2000, *, multiline: bool = False, min_len: int = 0) -> str:

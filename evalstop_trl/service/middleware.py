@@ -271,8 +271,8 @@ def _size(n: int) -> str:
 def _bearer(value: bytes | None) -> str | None:
     if not value:
         return None
-    text = value.decode("latin-1")
-    return text[len("Bearer "):].strip() if text.startswith("Bearer ") else None
+    scheme, _, token = value.decode("latin-1").strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None  # auth schemes are case-insensitive (RFC 9110)
 
 
 async def _reply(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = (), close: bool = True) -> None:

@@ -236,3 +236,42 @@ def test_17_9_status_reads_its_token_from_a_file_or_the_environment(lab, tmp_pat
     loose = subprocess.run([*base, "--token-file", str(token_file)], capture_output=True, text=True, env=env,
                            timeout=60)
     assert loose.returncode == 0 and "chmod 600" in loose.stderr
+
+
+# ---------------------------------------------------------------- issue 25 item 9: surrogates, the auth scheme
+@pytest.fixture(params=["sqlite", "postgres"])
+def on_each_store(request, tmp_path):
+    """A real `evalstop serve` over a SQLite file or a PostgreSQL database, tenant ``lab``."""
+    from evalstop_trl.clients.local import LocalServer
+
+    db = tmp_path / "coord.db" if request.param == "sqlite" else request.getfixturevalue("pg_dsn")
+    with LocalServer(db, tenants=("lab",), log=tmp_path / "serve.log") as srv:
+        yield srv, srv.tokens["lab"]
+
+
+def _raw(srv, path: str, body: str, token: str) -> httpx.Response:
+    return httpx.post(f"{srv.url}{path}", content=body.encode(), timeout=10,
+                      headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/jobs", '{"job_id": "t", "tags": {"team": "a\\ud800b"}}'),
+    ("/v1/jobs", '{"job_id": "t", "hparams": {"model": "\\udc00"}}'),
+    ("/v1/jobs/j/stop", '{"reason": "why \\ud83d"}'),
+    ("/v1/jobs/j/reports", '{"step": 1, "checkpoint": "/runs/\\udfff"}'),
+])
+def test_25_9_a_lone_surrogate_is_422_and_never_stored(on_each_store, path, body):
+    """JSON can carry a lone surrogate, UTF-8 cannot: PostgreSQL refused the write for ever (a 503)."""
+    srv, token = on_each_store
+    assert _raw(srv, "/v1/jobs", '{"job_id": "j"}', token).status_code == 201
+    r = _raw(srv, path, body, token)
+    assert r.status_code == 422 and "control characters" in r.json()["detail"], r.text
+    listed = httpx.get(f"{srv.url}/v1/jobs", headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
+    assert [j["job_id"] for j in listed] == ["j"] and listed[0]["status"] == "pending"
+
+
+def test_25_9_the_auth_scheme_is_case_insensitive(on_each_store):
+    srv, token = on_each_store
+    for scheme, status in (("bearer", 200), ("BEARER", 200), ("Bearer", 200), ("Basic", 401), ("", 401)):
+        r = httpx.get(f"{srv.url}/v1/jobs", headers={"Authorization": f"{scheme} {token}".strip()}, timeout=10)
+        assert r.status_code == status, (scheme, r.text)
