@@ -78,7 +78,8 @@ class EmbeddedClient(EvalStopAPI):
         call as the service does (:class:`~evalstop_trl.core.errors.Unauthorized` once it is revoked)."""
         if self.token is None:
             return self._tenant
-        return self.coordinator.tenants.authenticate(self.token)
+        hit = self.coordinator.tenants.cached(self.token)  # the service's cache: no store read per call
+        return hit[0] if hit is not None else self.coordinator.tenants.authenticate(self.token)
 
     def _send(self, route: Route, args: dict[str, Any], request: Any, timeout: float | None) -> Any:
         tenant = self.tenant
