@@ -75,6 +75,28 @@ class Integration(TrainerCallback):
                                                         if isinstance(v, (int, float))}})
 
 
+class StepMark(TrainerCallback):
+    """A user's callback listed before EvalStopCallback: it marks each step, and the world feedback
+    records the mark it sees (the eval's own step when the callbacks run in the user's order)."""
+
+    def __init__(self) -> None:
+        self.step = -1
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step = state.global_step
+
+
+class Marked:
+    """The gold eval, recording the mark of ``StepMark`` at each call."""
+
+    def __init__(self, mark: StepMark) -> None:
+        self.gold, self.mark, self.seen = GoldEval(PRESET), mark, []
+
+    def __call__(self, model, tokenizer) -> float:
+        self.seen.append(self.mark.step)
+        return self.gold(model, tokenizer)
+
+
 class FlakyLoss:
     """A loss-like world feedback (1 - gold, lower is better) whose eval at ``fail_at`` raises."""
 
@@ -110,8 +132,9 @@ def build(a: argparse.Namespace):
     extra: dict = {}
     reward_funcs = [proxy_reward(PRESET)]
     eval_dataset = None
+    mark = StepMark() if a.user_first else None
     if a.mode == "callable":
-        feedback = FlakyLoss(a.flaky_at) if a.flaky_at else GoldEval(PRESET)
+        feedback = FlakyLoss(a.flaky_at) if a.flaky_at else Marked(mark) if mark else GoldEval(PRESET)
         cb = EvalStopCallback(feedback, eval_every=a.eval_every, **kw)
     elif a.mode == "metric":
         cb = EvalStopCallback(a.metric, **kw)
@@ -126,7 +149,7 @@ def build(a: argparse.Namespace):
                       save_steps=a.eval_every, seed=a.seed, disable_tqdm=True, log_level="error",
                       per_device_train_batch_size=16, num_generations=8, max_completion_length=8, beta=0.0,
                       temperature=1.0, **extra)
-    callbacks = [cb] + ([Slow(a.slow)] if a.slow else []) + ([DieAt(a.die_at)] if a.die_at else [])
+    callbacks = ([mark] if mark else []) + [cb] + ([Slow(a.slow)] if a.slow else []) + ([DieAt(a.die_at)] if a.die_at else [])
     trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args,
                           train_dataset=Dataset.from_dict({"prompt": prompts}), eval_dataset=eval_dataset,
                           processing_class=tok, callbacks=callbacks)
@@ -152,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", default=METRIC)
     p.add_argument("--eval-strategy", default="steps")
     p.add_argument("--flaky-at", type=int, default=0, help="callable mode: 1 - gold, and the N-th eval raises")
+    p.add_argument("--user-first", action="store_true",
+                   help="callable mode: a user callback listed before EvalStopCallback marks each step")
     p.add_argument("--callback-kwargs", default="{}", help="more EvalStopCallback options, as JSON")
     p.add_argument("--result")
     a = p.parse_args(argv)
@@ -164,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         "history": [{"step": h["step"], "eval_score": h.get("eval_score")} for h in cb.history],
         "evalstop_logs": [h for h in trainer.state.log_history if any(k.startswith("evalstop/") for k in h)],
         "integration_logs": [h for h in integration.logs if any(k.startswith("evalstop/") for k in h)],
+        "callbacks": [type(c).__name__ for c in trainer.callback_handler.callbacks],
+        "marks_seen": getattr(cb.world_feedback, "seen", None),
     }
     Path(a.result or Path(a.out) / "result.json").write_text(json.dumps(result))
     print(f"composition_job: job {cb.job_id} steps {result['steps_done']} stopped_at {cb.stopped_at} "

@@ -28,6 +28,7 @@ table equal to :data:`ROWS`:
     14   D6-metric-without-eval      embedded     metric    direct    fresh   (no training: eval_strategy="no")
     15   S1-shadow-mode              http_sqlite  callable  launcher  fresh   (shadow=True: trains to its end)
     16   B1-run-browser              http_pg      callable  direct    fresh   (tags, hparams, browse, export)
+    17   U1-user-callback-first      embedded     callable  direct    fresh   (a user callback before it runs first)
 
 Every training row asserts: the stop step is the one ``create_detector("decline", k=2)`` gives on the
 scores the coordinator recorded (external: the decision's step, and the stop lag), the best step and
@@ -39,7 +40,9 @@ its end, the job finishes with its would-stop at the step the detector gives, an
 judges it. ``B1-run-browser`` (issue 19) runs ``EvalStopCallback(tags=...)`` against a real service on
 PostgreSQL: the job is found by its tag, carries the trainer's hyperparameters, its CSV export equals
 its recorded reports, the tenant's summary counts its stop and the steps it saved, and once stopped it
-can be deleted (its audit line stays). External rows start their worker
+can be deleted (its audit line stays). ``U1-user-callback-first`` (issue 24) lists a callback of the
+user's before ``EvalStopCallback``: it runs first at every step (the world feedback sees the mark it
+set at the eval's own step), the callback keeps its place and only its log forwarder goes first. External rows start their worker
 before the training process. A row takes 15-40 s on 2 cores.
 """
 
@@ -146,9 +149,11 @@ ROWS = pairwise([Row(*d) for d in DEFECTS]) + [
     Row("S1-shadow-mode", "http_sqlite", "callable", "launcher", "fresh",
         "shadow mode: would-stop recorded, never stopped, the launcher lets the run finish"),
     Row("B1-run-browser", "http_pg", "callable", "direct", "fresh",
-        "run browser: tags and hparams recorded, found by tag, exported, summarised, deleted")]
+        "run browser: tags and hparams recorded, found by tag, exported, summarised, deleted"),
+    Row("U1-user-callback-first", "embedded", "callable", "direct", "fresh",
+        "a user's callback listed before EvalStopCallback runs before it: the eval sees its step")]
 _NOTES = {"D6": '   (no training: eval_strategy="no")', "S1": "   (shadow=True: trains to its end)",
-          "B1": "   (tags, hparams, browse, export)"}
+          "B1": "   (tags, hparams, browse, export)", "U1": "   (a user callback before it runs first)"}
 
 
 def table() -> str:
@@ -308,6 +313,7 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
     # external: a real step is slower than a tiny eval, so the workers keep up (0.05 s more per step)
     steps, more = (["--max-steps", "130", "--slow", "0.05"], "140") if external else (["--max-steps", "90"], "100")
     extra = ["--flaky-at", "2", "--callback-kwargs", '{"direction": "min"}'] if row.defect == "D8" else []
+    extra += ["--user-first"] if row.name.startswith("U1") else []
     if external:
         _worker(t, tmp_path / "worker.log")  # before the training process (issue 20, item 2)
         time.sleep(1.0)
@@ -355,6 +361,11 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
         evals = {e["step"] for e in run.result["evalstop_logs"] if "evalstop/score" in e}
         seen = {e["step"] for e in run.result["integration_logs"] if "evalstop/score" in e}
         assert evals and seen == evals, (sorted(evals), run.result["integration_logs"])
+    if row.name.startswith("U1"):
+        evals = [h["step"] for h in run.result["history"]]
+        assert evals and run.result["marks_seen"] == evals, run.result  # StepMark ran first at each eval step
+        names = run.result["callbacks"]
+        assert names[0] == "_LogsFirst" and names.index("StepMark") < names.index("EvalStopCallback"), names
     if row.defect == "D8":
         assert re.search(r"\b(rose|rises?)\b", job.decision.reason) and "decline" not in job.decision.reason, \
             job.decision.reason

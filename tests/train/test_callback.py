@@ -215,37 +215,27 @@ def test_two_processes_stop_together(tmp_path, mode):
         assert float(steps[0].split("best score ")[1].split(",")[0]) < 100
 
 
-def test_the_constructor_returns_the_adapter_of_its_mode():
-    from evalstop_trl.train.callback import FeedbackMode
+def test_the_callback_is_one_plain_class_with_a_strategy_per_mode():
+    from evalstop_trl.train.feedback import FEEDBACKS, FeedbackMode
 
     cases = [(EvalStopCallback(lambda m, t: 0.0, eval_every=5), FeedbackMode.CALLABLE),
              (EvalStopCallback("eval_reward"), FeedbackMode.METRIC),
              (EvalStopCallback(external_eval=True, eval_every=5), FeedbackMode.EXTERNAL)]
     for cb, mode in cases:
-        assert isinstance(cb, EvalStopCallback) and cb.mode is mode and cb.external_eval is (mode == "external")
-        assert type(cb).__name__ == "EvalStopCallback"  # the key of its state in a checkpoint
-    assert type(cases[0][0]) is not type(EvalStopCallback(lambda m, t: 0.0, eval_every=5))  # a class per instance
+        assert type(cb) is EvalStopCallback and cb.mode is mode and cb.external_eval is (mode == "external")
+        assert type(cb.feedback) is FEEDBACKS[mode] and cb.feedback.cb is cb
+    assert set(FEEDBACKS) == set(FeedbackMode)
+    # no descriptor of its own beyond plain read-only properties over its session
+    own = {n: v for n, v in vars(EvalStopCallback).items() if hasattr(v, "__get__") and not callable(v)}
+    assert all(isinstance(v, property) and v.fset is None for v in own.values()), own
 
 
-def test_a_state_restores_only_through_the_callback_it_replaces(tmp_path):
-    from evalstop_trl.train.callback import EvalStopSession
+def test_the_callback_keeps_no_state_in_a_checkpoint():
+    """transformers rebuilds an ExportableState callback from a checkpoint with type(cb)(**args): a
+    copy without the user's callable. The coordinator holds the job's history instead."""
+    from transformers.trainer_callback import ExportableState
 
-    def judge(m, t):
-        return 0.5
-
-    coord = Coordinator(MemoryStore())
-    cb = EvalStopCallback(judge, eval_every=1, coordinator=coord, job_id="r", save_best=False)
-    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
-    _eval_step(cb, tmp_path, 1, _Control(), torch.nn.Linear(1, 1))
-    state = cb.state()
-    with pytest.raises(ValueError, match="cannot be restored without the callback itself"):
-        EvalStopCallback.from_state(state)  # no callback to take the callable from
-    copy = type(cb).from_state(state)  # what transformers does: type(callback)(**args), then the attributes
-    assert copy is not cb and copy.world_feedback is judge and copy._coordinator_arg is coord
-    assert isinstance(cb.session, EvalStopSession) and cb.session is copy.session  # the user's object follows
-    assert cb.history == [{"step": 1, "eval_score": 0.5, "train_loss": pytest.approx(0.1), "proxy_reward": None}]
-    other = EvalStopCallback(lambda m, t: 1.0, eval_every=1, job_id="other")
-    assert type(other).from_state(other.state()).world_feedback is other.world_feedback is not judge
+    assert not isinstance(EvalStopCallback(lambda m, t: 0.0, eval_every=5), ExportableState)
 
 
 def _restorable_trainer(out, cb, max_steps, preempt_at=None):
@@ -298,9 +288,9 @@ def test_two_trainers_in_one_process_keep_their_own_world_feedback_across_a_rest
     trainer_b = _restorable_trainer(tmp_path / "b", cb_b, max_steps=10)
     trainer_a.train(resume_from_checkpoint=True)
     (live,) = [c for c in trainer_a.callback_handler.callbacks if isinstance(c, EvalStopCallback)]
-    assert live is not cb_a and live.world_feedback is cb_a.world_feedback  # transformers' copy, A's callable
+    assert live is cb_a  # the user's own object, never a copy rebuilt from the checkpoint
     assert (len(calls["a"]), calls["b"]) == (2, [])  # steps 15 and 20
-    assert [h["step"] for h in cb_a.history] == [5, 10, 15, 20]  # the checkpoint's history, then the copy's
+    assert [h["step"] for h in cb_a.history] == [15, 20] and cb_a.attempt == 2  # this process's; attached
     assert [r.step for r in coord_a.reports("local", "a")] == [5, 10, 15, 20] and not coord_b.list_jobs("local")
     trainer_b.train()
     assert (len(calls["a"]), len(calls["b"])) == (2, 2)
@@ -312,14 +302,13 @@ def _half(model, tokenizer):
     return 0.5
 
 
-def test_a_callback_pickles_as_its_own_class_again():
+def test_a_callback_pickles():
     import pickle
 
     cb = EvalStopCallback(_half, eval_every=5, job_id="p", detector="stop_at", fraction=0.5)
     cb.history.append({"step": 5, "eval_score": 0.5, "train_loss": None, "proxy_reward": None})
     copy = pickle.loads(pickle.dumps(cb))
-    assert isinstance(copy, EvalStopCallback) and type(copy).__name__ == "EvalStopCallback"
-    assert type(copy) is not type(cb) and type(copy)._owner() is copy and copy.mode is cb.mode
+    assert type(copy) is EvalStopCallback and copy.mode is cb.mode and copy.feedback.cb is copy
     assert (copy.world_feedback, copy.job_id, dict(copy.params), copy.history) == \
         (_half, "p", {"fraction": 0.5, "direction": "max"}, cb.history)
 

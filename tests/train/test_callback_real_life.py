@@ -96,7 +96,7 @@ def test_a_resumed_run_stops_where_an_uninterrupted_one_does(tmp_path, restore, 
         run_tiny("grpo", "hacked", output_dir=tmp_path / "cut", callbacks=[CrashAt(61)], **common)
     # a new process would build a new callback: so does this (the first one is gone with its trainer)
     resumed = run_tiny("grpo", "hacked", output_dir=tmp_path / "cut", resume_from_checkpoint=True, **common)
-    user_cb = resumed.callback  # the object the user passed: up to date even if transformers restored a copy
+    user_cb = resumed.callback  # the object the user passed: transformers never replaces it
     assert user_cb.decision is not None and user_cb.decision.stop and user_cb.stopped_at == resumed.stopped_at
     jobs = _jobs(tmp_path / "cut" / "trainer" / "evalstop.db")
     assert list(jobs) == [user_cb.job_id]  # one job, attached to again: no 409, no "-2"
@@ -250,14 +250,15 @@ def test_integrations_after_the_callback_get_the_scores(tmp_path):
     seen = [entry for entry in recorder.logs if "evalstop/score" in entry]
     assert len(seen) == 2 and all("loss" in entry for entry in seen)  # in the same log as the step's loss
     assert [e["evalstop/score"] for e in seen] == pytest.approx([t["gold"] for t in run.trace])
-    # and EvalStopCallback.first_in(trainer) moves the callback before the trainer's own integrations
+    # building a trainer places the forwarder first; the callback keeps its place after the user's
     from transformers import Trainer, TrainingArguments
 
     from evalstop_trl.train.tiny import build_model, build_tokenizer
 
     tok = build_tokenizer()
+    cb = EvalStopCallback("eval_reward")
     trainer = Trainer(model=build_model(tok), args=TrainingArguments(output_dir=str(tmp_path / "t"), report_to="none",
                                                                      use_cpu=True),
-                      callbacks=[EvalStopCallback("eval_reward")])
-    EvalStopCallback.first_in(trainer)
-    assert isinstance(trainer.callback_handler.callbacks[0], EvalStopCallback)
+                      callbacks=[recorder, cb])
+    callbacks = trainer.callback_handler.callbacks
+    assert callbacks[0] is cb._forwarder and callbacks.index(recorder) < callbacks.index(cb)

@@ -77,23 +77,22 @@ def test_under_the_launcher_the_callback_adopts_the_job_and_a_longer_resume_exte
     assert (job.planned_steps, job.n_reports) == (20, 4) and any("planned_steps 10 -> 20" in r for r in reasons)
 
 
-def test_the_job_type_comes_from_the_trainer_class():
-    from transformers import Trainer, TrainingArguments
-    from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RLOOTrainer, SFTTrainer
-    from trl.experimental.online_dpo import OnlineDPOTrainer
+def test_the_job_type_comes_from_the_trainers_arguments():
+    from transformers import TrainingArguments
+    from trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig
+    from trl.experimental.online_dpo import OnlineDPOConfig
 
     from evalstop_trl.train.callback import infer_job_type
 
-    bare = object.__new__  # the class is what counts: no trainer needs building here
-    assert [infer_job_type(bare(c)) for c in (GRPOTrainer, RLOOTrainer, DPOTrainer, OnlineDPOTrainer, SFTTrainer,
-                                              Trainer)] == ["grpo", "rloo", "dpo", "online_dpo", "sft", "other"]
-    assert infer_job_type(args=bare(GRPOConfig)) == "grpo" and infer_job_type(args=bare(DPOConfig)) == "dpo"
-    assert infer_job_type(args=bare(TrainingArguments)) == "other" and infer_job_type() is None
+    bare = object.__new__  # the class is what counts: no arguments need building here
+    assert [infer_job_type(bare(c)) for c in (GRPOConfig, RLOOConfig, DPOConfig, OnlineDPOConfig, SFTConfig,
+                                              TrainingArguments)] == ["grpo", "rloo", "dpo", "online_dpo", "sft", "other"]
+    assert infer_job_type(None) is None and infer_job_type(object()) is None
 
-    class MyGRPO(GRPOTrainer):
+    class MyGRPOConfig(GRPOConfig):
         pass
 
-    assert infer_job_type(bare(MyGRPO)) == "grpo"
+    assert infer_job_type(bare(MyGRPOConfig)) == "grpo"
     given = EvalStopCallback("eval_reward", job_type="rlhf")
     assert given.job_type == "rlhf"  # a type the user gives is never replaced
 
@@ -183,7 +182,8 @@ def test_report_to_integrations_get_the_evalstop_metrics_in_every_mode(tmp_path,
         extra = [PostScores(coord, [0.5, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1])]
     trainer = _trainer(tmp_path, cb, max_steps=15 if mode != "external" else 40, callbacks=extra, **args)
     (integration,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, Integration)]
-    assert trainer.callback_handler.callbacks[0] is cb  # it put itself before the integrations
+    callbacks = trainer.callback_handler.callbacks
+    assert callbacks[0] is cb._forwarder and callbacks.index(cb) > callbacks.index(integration)  # cb stays put
     with caplog.at_level(logging.WARNING, "evalstop.callback"):
         if mode == "external":  # the stop reaches the loop through a watcher thread: slow the steps down a little
             extra.append(_Slow())
