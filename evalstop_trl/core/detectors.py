@@ -703,7 +703,7 @@ class DropDetector(_NoisyDetector):
         stat = (ref - mean) / (sigma * math.sqrt(2.0 / w))
         threshold = t_threshold(self.z, noise.dof)
         evidence = {"z": stat, "threshold": threshold, "sigma": sigma, "drop": self._sign * (ref - mean)}
-        if stat > threshold:
+        if exceeds(stat, threshold):
             return rule, _stop(
                 f"mean of the last {w} evals is {_fmt(abs(ref - mean))} below the best {w}-eval mean "
                 f"({_fmt(stat)} noise units > {_fmt(threshold)}; noise {_fmt(sigma)}) at step {obs.step}",
@@ -746,13 +746,30 @@ class TrendDetector(_NoisyDetector):
         stat = -slope * math.sqrt(sxx) / sigma
         threshold = t_threshold(self.z, noise.dof)
         evidence = {"t": stat, "threshold": threshold, "sigma": sigma, "slope": self._sign * slope}
-        if stat > threshold:
+        if exceeds(stat, threshold):
             return rule, _stop(
                 f"the last {self.window} evals fall (slope {_fmt(self._sign * slope)} per step, "
                 f"t = {_fmt(stat)} > {_fmt(threshold)}; noise {_fmt(sigma)}) at step {obs.step}",
                 best_step, best_score, **evidence)
         return rule, _continue(f"trend t = {_fmt(-stat)} (stop below {_fmt(-threshold)})", best_step, best_score,
                                **evidence)
+
+
+#: Relative margin of :func:`exceeds`: far below any real difference, far above rounding.
+_TIE_REL = 1e-9
+
+
+def exceeds(stat: float, threshold: float) -> bool:
+    """Whether a statistic in noise units is above its threshold, a tie (equal up to rounding) not.
+
+    Scores on a grid (k/n win rates, judge scores in eighths) can put a statistic exactly on its
+    threshold; the rounding then differs per unit (3.5 vs 3.5000000000000018), and so would the
+    decision. A relative margin of 1e-9 makes a tie the same decision in every unit.
+
+    >>> exceeds(3.5000000000000018, 3.5), exceeds(3.51, 3.5)
+    (False, True)
+    """
+    return stat > threshold + _TIE_REL * max(1.0, abs(threshold))
 
 
 def least_squares_slope(points: Any) -> tuple[float, float]:
@@ -801,7 +818,7 @@ class CusumDetector(_NoisyDetector):
             ref = mean if ref is None else max(ref, mean)
         rule = noise, recent, ref, total
         evidence = {"cusum": total, "threshold": self.threshold, "sigma": sigma}
-        if total > self.threshold:
+        if exceeds(total, self.threshold):
             return rule, _stop(f"accumulated shortfall below the best {self.window}-eval mean "
                                f"{_fmt(total)} noise units > {_fmt(self.threshold)} (noise {_fmt(sigma)}) "
                                f"at step {obs.step}", best_step, best_score, **evidence)
@@ -939,7 +956,7 @@ class SequentialDetector(Detector):
         stat = (best - now) / (sigma * math.sqrt(2.0 / w))
         threshold = t_quantile(self.z, k) + math.sqrt(2.0 * math.log(n / w))
         evidence = {"stat": stat, "threshold": threshold, "sigma": sigma, "run": w, "looks": n}
-        if stat > threshold:
+        if exceeds(stat, threshold):
             return rule, _stop(
                 f"mean of the last {w} eval(s) is {_fmt(stat)} noise units below the best earlier {w}-eval mean "
                 f"(> {_fmt(threshold)} after {n} looks; noise {_fmt(sigma)}) at step {obs.step}",

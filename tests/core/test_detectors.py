@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import random
 from types import MappingProxyType
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from evalstop_trl.core.detectors import (
@@ -549,6 +550,7 @@ def test_decisions_do_not_depend_on_the_score_units(name, params):
 @given(name=st.sampled_from(sorted(SCORE_READERS)),
        ticks=st.lists(st.integers(-40, 40), min_size=4, max_size=30),
        with_progress=st.booleans())
+@example(name="cusum", ticks=[0, 9, -9, 0], with_progress=False)  # its statistic lands on the threshold
 def test_units_property(name, ticks, with_progress):
     """Any series on a grid of eighths (ties included), any of the units: the same decisions."""
     series = [t / 8 for t in ticks]
@@ -566,6 +568,21 @@ def test_units_property(name, ticks, with_progress):
     for a in (0.01, 0.1, 10.0, 100.0):
         for b in (-50.0, 0.0, 3.0):
             assert stops(a, b) == base, (a, b)
+
+
+def test_win_rates_on_a_k_over_n_grid_decide_the_same_in_any_units():
+    """Issue 28 item 5: scores k/250 (a win rate over 250 prompts) put statistics exactly on their
+    thresholds; every score-reading detector still decides the same in every unit."""
+    rng = random.Random(28)
+    for _ in range(60):
+        k, series = 125, []
+        for _ in range(12):
+            k = min(250, max(0, k + rng.choice((-9, -5, -1, 0, 1, 4, 9))))
+            series.append(k / 250)
+        for name in sorted(SCORE_READERS):
+            base = _stops(name, {}, series, 1.0, 0.0)
+            for a, b in ((0.01, 0.0), (100.0, 0.0), (1.0, 3.0), (10.0, -50.0)):
+                assert _stops(name, {}, series, a, b) == base, (name, series, a, b)
 
 
 def test_an_absolute_noise_prior_is_not_scale_free():
