@@ -245,22 +245,30 @@ class Heartbeat:
 
 class ShadowMode:
     """A session's shadow mode (``SessionConfig.shadow``, or the job's policy when its tenant's default
-    is shadow): a stop, the local detector's too, is only recorded; the first one is logged once."""
+    is shadow): a stop, the local detector's too, is only recorded; the first one is logged once, and
+    every later decision's reason names it (a later decline does not hide why the run would have stopped).
 
-    __slots__ = ("on", "step")
+    Attributes:
+        on: shadow mode applies; step, reason: the first would-stop eval's step and its reason.
+    """
+
+    __slots__ = ("on", "reason", "step")
 
     def __init__(self, on: bool) -> None:
         self.on = on
         self.step: int | None = None  # the step of the first would-stop eval
+        self.reason: str | None = None
 
     def adopt(self, view: Any) -> None:
-        """Take the job's mode and would-stop from its view (None: not read)."""
+        """Take the job's mode and first would-stop from its view (None: not read)."""
         if view is not None:
             self.on = self.on or view.policy.get("mode") == "shadow"
             self.step = view.would_stop_step
+            first = getattr(view, "would_stop", None)
+            self.reason = None if first is None else SHADOW_REASON + first.reason
 
     def apply(self, step: int, decision: Decision) -> Decision:
-        """The decision to act on: CONTINUE instead of a stop in shadow mode."""
+        """The decision to act on: CONTINUE instead of a stop in shadow mode, naming the first would-stop."""
         if self.on and decision.action is Action.STOP:
             decision = shadowed(decision, self.step or step)
         would = decision.evidence.get("would_stop")
@@ -268,7 +276,14 @@ class ShadowMode:
             self.step = would
             log.warning("EvalStop (shadow mode, not stopping): would stop at step %s: %s", would,
                         decision.reason.removeprefix(SHADOW_REASON))
-        return decision
+        if self.step is None or decision.action is Action.STOP:
+            return decision
+        if self.reason is None:
+            self.reason = decision.reason if decision.reason.startswith(SHADOW_REASON) else None
+        if self.reason is None or decision.reason == self.reason:
+            return decision
+        return Decision(Action.CONTINUE, self.reason, decision.best_step, decision.best_score,
+                        {**decision.evidence, "would_stop": self.step})
 
 
 class EvalStopSession:

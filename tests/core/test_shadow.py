@@ -110,11 +110,18 @@ def test_the_session_goes_on_in_shadow_mode_and_says_so_once(tmp_path, caplog):
     assert len(said) == 1 and said[0].endswith("would stop at step 40: 2 consecutive declines: 0.5 → 0.45 → 0.4 "
                                                 "at step 40"), said
     assert session.eval_metrics(0.25, False)["evalstop/would_stop"] == 1
+    # the evals after it decline again: the decision still says why the run would have stopped, at 40
+    assert session.decision.reason == "shadow mode, not stopped: would stop: 2 consecutive declines: 0.5 → 0.45 " \
+                                      "→ 0.4 at step 40" and session.decision.evidence["would_stop"] == 40
+    resumed = EvalStopSession(SessionConfig.build("decline", k=2, shadow=True), "run", heartbeat_s=None)
+    resumed.attach(EmbeddedClient(c, tenant="local"), step=60, planned_steps=60)
+    assert resumed.shadow.reason == session.decision.reason  # a resumed process knows it from the job
     assert c.status("local", "run").policy["mode"] == "shadow"
     c.close()
     # with the coordinator away, the local detector decides in shadow mode too
     alone = EvalStopSession(SessionConfig.build("decline", k=2, shadow=True), "solo", heartbeat_s=None)
     assert [alone.report(s, v) for s, v in HACKED] == [False] * 6 and alone.shadow.step == 40
+    assert "would stop: 2 consecutive declines" in alone.decision.reason and "at step 40" in alone.decision.reason
     enforced = EvalStopSession(SessionConfig.build("decline", k=2), "solo2", heartbeat_s=None)
     assert [enforced.report(s, v) for s, v in HACKED][3] is True
 
