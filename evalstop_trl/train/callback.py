@@ -24,7 +24,8 @@ What it does:
   Coordinator object;
 * the evaluation restores the Python, NumPy and torch RNG states and the model's train/eval mode,
   so training with the callback is bit-identical to training without it up to the stop;
-* one log line per eval (step, score, best, declines, decision), and ``evalstop/score``,
+* one log line per eval (step, score, best, declines, decision; INFO on the ``evalstop`` logger, shown
+  on stderr when the program configured no logging), and ``evalstop/score``,
   ``evalstop/best_score``, ``evalstop/declines``, ``evalstop/stop``, ``evalstop/eval_failures`` in the
   trainer's logs (``log_history``, ``trainer_state.json``, the printer, and the ``report_to``
   integrations: the callback stays where you put it and places a small forwarder ahead of the
@@ -78,6 +79,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import hashlib
+import logging
 import os
 import re
 import sys
@@ -148,6 +150,20 @@ def default_job_id(args: Any) -> str:
     else:
         name = f"{out.name or 'job'}-{hashlib.sha1(str(out).encode()).hexdigest()[:6]}"
     return re.sub(r"[^A-Za-z0-9_.:@-]", "-", name).lstrip("-_.:@")[:120] or "job"
+
+
+def show_eval_lines() -> bool:
+    """Let the per-eval line (INFO, logger ``evalstop``) reach stderr when the application configured
+    no logging at all, as transformers does for its own logger; returns whether it did. A program that
+    configured the root logger or the ``evalstop`` logger keeps what it chose."""
+    lib = logging.getLogger("evalstop")
+    if lib.handlers or logging.getLogger().handlers or lib.level != logging.NOTSET:
+        return False
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    lib.addHandler(handler)
+    lib.setLevel(logging.INFO)
+    return True
 
 
 class _LogsFirst(TrainerCallback):
@@ -364,6 +380,7 @@ class EvalStopCallback(TrainerCallback):
             s.attach(connect(self._coordinator_arg, self.token, args.output_dir), step=state.global_step,
                      planned_steps=state.max_steps or None, job_type=self._args_job_type)
             atexit.register(_fail_at_exit, weakref.ref(s))
+            show_eval_lines()
             if self._direction_note is not None:
                 log.warning("EvalStop: metric %r: %s is better (direction=%r, from its name); pass direction= to say "
                             "otherwise", self.world_feedback, "lower" if self.direction == "min" else "higher",

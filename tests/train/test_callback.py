@@ -302,6 +302,17 @@ def _half(model, tokenizer):
     return 0.5
 
 
+def test_the_per_eval_line_shows_without_any_logging_configured(tmp_path):
+    """A new user's script configures no logging: the per-eval INFO line still reaches stderr."""
+    code = ("from evalstop_trl.train.tiny import run_tiny\n"
+            f"run_tiny('grpo', 'hacked', output_dir={str(tmp_path)!r}, max_steps=10, eval_every=5, stop=False)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "EVALSTOP_URL": ""})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [line.split(":")[0] for line in out.stderr.splitlines() if line.startswith("EvalStop step ")] == \
+        ["EvalStop step 5", "EvalStop step 10"], out.stderr[-3000:]
+
+
 def test_a_callback_pickles():
     import pickle
 
