@@ -350,9 +350,8 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
             assert Path(kept).name == f"evalstop-best-{job_id}", again
             first_best = (first_best[0], kept)
         assert (again.status, again.best_step, again.best_checkpoint) == ("stopped", *first_best), again
-        if not external:
-            info = json.loads((t.out / "evalstop-best" / "evalstop.json").read_text())
-            assert (info["job_id"], info["step"]) == (job_id, first_best[0]), info
+        info = json.loads((t.out / "evalstop-best" / "evalstop.json").read_text())
+        assert (info["job_id"], info["step"]) == (job_id, first_best[0]), info
         assert Path(first_best[1]).exists(), f"the first run's best {first_best[1]} is gone"
     else:
         run = first
@@ -457,11 +456,8 @@ def _check_stopped(row: Row, t: Target, job_id: str, run: Run, planned: int | No
     # on disk: the best is kept and says whose it is; nothing newer than the best after the stop
     best = Path(job.best_checkpoint or "")
     assert job.best_checkpoint and best.is_dir() and best == Path(res["best_checkpoint"]), (job.best_checkpoint, res)
-    if row.mode == "external":
-        assert best.name == f"checkpoint-{best_step}", best
-    else:
-        info = json.loads((best / "evalstop.json").read_text())
-        assert (info["job_id"], info["step"]) == (job_id, best_step), info
+    info = json.loads((best / "evalstop.json").read_text())  # external mode too: its best snapshot, moved
+    assert (info["job_id"], info["step"]) == (job_id, best_step) and best.name.startswith("evalstop-best"), info
     newer = [s for s in _checkpoints(t.out) if s > best_step]
     assert not newer, f"checkpoints newer than the best ({best_step}) left after the stop: {newer}"
     if row.launch == "launcher":

@@ -310,7 +310,7 @@ def calibrate(runs: Sequence[RunHistory], direction: Direction, label_direction:
         raise ValueError(f"min precision must be in [0, 1), but got {min_precision!r}")
     label_direction = label_direction or direction
     labels = [label_run(run, label_direction if run.label else direction, margin) for run in runs]
-    policies, notes = candidate_policies(), []
+    policies, notes = candidate_policies(), [r.note for r in runs if r.note]
     stops: dict[str, list[int | None]] = {p.label: [] for p in policies}
     broken: dict[str, str] = {}
     for policy, run in progress([(p, r) for p in policies for r in runs]):

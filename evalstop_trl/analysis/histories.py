@@ -34,7 +34,7 @@ import glob
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -92,6 +92,7 @@ class RunHistory:
     label: Series | None
     losses: tuple[float | None, ...]
     planned_steps: int
+    note: str = ""  # what the reader chose about this run (said in calibrate's notes)
 
     def curve(self) -> Curve:
         """The detector's input, as ``evalstop replay`` builds it."""
@@ -106,6 +107,7 @@ class Found:
     reader: str
     path: Path
     files: tuple[Path, ...]
+    note: str = ""  # e.g. the other logs of the same run that are not read
 
 
 @dataclass(frozen=True)
@@ -348,8 +350,10 @@ def _run_name(found: Found) -> str:
     path = found.path
     if found.reader == "trainer_state" and path.name == "trainer_state.json":
         return _run_folder(path).name
-    if found.reader == "tensorboard" and path.is_file():  # one event file: its folder names the run
-        return path.parent.name
+    if found.reader == "tensorboard":
+        folder = path.parent if path.is_file() else path  # the event files of one folder are one run
+        # transformers logs to <output_dir>/runs/<date>_<host>/: the output folder names the run, not the time
+        return f"{folder.parent.parent.name}/{folder.name}" if folder.parent.name == "runs" else folder.name
     return path.stem if path.is_file() else path.name
 
 
@@ -391,11 +395,21 @@ def _find_one(path: Path) -> list[Found]:
     # anything inside an MLflow run folder besides its metrics is an artifact
     hf_runs = [_run_folder(f.path) for f in runs if f.reader == "trainer_state"]
     ml_runs = [f.path for f in runs if f.reader == "mlflow"]
+    beside = {d: [f.path for f in runs if f.reader == "tensorboard" and d in f.path.parents] for d in hf_runs}
     runs = [f for f in runs if not (f.reader == "tensorboard" and any(d in f.path.parents for d in hf_runs))
             and not (f.reader != "mlflow" and any(d in f.path.parents for d in ml_runs))]
+    runs = [_say_beside(f, beside[_run_folder(f.path)]) if f.reader == "trainer_state" and beside.get(
+        _run_folder(f.path)) else f for f in runs]
     if not runs:
         raise HistoryError(f"{path}: no run found in this folder; calibrate reads: {_formats()}")
     return runs
+
+
+def _say_beside(found: Found, logs: list[Path]) -> Found:
+    """``found`` (a trainer_state.json) with a note naming the TensorBoard logs of the same run it stands for."""
+    where = ", ".join(str(p.relative_to(_run_folder(found.path))) for p in logs)
+    return replace(found, note=f"{_run_folder(found.path)}: read from trainer_state.json; the TensorBoard logs of "
+                               f"the same run ({where}) are not read again (pass their folder to read them instead)")
 
 
 def read_run(found: Found) -> RawHistory | None:
@@ -477,7 +491,8 @@ def load_histories(paths: Sequence[str | Path], metric: str | None = None, label
         raw = read_run(found)
         if raw is None:
             continue
-        runs.append(select(raw, metric, label_metric))
+        run = select(raw, metric, label_metric)
+        runs.append(replace(run, note=found.note) if found.note else run)
     if not runs:
         raise HistoryError(f"no run to calibrate on under {', '.join(map(str, paths))}")
     chosen = {r.scores.metric for r in runs}

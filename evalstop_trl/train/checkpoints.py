@@ -22,8 +22,8 @@ from typing import Any
 from ..core.detectors import is_better
 from .scores import finite
 
-__all__ = ["BEST_DIR", "best_folder", "keep_best_copy", "load_best_weights", "read_best", "remove_checkpoints_after",
-           "save_atomically"]
+__all__ = ["BEST_DIR", "best_folder", "keep_best_copy", "keep_best_snapshot", "load_best_weights", "read_best",
+           "remove_checkpoints_after", "save_atomically"]
 
 log = logging.getLogger("evalstop.callback")
 
@@ -98,6 +98,31 @@ def keep_best_copy(output_dir: str | os.PathLike, model: Any, tokenizer: Any, *,
     return save_atomically(output_dir, model, tokenizer, {"job_id": job_id, "step": step, "score": score,
                                                           "direction": direction, "saved_at": time.time()},
                            folder=folder.name)
+
+
+def keep_best_snapshot(output_dir: str | os.PathLike, snapshot: str | None, *, job_id: str | None,
+                       step: int | None, score: float | None, direction: str) -> str | None:
+    """External evals, at the stop: move the best snapshot (the trainer's ``checkpoint-<step>`` under
+    ``output_dir``) to the job's :func:`best_folder` with ``evalstop.json``, as the in-loop modes keep
+    theirs. A snapshot elsewhere, or gone, stays as it is. Returns the best's path now."""
+    if snapshot is None or step is None:
+        return snapshot
+    src, out = Path(snapshot), Path(output_dir)
+    if not src.is_dir() or src.resolve().parent != out.resolve() or not _CHECKPOINT.fullmatch(src.name):
+        return snapshot
+    folder = best_folder(out, job_id)
+    if folder.name != BEST_DIR and not folder.exists() and finite(score):
+        _say_whose(out, folder, job_id, step, score, direction)
+    (src / INFO).write_text(json.dumps({"job_id": job_id, "step": step, "score": score, "direction": direction,
+                                        "saved_at": time.time()}))
+    old = None
+    if folder.exists():  # this job's own earlier best (a resumed run): the coordinator's best replaces it
+        old = folder.with_name(f".{folder.name}.old-{time.monotonic_ns()}")
+        os.replace(folder, old)
+    os.replace(src, folder)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return str(folder)
 
 
 def _say_whose(output_dir: str | os.PathLike, folder: Path, job_id: str | None, step: int, score: float,

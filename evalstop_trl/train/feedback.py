@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from .checkpoints import keep_best_snapshot
 from .evaluation import evaluate_preserving_state
 from .external import DecisionWatcher, keep_earlier_bests, prune_snapshots, snapshot_path
 from .ranks import RankMessage, share
@@ -229,6 +230,9 @@ class ExternalFeedback(Feedback):
             return
         s = cb.session
         s.adopt(message)
+        if cb._is_main:  # the best snapshot becomes evalstop-best, as the in-loop modes keep theirs
+            s.best_checkpoint = keep_best_snapshot(args.output_dir, s.best_checkpoint, job_id=s.job_id,
+                                                   step=s.best_step, score=s.best_score, direction=cb.direction)
         control.should_training_stop = True
         s.stop_after_external_eval(state.global_step, None if seen is None else _decided_at(seen))
         stopped = {"evalstop/stop": 1, "evalstop/best_score": s.best_score, "evalstop/stop_lag": s.stop_lag}

@@ -179,8 +179,12 @@ def test_every_format_reads_the_same_curve(formats):
     assert by_format["mlflow"].name == "1/mlflow-run"  # meta.yaml's run_name
     assert not any("thrown-away" in r.name for r in runs)
     assert not any("Dec01" in r.source for r in runs)  # the transformers run's own TensorBoard log: read once
-    assert [r.source for r in load_histories([folder / "hf-run" / "runs"], "eval_reward")] == [
-        str(folder / "hf-run" / "runs" / "Dec01_12-00-00_host")]  # asked for directly, it is read
+    # ... and said so, not silently (issue 24): the run's note names the log left unread
+    assert "the TensorBoard logs of the same run (runs/Dec01_12-00-00_host) are not read again" in \
+        by_format["trainer_state"].note and not by_format["csv"].note
+    (tb,) = load_histories([folder / "hf-run" / "runs"], "eval_reward")
+    assert tb.source == str(folder / "hf-run" / "runs" / "Dec01_12-00-00_host")  # asked for directly, it is read
+    assert tb.name == "hf-run/Dec01_12-00-00_host"  # named by its output folder, not only by the time
     # the checkpoint copies named one by one (a glob) are one run too: the latest
     (run,) = load_histories([str(folder / "hf-run" / "checkpoint-*" / "trainer_state.json")], "eval_reward")
     assert run.source.endswith("checkpoint-200/trainer_state.json") and run.scores.steps == tuple(steps())
@@ -205,6 +209,7 @@ def test_cli_on_every_format_labels_them_alike_and_says_not_enough_runs(formats)
     assert {r["format"] for r in res["runs"]} == {"csv", "jsonl", "mlflow", "tensorboard", "trainer_state"}
     assert len({r["peak_step"] for r in res["runs"]}) == 1  # the same curve in every format
     assert res["direction"] == "max" and res["label_metric"] == "eval_reward"
+    assert any("are not read again" in n for n in res["notes"]), res["notes"]
     rec = res["recommendation"]
     assert rec["policy"] is None and rec["runs_needed"] == stops_needed(0.9)  # all hacked: 36 runs would do
     assert f"at least {stops_needed(0.9)} stops" in rec["reason"] and "not enough runs" in rec["reason"]

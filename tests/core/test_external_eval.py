@@ -5,6 +5,7 @@ snapshot scores as reported."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -83,7 +84,10 @@ def test_external_evaluators_stop_a_hacked_run(server, tmp_path):
     assert tasks[killed[0]].state.value == "done" and tasks[killed[0]].worker != f"{socket.gethostname()}-{doomed.pid}/0"
     # the kept snapshot is the reported best, and scores as reported; the others were pruned
     best = Path(job.best_checkpoint)
-    assert best.name == f"checkpoint-{job.best_step}" and best.is_dir()
+    assert best == tmp_path / "trainer" / "evalstop-best" and best.is_dir()  # the best snapshot, moved there
+    info = json.loads((best / "evalstop.json").read_text())
+    assert (info["job_id"], info["step"], info["score"]) == ("ext", job.best_step, job.best_score), info
+    assert not (tmp_path / "trainer" / f"checkpoint-{job.best_step}").exists()
     from evalstop_trl.train.evaluator import load_snapshot
 
     model, tok = load_snapshot(best)
