@@ -45,6 +45,12 @@ def reference(preset: str, seed: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def dashboard_command() -> str:
+    """The command that serves the demo's coordinator file again, for its dashboard."""
+    return f"{Path(PY).relative_to(ROOT) if Path(PY).is_relative_to(ROOT) else PY} -m evalstop_trl serve --db " \
+           f"{(OUT / 'coordinator.db').relative_to(ROOT)}   (then open http://127.0.0.1:8765/)"
+
+
 def live_platform() -> None:
     from evalstop_trl.clients.local import LocalServer
 
@@ -105,9 +111,12 @@ def live_platform() -> None:
         for tenant in tokens:
             print(f"\n$ evalstop status --token <{tenant}>")
             print(evalstop("status", "--url", url, "--token", tokens[tenant]).rstrip())
-        print(f"\ndashboard: {url}/  (sign in with acme's token: {tokens['acme']})", flush=True)
         if WAIT and sys.stdin.isatty():
+            print(f"\ndashboard: {url}/  (sign in with acme's token: {tokens['acme']})", flush=True)
             input("the platform stays up for you to look; press Enter to tear it down ... ")
+        else:  # the server stops with this script: a URL would be dead by the time anyone opens it
+            print(f"\ndashboard: the platform stops now (no terminal, or --no-wait); to browse these jobs, run\n"
+                  f"  {dashboard_command()}\nand sign in with acme's token: {tokens['acme']}", flush=True)
     finally:
         server.stop()
     table(results)
