@@ -42,7 +42,7 @@ def test_every_public_detector_default_is_the_registrys_default():
     from evalstop_trl.core.records import Policy
     from evalstop_trl.integrations.optuna import EvalStopPruner
     from evalstop_trl.integrations.ray_tune import EvalStopStopper
-    from evalstop_trl.train.base import EvalStopCallback
+    from evalstop_trl.train.callback import EvalStopCallback
     from evalstop_trl.train.session import SessionConfig
 
     assert Policy().detector == DEFAULT_DETECTOR
