@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..core.detectors import Decision, Observation
+from ..core.detectors import MAX_STEP, Decision, Observation
 from ..core.errors import InvalidInput
 from ..core.records import Policy
 
@@ -38,8 +38,10 @@ class TrialDetector:
         self.decision: Decision | None = None
 
     def feed(self, points: Iterable[tuple[int, float | None]]) -> Decision | None:
+        """Observe the points after the last one fed; returns the latest decision. A step above
+        ``MAX_STEP`` (2**53) cannot be judged and is skipped: it never fails the trial."""
         for step, value in points:
-            if self.last_step is not None and step <= self.last_step:
+            if (self.last_step is not None and step <= self.last_step) or not 0 <= step <= MAX_STEP:
                 continue
             self.last_step = step
             progress = step / self.max_steps if self.max_steps else None

@@ -57,6 +57,48 @@ def test_an_optuna_study_prunes_hacked_trials_where_the_detector_stops(direction
     assert f"2 consecutive {worse}" in pruner.reason(study, hacked.number)
 
 
+def test_a_new_study_never_inherits_an_old_trials_detector_and_the_state_is_bounded(monkeypatch):
+    """Issue 25 item 8: detectors were keyed by id(study) and never dropped; a new study at a freed
+    address got an old trial's declines and pruned a fresh trial on its first report."""
+    optuna = pytest.importorskip("optuna")
+    import evalstop_trl.integrations.optuna as module
+    from evalstop_trl.integrations import EvalStopPruner
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    pruner = EvalStopPruner("decline", k=2)
+
+    def run(study, points):
+        trial = study.ask()
+        pruned = []
+        for step, value in points:
+            trial.report(value, step)
+            pruned.append(trial.should_prune())
+        study.tell(trial, points[-1][1])
+        return pruned
+
+    new = optuna.create_study(direction="maximize", pruner=pruner)
+    assert run(new, [(1, 0.9), (2, 0.8)]) == [False, False]  # one decline: not yet
+    # a new study at the same address (what CPython does with a freed one's): the old key's collision
+    storage = optuna.storages.InMemoryStorage()
+    name = optuna.create_study(storage=storage, direction="maximize").study_name
+    address = id(new)
+    optuna.study.Study.__init__(new, study_name=name, storage=storage, pruner=pruner)
+    assert id(new) == address and len(new.trials) == 0
+    assert run(new, [(4, 0.7)]) == [False]  # a fresh trial is never pruned on its first report
+    # a step above 2**53 cannot be judged: it never fails the trial
+    assert run(new, [(2**60, 0.5)]) == [False]
+    # at most MAX_TRACKED detectors are kept; a trial whose detector was dropped is replayed from its values
+    monkeypatch.setattr(module, "MAX_TRACKED", 2)
+    trials = [new.ask() for _ in range(3)]
+    for step, value in enumerate([0.9, 0.8, 0.7], start=1):
+        answers = []
+        for t in trials:
+            t.report(value, step)
+            answers.append(t.should_prune())
+        assert len(pruner._trials) <= 2
+        assert answers == [step == 3] * 3, (step, answers)  # the second decline, for every trial alike
+
+
 def test_the_pruner_checks_its_policy_at_once():
     pytest.importorskip("optuna")
     from evalstop_trl.integrations import EvalStopPruner
