@@ -41,6 +41,7 @@ from typing import Any
 
 import yaml
 
+from ..core.detectors import MAX_STEP
 from .replay import _NOT_METRICS, _NOT_SCORES, Curve, _parse_csv, _parse_json, _parse_jsonl
 
 __all__ = ["READERS", "HistoryError", "RawHistory", "Reader", "RunHistory", "Series", "TENSORBOARD_PIP",
@@ -123,8 +124,25 @@ class Reader:
 
 
 # ----------------------------------------------------------------------------- shared helpers
-def _text(path: Path) -> str:
+#: The largest log file calibrate reads (a run's eval curve is kilobytes; a bigger file is not a log).
+MAX_FILE_BYTES = 256 << 20
+#: The largest MLflow ``meta.yaml``.
+MAX_META_BYTES = 1 << 20
+
+
+def _plain(path: Path) -> Path:
+    """``path``, a regular file that is not a symbolic link (calibrate reads untrusted folders, and a
+    link may point anywhere), else a HistoryError."""
+    if path.is_symlink():
+        raise HistoryError(f"{path}: a symbolic link; calibrate reads only the files themselves (copy it in)")
+    return path
+
+
+def _text(path: Path, limit: int = MAX_FILE_BYTES) -> str:
     try:
+        size = _plain(path).stat().st_size
+        if size > limit:
+            raise HistoryError(f"{path}: {size} bytes, over the {limit >> 20} MiB calibrate reads in a log file")
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise HistoryError(f"{path}: not a UTF-8 text file") from None
@@ -136,6 +154,20 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _step_ok(step: Any) -> bool:
+    """A non-negative integer step up to ``MAX_STEP`` (compared before any float conversion: 10**400
+    overflows a float)."""
+    return _is_number(step) and 0 <= step <= MAX_STEP and float(step).is_integer()
+
+
+def _as_float(value: Any) -> float | None:
+    """A number as a float (an integer too large for a float is not a score: None)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def _from_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, dict[int, float]], dict[str, str]]:
     """Series from rows of ``{step, metric: value, ...}`` (rows without a usable step are skipped), and
     the keys whose values were not numbers (the first one, for messages)."""
@@ -143,18 +175,26 @@ def _from_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str,
     not_numbers: dict[str, str] = {}
     for i, row in enumerate(rows):
         step = row.get("step")
-        if not (_is_number(step) and float(step).is_integer() and step >= 0):
+        if not _step_ok(step):
             if step is not None:
-                raise HistoryError(f"{path}: entry {i + 1} has step {step!r}; steps must be non-negative integers")
+                raise HistoryError(f"{path}: entry {i + 1} has step {_short(step)}; steps must be integers "
+                                   f"from 0 to {MAX_STEP}")
             continue
         for key, value in row.items():
             if key in _NOT_METRICS:
                 continue
-            if _is_number(value):
-                series.setdefault(str(key), {})[int(step)] = float(value)
+            number = _as_float(value) if _is_number(value) else None
+            if number is not None:
+                series.setdefault(str(key), {})[int(step)] = number
             elif value is not None:
-                not_numbers.setdefault(str(key), f"{value!r} at step {int(step)}")
+                not_numbers.setdefault(str(key), f"{_short(value)} at step {int(step)}")
     return series, not_numbers
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a message must not carry a caller's megabytes)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else f"an integer of {len(str(abs(value)))} digits"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _under(folder: Path, pattern: Callable[[Path], bool]) -> list[Path]:
@@ -249,6 +289,7 @@ def _tb_read(found: Found) -> RawHistory:
     series: dict[str, dict[int, float]] = {}
     for path in found.files:
         events = 0
+        _plain(path)
         try:
             for event in EventFileLoader(str(path)).Load():
                 events += 1
@@ -292,10 +333,21 @@ def _mlflow_find(folder: Path) -> list[Found]:
     return [Found("mlflow", p, (p / "meta.yaml",)) for p in runs]
 
 
+class _NoAliases(yaml.SafeLoader):
+    """YAML without aliases: MLflow never writes them, and nested ones expand exponentially (a few
+    hundred bytes become gigabytes when the value is read)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed here",
+                                              self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
 def _mlflow_read(found: Found) -> RawHistory | None:
     meta_path = found.path / "meta.yaml"
     try:
-        meta = yaml.safe_load(_text(meta_path)) or {}
+        meta = yaml.load(_text(meta_path, MAX_META_BYTES), Loader=_NoAliases) or {}
     except yaml.YAMLError as exc:
         raise HistoryError(f"{meta_path}: invalid YAML ({exc})") from None
     if not isinstance(meta, dict):
@@ -322,8 +374,8 @@ def _mlflow_read(found: Found) -> RawHistory | None:
             except ValueError:
                 raise HistoryError(f"{file}:{lineno}: expected '<timestamp_ms> <value> <step>', got {line.strip()!r}"
                                    ) from None
-            if step < 0:
-                raise HistoryError(f"{file}:{lineno}: step {step} is negative")
+            if not 0 <= step <= MAX_STEP:
+                raise HistoryError(f"{file}:{lineno}: step {_short(step)} is not from 0 to {MAX_STEP}")
             points[step] = value
     return RawHistory(f"{found.path.parent.name}/{name}", str(found.path), "mlflow", series)
 
@@ -483,16 +535,30 @@ def select(raw: RawHistory, metric: str | None = None, label_metric: str | None 
 
 
 def load_histories(paths: Sequence[str | Path], metric: str | None = None, label_metric: str | None = None,
-                   progress: Callable[[list[Found]], Iterable[Found]] = iter) -> list[RunHistory]:
+                   progress: Callable[[list[Found]], Iterable[Found]] = iter,
+                   on_error: Callable[[HistoryError], None] | None = None) -> list[RunHistory]:
     """Find, read and select every run under ``paths``. Without ``metric`` every run must default to
-    the same one. Deleted MLflow runs are left out."""
-    runs = []
+    the same one. Deleted MLflow runs are left out.
+
+    ``on_error``: given each file that cannot be read (a HistoryError naming it), and the other runs are
+    still read; None: the first one raises. Either way, no run read at all raises.
+    """
+    runs, errors = [], []
     for found in progress(find_runs(paths)):
-        raw = read_run(found)
-        if raw is None:
+        try:
+            raw = read_run(found)
+            if raw is None:
+                continue
+            run = select(raw, metric, label_metric)
+        except HistoryError as exc:
+            if on_error is None:
+                raise
+            errors.append(exc)
+            on_error(exc)
             continue
-        run = select(raw, metric, label_metric)
         runs.append(replace(run, note=found.note) if found.note else run)
+    if not runs and errors:
+        raise HistoryError(f"no run could be read ({len(errors)} file(s) refused; the first: {errors[0]})")
     if not runs:
         raise HistoryError(f"no run to calibrate on under {', '.join(map(str, paths))}")
     chosen = {r.scores.metric for r in runs}

@@ -108,6 +108,8 @@ def _parse_json(path: Path, text: str) -> tuple[list[dict[str, Any]], str, int |
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ReplayError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise ReplayError(f"{path}: JSON nested too deeply to be a training log") from None
     if isinstance(data, dict) and isinstance(data.get("log_history"), list):
         rows = data["log_history"]
         planned = data.get("max_steps")
@@ -135,6 +137,8 @@ def _parse_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ReplayError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise ReplayError(f"{path}:{lineno}: JSON nested too deeply to be a log line") from None
         if not isinstance(row, dict):
             raise ReplayError(f"{path}:{lineno}: expected a JSON object with 'step', got {type(row).__name__}")
         rows.append(row)
@@ -142,6 +146,13 @@ def _parse_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
 
 
 def _parse_csv(path: Path, text: str) -> list[dict[str, Any]]:
+    try:
+        return _csv_rows(path, text)
+    except csv.Error as exc:  # e.g. a field over csv's size limit (128 KiB): not a log of numbers
+        raise ReplayError(f"{path}: not a readable CSV file ({exc})") from None
+
+
+def _csv_rows(path: Path, text: str) -> list[dict[str, Any]]:
     dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
     reader = csv.DictReader(io.StringIO(text), dialect=dialect)
     if not reader.fieldnames:

@@ -67,7 +67,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if not 0.0 <= args.min_precision < 1.0:
         raise CLIError(f"--min-precision must be in [0, 1), got {args.min_precision}")
     try:
-        runs = load_histories(args.paths, args.metric, args.label_metric, progress=_progress("reading"))
+        runs = load_histories(args.paths, args.metric, args.label_metric, progress=_progress("reading"),
+                              on_error=lambda exc: print(f"evalstop calibrate: skipped {exc}", file=sys.stderr))
         metric = runs[0].scores.metric
         direction = Direction(args.direction or infer_direction(metric))
         label_direction = Direction(args.label_direction or (infer_direction(args.label_metric) if args.label_metric

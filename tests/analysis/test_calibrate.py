@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -368,14 +369,15 @@ def test_unreadable_unknown_and_missing_files(tmp_path, capsys):
         (str(tmp_path / "*.parquet"), "the pattern matches no file or folder"),
     ]
     out = cli(bad_json)  # one through the installed command, the rest through the same entry point in-process
-    assert out.returncode == 2 and out.stderr.startswith(f"evalstop calibrate: error: {bad_json}: invalid JSON")
+    assert out.returncode == 2 and out.stderr.startswith(f"evalstop calibrate: skipped {bad_json}: invalid JSON")
+    assert "evalstop calibrate: error: no run could be read (1 file(s) refused" in out.stderr, out.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     cases += [(empty, f"{empty}: no run found in this folder"), (unknown, "--margin must be in [0, 1)", "--margin", "1.5")]
     for path, message, *flags in cases:
         assert main(["calibrate", str(path), *flags]) == 2, path
         err = capsys.readouterr().err
-        assert err.startswith("evalstop calibrate: error: ") and message in err, err
+        assert "evalstop calibrate: error: " in err and message in err, err  # a refused file: skipped, then the error
 
 
 def test_without_tensorboard_it_says_which_pip_command_to_run(tmp_path, formats):
@@ -462,3 +464,41 @@ def test_the_callbacks_own_score_is_the_default_metric_in_every_log_format(own):
     series = {name: {10: 0.5, 20: 0.6} for name in (own, "train/reward", "train/kl", "eval/reward", "eval/kl",
                                                     "train/evalstop/best_score", "train/learning_rate")}
     assert choose_metric(RawHistory("run", "events.out", "tensorboard", series)) == own
+
+
+# ----------------------------------------------------------------------------- untrusted files (issue 25 item 7)
+def test_calibrate_survives_hostile_files_one_line_each_and_reads_the_rest(tmp_path, formats):
+    """Each hostile file (an alias bomb in an MLflow meta.yaml, JSON nested 100,000 deep, a CSV field
+    over 128 KiB, a step of 10**400, a file over the size limit, a symlink out of the folder) gets a
+    one-line error naming it; the good run beside them is still read. Bounded in time and memory."""
+    folder, score = formats
+    bad = tmp_path / "runs"
+    bad.mkdir()
+    write_csv(bad / "good.csv", score)
+    bomb = bad / "mlruns" / "1" / "bomb"
+    (bomb / "metrics").mkdir(parents=True)
+    (bomb / "metrics" / "eval_reward").write_text("1 0.5 10\n")
+    lol = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+    (bomb / "meta.yaml").write_text(lol + "run_name: *i\n")
+    (bad / "deep.jsonl").write_text('{"step": 1, "eval_reward": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    (bad / "wide.csv").write_text("step,eval_reward\n1," + "9" * (200 << 10) + "\n")
+    (bad / "huge-step.jsonl").write_text('{"step": 1' + "0" * 400 + ', "eval_reward": 0.5}\n')
+    (bad / "out.csv").symlink_to(folder / "csv-run.csv")
+    big = bad / "big.jsonl"
+    with big.open("wb") as f:  # sparse: over the limit without writing it
+        f.truncate((256 << 20) + 1)
+    started = time.monotonic()
+    out = cli(bad, "--metric", "eval_reward", "--json")
+    assert time.monotonic() - started < 60
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout)["n_runs"] == 1  # good.csv
+    skipped = [line for line in out.stderr.splitlines() if line.startswith("evalstop calibrate: skipped ")]
+    for name, why in (("meta.yaml", "aliases"), ("deep.jsonl", "nested too deeply"), ("wide.csv", "not a readable CSV"),
+                      ("huge-step.jsonl", "steps must be integers"), ("out.csv", "symbolic link"),
+                      ("big.jsonl", "MiB calibrate reads")):
+        assert any(name in line and why in line for line in skipped), (name, out.stderr[-3000:])
+    assert all(len(line) < 400 for line in skipped) and "Traceback" not in out.stderr
+    # every file refused: one error, naming the first
+    with pytest.raises(HistoryError, match="no run could be read .*refused"):
+        load_histories([bad / "deep.jsonl", bad / "wide.csv"], "eval_reward", on_error=lambda exc: None)

@@ -107,17 +107,18 @@ def test_a_stop_prunes_every_snapshot_but_the_best_even_those_scored_late(tmp_pa
     client = EmbeddedClient(Coordinator(MemoryStore()))
     client.register_job("ext", "grpo")
     cb = EvalStopCallback(external_eval=True, eval_every=15)
-    cb.client, cb.job_id, cb._output_dir = client, "ext", str(tmp_path)
+    cb.session.client, cb.session.job_id, cb._output_dir = client, "ext", str(tmp_path)
+    feedback = cb.feedback  # the external mode's strategy
     for step in (15, 30, 45, 60):
         (tmp_path / f"checkpoint-{step}").mkdir()
         client.publish_snapshot("ext", step, str(tmp_path / f"checkpoint-{step}"))
-        cb._snapshots.append(step)
+        feedback.snapshots.append(step)
     for step, score in ((15, 0.5), (30, 0.4)):  # scored so far: 15 (the best) and 30
         client.post_eval("ext", step, score)
     kept = lambda: sorted(int(p.name.split("-")[1]) for p in tmp_path.iterdir())  # noqa: E731
-    cb._prune()
+    feedback._prune()
     assert kept() == [15, 45, 60]  # the scored non-best one went; unscored ones stay for their evaluators
-    cb._prune(final=True)
+    feedback._prune(final=True)
     assert kept() == [15]  # stopped: only the best is worth keeping, whatever is scored later
     client.post_eval("ext", 45, 0.9)  # a late score changes nothing on disk
-    assert kept() == [15] and cb._snapshots == [15]
+    assert kept() == [15] and feedback.snapshots == [15]

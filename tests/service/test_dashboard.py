@@ -244,6 +244,8 @@ def test_job_page_shows_curves_markers_decision_audit_and_checkpoint(page, site,
     assert page.locator('[data-role="stop-marker"]').get_attribute("data-step") == "60"
     assert page.locator('[data-role="best-marker"]').get_attribute("data-step") == "40"
     assert page.locator('[data-role="stop-marker"] text').text_content() == "stop 60"
+    assert page.locator('[data-role="would-stop-marker"]').count() == 0  # not a shadow-mode job
+    assert "Would stop" not in page.locator("#legend").inner_text()
     assert "2 consecutive declines" in page.locator("#decision-reason").inner_text()
     assert page.locator("#decision-evidence").inner_text().count("\n") >= 3  # the numbers behind the stop
     assert page.locator('#audit-body tr[data-kind="stop"]').count() == 1
@@ -323,3 +325,20 @@ def test_the_page_picks_the_same_stop_step_as_the_cli(page, site):
         return cases.map(([job, reports, audit]) => util.stopStep(job, reports, audit));
     }""", [list(c[:3]) for c in STOP_CASES])
     assert got == [c[3] for c in STOP_CASES]
+
+
+def test_times_are_shown_as_times_and_numbers_with_about_four_digits(page, site):
+    """Evidence, hyperparameters and audit values: a time (``at``, ``*_at``, ``last_seen``) through
+    fmtTime, any other number through fmtNum, nested ones too; the full value for a title."""
+    page.goto(site.url + "/")
+    got = page.evaluate("""async () => {
+        const u = await import("./dashboard/util.js");
+        return [u.fmtValue("at", 1.8e9), u.fmtValue("saved_at", 1800000000), u.fmtValue("received_at", 1.8e9 + 0.25),
+                u.fmtValue("last_seen", 1.8e9), u.fmtValue("stop_lag", 0.123456789012345), u.fmtValue("decided_at", 120),
+                u.fmtValue("scores", [0.123456789, 0.5]), u.fmtValue("hparams", {created_at: 1.8e9, lr: 3e-4, on: true}),
+                u.fullValue("stop_lag", 0.123456789012345), u.fmtTime(1.8e9)];
+    }""")
+    when = got[-1]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", when) and when.startswith("2027-01-1")
+    assert got[:4] == [when] * 4
+    assert got[4:9] == ["0.1235", "120", "[0.1235, 0.5]", f"created_at={when}, lr=3.00e-4, on=true", "0.123456789012345"]

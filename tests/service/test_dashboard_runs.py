@@ -11,6 +11,7 @@ import io
 import json
 import re
 from types import SimpleNamespace
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -25,6 +26,8 @@ browser, page = dashboard.browser, dashboard.page  # the same fixtures: headless
 pytestmark = pytest.mark.slow
 
 RISE_FALL = [0.40, 0.55, 0.66, 0.71, 0.69, 0.64, 0.58]  # decline k=2: stops at step 60, best 40
+LONG_HPARAM = "per_device_train_batch_size_of_the_reference_policy"  # one word, wider than a column of facts
+EPOCH = 1.8e9 + 0.5  # 2027-01-15: a time, shown as one (never 1.80e+9)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +48,11 @@ def site(tmp_path_factory):
     alice.report("crashed-run", 10, 0.3)
     alice.http.post("/v1/jobs/crashed-run/fail", json={"reason": "CUDA out of memory"}).raise_for_status()
     for i in (1, 2, 3):  # a re-registration adds tags and hyperparameters (audited)
+        hparams = {"learning_rate": i * 1e-4, "beta": 0.04}  # 3e-4 is 0.00030000000000000003 as a float
+        if i == 3:  # a long name, a full-length float and a time
+            hparams |= {LONG_HPARAM: 8, "warmup_ratio": 0.123456789012345, "dataset_created_at": EPOCH}
         alice.http.post("/v1/jobs", json={"job_id": f"sweep-lr-{i}", "tags": {"sweep": "lr", "team": "rl"},
-                                          "hparams": {"learning_rate": i * 1e-4, "beta": 0.04}}).raise_for_status()
+                                          "hparams": hparams}).raise_for_status()
     body = {"job_id": "shadow-run", "job_type": "grpo", "planned_steps": 100,
             "policy": {"detector": "decline", "k": 2, "mode": "shadow"}}
     alice.http.post("/v1/jobs", json=body).raise_for_status()
@@ -68,10 +74,14 @@ def ids_on_page(page) -> list[str]:
 def test_search_filters_and_sort_are_done_by_the_server_and_kept_in_the_url(page, site):
     sign_in(page, site, "alice")
     assert ids_on_page(page) == ["shadow-run", "crashed-run", "sweep-lr-3", "sweep-lr-2", "sweep-lr-1"]  # newest first
-    page.get_by_label("Search").fill("SWEEP")
-    page.get_by_role("button", name="Apply").click()
+    searched: list[str] = []
+    page.on("request", lambda r: searched.extend(parse_qs(urlsplit(r.url).query).get("q", []))
+            if "/v1/runs?" in r.url else None)
+    page.get_by_label("Search").press_sequentially("SWEEP")  # the list follows the typing: no Apply, no Enter
     page.wait_for_url(re.compile(r"q=SWEEP"))
     expect(page.locator("#jobs-body tr")).to_have_count(3)
+    assert set(searched) == {"SWEEP"}, searched  # after a pause: never a list per keystroke (S, SW, ...)
+    expect(page.get_by_label("Search")).to_be_focused()
     page.get_by_label("Sort by").select_option("job_id")
     page.get_by_label("Order").select_option("asc")
     page.wait_for_url(re.compile(r"order=asc"))
@@ -80,6 +90,13 @@ def test_search_filters_and_sort_are_done_by_the_server_and_kept_in_the_url(page
     page.get_by_label("Status").select_option("finished")
     expect(page.locator("#jobs-body tr")).to_have_count(1)
     assert ids_on_page(page) == ["sweep-lr-3"]
+    page.get_by_label("Tag").fill("team=rl")  # Apply and Enter still filter at once
+    page.get_by_role("button", name="Apply").click()
+    page.wait_for_url(re.compile(r"tag=team%3Drl"))
+    page.get_by_label("Detector").fill("patience")
+    page.get_by_label("Detector").press("Enter")
+    expect(page.locator("#jobs-empty")).to_be_visible()
+    assert "detector=patience" in page.url
     assert "token" not in page.url and site.tokens["alice"] not in page.url
 
     page.goto(site.url + "/#/?job_type=sft&detector=patience")  # a shared link: the same list
@@ -96,11 +113,27 @@ def test_search_filters_and_sort_are_done_by_the_server_and_kept_in_the_url(page
         assert page.locator("#jobs-body tr").count() == 0 and "b-secret" not in page.locator("main").inner_text()
 
 
+LIST_WIDTHS = """() => {
+    const table = document.getElementById("jobs-table"), wrap = table.parentElement;
+    const heads = [...table.querySelectorAll("thead th")].map((th) => th.getBoundingClientRect());
+    return { table: table.getBoundingClientRect().width, wrap: wrap.clientWidth, wrapRight: wrap.getBoundingClientRect().right,
+             lastRight: heads[heads.length - 1].right, page: document.documentElement.scrollWidth,
+             scrolls: ["auto", "scroll"].includes(getComputedStyle(wrap).overflowX) };
+}"""
+
+
 def test_the_list_shows_start_duration_last_seen_and_the_stop_or_failure_reason(page, site):
     sign_in(page, site, "alice")
     stopped, failed = row(page, "sweep-lr-1"), row(page, "crashed-run")
     assert "consecutive declines" in stopped.locator(".reason").inner_text()
     expect(failed.locator(".reason")).to_have_text("CUDA out of memory")  # from the audit trail
+    assert stopped.locator(".best-score").inner_text() == "0.71" and stopped.locator(".best-score").get_attribute("title") == "0.71"
+    page.set_viewport_size({"width": 1400, "height": 900})  # every column in sight, the sparklines' too
+    w = page.evaluate(LIST_WIDTHS)
+    assert w["table"] <= w["wrap"] and w["lastRight"] <= w["wrapRight"] + 0.5 and w["page"] <= 1400, w
+    page.set_viewport_size({"width": 1000, "height": 900})  # at worst the table scrolls in its box, never the page
+    w = page.evaluate(LIST_WIDTHS)
+    assert w["page"] <= 1000 and (w["table"] <= w["wrap"] or w["scrolls"]), w
     assert re.fullmatch(r"\d\d-\d\d \d\d:\d\d", stopped.locator(".started").inner_text())
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", stopped.locator(".started").get_attribute("title"))
     assert re.fullmatch(r"\d+ s|\d+ min \d+ s", stopped.locator(".duration").inner_text())
@@ -152,7 +185,7 @@ def test_compare_selected_runs_overlays_their_curves_with_markers(page, site):
     expect(table.locator("tr")).to_have_count(3)
     assert table.locator('tr[data-job-id="sweep-lr-1"] .stop').inner_text() == "60"
     assert "0.71 @ 40" in table.locator('tr[data-job-id="sweep-lr-1"] .best').inner_text()
-    assert table.locator('tr[data-job-id="sweep-lr-2"] .hparams').inner_text() == "beta=0.04, learning_rate=0.0002"
+    assert table.locator('tr[data-job-id="sweep-lr-2"] .hparams').inner_text() == "beta=0.04, learning_rate=2.00e-4"
     assert table.locator('tr[data-job-id="sweep-lr-2"] .tags').inner_text() == "sweep=lr, team=rl"
 
     raw = chart.locator('g.run[data-job-id="sweep-lr-1"] path.series').get_attribute("d")
@@ -216,6 +249,15 @@ def test_shadow_runs_show_a_badge_and_where_they_would_have_stopped(page, site):
     expect(page.locator("#job-shadow")).to_have_text("shadow")
     facts = page.locator("#job-facts").text_content()
     assert "Would have stopped" in facts and "at step 60" in facts
+    would = page.locator('#chart [data-role="would-stop-marker"]')  # the chart marks it: dashed, labelled
+    assert would.get_attribute("data-step") == "60" and would.locator("text").text_content() == "would stop 60"
+    dash = would.locator("line").get_attribute("stroke-dasharray")
+    assert dash and dash != page.locator('#chart [data-role="best-marker"] line').get_attribute("stroke-dasharray")
+    assert page.locator('#chart [data-role="stop-marker"]').count() == 0
+    assert "Would stop (shadow mode)" in page.locator("#legend").inner_text()
+
+
+TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"  # fmtTime
 
 
 def test_the_job_page_shows_tags_and_hyperparameters(page, site):
@@ -223,7 +265,19 @@ def test_the_job_page_shows_tags_and_hyperparameters(page, site):
     page.goto(site.url + "/#/job/sweep-lr-3")
     page.wait_for_selector("#view-job[data-ready]")
     facts = page.locator("#job-facts").text_content()
-    assert "sweep=lr, team=rl" in facts and "beta=0.04, learning_rate=0.0003" in facts
+    assert "sweep=lr, team=rl" in facts
+    hparams = page.locator("#job-facts div").filter(has_text="Hyperparameters").locator("dd")
+    assert re.fullmatch(rf"beta=0\.04, dataset_created_at={TIME}, learning_rate=3\.00e-4, {LONG_HPARAM}=8, "
+                        r"warmup_ratio=0\.1235", hparams.inner_text()), hparams.inner_text()
+    assert "0.123456789012345" in hparams.get_attribute("title") and "1800000000.5" in hparams.get_attribute("title")
+    overflow = page.locator("#job-facts dd").evaluate_all("dds => dds.filter(d => d.scrollWidth > d.clientWidth + 1)"
+                                                         ".map(d => d.previousSibling.textContent)")
+    assert overflow == []  # a long name wraps in its column, never over the Detector beside it
+    evidence = page.locator('#audit-body tr[data-kind="amended"] .ev').inner_text()  # the audit's evidence too
+    assert re.search(rf"dataset_created_at={TIME}", evidence) and "warmup_ratio=0.1235" in evidence, evidence
+    assert "e+9" not in evidence + facts and "1800000000" not in evidence + facts
+    cell = page.locator("#data-body tr").filter(has=page.locator("td", has_text=re.compile(r"^20$"))).locator("td").nth(3)
+    assert cell.text_content() == "0.6667" and cell.get_attribute("title") == "0.6666666666666666"  # train loss 2/3
 
 
 def test_compare_never_shows_another_tenants_run(page, site):
