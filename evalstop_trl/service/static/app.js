@@ -10,7 +10,7 @@ import { $, describeMap, h, isShadow, mark, statusBadge } from "./dom.js";
 import { jobsView, parseListHash } from "./list.js";
 import { openAction, setupActionDialog, updateActionButtons } from "./ops.js";
 import {
-  AUDIT_LABELS, TERMINAL, describePolicy, fmtNum, fmtStep, fmtTime, stopEvidence, stopStep,
+  AUDIT_LABELS, TERMINAL, describePolicy, fmtNum, fmtStep, fmtTime, fmtValue, fullValue, stopEvidence, stopStep,
 } from "./util.js";
 
 const POLL_MS = 2000;
@@ -161,19 +161,21 @@ function setupStopDialog() {
   });
 }
 
-function fact(dl, term, value) {
+function fact(dl, term, value, title = null) {
   const div = h("div");
   div.appendChild(h("dt", {}, term));
-  div.appendChild(h("dd", {}, value));
+  div.appendChild(h("dd", title && title !== value ? { title } : {}, value));
   dl.appendChild(div);
 }
 
+// Evidence as read (times with fmtTime, numbers with fmtNum); the full value in each one's title.
 function renderEvidence(dl, evidence) {
   dl.replaceChildren();
   if (!evidence) return;
   for (const [k, v] of Object.entries(evidence)) {
+    const shown = fmtValue(k, v), full = fullValue(k, v);
     dl.appendChild(h("dt", {}, k));
-    dl.appendChild(h("dd", {}, typeof v === "number" ? fmtNum(v, 6) : typeof v === "string" ? v : JSON.stringify(v)));
+    dl.appendChild(h("dd", full !== shown ? { title: full } : {}, shown));
   }
 }
 
@@ -192,20 +194,23 @@ function jobView(id) {
   $("stop-button").hidden = true;
   $("job-facts").replaceChildren();
   $("chart").replaceChildren();
+  $("legend").replaceChildren();
   $("chart-readout").textContent = "";
   $("audit-body").replaceChildren();
   $("data-body").replaceChildren();
   document.title = `${id} \u00b7 EvalStop`;
 
-  const legend = $("legend");
-  if (!legend.children.length) {
-    for (const item of legendItems()) {
+  let legendKey = null;
+  const renderLegend = (wouldStop) => { // the would-stop marker is in the legend of a job that has one
+    if (legendKey === wouldStop) return;
+    legendKey = wouldStop;
+    $("legend").replaceChildren(...legendItems({ wouldStop }).map((item) => {
       const li = h("li");
       li.appendChild(legendSwatch(item));
       li.appendChild(document.createTextNode(item.label));
-      legend.appendChild(li);
-    }
-  }
+      return li;
+    }));
+  };
 
   const onStop = () => {
     const dialog = $("stop-dialog");
@@ -272,8 +277,10 @@ function jobView(id) {
     fact(dl, "Type", j.job_type);
     if (isShadow(j)) fact(dl, "Mode", "shadow: the detector decides, nothing is stopped");
     if (j.would_stop_step !== null && j.would_stop_step !== undefined) fact(dl, "Would have stopped", `at step ${fmtStep(j.would_stop_step)}`);
-    if (j.tags && Object.keys(j.tags).length) fact(dl, "Tags", describeMap(j.tags));
-    if (j.hparams && Object.keys(j.hparams).length) fact(dl, "Hyperparameters", describeMap(j.hparams));
+    if (j.tags && Object.keys(j.tags).length) fact(dl, "Tags", describeMap(j.tags), describeMap(j.tags, { full: true }));
+    if (j.hparams && Object.keys(j.hparams).length) {
+      fact(dl, "Hyperparameters", describeMap(j.hparams), describeMap(j.hparams, { full: true }));
+    }
     fact(dl, "Detector", describePolicy(j.policy));
     fact(dl, "Last step", fmtStep(j.last_step) + (j.planned_steps ? ` of ${fmtStep(j.planned_steps)} planned` : ""));
     fact(dl, "Reports", fmtStep(j.n_reports));
@@ -310,22 +317,27 @@ function jobView(id) {
 
   function renderChart() {
     const stop = stopStep(job, reports, audit);
-    const key = `${reports.length}:${job.best_step}:${stop}:${job.planned_steps}`;
+    const wouldStop = job.would_stop_step ?? null;
+    const key = `${reports.length}:${job.best_step}:${stop}:${wouldStop}:${job.planned_steps}`;
     if (key === drawnKey) return;
     drawnKey = key;
+    renderLegend(wouldStop !== null);
     chart = drawJobChart($("chart"), reports, {
-      bestStep: job.best_step, stopStep: stop, plannedSteps: job.planned_steps, onCursor: readout,
+      bestStep: job.best_step, stopStep: stop, wouldStopStep: wouldStop, plannedSteps: job.planned_steps, onCursor: readout,
     });
     $("chart").dataset.stopStep = stop === null ? "" : String(stop);
     $("chart").dataset.bestStep = job.best_step === null ? "" : String(job.best_step);
     $("chart").setAttribute("aria-label", `Curves of ${id} over ${reports.length} reports` +
-      (job.best_step !== null ? `; best step ${job.best_step}` : "") + (stop !== null ? `; stopped at step ${stop}` : ""));
+      (job.best_step !== null ? `; best step ${job.best_step}` : "") + (stop !== null ? `; stopped at step ${stop}` : "") +
+      (wouldStop !== null ? `; would have stopped at step ${wouldStop} (shadow mode)` : ""));
     if (cursorStep !== null && document.activeElement === $("chart")) chart.setStep(cursorStep);
     const tail = reports.slice(-200).reverse();
     $("data-body").replaceChildren(...tail.map((r) => {
       const tr = h("tr");
       tr.appendChild(h("td", { class: "num" }, fmtStep(r.step)));
-      for (const k of ["eval_score", "proxy_reward", "train_loss"]) tr.appendChild(h("td", { class: "num" }, fmtNum(r[k])));
+      for (const k of ["eval_score", "proxy_reward", "train_loss"]) {
+        tr.appendChild(h("td", typeof r[k] === "number" ? { class: "num", title: String(r[k]) } : { class: "num" }, fmtNum(r[k])));
+      }
       tr.appendChild(h("td", { class: "path" }, r.checkpoint || ""));
       return tr;
     }));

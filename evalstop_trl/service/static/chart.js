@@ -12,6 +12,7 @@ export const COLORS = {
   train_loss: "#CC79A7",   // reddish purple
   best: "#009E73",         // bluish green
   stop: "#D55E00",         // vermillion
+  wouldStop: "#D55E00",    // vermillion too, dash-dotted: where a shadow-mode detector would have stopped
   ink: "#1f2328",
   grid: "#d8dee4",
 };
@@ -47,11 +48,19 @@ function scale(d0, d1, r0, r1) {
   return (v) => r0 + (v - d0) * k;
 }
 
-export function legendItems() {
+// the markers' line styles (the legend shows the same)
+const MARKERS = {
+  best: { role: "best-marker", color: COLORS.best, dash: "5 3", label: "best" },
+  stop: { role: "stop-marker", color: COLORS.stop, dash: "", label: "stop" },
+  wouldStop: { role: "would-stop-marker", color: COLORS.wouldStop, dash: "8 3 2 3", label: "would stop" },
+};
+
+export function legendItems({ wouldStop = false } = {}) {
   return [
     ...SERIES.map((s) => ({ label: s.label, color: COLORS[s.key], dash: s.dash })),
-    { label: "Best step", color: COLORS.best, dash: "5 3" },
-    { label: "Stop step", color: COLORS.stop, dash: "" },
+    { label: "Best step", color: MARKERS.best.color, dash: MARKERS.best.dash },
+    { label: "Stop step", color: MARKERS.stop.color, dash: MARKERS.stop.dash },
+    ...(wouldStop ? [{ label: "Would stop (shadow mode)", color: MARKERS.wouldStop.color, dash: MARKERS.wouldStop.dash }] : []),
   ];
 }
 
@@ -62,9 +71,9 @@ export function legendSwatch(item) {
 }
 
 // Draw the job's curves into `svg`. Returns a handle to move a read-out cursor: cursor.set(step).
-// opts: bestStep, stopStep, plannedSteps, onCursor(report|null)
+// opts: bestStep, stopStep, wouldStopStep (a shadow-mode job's first would-stop), plannedSteps, onCursor(report|null)
 export function drawJobChart(svg, reports, opts = {}) {
-  const { bestStep = null, stopStep = null, plannedSteps = null, onCursor = () => {} } = opts;
+  const { bestStep = null, stopStep = null, wouldStopStep = null, plannedSteps = null, onCursor = () => {} } = opts;
   const W = 960, panelH = 132, gap = 30, top = 46, left = 70, right = 22, bottom = 40;
   const panels = SERIES;
   const H = top + panels.length * panelH + (panels.length - 1) * gap + bottom;
@@ -76,7 +85,7 @@ export function drawJobChart(svg, reports, opts = {}) {
   const steps = reports.map((r) => r.step);
   const lastStep = steps.length ? steps[steps.length - 1] : 0;
   const x0 = Math.min(0, steps.length ? steps[0] : 0);
-  const x1 = Math.max(lastStep, stopStep ?? 0, plannedSteps ?? 0, x0 + 1);
+  const x1 = Math.max(lastStep, stopStep ?? 0, wouldStopStep ?? 0, plannedSteps ?? 0, x0 + 1);
   const x = scale(x0, x1, left, W - right);
   const plotBottom = top + panels.length * panelH + (panels.length - 1) * gap;
 
@@ -123,32 +132,40 @@ export function drawJobChart(svg, reports, opts = {}) {
   }
   el("text", { x: (left + W - right) / 2, y: H - 4, class: "axis-title", "text-anchor": "middle" }, svg, "step");
 
-  // best and stop markers across every panel, with text labels
+  // best, stop and would-stop markers across every panel, with text labels
   const evalAt = (step) => {
     const r = reports.find((q) => q.step === step);
     return r && typeof r.eval_score === "number" ? r.eval_score : null;
   };
-  const marker = (step, role, color, dash, label, anchor) => {
+  const marker = (step, { role, color, dash, label }, anchor, labelY = 18) => {
     const g = el("g", { class: "marker", "data-role": role, "data-step": step }, svg);
     el("line", { x1: x(step), x2: x(step), y1: 8, y2: plotBottom, stroke: color, "stroke-width": 2,
       "stroke-dasharray": dash || null }, g);
-    el("text", { x: x(step) + (anchor === "end" ? -5 : 5), y: 18, fill: color, class: "marker-label",
-      "text-anchor": anchor }, g, label);
+    el("text", { x: x(step) + (anchor === "end" ? -5 : 5), y: labelY, fill: color, class: "marker-label",
+      "text-anchor": anchor }, g, `${label} ${fmtStep(step)}`);
     const v = evalAt(step);
     if (v !== null && byKey.eval_score) {
-      const cy = byKey.eval_score(v);
+      const cx = x(step), cy = byKey.eval_score(v);
       if (role === "best-marker") {
-        el("circle", { cx: x(step), cy, r: 7, fill: "#fff", stroke: color, "stroke-width": 3 }, g);
+        el("circle", { cx, cy, r: 7, fill: "#fff", stroke: color, "stroke-width": 3 }, g);
+      } else if (role === "would-stop-marker") { // a dashed diamond, as in the compare view
+        el("path", { d: `M${cx} ${cy - 8}L${cx + 8} ${cy}L${cx} ${cy + 8}L${cx - 8} ${cy}Z`, fill: "#fff", stroke: color,
+          "stroke-width": 2.5, "stroke-dasharray": "2 2" }, g);
       } else {
-        el("path", { d: `M${x(step) - 6} ${cy - 6}L${x(step) + 6} ${cy + 6}M${x(step) - 6} ${cy + 6}L${x(step) + 6} ${cy - 6}`,
+        el("path", { d: `M${cx - 6} ${cy - 6}L${cx + 6} ${cy + 6}M${cx - 6} ${cy + 6}L${cx + 6} ${cy - 6}`,
           stroke: color, "stroke-width": 3 }, g);
       }
     }
     return g;
   };
-  const near = bestStep !== null && stopStep !== null && Math.abs(x(bestStep) - x(stopStep)) < 90;
-  if (bestStep !== null) marker(bestStep, "best-marker", COLORS.best, "5 3", `best ${fmtStep(bestStep)}`, near ? "end" : "start");
-  if (stopStep !== null) marker(stopStep, "stop-marker", COLORS.stop, "", `stop ${fmtStep(stopStep)}`, "start");
+  const close = (a, b) => a !== null && b !== null && Math.abs(x(a) - x(b)) < 90;
+  const later = [stopStep, wouldStopStep].filter((s) => s !== null);
+  if (bestStep !== null) marker(bestStep, MARKERS.best, later.some((s) => close(bestStep, s)) ? "end" : "start");
+  if (stopStep !== null) marker(stopStep, MARKERS.stop, "start");
+  if (wouldStopStep !== null) { // a shadow-mode job: where its detector would have stopped it
+    const under = close(wouldStopStep, stopStep) || (close(wouldStopStep, bestStep) && wouldStopStep < bestStep);
+    marker(wouldStopStep, MARKERS.wouldStop, "start", under ? 34 : 18);
+  }
 
   // a read-out cursor: pointer or arrow keys
   const cursor = el("line", { y1: top, y2: plotBottom, class: "cursor", visibility: "hidden" }, svg);

@@ -107,12 +107,13 @@ export function compareView(ctx, initial) {
       tr.appendChild(st);
       tr.appendChild(h("td", {}, j.job_type));
       tr.appendChild(h("td", { title: describePolicy(j.policy) }, describePolicy(j.policy)));
-      tr.appendChild(h("td", { class: "num best" }, j.best_step === null ? "\u2014" : `${fmtNum(j.best_score)} @ ${fmtStep(j.best_step)}`));
+      tr.appendChild(h("td", j.best_step === null ? { class: "num best" } : { class: "num best", title: `${j.best_score} at step ${j.best_step}` },
+        j.best_step === null ? "\u2014" : `${fmtNum(j.best_score)} @ ${fmtStep(j.best_step)}`));
       tr.appendChild(h("td", { class: "num stop" }, fmtStep(run.stopStep)));
       tr.appendChild(h("td", { class: "num would-stop" }, fmtStep(j.would_stop_step ?? null)));
       tr.appendChild(h("td", { class: "reason" }, j.decision && j.status === "stopped" ? j.decision.reason : ""));
-      tr.appendChild(h("td", { class: "hparams" }, describeMap(j.hparams)));
-      tr.appendChild(h("td", { class: "tags" }, describeMap(j.tags)));
+      tr.appendChild(h("td", { class: "hparams", title: describeMap(j.hparams, { full: true }) }, describeMap(j.hparams)));
+      tr.appendChild(h("td", { class: "tags", title: describeMap(j.tags, { full: true }) }, describeMap(j.tags)));
       return tr;
     }));
     const missing = state.ids.filter((id) => runs.get(id) && runs.get(id).missing);

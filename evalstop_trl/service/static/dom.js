@@ -1,5 +1,7 @@
 // DOM helpers shared by the views: data goes in as text and attributes only, never as HTML.
 
+import { fmtValue, fullValue } from "./util.js";
+
 export const $ = (id) => document.getElementById(id);
 
 export const h = (tag, props = {}, text = null) => {
@@ -25,10 +27,12 @@ export function shadowBadge() {
   return h("span", { class: "badge shadow", title: "Shadow mode: the detector decides, nothing is stopped" }, "shadow");
 }
 
-// "lr=0.0003, beta=0.04" from a mapping (hyperparameters or tags), keys sorted
-export function describeMap(map) {
+// "beta=0.04, lr=3.00e-4" from a mapping (hyperparameters or tags), keys sorted; numbers through
+// fmtNum, times through fmtTime. full: every digit (for a title).
+export function describeMap(map, { full = false } = {}) {
   if (!map || typeof map !== "object") return "";
-  return Object.keys(map).sort().map((k) => `${k}=${map[k]}`).join(", ");
+  const show = full ? fullValue : fmtValue;
+  return Object.keys(map).sort().map((k) => `${k}=${show(k, map[k])}`).join(", ");
 }
 
 // performance marks for scripts/bench_dashboard.py (one of each name is kept)

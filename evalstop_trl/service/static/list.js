@@ -10,6 +10,9 @@ export const PAGE_SIZE = 50;
 export const MAX_COMPARE = 50;
 const SPARK_CONCURRENCY = 2; // the server serves a tenant's expensive reads two at a time
 const FIELDS = ["q", "status", "job_type", "detector", "tag", "sort", "order"];
+const TYPED = ["q", "detector", "tag"]; // text fields: the list follows them as one types, after a pause
+const SELECTS = ["status", "job_type", "sort", "order"]; // the list follows a change at once
+const TYPING_MS = 250;
 
 export const selected = new Set(); // job ids picked for the compare view (kept across pages)
 const sparkCache = new Map(); // job_id -> { reports, lastStep, status }
@@ -64,7 +67,9 @@ export function jobsView(ctx, { filters, after, page }) {
   if (trail.key !== key || !after) trail = { key, cursors: [] };
   let next = null;
 
-  for (const k of FIELDS) $(`f-${k}`).value = filters[k];
+  // (a field that already says the same, up to spaces at its ends, is left as it is: one typing in it
+  // keeps the space just typed)
+  for (const k of FIELDS) if ($(`f-${k}`).value.trim() !== filters[k]) $(`f-${k}`).value = filters[k];
   if ($("flash").dataset.keep) { // a message from the previous view (a deletion), shown once, focused
     delete $("flash").dataset.keep;
     setTimeout(() => $("flash").focus(), 0);
@@ -73,8 +78,16 @@ export function jobsView(ctx, { filters, after, page }) {
   $("jobs-summary").textContent = "Loading\u2026";
 
   const read = () => Object.fromEntries(FIELDS.map((k) => [k, $(`f-${k}`).value.trim()]));
-  const onFilter = (e) => { e.preventDefault(); location.hash = listHash(read()); };
-  const onChange = () => { location.hash = listHash(read()); };
+  let typing = null; // the pending filter of what is being typed
+  const onFilter = (e) => { e.preventDefault(); clearTimeout(typing); location.hash = listHash(read()); };
+  const onChange = () => { clearTimeout(typing); location.hash = listHash(read()); };
+  const onType = () => { // a new list after a pause in typing; it replaces the history entry (Back skips the keystrokes)
+    clearTimeout(typing);
+    typing = setTimeout(() => {
+      const hash = listHash(read());
+      if (hash !== location.hash && !(hash === "#/" && location.hash === "")) location.replace(hash);
+    }, TYPING_MS);
+  };
   const onPrev = () => {
     const prev = trail.cursors.pop();
     location.hash = listHash(filters, prev || "", Math.max(1, page - 1));
@@ -98,8 +111,8 @@ export function jobsView(ctx, { filters, after, page }) {
   };
   const exportCsv = onExport("csv"), exportJson = onExport("json");
   const listeners = [
-    ["filter-form", "submit", onFilter], ["f-status", "change", onChange], ["f-job_type", "change", onChange],
-    ["f-sort", "change", onChange], ["f-order", "change", onChange], ["prev-page", "click", onPrev],
+    ["filter-form", "submit", onFilter], ...SELECTS.map((k) => [`f-${k}`, "change", onChange]),
+    ...TYPED.map((k) => [`f-${k}`, "input", onType]), ["prev-page", "click", onPrev],
     ["next-page", "click", onNext], ["compare-button", "click", onCompare], ["clear-selection", "click", onClear],
     ["export-csv", "click", exportCsv], ["export-json", "click", exportJson],
   ];
@@ -151,6 +164,7 @@ export function jobsView(ctx, { filters, after, page }) {
     c[4].textContent = job.policy && job.policy.detector ? job.policy.detector : policy;
     c[4].title = policy;
     c[5].textContent = describeMap(job.tags);
+    c[5].title = describeMap(job.tags, { full: true });
     c[6].textContent = fmtTime(job.created_at).slice(5, 16); // "12-01 15:20" (the full time in its title)
     c[6].title = fmtTime(job.created_at);
     const end = typeof job.ended_at === "number" ? job.ended_at : Date.now() / 1000;
@@ -160,6 +174,7 @@ export function jobsView(ctx, { filters, after, page }) {
     c[9].textContent = fmtStep(job.last_step) + (job.planned_steps ? ` / ${fmtStep(job.planned_steps)}` : "");
     c[10].textContent = fmtStep(job.best_step);
     c[11].textContent = fmtNum(job.best_score);
+    c[11].title = typeof job.best_score === "number" ? String(job.best_score) : "";
     const reason = reasonOf(job);
     let clip = c[12].firstChild;
     if (!clip) { clip = h("span", { class: "clip" }); c[12].appendChild(clip); }
@@ -242,6 +257,7 @@ export function jobsView(ctx, { filters, after, page }) {
         .catch((err) => { if (ctx.current(gen)) ctx.handleError(err); });
     },
     leave() {
+      clearTimeout(typing);
       for (const [id, ev, fn] of listeners) $(id).removeEventListener(ev, fn);
       delete $("view-jobs").dataset.ready;
     },

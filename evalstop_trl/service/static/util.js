@@ -23,11 +23,38 @@ export function fmtTime(epochSeconds) {
     `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
+// A value named as a time (`at`, `*_at`, `last_seen`) that is a plausible epoch in seconds (1973 to
+// 5138): such a number is a moment, shown with fmtTime, never as 1.80e+9. A step named `*_at` stays a number.
+const TIME_KEY = /^(at|last_seen)$|_at$/;
+export const isTime = (key, v) => typeof v === "number" && Number.isFinite(v) && TIME_KEY.test(String(key)) &&
+  v >= 1e8 && v < 1e11;
+
+// Any value of evidence, hyperparameters, tags or a policy, for reading: times with fmtTime, numbers
+// with fmtNum (about 4 significant digits), lists and mappings item by item; text as it is.
+export function fmtValue(key, v) {
+  if (typeof v === "number") return isTime(key, v) ? fmtTime(v) : fmtNum(v);
+  if (typeof v === "string") return v;
+  if (v === null || v === undefined) return "\u2014";
+  if (Array.isArray(v)) return `[${v.map((x) => fmtValue(key, x)).join(", ")}]`;
+  if (typeof v === "object") return Object.entries(v).map(([k, x]) => `${k}=${fmtValue(k, x)}`).join(", ");
+  return String(v);
+}
+
+// The same value in full (for a title): every digit of a number, a time with its epoch seconds too.
+export function fullValue(key, v) {
+  if (typeof v === "number") return isTime(key, v) ? `${fmtTime(v)} (${v})` : String(v);
+  if (typeof v === "string") return v;
+  if (v === null || v === undefined) return "";
+  if (Array.isArray(v)) return `[${v.map((x) => fullValue(key, x)).join(", ")}]`;
+  if (typeof v === "object") return Object.entries(v).map(([k, x]) => `${k}=${fullValue(k, x)}`).join(", ");
+  return String(v);
+}
+
 // "decline (k=2, min_delta=0, direction=max)"
 export function describePolicy(policy) {
   if (!policy || typeof policy !== "object") return "\u2014";
   const skip = new Set(["detector", "enforce", "grace_s"]);
-  const params = Object.entries(policy).filter(([k]) => !skip.has(k)).map(([k, v]) => `${k}=${v}`);
+  const params = Object.entries(policy).filter(([k]) => !skip.has(k)).map(([k, v]) => `${k}=${fmtValue(k, v)}`);
   return `${policy.detector || "?"}${params.length ? ` (${params.join(", ")})` : ""}`;
 }
 
