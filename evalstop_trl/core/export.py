@@ -13,7 +13,7 @@ Example::
 
     >>> from evalstop_trl.core.records import Report
     >>> "".join(FORMATS["csv"].reports([[Report(10, 0.5)]]))
-    'step,eval_score,train_loss,proxy_reward,checkpoint,received_at\\r\\n10,0.5,,,,0.0\\r\\n'
+    'step,eval_score,train_loss,proxy_reward,checkpoint,received_at,planned_steps\\r\\n10,0.5,,,,0.0,\\r\\n'
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ __all__ = ["CHUNK", "FORMATS", "JOB_COLUMNS", "REPORT_COLUMNS", "Format", "expor
 #: characters of text per chunk: a reader that stops reading holds about one chunk in the server (the
 #: next is written only once it is sent), not a page of a thousand jobs with their tags and hparams
 CHUNK = 256 * 1024
-REPORT_COLUMNS = ("step", "eval_score", "train_loss", "proxy_reward", "checkpoint", "received_at")
+REPORT_COLUMNS = Report._fields  # a report's columns are its record's fields
 JOB_COLUMNS = ("job_id", "job_type", "status", "detector", "policy", "tags", "hparams", "created_at", "last_seen",
                "ended_at", "duration_s", "n_reports", "last_step", "planned_steps", "best_step", "best_score",
                "best_checkpoint", "acked", "reason", "would_stop_step")

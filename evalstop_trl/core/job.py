@@ -240,6 +240,8 @@ def _observe(state: JobState, cmd: Observe) -> Step:
         raise QuotaExceeded(f"job {job_id!r} has {state.n_reports} reports, the most a job may have "
                             f"(max_reports_per_job={state.max_reports}); start a new job")
     detector = state.detector
+    if rep.planned_steps != record.planned_steps:  # stored with the plan it is decided under (see replay)
+        rep = rep._replace(planned_steps=record.planned_steps)
     memory, decision = detector.decide(state.memory, state.observation(rep))
     status = record.status
     new_record, audit, deliveries, stopped = record, (), (), False
@@ -446,8 +448,9 @@ _HANDLERS: dict[type, Callable[[JobState, Any], Step]] = {
 def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**9) -> JobState:
     """The state a stored job's reports rebuild (the store's record is the truth for its status).
 
-    The same fold as :func:`step`'s reports. Raises what the detector raises on a history it cannot
-    take (the coordinator then marks the job failed)."""
+    The same fold as :func:`step`'s reports, each with the plan it was decided under (a plan amended
+    later changes the reports after it, never the decisions before). Raises what the detector raises
+    on a history it cannot take (the coordinator then marks the job failed)."""
     detector = record.policy.build()
     memory = detector.start()
     first = last = None
@@ -456,9 +459,10 @@ def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**
     planned, job_id, job_type = record.planned_steps, record.job_id, record.job_type.value
     shadow = record.policy.mode is PolicyMode.SHADOW
     for rep in reports:
+        plan = planned if rep.planned_steps is None else rep.planned_steps  # None: stored before plans were kept
         memory, decision = detector.decide(memory, Observation(job_id, rep.step, rep.eval_score, rep.train_loss,
                                                                rep.proxy_reward, job_type,
-                                                               rep.step / planned if planned else None))
+                                                               rep.step / plan if plan else None))
         if shadow and decision.action is Action.STOP:
             memory = detector.resume(memory)
             if would_stop is None:

@@ -346,6 +346,7 @@ class Report(NamedTuple):
     proxy_reward: float | None = None
     checkpoint: str | None = None
     received_at: float = 0.0
+    planned_steps: int | None = None  # the job's plan when it was decided (a later amendment changes not it)
 
     def payload(self) -> tuple:
         """What identifies the report's content (idempotency compares this, not the arrival time)."""

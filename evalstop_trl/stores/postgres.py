@@ -55,7 +55,7 @@ from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _LOCK_KEY = 0x45564C53  # "EVLS": the advisory lock that serialises schema creation and migrations
 _TENANT_LOCK = 0x45565154  # "EVQT" + hashtext(tenant): serialises a tenant's registrations (its quotas)
 
@@ -76,7 +76,7 @@ _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS reports (
         tenant TEXT NOT NULL, job_id TEXT NOT NULL, step BIGINT NOT NULL, eval_score DOUBLE PRECISION,
         train_loss DOUBLE PRECISION, proxy_reward DOUBLE PRECISION, checkpoint TEXT,
-        received_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (tenant, job_id, step))""",
+        received_at DOUBLE PRECISION NOT NULL, planned_steps BIGINT, PRIMARY KEY (tenant, job_id, step))""",
     """CREATE TABLE IF NOT EXISTS audit (
         seq BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, job_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,
         kind TEXT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL, evidence TEXT NOT NULL)""",
@@ -107,6 +107,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS last_seen DOUBLE PRECISION",),
     2: ("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS tags TEXT NOT NULL DEFAULT '{}'",  # issue 19: a job's context
         "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS hparams TEXT NOT NULL DEFAULT '{}'"),
+    3: ("ALTER TABLE reports ADD COLUMN IF NOT EXISTS planned_steps BIGINT",),  # each report's plan
 }
 
 _JOB_COLS = ("tenant, job_id, job_type, planned_steps, policy, webhook, status, created_at, updated_at, decision, "
@@ -413,9 +414,11 @@ _CLAIM = ("UPDATE evals e SET state='leased', lease_until=%s, worker=%s FROM (SE
           + ", ".join(f"e.{c.strip()}" for c in EVAL_COLS.split(",")))
 
 
+_INSERT_REPORT = f"INSERT INTO reports (tenant, job_id, {REPORT_COLS}) VALUES ({', '.join(['%s'] * (2 + len(Report._fields)))})"
+
+
 def _insert_report(db, tenant: str, job_id: str, r: Report) -> None:
-    db.execute(f"INSERT INTO reports (tenant, job_id, {REPORT_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-               (tenant, job_id, r.step, r.eval_score, r.train_loss, r.proxy_reward, r.checkpoint, r.received_at))
+    db.execute(_INSERT_REPORT, (tenant, job_id, *r))
 
 
 def _safe(dsn: str) -> str:

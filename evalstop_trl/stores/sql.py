@@ -28,7 +28,7 @@ __all__ = ["SQLReads", "check_revival", "AUDIT_COLS", "DELIVERY_COLS", "EVAL_COL
            "delivery_from_row", "delivery_row", "eval_from_row", "eval_row", "labels_from", "labels_json", "q", "tenant_from_row"]
 
 TENANT_COLS = "name, token_hash, created_at, revoked, quotas, webhook_secret"
-REPORT_COLS = "step, eval_score, train_loss, proxy_reward, checkpoint, received_at"
+REPORT_COLS = ", ".join(Report._fields)  # the columns are the record's fields, in order
 AUDIT_COLS = "tenant, job_id, at, kind, actor, reason, evidence"
 DELIVERY_COLS = "id, tenant, job_id, url, body, created_at, attempts, next_at, done, outcome"
 EVAL_COLS = "tenant, job_id, step, path, created_at, train_loss, proxy_reward, state, lease_until, worker, score, fed"

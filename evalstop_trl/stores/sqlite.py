@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ..core.detectors import Decision
 from ..core.errors import Conflict
@@ -33,6 +34,7 @@ from ..core.store import JobLimits, StaleState, Store, StoreError, Ticket, wait_
 from .sql import (
     DELIVERY_COLS,
     EVAL_COLS,
+    REPORT_COLS,
     TENANT_COLS,
     SQLReads,
     check_revival,
@@ -47,7 +49,7 @@ from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -65,7 +67,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS reports (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, job_id TEXT NOT NULL,
     step INTEGER NOT NULL, eval_score REAL, train_loss REAL, proxy_reward REAL, checkpoint TEXT,
-    received_at REAL NOT NULL, UNIQUE (tenant, job_id, step));
+    received_at REAL NOT NULL, planned_steps INTEGER, UNIQUE (tenant, job_id, step));
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, job_id TEXT NOT NULL,
     at REAL NOT NULL, kind TEXT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL,
@@ -91,16 +93,26 @@ CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (tenant, status);
 """
 
 # version -> statements that bring a database of that version to the next one
-_MIGRATIONS: dict[int, tuple[str, ...]] = {
+_MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL, or a function of the connection
     1: ("ALTER TABLE tenants ADD COLUMN quotas TEXT NOT NULL DEFAULT '{}'",
         "ALTER TABLE tenants ADD COLUMN webhook_secret TEXT NOT NULL DEFAULT ''"),
     2: ("ALTER TABLE jobs ADD COLUMN last_seen REAL",),
     3: ("ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 1",),  # 0 would read as "not registered"
     4: ("ALTER TABLE jobs ADD COLUMN tags TEXT NOT NULL DEFAULT '{}'",  # issue 19: a job's context
         "ALTER TABLE jobs ADD COLUMN hparams TEXT NOT NULL DEFAULT '{}'"),
+    5: (lambda db: _add_column(db, "reports", "planned_steps INTEGER"),),  # the plan each report was decided under
 }
 
 
+def _add_column(db: sqlite3.Connection, table: str, column: str) -> None:
+    """``ALTER TABLE table ADD COLUMN column`` when the table exists without it (a missing table is
+    created whole by the schema)."""
+    names = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+    if names and column.split()[0] not in names:
+        db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+
+
+_INSERT_REPORT = f"INSERT INTO reports (tenant, job_id, {REPORT_COLS}) VALUES ({', '.join('?' * (2 + len(Report._fields)))})"
 _JOB_COLS = (
     "tenant, job_id, job_type, planned_steps, policy, pid, pid_start_time, webhook, status, "
     "created_at, updated_at, decision, stopped_by, stopped_at, acked_at, checkpoint, finished_at, last_seen, tags, hparams"
@@ -193,7 +205,7 @@ class SQLiteStore(SQLReads, Store):
             try:
                 while version < SCHEMA_VERSION:  # migrate, one version at a time, in one transaction
                     for statement in _MIGRATIONS[version]:
-                        db.execute(statement)
+                        statement(db) if callable(statement) else db.execute(statement)
                     version += 1
                 db.execute("UPDATE schema_version SET version=?", (version,))
                 db.execute("COMMIT")
@@ -338,11 +350,7 @@ class SQLiteStore(SQLReads, Store):
 
     @staticmethod
     def _insert_report(db: sqlite3.Connection, tenant: str, job_id: str, r: Report) -> None:
-        db.execute(
-            "INSERT INTO reports (tenant, job_id, step, eval_score, train_loss, proxy_reward, "
-            "checkpoint, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (tenant, job_id, r.step, r.eval_score, r.train_loss, r.proxy_reward, r.checkpoint, r.received_at),
-        )
+        db.execute(_INSERT_REPORT, (tenant, job_id, *r))
 
     @staticmethod
     def _insert_audit(db: sqlite3.Connection, audit: Iterable[AuditRecord]) -> None:

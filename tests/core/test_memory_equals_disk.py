@@ -1,7 +1,7 @@
 """Memory equals disk: whatever commands come and whichever writes fail, the coordinator's answers
 equal those of a coordinator rebuilt from the store (a restart), on every store.
 
-Random command sequences (registrations that attach and amend, reports in and out of order,
+Random command sequences (registrations that attach and amend, plans amended after reports included, reports in and out of order,
 retries, stop, ack, finish, fail, launcher events, heartbeats, lease sweeps) run against a coordinator whose store refuses some writes (at once or a moment
 later, as a full disk or a lost database connection would); after each command every job's view,
 reports and audit must equal what a fresh coordinator over the same (unfailing) store answers.
@@ -25,7 +25,8 @@ from tests.store_helpers import STORE_KINDS, open_store
 JOBS = ("a", "b", "c")
 POLICIES = ({"detector": "decline", "k": 2}, {"detector": "trend", "window": 3}, {"detector": "patience", "k": 2},
             {"detector": "cusum"}, {"detector": "decline", "k": 1, "mode": "shadow"},
-            {"detector": "patience", "k": 2, "mode": "shadow"})
+            {"detector": "patience", "k": 2, "mode": "shadow"},
+            {"detector": "stop_at", "fraction": 0.5})  # reads progress: a plan amended after reports (issue 25.6)
 
 
 class Clock:
@@ -77,7 +78,7 @@ def _random_command(coord: Coordinator, rng: random.Random, steps: dict[str, int
                         "sweep"], [2, 12, 2, 1, 1, 1, 1, 1, 1, 1, 1])[0]
     coord.clock.t += rng.choice((1.0, 1.0, 50.0))  # sometimes past the lease
     if kind == "register":
-        coord.register_job("acme", job, rng.choice((None, "grpo")), rng.choice((None, 400, 800)),
+        coord.register_job("acme", job, rng.choice((None, "grpo")), rng.choice((None, 100, 200, 400, 800)),
                            rng.choice((None, *POLICIES)))
     elif kind == "heartbeat":
         coord.heartbeat("acme", job)
@@ -176,3 +177,28 @@ def test_a_job_that_cannot_be_replayed_is_marked_failed_and_the_rest_loads(tmp_p
         assert again.status("mallory", "evil").status == "failed"
         assert len([a for a in again.audit("mallory", "evil") if a.kind is AuditKind.FAILED]) == 1
         again.close()
+
+
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_a_plan_amended_after_reports_decides_the_same_after_a_restart(tmp_path, request, kind):
+    """Issue 25 item 6: ``stop_at`` 0.5 over 1000 planned steps, reports at 10..60, then the plan
+    amended to 100: a restart decided "stop: progress 0.50 at step 50" where the live job had continued.
+    Each report keeps the plan it was decided under; the amendment changes the reports after it."""
+    if kind == "postgres":
+        request.getfixturevalue("pg_dsn")
+    path = tmp_path / "plan.db"
+    coord = Coordinator(open_store(kind, path, request), clock=Clock())
+    coord.register_job("acme", "p", "grpo", 1000, {"detector": "stop_at", "fraction": 0.5})
+    live = [coord.report("acme", "p", s, eval_score=0.5) for s in range(10, 70, 10)]
+    coord.register_job("acme", "p", "grpo", 100)  # the plan amended after its reports
+    assert not any(d.stop for d in live)
+    before = _snapshot(coord)
+    restarted = Coordinator(open_store(kind, path, request) if kind != "memory" else coord.store, clock=Clock())
+    assert _snapshot(restarted) == before and not restarted.status("acme", "p").decision.stop
+    assert [r.planned_steps for r in restarted.reports("acme", "p")] == [1000] * 6
+    if kind != "memory":
+        restarted.close()
+    # the next report is decided under the new plan (progress 0.7), and a restart says the same
+    assert coord.report("acme", "p", 70, eval_score=0.5).stop
+    again = Coordinator(open_store(kind, path, request) if kind != "memory" else coord.store, clock=Clock())
+    assert _snapshot(again) == _snapshot(coord) and again.reports("acme", "p")[-1].planned_steps == 100

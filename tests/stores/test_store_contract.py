@@ -9,6 +9,7 @@ import pytest
 from evalstop_trl import Conflict, Coordinator, MemoryStore, SQLiteStore
 from evalstop_trl.core.records import AuditKind, AuditRecord, Delivery, JobRecord, JobType, Policy, Report, TenantRecord
 from evalstop_trl.core.store import StaleState, StoreError, wait_durable
+from evalstop_trl.stores.sqlite import SCHEMA_VERSION
 from tests.store_helpers import STORE_KINDS, open_store
 
 
@@ -149,7 +150,7 @@ def test_sqlite_migrates_a_version_1_database(tmp_path):
     assert c.status("old", "j").policy["k"] == 2
     assert c.tenants.get("old").quotas == {}
     c.close()
-    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (5,)
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
     # version 3 added last_seen (liveness): an old job has none, and counts from its last write
     c = Coordinator(SQLiteStore(path))
     c.heartbeat("old", "j")
@@ -195,15 +196,35 @@ def test_sqlite_migrates_version_4_to_5_tags_and_hparams(tmp_path):
     c = Coordinator(SQLiteStore(path))
     _tags_roundtrip(c)
     c.close()
-    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (5,)
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
     c = Coordinator(SQLiteStore(path))
     assert dict(c.status("old", "j").tags) == {"team": "rl"} and c.status("old", "j").hparams["learning_rate"] == 3e-4
     c.close()
 
 
+def test_sqlite_migrates_version_5_to_6_reports_keep_their_plan(tmp_path):
+    """Version 6 stores each report's plan (issue 25 item 6); older reports have none and replay with
+    the job's plan, as they were decided."""
+    path = tmp_path / "v5.db"
+    c = Coordinator(SQLiteStore(path))
+    c.register_job("old", "j", "grpo", 100, {"detector": "stop_at", "fraction": 0.5})
+    c.report("old", "j", 10, 0.5)
+    c.close()
+    db = sqlite3.connect(path)  # what evalstop wrote before: no planned_steps in reports, version 5
+    db.executescript("ALTER TABLE reports DROP COLUMN planned_steps; UPDATE schema_version SET version = 5;")
+    db.close()
+    c = Coordinator(SQLiteStore(path))
+    assert [r.planned_steps for r in c.reports("old", "j")] == [None]  # the old row, as it was
+    assert c.report("old", "j", 50, 0.5).stop  # progress 0.5 under the job's plan
+    assert [r.planned_steps for r in c.reports("old", "j")] == [None, 100]
+    c.close()
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+
+
 def test_postgres_migrates_version_2_to_3_tags_and_hparams(pg_dsn):
     import psycopg
 
+    from evalstop_trl.stores.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
     from evalstop_trl.stores.postgres import PostgresStore
 
     c = Coordinator(PostgresStore(pg_dsn))
@@ -217,7 +238,7 @@ def test_postgres_migrates_version_2_to_3_tags_and_hparams(pg_dsn):
     _tags_roundtrip(c)
     c.close()
     with psycopg.connect(pg_dsn, autocommit=True) as db:
-        assert db.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(PG_SCHEMA_VERSION,)]
     c = Coordinator(PostgresStore(pg_dsn))
     assert dict(c.status("old", "j").tags) == {"team": "rl"} and c.status("old", "j").hparams["model"] == "tiny"
     c.close()
