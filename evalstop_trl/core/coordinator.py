@@ -330,7 +330,7 @@ class Coordinator:
                     return existing.head, False
                 amend = Amend(changes, f"tenant:{tenant}", self.clock())
         if existing is not None:
-            out, ticket = self._run(existing, amend)
+            out, ticket = self._run(existing, amend, self._counted(tenant, job_id, existing))
             self._settle(ticket, tenant, job_id)
             return out.state, False
         with jobs.register_lock:
@@ -447,24 +447,28 @@ class Coordinator:
         """Append a launcher or webhook event to the job's audit log."""
         _check_reason(reason)
         command = Event(kind, reason, dict(evidence), actor, self.clock())
-        if not kind.from_launcher:
+        if not kind.counted:
             self._command(tenant, job_id, command)
             return
-        slot = self.jobs.get(tenant, job_id)
+        self._command(tenant, job_id, command, self._counted(tenant, job_id, self.jobs.get(tenant, job_id)))
+
+    def _counted(self, tenant: str, job_id: str, slot: Slot) -> Callable[[Slot], None]:
+        """A guard that counts one more launcher event or amendment of the job against
+        ``max_events_per_job`` (the job's count is read from the store once, holding no lock)."""
         limit = self.tenants.quotas(tenant).max_events_per_job
         counted = slot.events
         if counted is None:
-            counted = slot.events = self.store.count_events(tenant, job_id)  # once per job (no lock held)
+            counted = slot.events = self.store.count_events(tenant, job_id)
 
         def within_quota(slot: Slot) -> None:  # under the job's lock: counted and queued together
             if slot.events is None:  # reloaded meanwhile
                 slot.events = counted
             if slot.events >= limit:
-                raise QuotaExceeded(f"job {job_id!r} has {slot.events} launcher events, the most a job may have "
-                                    f"(max_events_per_job={limit})")
+                raise QuotaExceeded(f"job {job_id!r} has {slot.events} launcher events and registration amendments, "
+                                    f"the most a job may have (max_events_per_job={limit}); start a new job")
             slot.events += 1
 
-        self._command(tenant, job_id, command, within_quota)
+        return within_quota
 
     # ------------------------------------------------------------------ reads: the committed state only (what a restart would rebuild), no lock held while views are built
     def browse(self, tenant: str, query: JobQuery) -> JobPage:

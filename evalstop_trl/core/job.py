@@ -387,11 +387,17 @@ def _expire(state: JobState, cmd: Expire) -> Step:
     return Step(new, new.current(), commit)
 
 
+#: An amendment's audit line names at most this many changed labels (tags, hparams), each value cut
+#: to ``_SHOWN_CHARS``: the line stays about a kilobyte whatever a re-registration sends.
+_SHOWN_LABELS, _SHOWN_CHARS = 8, 64
+
+
 def _amend(state: JobState, cmd: Amend) -> Step:
     record = state.record
-    said = "; ".join(f"{k} {_shown(getattr(record, k))} -> {_shown(v)}" for k, v in cmd.changes.items())
+    evidence = {k: _diff(getattr(record, k), v) for k, v in cmd.changes.items()}
+    said = "; ".join(f"{k} {_said(evidence[k])}" for k in cmd.changes)
     audit = AuditRecord(record.tenant, record.job_id, cmd.now, AuditKind.AMENDED, cmd.actor,
-                        f"registration amended: {said}", {k: _shown(v) for k, v in cmd.changes.items()})
+                        f"registration amended: {said}", evidence)
     new_record = record.evolve(updated_at=cmd.now, **cmd.changes)
     if "policy" in cmd.changes:
         detector = new_record.policy.build()
@@ -404,9 +410,32 @@ def _amend(state: JobState, cmd: Amend) -> Step:
 def _shown(value: Any) -> Any:
     if hasattr(value, "to_dict"):
         return value.to_dict()
-    if isinstance(value, Mapping):  # tags, hparams
-        return dict(value)
     return getattr(value, "value", value)
+
+
+def _cut(value: Any) -> Any:
+    text = value if isinstance(value, str) else None
+    return value if text is None or len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
+
+
+def _diff(old: Any, new: Any) -> dict[str, Any]:
+    """An amended field's audit evidence: ``{"from": old, "to": new}``, or for labels (tags, hparams)
+    only what changed: ``set`` (new or changed keys), ``removed`` and ``more`` (changes not listed)."""
+    if not isinstance(new, Mapping):
+        return {"from": _shown(old), "to": _shown(new)}
+    old = old if isinstance(old, Mapping) else {}
+    changed = [k for k in sorted(new) if k not in old or old[k] != new[k]]
+    removed = [k for k in sorted(old) if k not in new]
+    shown = (changed + removed)[:_SHOWN_LABELS]
+    return {"set": {_cut(k): _cut(new[k]) for k in changed if k in shown},
+            "removed": [_cut(k) for k in removed if k in shown], "more": len(changed) + len(removed) - len(shown)}
+
+
+def _said(diff: Mapping[str, Any]) -> str:
+    if "to" in diff:
+        return f"{diff['from']} -> {diff['to']}"
+    parts = [f"{k}={v}" for k, v in diff["set"].items()] + [f"-{k}" for k in diff["removed"]]
+    return "{" + ", ".join(parts) + (f", and {diff['more']} more" if diff["more"] else "") + "}"
 
 
 def amendments(state: JobState, job_type: JobType | None, planned_steps: int | None, policy: Policy | None,

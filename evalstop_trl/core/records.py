@@ -376,6 +376,12 @@ class AuditKind(str, Enum):
     def from_launcher(self) -> bool:
         return self in (AuditKind.LAUNCHER_SIGTERM, AuditKind.LAUNCHER_SIGKILL, AuditKind.LAUNCHER_EXIT)
 
+    @property
+    def counted(self) -> bool:
+        """Lines a tenant writes at will, counted against ``max_events_per_job``: launcher events and
+        registration amendments."""
+        return self.from_launcher or self is AuditKind.AMENDED
+
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
@@ -547,7 +553,7 @@ class Quotas:
     max_active_jobs          1,000      jobs pending or running (lost ones do not count)
     max_reports_per_job      100,000    reports of one job
     max_reports_per_tenant   10,000,000 stored reports of all the tenant's jobs
-    max_events_per_job       1,000      launcher events (``/events``) of one job
+    max_events_per_job       1,000      launcher events (``/events``) and amendments of one job
     max_snapshots_per_job    10,000     snapshots published (``/snapshots``) by one job
     report_rate/burst        1000/s, 2000   reports per second per tenant (token bucket)
     event_rate/burst         50/s, 500  launcher events + snapshots per second per tenant

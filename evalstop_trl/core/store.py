@@ -179,8 +179,8 @@ class Store(ABC):
         return sum(len(self.reports(j.tenant, j.job_id)) for j in self.jobs() if j.tenant == tenant)
 
     def count_events(self, tenant: str, job_id: str) -> int:
-        """The job's launcher events in the audit log (the per-job event quota)."""
-        return sum(1 for a in self.audit(tenant, job_id) if a.kind.from_launcher)
+        """The job's launcher events and amendments in the audit log (the per-job event quota)."""
+        return sum(1 for a in self.audit(tenant, job_id) if a.kind.counted)
 
     def count_evals(self, tenant: str, job_id: str) -> int:
         """The job's published snapshots (the per-job snapshot quota)."""

@@ -28,6 +28,7 @@ __all__ = ["SQLReads", "check_revival", "AUDIT_COLS", "DELIVERY_COLS", "EVAL_COL
            "delivery_from_row", "delivery_row", "eval_from_row", "eval_row", "labels_from", "labels_json", "q", "tenant_from_row"]
 
 TENANT_COLS = "name, token_hash, created_at, revoked, quotas, webhook_secret"
+_COUNTED = ", ".join(f"'{k.value}'" for k in AuditKind if k.counted)  # AuditKind.counted, in SQL
 REPORT_COLS = ", ".join(Report._fields)  # the columns are the record's fields, in order
 AUDIT_COLS = "tenant, job_id, at, kind, actor, reason, evidence"
 DELIVERY_COLS = "id, tenant, job_id, url, body, created_at, attempts, next_at, done, outcome"
@@ -181,8 +182,8 @@ class SQLReads:
         return self._read("SELECT count(*) FROM reports WHERE tenant=?", (tenant,))[0][0]
 
     def count_events(self, tenant: str, job_id: str) -> int:
-        return self._read("SELECT count(*) FROM audit WHERE tenant=? AND job_id=? AND kind IN "
-                          "('launcher_sigterm', 'launcher_sigkill', 'launcher_exit')", (tenant, job_id))[0][0]
+        return self._read(f"SELECT count(*) FROM audit WHERE tenant=? AND job_id=? AND kind IN ({_COUNTED})",
+                          (tenant, job_id))[0][0]
 
     def count_evals(self, tenant: str, job_id: str) -> int:
         return self._read("SELECT count(*) FROM evals WHERE tenant=? AND job_id=?", (tenant, job_id))[0][0]

@@ -352,7 +352,7 @@ def test_the_script_means_what_it_says(results):
     assert r["event bad kind"]["error"] == 422 and r["event bad exit code"]["error"] == 422
     assert [a["kind"] for a in r["audit j1"]] == ["amended", "amended", "stop", "ack", "launcher_sigterm",
                                                  "launcher_exit"]
-    assert r["audit j1"][1]["evidence"]["tags"] == {"sweep": "7", "team": "rl"}
+    assert r["audit j1"][1]["evidence"]["tags"] == {"set": {"sweep": "7", "team": "rl"}, "removed": [], "more": 0}
     assert r["audit j1"][3]["evidence"] == {"checkpoint": "/ckpt/20", "step": 50, "stop_lag": 10}
     for name in ("status", "report", "stop", "ack", "finish", "fail", "reports", "evals", "publish", "post", "event"):
         assert r[f"bob {name}"]["error"] == 404, name

@@ -275,3 +275,38 @@ def test_25_9_the_auth_scheme_is_case_insensitive(on_each_store):
     for scheme, status in (("bearer", 200), ("BEARER", 200), ("Bearer", 200), ("Basic", 401), ("", 401)):
         r = httpx.get(f"{srv.url}/v1/jobs", headers={"Authorization": f"{scheme} {token}".strip()}, timeout=10)
         assert r.status_code == status, (scheme, r.text)
+
+
+# ---------------------------------------------------------------- issue 25 item 4: the audit log's growth
+@pytest.fixture(params=["sqlite", "postgres"])
+def small_budget(request, tmp_path):
+    """A real `evalstop serve` over each store, tenant ``lab`` allowed 20 launcher events and amendments per job."""
+    from evalstop_trl.clients.local import LocalServer
+
+    db = tmp_path / "coord.db" if request.param == "sqlite" else request.getfixturevalue("pg_dsn")
+    with LocalServer(db, tenants=("lab",), log=tmp_path / "serve.log",
+                     quotas={"lab": {"max_events_per_job": 20}}) as srv:
+        yield srv, srv.tokens["lab"]
+
+
+def test_25_4_re_registrations_cannot_grow_the_audit_log_without_bound(small_budget):
+    """Every re-registration that changed 32 tags of 256 characters appended ~25 KB of audit (118 MB
+    in 10 s). Now an amendment's line names at most 8 changed labels, each cut to 64 characters, and
+    amendments count against max_events_per_job with the launcher's events (then 429)."""
+    srv, token = small_budget
+    refused = 0
+    with EvalStopClient(srv.url, token, retries=0) as client:
+        for i in range(30):
+            tags = {f"t{k:02d}": f"{i}-{'x' * 250}" for k in range(32)}
+            try:
+                client.register_job("j", "grpo", tags=tags)
+            except EvalStopError as exc:
+                assert "max_events_per_job=20" in str(exc) and "start a new job" in str(exc), exc
+                refused += 1
+        lines = [a for a in client.audit("j") if a.kind.value == "amended"]
+    assert len(lines) == 20 and refused == 9  # the first registration creates; 20 amendments; 9 refused
+    sizes = [len(str(a.evidence)) + len(a.reason) for a in lines]
+    assert max(sizes) < 2_000, max(sizes)
+    ev = lines[-1].evidence["tags"]
+    assert len(ev["set"]) == 8 and ev["more"] == 24 and all(len(v) <= 67 for v in ev["set"].values())
+    assert "and 24 more" in lines[-1].reason
