@@ -172,7 +172,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from ..core.coordinator import Coordinator
+    from ..core.coordinator import DEFAULT_LEASE_S, Coordinator
     from ..service.app import ServiceSettings, create_app
     from ..service.middleware import PerAddress
     from ..service.protocol import guarded_protocol
@@ -199,7 +199,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     quotas = _quotas_from_env(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    lease = args.lease_s if args.lease_s is not None else _env("EVALSTOP_LEASE_S", float, 300.0, "a number of seconds")
+    lease = args.lease_s if args.lease_s is not None else _env("EVALSTOP_LEASE_S", float, DEFAULT_LEASE_S, "a number of seconds")
     if not (lease == 0 or 1 <= lease <= 7 * 86400):
         raise CLIError(f"--lease-s must be 0 (no leases) or in [1, 604800] seconds, got {lease:g}")
     coord = Coordinator(_open_store(path), quotas=quotas, lease_s=lease or None, outage_grace=True)

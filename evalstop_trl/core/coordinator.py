@@ -87,6 +87,10 @@ __all__ = ["Coordinator", "PendingReport", "WouldBlock", "check_report"]
 
 #: how often a command whose write another replica beat (a version conflict: not an outage) is decided
 #: again on what that replica wrote before the caller sees it (a 503 is left for real store outages)
+#: The lease of ``evalstop serve`` and of the embedded coordinator: a job silent this long becomes LOST.
+DEFAULT_LEASE_S = 300.0
+#: A heartbeat within this share of a lease after the job's last sign of life writes nothing.
+HEARTBEAT_FRESH = 1 / 8
 CONFLICT_RETRIES = 3
 EXPORT_PAGE = 1000  # reports or jobs read (and held) at once by an export
 _NO_LOCK = contextlib.nullcontext()
@@ -586,9 +590,16 @@ class Coordinator:
 
     # ------------------------------------------------------------------ leases: a job silent for longer than lease_s becomes LOST; a report or heartbeat revives it
     def heartbeat(self, tenant: str, job_id: str, actor: str = "job") -> JobView:
-        """The job is alive: renews its lease (a LOST job is RUNNING again). Reports renew it too."""
+        """The job is alive: renews its lease (a LOST job is RUNNING again). Reports renew it too.
+        Returns the job's view: a trainer learns a stop between its evals from it. A job seen within
+        the last eighth of a lease is not written again (:data:`HEARTBEAT_FRESH`)."""
         check_text("actor", actor, 128, min_len=1)
-        return self._command(tenant, job_id, Heartbeat(actor, self.clock())).state.view()
+        now, fresh = self.clock(), (self.lease_s or DEFAULT_LEASE_S) * HEARTBEAT_FRESH
+        out = self._command(tenant, job_id, Heartbeat(actor, now, fresh))
+        if out.commit is None:  # not written: the sweep of this process still counts it as a sign of life
+            slot = self.jobs.get(tenant, job_id)
+            slot.beat_at = max(slot.beat_at, now)
+        return out.state.view()
 
     def sweep(self) -> list[tuple[str, str]]:
         """Mark LOST every pending or running job silent for longer than ``lease_s`` (the service runs
@@ -600,7 +611,9 @@ class Coordinator:
         marked = []
         for slot in self.jobs.live_slots():
             state = slot.head
-            if not state.record.status.active or now - max(state.last_seen, self.started_at) <= lease:
+            # a heartbeat answered without a write (HEARTBEAT_FRESH) is a sign of life too; another replica,
+            # which did not answer it, may mark the job lost up to lease * HEARTBEAT_FRESH early
+            if not state.record.status.active or now - max(state.last_seen, slot.beat_at, self.started_at) <= lease:
                 continue
             r = state.record
             try:

@@ -186,10 +186,13 @@ class Event(NamedTuple):
 
 
 class Heartbeat(NamedTuple):
-    """The job is alive (its callback or launcher says so between reports)."""
+    """The job is alive (its callback or launcher says so between reports). A job seen less than
+    ``fresh_s`` ago changes nothing (no write): frequent heartbeats, which carry the job's decision
+    back to its trainer, cost the store one write per ``fresh_s`` at most."""
 
     actor: str
     now: float
+    fresh_s: float = 0.0
 
 
 class Expire(NamedTuple):
@@ -367,7 +370,7 @@ def _seen_again(state: JobState, now: float, how: str) -> AuditRecord:
 
 def _heartbeat(state: JobState, cmd: Heartbeat) -> Step:
     record = state.record
-    if record.status.terminal:
+    if record.status.terminal or (record.status is not JobStatus.LOST and cmd.now - state.last_seen < cmd.fresh_s):
         return Step(state, state.current())
     audit = _seen_again(state, cmd.now, f"heartbeat from {cmd.actor}") if record.status is JobStatus.LOST else None
     new_record = record.evolve(status=JobStatus.RUNNING if record.status is JobStatus.LOST else record.status, last_seen=cmd.now)

@@ -55,7 +55,7 @@ class Slot:
     registration is durable (the job is not visible before)."""
 
     __slots__ = ("lock", "committed", "head", "ticket", "generation", "broken", "lazy", "events", "deleted",
-                 "_on_status", "_swap")
+                 "beat_at", "_on_status", "_swap")
 
     def __init__(self, state: JobState, committed: bool, on_status: Callable[[JobState, JobState], None]) -> None:
         self.lock = threading.RLock()  # the job lock: a command is computed and its write queued under it
@@ -71,6 +71,7 @@ class Slot:
         self.lazy = False  # only the record is loaded (a finished job): replay on first access
         self.events: int | None = None  # the job's launcher events (read from the store when first needed)
         self.deleted = False  # the tenant deleted the job: a command still holding this slot is refused
+        self.beat_at = 0.0  # the latest heartbeat this process answered without a write (see Coordinator.sweep)
         self._on_status = on_status
 
     def push(self, state: JobState, ticket: Future) -> None:

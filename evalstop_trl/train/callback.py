@@ -45,7 +45,8 @@ What it does:
   the best weights into the model at the end of training, as ``load_best_model_at_end`` does;
 * the job type comes from the class of the trainer's arguments (``GRPOConfig`` -> ``grpo``, ``DPOConfig``
   -> ``dpo``, ``TrainingArguments`` -> ``other``, ...) unless ``job_type=`` says; a heartbeat every ``heartbeat_s``
-  seconds (75: a quarter of the default lease) keeps the job from turning ``lost`` between evals;
+  seconds (5) keeps the job from turning ``lost`` between evals, and its answer brings a stop
+  decided between evals (a manual stop) to the next step;
 * on STOP it sets ``control.should_training_stop``, acknowledges the stop and logs the reason; in
   multi-process training rank 0's decision, best step and score are broadcast, so every rank stops at
   the same step and knows the same best;
@@ -98,7 +99,7 @@ from .external import snapshot_path
 from .feedback import FEEDBACKS, Eval, FeedbackMode
 from .hparams import trainer_hparams
 from .ranks import share
-from .session import DEFAULT_LEASE_S, LOSS_KEYS, REWARD_KEYS, EvalStopSession, SessionConfig, infer_direction, log
+from .session import DEFAULT_HEARTBEAT_S, LOSS_KEYS, REWARD_KEYS, EvalStopSession, SessionConfig, infer_direction, log
 
 __all__ = ["LOSS_KEYS", "REWARD_KEYS", "EvalStopCallback", "EvalStopSession", "FeedbackMode", "calling_handler",
            "default_job_id", "infer_direction", "infer_job_type"]
@@ -199,7 +200,8 @@ class EvalStopCallback(TrainerCallback):
             ``checkpoint-N`` at each new best; its path is kept).
         load_best_at_end: at the end of training (a stop included) load the best weights into the model.
         keep_checkpoints: after a stop, keep the trainer's checkpoints newer than the best (default: removed).
-        heartbeat_s: seconds between heartbeats that keep the job's lease (None or 0: none).
+        heartbeat_s: seconds between heartbeats that keep the job's lease and bring a manual stop to the
+            next step (None or 0: none; default 5).
         max_eval_failures, on_eval_error: after this many failed evals in a row, ``"skip"`` (go on),
             ``"stop"`` (stop the job) or ``"raise"``.
         fail_mode: ``"local"`` (a local detector decides while the coordinator is unreachable) or
@@ -245,7 +247,7 @@ class EvalStopCallback(TrainerCallback):
         eval_on_all_ranks: bool = False,
         load_best_at_end: bool = False,
         keep_checkpoints: bool = False,
-        heartbeat_s: float | None = DEFAULT_LEASE_S / 4,
+        heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
         **detector_params: Any,
     ) -> None:
         self.mode = FeedbackMode.of(world_feedback, external_eval)
@@ -391,8 +393,26 @@ class EvalStopCallback(TrainerCallback):
         self.feedback.on_train_begin(args, requested)
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.session.beat()
+        if self.feedback.stops_between_evals and self._stopped_between_evals(state, control):
+            return
+        if not self.feedback.stops_between_evals:
+            self.session.beat()
         self.feedback.on_step_end(args, state, control, **kwargs)
+
+    def _stopped_between_evals(self, state: Any, control: Any) -> bool:
+        """Rank 0's heartbeat says the job was stopped since the last eval (by hand, or by a stop only
+        the coordinator saw): every rank stops at this step, the best kept, the stop acknowledged."""
+        s = self.session
+        stopped = self._is_main and s.beat()
+        message = share(s.message(stop=True) if stopped else None)
+        if message is None:
+            return False
+        s.adopt(message)
+        control.should_training_stop = True
+        s.stop_here(state.global_step)
+        metrics = {"evalstop/stop": 1, "evalstop/best_score": s.best_score}
+        self._log_later(state, control, state.global_step, {k: v for k, v in metrics.items() if v is not None})
+        return True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self._forwarder is None:  # no trainer's handler found (a custom loop): the logs come here first
@@ -472,7 +492,8 @@ class EvalStopCallback(TrainerCallback):
             s.log_eval(ev.step, ev.score)
         if stop:
             control.should_training_stop = True
-            s.stop_here(ev.step)
+            if s.stopped_at is None:  # not already stopped between evals (an eval decided after that stop)
+                s.stop_here(ev.step)
         return metrics
 
     def _keep(self, control: Any, ev: Eval, score: float) -> str:

@@ -9,9 +9,8 @@ from typing import Any
 from ..clients.api import EvalStopAPI
 from ..clients.embedded import EmbeddedClient
 from ..clients.http import EvalStopClient
-from ..core.coordinator import Coordinator
+from ..core.coordinator import DEFAULT_LEASE_S, Coordinator
 from ..stores.sqlite import SQLiteStore
-from .session import DEFAULT_LEASE_S
 
 __all__ = ["connect"]
 

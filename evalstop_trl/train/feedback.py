@@ -75,6 +75,10 @@ class Feedback:
     :meth:`check` and :meth:`default_direction` before it builds one, and the ``on_*`` hooks from its
     trainer events (after what every mode does)."""
 
+    #: Whether the callback stops at the next step when its heartbeat's answer says the job was stopped
+    #: (the external mode's watcher learns every stop itself).
+    stops_between_evals = True
+
     def __init__(self, cb: Any) -> None:
         self.cb = cb  # the EvalStopCallback this strategy decides for
 
@@ -194,6 +198,8 @@ class ExternalFeedback(Feedback):
     """``evalstop evaluate`` workers score the snapshots the run publishes every ``eval_every`` steps (the
     trainer's own ``checkpoint-<step>``); a watcher thread learns of a stop, which every rank applies at
     the next step."""
+
+    stops_between_evals = False
 
     def __init__(self, cb: Any) -> None:
         super().__init__(cb)

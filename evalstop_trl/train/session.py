@@ -24,8 +24,10 @@ A failed eval is a missing one: ``session.evals.accept(step, value)`` gives the 
 after counting the failure (``session.evals.failed(step, what, exc)`` for an exception).
 
 The job stays alive between evals: ``session.beat()`` (the callback calls it at every step) sends a
-heartbeat at most every ``heartbeat_s`` seconds, so a long gap between evals never makes a healthy run
-``lost``; a heartbeat that fails is logged once and never raised.
+heartbeat at most every ``heartbeat_s`` seconds (5), so a long gap between evals never makes a healthy
+run ``lost``; a heartbeat that fails is logged once and never raised. The answer carries the job's
+status: a stop decided between evals (a manual stop from the dashboard or ``POST /v1/jobs/ID/stop``)
+reaches the trainer within one heartbeat (``beat()`` returns True).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from ..core.labels import check_hparams, check_tags
 from .ranks import RankMessage
 from .scores import finite, to_number
 
-__all__ = ["DEFAULT_LEASE_S", "EvalFailures", "EvalStopSession", "Heartbeat", "SessionConfig", "infer_direction",
+__all__ = ["DEFAULT_HEARTBEAT_S", "EvalFailures", "EvalStopSession", "Heartbeat", "SessionConfig", "infer_direction",
            "LOSS_KEYS", "REWARD_KEYS"]
 
 log = logging.getLogger("evalstop.callback")
@@ -58,8 +60,10 @@ _LOSS_LIKE = re.compile(r"(loss|perplexity|ppl|error|err|wer|cer)(\b|_|$)", re.I
 _EVAL_ERRORS = ("skip", "stop", "raise")
 _FAIL_MODES = ("local", "open")
 _DIRECTIONS = ("max", "min")
-#: The coordinator's default lease (``evalstop serve --lease-s``); the session beats four times per lease.
-DEFAULT_LEASE_S = 300.0
+#: Seconds between heartbeats while training: a stop decided between evals (a manual stop, a stop an
+#: external evaluator's score caused) reaches the trainer within this; the coordinator writes a
+#: heartbeat at most once per eighth of its lease, so frequent ones stay cheap.
+DEFAULT_HEARTBEAT_S = 5.0
 
 
 def infer_direction(metric: str) -> str:
@@ -206,7 +210,7 @@ class Heartbeat:
         clock: monotonic seconds (injected by tests).
     """
 
-    def __init__(self, every_s: float | None = DEFAULT_LEASE_S / 4,
+    def __init__(self, every_s: float | None = DEFAULT_HEARTBEAT_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if every_s is not None and (isinstance(every_s, bool) or not isinstance(every_s, (int, float))
                                     or every_s < 0):
@@ -221,16 +225,17 @@ class Heartbeat:
         """The coordinator just heard from the job (a registration, a report): the lease is fresh."""
         self.last = self.clock()
 
-    def beat(self, client: Any, job_id: str) -> bool:
-        """Send a heartbeat if one is due; returns whether one was sent and answered."""
+    def beat(self, client: Any, job_id: str) -> Any:
+        """Send a heartbeat if one is due; returns the job's view when one was sent and answered (None:
+        not due, or not answered)."""
         now = self.clock()
         if self.every_s is None or (self.last is not None and now - self.last < self.every_s):
-            return False
+            return None
         self.last = now
         if getattr(client, "unreachable", False):
-            return False
+            return None
         try:
-            client.heartbeat(job_id)
+            view = client.heartbeat(job_id)
         except Exception as exc:  # noqa: BLE001 - liveness must never cost the run
             if not self._warned:
                 self._warned = True
@@ -238,9 +243,9 @@ class Heartbeat:
                             "(said once)", job_id, type(exc).__name__, exc)
             else:
                 log.debug("EvalStop: heartbeat for job %s failed: %s", job_id, exc)
-            return False
+            return None
         self.sent += 1
-        return True
+        return view
 
 
 class ShadowMode:
@@ -311,7 +316,7 @@ class EvalStopSession:
     """
 
     def __init__(self, config: SessionConfig, job_id: str | None = None, *,
-                 heartbeat_s: float | None = DEFAULT_LEASE_S / 4, clock: Callable[[], float] = time.monotonic) -> None:
+                 heartbeat_s: float | None = DEFAULT_HEARTBEAT_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.job_id = job_id
         self.client: Any = None
@@ -384,11 +389,21 @@ class EvalStopSession:
         if self.client is not None and self.stopped_at is None:
             self._safely("mark the job finished", self.client.finish, self.job_id)
 
-    def beat(self) -> None:
+    def beat(self) -> bool:
         """Renew the job's lease if a heartbeat is due (see :class:`Heartbeat`); nothing once training
-        ended or stopped, or without a client (the other ranks)."""
-        if self.client is not None and self.job_id and not self.ended and self.stopped_at is None:
-            self.heartbeat.beat(self.client, self.job_id)
+        ended or stopped, or without a client (the other ranks). Returns whether the answer says the
+        job was stopped meanwhile (a manual stop, a stop between evals): its decision and best are
+        then this session's, and the trainer should stop now (:meth:`stop_here`)."""
+        if self.client is None or not self.job_id or self.ended or self.stopped_at is not None:
+            return False
+        view = self.heartbeat.beat(self.client, self.job_id)
+        if view is None or view.status != "stopped":  # a shadow job's detector never stops it: a stop is by hand
+            return False
+        self.decision = view.decision
+        if view.best_step is not None:
+            self.best_step, self.best_score = view.best_step, view.best_score
+            self.best_checkpoint = view.best_checkpoint or self.best_checkpoint
+        return True
 
     def fail_unfinished(self, reason: str) -> None:
         """Mark the job failed if training neither ended nor stopped (the process is exiting)."""
