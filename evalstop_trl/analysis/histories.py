@@ -294,7 +294,7 @@ def _tb_read(found: Found) -> RawHistory:
             for event in EventFileLoader(str(path)).Load():
                 events += 1
                 for value in event.summary.value:
-                    scalar = _tb_scalar(value, tensor_util)
+                    scalar = tb_scalar(value, tensor_util)
                     if scalar is not None:
                         series.setdefault(value.tag, {})[int(event.step)] = scalar
         except OSError as exc:
@@ -306,7 +306,7 @@ def _tb_read(found: Found) -> RawHistory:
     return RawHistory(_run_name(found), str(found.path), "tensorboard", series)
 
 
-def _tb_scalar(value: Any, tensor_util: Any) -> float | None:
+def tb_scalar(value: Any, tensor_util: Any) -> float | None:
     """A scalar summary value (``simple_value``, or a one-element numeric tensor), else None."""
     kind = value.WhichOneof("value")
     if kind == "simple_value":

@@ -43,6 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from ..core.errors import EvalStopError
     from ..core.records import check_name
     from ..launcher import Launcher, heartbeat_interval, log_text
+    from ..launcher.metrics import MetricFrom
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -55,6 +56,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise CLIError(f"--stopped-exit-code must be in [0, 255], got {args.stopped_exit_code}")
     if not 0 <= args.lease_s <= 86_400:
         raise CLIError(f"--lease-s must be in [0, 86400] seconds (0: no heartbeats), got {args.lease_s}")
+    metric_from = None
+    if args.metric_from or args.metric:
+        try:
+            metric_from = MetricFrom.parse(args.metric_from or "", args.metric)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
     job_id = args.job_id or os.environ.get("EVALSTOP_JOB_ID")
     if not job_id:
         job_id = _default_job_id(command)
@@ -87,7 +94,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         launcher = Launcher(client, job_id, url=url, token=token, grace_s=args.grace_s, job_type=args.job_type,
                             planned_steps=args.planned_steps, policy=policy,
-                            heartbeat_s=heartbeat_interval(args.lease_s), stopped_exit_code=args.stopped_exit_code)
+                            heartbeat_s=heartbeat_interval(args.lease_s), stopped_exit_code=args.stopped_exit_code,
+                            metric_from=metric_from)
         try:
             result = launcher.run(command)
         except EvalStopError as exc:
@@ -148,5 +156,11 @@ def add_run_command(sub: argparse._SubParsersAction) -> None:
                    help="exit status when EvalStop stopped the job (default 0)")
     p.add_argument("--lease-s", type=float, default=300.0, help="the coordinator's lease (evalstop serve "
                    "--lease-s): a heartbeat every lease/4 s, at most 60 s; 0 = none (default 300)")
+    p.add_argument("--metric-from", metavar="jsonl:PATH|tensorboard:DIR",
+                   help="report the job's evals from the logs CMD writes: a JSONL file (verl's file logger "
+                   "{step, data: {...}}, or {step, KEY: value} lines) or TensorBoard event files under DIR; "
+                   "the stop is delivered as without it (SIGTERM after --grace-s, then SIGKILL)")
+    p.add_argument("--metric", metavar="KEY", help="with --metric-from: the JSON key or TensorBoard tag of the "
+                   "world-feedback score (e.g. val-core/openai/gsm8k/reward/mean@1)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=_cmd_run)

@@ -6,6 +6,8 @@ to every process it started, and never let go of it.
    malformed one, is not: the command runs anyway (fail-open).
 2. The launcher makes itself a child subreaper (Linux) and starts the command in a session of its
    own with ``EVALSTOP_URL``, ``EVALSTOP_TOKEN`` and ``EVALSTOP_JOB_ID`` in its environment.
+   With ``metric_from`` (``--metric-from``) a second thread reports the evals the command logs
+   (:mod:`.metrics`: verl's JSONL file logger, plain JSONL, TensorBoard event files).
 3. A thread (:class:`~.watch.JobWatch`) long-polls the decision and sends a heartbeat every
    ``heartbeat_s``. Outages and malformed answers never reach the child: it keeps running, the
    launcher keeps the last decision it believed and retries with backoff.
@@ -46,6 +48,7 @@ from ..clients.api import EvalStopAPI
 from ..core.errors import EvalStopError
 from ..core.records import Escalation, JobStatus, JobView
 from .enforce import Enforcer, describe
+from .metrics import MetricFrom, MetricReporter
 from .procs import ProcessTree, set_child_subreaper
 from .watch import JobWatch, checked_view, log_text
 
@@ -110,12 +113,14 @@ class Launcher:
         poll_s: longest long poll of the decision.
         heartbeat_s: seconds between heartbeats (None: none); see :func:`heartbeat_interval`.
         stopped_exit_code: the launcher's exit status when EvalStop stopped the job.
+        metric_from: report the job's evals from the logs the command writes (:mod:`.metrics`).
     """
 
     def __init__(self, client: EvalStopAPI, job_id: str, *, url: str, token: str, grace_s: float = 30.0,
                  job_type: str | None = None, planned_steps: int | None = None,
                  policy: Mapping[str, Any] | None = None, poll_s: float = 5.0, heartbeat_s: float | None = 60.0,
-                 stopped_exit_code: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+                 stopped_exit_code: int = 0, metric_from: MetricFrom | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not 0 <= grace_s <= 86_400:
             raise ValueError(f"grace_s must be in [0, 86400] seconds, but got {grace_s!r}.")
         if not 0 <= stopped_exit_code <= 255:
@@ -126,6 +131,7 @@ class Launcher:
         self.grace_s, self.job_type, self.planned_steps = grace_s, job_type, planned_steps
         self.policy = dict(policy) if policy else None
         self.poll_s, self.heartbeat_s, self.stopped_exit_code, self.clock = poll_s, heartbeat_s, stopped_exit_code, clock
+        self.metric_from = metric_from
         self._enforcer: Enforcer | None = None
         self._pending: list[int] = []  # signals received before the child started
         self._sent: list[str] = []
@@ -145,9 +151,11 @@ class Launcher:
         tree = ProcessTree()
         was_subreaper = set_child_subreaper(True)
         old = {s: signal.signal(s, self._forward) for s in FORWARDED_SIGNALS}
-        watch = None
+        watch = reporter = None
         try:
             child = self._start(argv, env)
+            if self.metric_from is not None:
+                reporter = MetricReporter(self.metric_from, self.client, self.job_id).start()
             self._enforcer = enforcer = Enforcer(child, tree)
             for sig in self._pending:
                 enforcer.forward(sig)
@@ -163,6 +171,8 @@ class Launcher:
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
+            if reporter is not None:
+                reporter.close()
             if watch is not None:
                 watch.close(timeout=0.5)
             if was_subreaper is False:

@@ -1,0 +1,135 @@
+"""Issue 27 item 2: world feedback from any trainer's logs. ``evalstop run --metric-from`` follows
+the JSONL file (verl's file logger format, or plain) or the TensorBoard event files a real child
+process writes, reports each eval, and the launcher stops the child at the eval the detector stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evalstop_trl.core.coordinator import Coordinator
+from evalstop_trl.core.detectors import Action, Observation, create_detector
+from evalstop_trl.launcher.metrics import MAX_LINE, JsonlTail, MetricFrom
+from evalstop_trl.stores.sqlite import SQLiteStore
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "val-core/openai/gsm8k/reward/mean@1"  # what verl logs for a validation set's mean reward
+#: a hacked run's validation score every 5 steps: peaks at step 20, then falls
+CURVE = {5 * (i + 1): v for i, v in enumerate([0.30, 0.42, 0.50, 0.55, 0.52, 0.47, 0.40, 0.33, 0.27, 0.20, 0.15, 0.1])}
+
+
+def _detector_stop(curve: dict[int, float]) -> int:
+    det = create_detector("decline", k=2)
+    for step, value in sorted(curve.items()):
+        if det.observe(Observation("j", step, value)).action is Action.STOP:
+            return step
+    raise AssertionError("the curve never stops")
+
+
+# ---------------------------------------------------------------- the follower, unit by unit
+def test_a_jsonl_follower_reads_verl_and_plain_lines_partial_lines_and_rotation(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = JsonlTail(path, KEY)
+    assert tail.poll() == [] and not tail.exists  # not there yet
+    with path.open("w") as f:
+        f.write(json.dumps({"step": 1, "elapsed_seconds": 1.5, "data": {"actor/loss": 0.3}}) + "\n")  # no key
+        f.write(json.dumps({"step": 5, "elapsed_seconds": 7.0, "data": {KEY: 0.4, "actor/loss": 0.2}}) + "\n")
+        f.write(json.dumps({"step": 10, KEY: 0.5}) + "\n")  # plain JSONL
+        f.write('{"step": 15, "data": {"' + KEY)  # a line being written
+    assert tail.poll() == [(5, 0.4), (10, 0.5)]
+    with path.open("a") as f:
+        f.write('": NaN}}\n' + "not json\n" + json.dumps({"step": 20, "data": {KEY: "x"}}) + "\n")
+    assert tail.poll() == [(15, None), (20, None)]  # NaN and a string: failed evals
+    with path.open("a") as f:
+        f.write('{"step": 21, "x": "' + "y" * (MAX_LINE + 10) + '"}\n' + json.dumps({"step": 25, KEY: 0.6}) + "\n")
+    assert tail.poll() == [(25, 0.6)]  # the line over MAX_LINE skipped, the next one read
+    with path.open("a") as f:  # a long line still being written: dropped up to its end, never buffered
+        f.write('{"step": 26, "x": "' + "y" * (MAX_LINE + 10))
+    assert tail.poll() == [] and tail._partial == b""
+    with path.open("a") as f:
+        f.write('"}\n' + json.dumps({"step": 27, KEY: 0.65}) + "\n")
+    assert tail.poll() == [(27, 0.65)]
+    path.rename(tmp_path / "metrics.jsonl.1")  # rotated: a new file under the same name
+    path.write_text(json.dumps({"step": 30, KEY: 0.7}) + "\n")
+    assert tail.poll() == [(30, 0.7)]
+    tail.close()
+
+
+def test_metric_from_says_what_is_wrong():
+    with pytest.raises(ValueError, match="jsonl:PATH or tensorboard:DIR"):
+        MetricFrom.parse("csv:x.csv", "k")
+    with pytest.raises(ValueError, match="needs --metric KEY"):
+        MetricFrom.parse("jsonl:x.jsonl", None)
+    out = subprocess.run([sys.executable, "-m", "evalstop_trl", "run", "--metric-from", "jsonl:m.jsonl", "--",
+                          "true"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "needs --metric KEY" in out.stderr
+
+
+# ---------------------------------------------------------------- a real child, a real launcher
+VERL_CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    curve = json.loads(sys.argv[2])
+    with open(sys.argv[1], "a") as f:
+        for step in range(1, 121):
+            time.sleep(0.05)
+            data = {"actor/pg_loss": 1.0 / step, "critic/score/mean": 0.01 * step}  # the proxy keeps rising
+            if str(step) in curve:
+                data[sys.argv[3]] = curve[str(step)]
+            f.write(json.dumps({"step": step, "elapsed_seconds": 0.05 * step, "data": data}) + "\\n")
+            f.flush()
+    open(sys.argv[1] + ".done", "w").close()
+""")
+
+TB_CHILD = textwrap.dedent("""
+    import json, sys, time
+    from tensorboard.summary import Writer
+    curve = json.loads(sys.argv[2])
+    w = Writer(sys.argv[1])
+    for step in range(1, 121):
+        time.sleep(0.05)
+        w.add_scalar("train/loss", 1.0 / step, step=step)
+        if str(step) in curve:
+            w.add_scalar("eval/gsm8k_pass1", curve[str(step)], step=step)
+        w.flush()
+    open(sys.argv[1] + ".done", "w").close()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["jsonl", "tensorboard"])
+def test_the_launcher_stops_a_child_whose_logs_show_the_decline(kind, tmp_path):
+    if kind == "tensorboard":
+        pytest.importorskip("tensorboard")
+    child = tmp_path / "child.py"
+    child.write_text(VERL_CHILD if kind == "jsonl" else TB_CHILD)
+    target = tmp_path / ("metrics.jsonl" if kind == "jsonl" else "tb")
+    metric = KEY if kind == "jsonl" else "eval/gsm8k_pass1"
+    db = tmp_path / "evalstop.db"
+    out = subprocess.run(
+        [sys.executable, "-m", "evalstop_trl", "run", "--db", str(db), "--job-id", f"logs-{kind}", "--grace-s", "0.5",
+         "--metric-from", f"{kind}:{target}", "--metric", metric, "--",
+         sys.executable, str(child), str(target), json.dumps({str(k): v for k, v in CURVE.items()}), metric],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]  # 0: EvalStop stopped it
+    assert not Path(f"{target}.done").exists()  # the child never reached its last step
+    coord = Coordinator(SQLiteStore(db))
+    try:
+        job = coord.status("local", f"logs-{kind}")
+        reports = coord.reports("local", f"logs-{kind}")
+        records = coord.audit("local", f"logs-{kind}")
+        audit = [a.kind.value for a in records]
+    finally:
+        coord.close()
+    stop = _detector_stop(CURVE)
+    assert job.status == "stopped" and "consecutive declines" in job.decision.reason
+    assert [r.step for r in reports][: len([s for s in CURVE if s <= stop])] == [s for s in CURVE if s <= stop]
+    assert [r.eval_score for r in reports if r.step <= stop] == pytest.approx([v for s, v in CURVE.items() if s <= stop])
+    assert job.best_step == 20 and "launcher_sigterm" in audit  # stopped by its launcher, at the eval of `stop`
+    assert audit.count("stop") == 1
+    assert [a.evidence["step"] for a in records if a.kind.value == "stop"] == [stop]  # where the callback would
