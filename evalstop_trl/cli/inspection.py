@@ -97,22 +97,32 @@ def add_inspect_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON array of audit records")
     p.set_defaults(func=_cmd_audit)
 
-    f = sub.add_parser("fail", help="mark a dead job failed, with a reason (in its audit log); "
-                       "`evalstop prune` then deletes ended jobs",
-                       description="Mark a job failed (an operator's verdict on a dead job: it frees its quota and "
-                                   "its status says why). A stopped, finished or failed job stays as it is.")
-    f.add_argument("job_id")
-    f.add_argument("--reason", default="marked failed by the operator")
-    add_target_flags(f)
-    f.set_defaults(func=_cmd_fail)
+    for name, (what, description, reason) in _VERDICTS.items():
+        f = sub.add_parser(name, help=what, description=description)
+        f.add_argument("job_id")
+        f.add_argument("--reason", default=reason)
+        add_target_flags(f)
+        f.set_defaults(func=_cmd_verdict, verdict=name)
 
 
-def _cmd_fail(args: argparse.Namespace) -> int:
+#: The operator's verdicts on a job: the client method of the same name, help, description, default reason.
+_VERDICTS = {
+    "stop": ("stop a job by hand, with a reason (its trainer stops at its next heartbeat, its launcher at once)",
+             "Stop a job by hand: the in-loop callback stops at its next step after its next heartbeat "
+             "(heartbeat_s, 5 s), keeping its best; evalstop run delivers the stop to its command. A job already "
+             "stopped stays as it is.", "stopped by the operator"),
+    "fail": ("mark a dead job failed, with a reason (in its audit log); `evalstop prune` then deletes ended jobs",
+             "Mark a job failed (an operator's verdict on a dead job: it frees its quota and its status says "
+             "why). A stopped, finished or failed job stays as it is.", "marked failed by the operator"),
+}
+
+
+def _cmd_verdict(args: argparse.Namespace) -> int:
     from ..core.errors import EvalStopError
 
     client = open_client(args)
     try:
-        view = client.fail(args.job_id, args.reason)
+        view = getattr(client, args.verdict)(args.job_id, reason=args.reason)
     except EvalStopError as exc:
         raise CLIError(str(exc)) from None
     finally:

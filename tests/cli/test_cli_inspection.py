@@ -77,6 +77,16 @@ def test_an_operator_marks_a_dead_job_failed(db):
     assert "no job 'nope'" in _evalstop("fail", "nope", "--db", str(db), ok=False).stderr
 
 
+def test_an_operator_stops_a_job_by_hand(db):
+    c = Coordinator(SQLiteStore(db))
+    c.register_job("local", "live", "grpo", 100)
+    c.close()
+    assert "live: stopped" in _evalstop("stop", "live", "--db", str(db), "--reason", "looks hacked").stdout
+    records = json.loads(_evalstop("audit", "live", "--db", str(db), "--json").stdout)
+    assert [r["kind"] for r in records] == ["manual_stop"] and records[0]["reason"].endswith("looks hacked")
+    assert "no job 'nope'" in _evalstop("stop", "nope", "--db", str(db), ok=False).stderr
+
+
 def test_serve_says_it_cannot_listen_before_any_banner(tmp_path):
     import socket
 
