@@ -181,7 +181,7 @@ def _tags_roundtrip(c: Coordinator) -> None:
     view = c.status("old", "j")
     assert dict(view.tags) == {} and dict(view.hparams) == {}
     c.register_job("old", "j", tags={"team": "rl"}, hparams={"learning_rate": 3e-4, "model": "tiny"})
-    assert c.audit("old", "j")[-1].evidence["tags"] == {"team": "rl"}
+    assert c.audit("old", "j")[-1].evidence["tags"] == {"set": {"team": "rl"}, "removed": [], "more": 0}
 
 
 def test_sqlite_migrates_version_4_to_5_tags_and_hparams(tmp_path):
