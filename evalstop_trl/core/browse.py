@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from .errors import InvalidInput
 from .records import JobRecord, JobStatus, JobType, check_text
 
-__all__ = ["MAX_PAGE", "MAX_QUERY", "SORTS", "JobPage", "JobQuery", "RunRow", "encode_cursor", "select", "sort_key"]
+__all__ = ["MAX_PAGE", "MAX_QUERY", "SORTS", "JobPage", "JobQuery", "RunRow", "encode_cursor", "finite_float", "select", "sort_key"]
 
 MAX_PAGE = 1000  # jobs per page
 MAX_QUERY = 128  # characters of a search text or a filter value
@@ -200,17 +200,17 @@ def _decode_cursor(value: Any, sort: str) -> tuple[tuple[Any, str] | None, float
         raise bad from None
     if not (isinstance(data, list) and len(data) == 4 and data[0] == sort and isinstance(data[2], str)):
         raise bad
-    key, at = data[1], _finite(data[3])
+    key, at = data[1], finite_float(data[3])
     if key is None:
         key = math.inf  # "ended" of a running job
     elif not isinstance(key, str):
-        key = _finite(key)  # NaN, an infinity or an integer too big for a float is no position
+        key = finite_float(key)  # NaN, an infinity or an integer too big for a float is no position
     if key is None or at is None:
         raise bad
     return (key, data[2]), at
 
 
-def _finite(value: Any) -> float | None:
+def finite_float(value: Any) -> float | None:
     """``value`` as a finite float; None for anything else (text, a bool, NaN, an infinity, an
     integer beyond a float's range: float() of one would raise OverflowError)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..clients.api import EvalStopAPI
+from ..core.browse import finite_float
 from .watch import log_text
 
 __all__ = ["KINDS", "MAX_LINE", "READ_CHUNK", "JsonlTail", "MetricFrom", "MetricReporter", "TensorBoardTail"]
@@ -72,16 +73,6 @@ class MetricFrom:
     def open(self) -> JsonlTail | TensorBoardTail:
         """A follower of this source."""
         return KINDS[self.kind](self.path, self.key)
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None
 
 
 class JsonlTail:
@@ -131,7 +122,7 @@ class JsonlTail:
         step = obj.get("step")
         if self.key not in record or isinstance(step, bool) or not isinstance(step, int) or step < 0:
             return None
-        return step, _number(record[self.key])  # NaN, inf, a string: a failed eval (missing)
+        return step, finite_float(record[self.key])  # NaN, inf, a string: a failed eval (missing)
 
     def close(self) -> None:
         if self._file is not None:

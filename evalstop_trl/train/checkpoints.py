@@ -69,11 +69,17 @@ def save_atomically(output_dir: str | os.PathLike, model: Any, tokenizer: Any,
         tokenizer.save_pretrained(tmp)
     if info is not None:
         (tmp / INFO).write_text(json.dumps(info))
+    return _swap_into(tmp, final)
+
+
+def _swap_into(src: Path, final: Path) -> str:
+    """Move the folder ``src`` to ``final``, a folder already there set aside first and removed after,
+    so ``final`` always holds a whole model. Returns ``final``'s path."""
     old = None
     if final.exists():
-        old = final.with_name(f".{folder}.old-{time.monotonic_ns()}")
+        old = final.with_name(f".{final.name}.old-{time.monotonic_ns()}")
         os.replace(final, old)
-    os.replace(tmp, final)
+    os.replace(src, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return str(final)
@@ -115,14 +121,7 @@ def keep_best_snapshot(output_dir: str | os.PathLike, snapshot: str | None, *, j
         _say_whose(out, folder, job_id, step, score, direction)
     (src / INFO).write_text(json.dumps({"job_id": job_id, "step": step, "score": score, "direction": direction,
                                         "saved_at": time.time()}))
-    old = None
-    if folder.exists():  # this job's own earlier best (a resumed run): the coordinator's best replaces it
-        old = folder.with_name(f".{folder.name}.old-{time.monotonic_ns()}")
-        os.replace(folder, old)
-    os.replace(src, folder)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return str(folder)
+    return _swap_into(src, folder)  # over this job's own earlier best (a resumed run): the coordinator's best wins
 
 
 def _say_whose(output_dir: str | os.PathLike, folder: Path, job_id: str | None, step: int, score: float,
