@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
+# Two pytest-xdist workers: most tests wait on servers, children and leases, so two at a time fill
+# 2 cores (BENCHMARKS.md has the times); TEST_WORKERS=1 runs them one at a time.
+TEST_WORKERS ?= 2
 test: $(STAMP) chromium postgres
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # The fast tier, at most 2 minutes on 2 cores: the pure core, the contract's embedded half, the
 # architecture and packaging rules and the doctests (no server, no PostgreSQL, no trainer).

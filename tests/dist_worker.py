@@ -33,3 +33,6 @@ cb = run.callback  # every rank knows rank 0's decision and best, not only the s
 (out / f"rank{rank}.txt").write_text(f"stopped at {run.steps_done}, best step {cb.best_step}, "
                                      f"best score {cb.best_score:.3f}, "
                                      f"decision {cb.decision.action.value if cb.decision else None}")
+if dist.is_initialized():  # every rank done before the group goes: an exit with gloo's threads running aborts
+    dist.barrier()
+    dist.destroy_process_group()
