@@ -134,7 +134,8 @@ def build(a: argparse.Namespace):
     eval_dataset = None
     mark = StepMark() if a.user_first else None
     if a.mode == "callable":
-        feedback = FlakyLoss(a.flaky_at) if a.flaky_at else Marked(mark) if mark else GoldEval(PRESET)
+        feedback = (FlakyLoss(a.flaky_at) if a.flaky_at else Marked(mark) if mark
+                    else GoldEval(PRESET, per_example=a.per_example))
         cb = EvalStopCallback(feedback, eval_every=a.eval_every, **kw)
     elif a.mode == "metric":
         cb = EvalStopCallback(a.metric, **kw)
@@ -177,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flaky-at", type=int, default=0, help="callable mode: 1 - gold, and the N-th eval raises")
     p.add_argument("--user-first", action="store_true",
                    help="callable mode: a user callback listed before EvalStopCallback marks each step")
+    p.add_argument("--per-example", action="store_true",
+                   help="callable mode: the gold eval's per-prompt scores (the detectors see their paired noise)")
     p.add_argument("--callback-kwargs", default="{}", help="more EvalStopCallback options, as JSON")
     p.add_argument("--result")
     a = p.parse_args(argv)
@@ -186,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         "job_id": cb.job_id, "steps_done": trainer.state.global_step, "stopped_at": cb.stopped_at,
         "best_step": cb.best_step, "best_score": cb.best_score, "best_checkpoint": cb.best_checkpoint,
         "attempt": cb.attempt, "stop_lag": cb.stop_lag, "reason": cb.decision.reason if cb.decision else "",
-        "history": [{"step": h["step"], "eval_score": h.get("eval_score")} for h in cb.history],
+        "history": [{"step": h["step"], "eval_score": h.get("eval_score"), "eval_n": h.get("eval_n"),
+                     "eval_noise": h.get("eval_noise")} for h in cb.history],
         "evalstop_logs": [h for h in trainer.state.log_history if any(k.startswith("evalstop/") for k in h)],
         "integration_logs": [h for h in integration.logs if any(k.startswith("evalstop/") for k in h)],
         "callbacks": [type(c).__name__ for c in trainer.callback_handler.callbacks],

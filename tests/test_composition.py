@@ -29,6 +29,7 @@ table equal to :data:`ROWS`:
     15   S1-shadow-mode              http_sqlite  callable  launcher  fresh   (shadow=True: trains to its end)
     16   B1-run-browser              http_pg      callable  direct    fresh   (tags, hparams, browse, export)
     17   U1-user-callback-first      embedded     callable  direct    fresh   (a user callback before it runs first)
+    18   P1-per-example              http_pg      callable  launcher  resume  (per-prompt scores: paired noise)
 
 Every training row asserts: the stop step is the one ``create_detector("decline", k=2)`` gives on the
 scores the coordinator recorded (external: the decision's step, and the stop lag), the best step and
@@ -42,7 +43,10 @@ PostgreSQL: the job is found by its tag, carries the trainer's hyperparameters, 
 its recorded reports, the tenant's summary counts its stop and the steps it saved, and once stopped it
 can be deleted (its audit line stays). ``U1-user-callback-first`` (issue 24) lists a callback of the
 user's before ``EvalStopCallback``: it runs first at every step (the world feedback sees the mark it
-set at the eval's own step), the callback keeps its place and only its log forwarder goes first. External rows start their worker
+set at the eval's own step), the callback keeps its place and only its log forwarder goes first.
+``P1-per-example`` (issue 28) returns the gold eval's 32 per-prompt scores: every report carries n = 32
+and a paired noise level except the first eval of each process (nothing to pair with; the resumed
+process starts afresh), and the stop is the one ``decline`` gives with that noise. External rows start their worker
 before the training process. A row takes 15-40 s on 2 cores.
 """
 
@@ -151,9 +155,12 @@ ROWS = pairwise([Row(*d) for d in DEFECTS]) + [
     Row("B1-run-browser", "http_pg", "callable", "direct", "fresh",
         "run browser: tags and hparams recorded, found by tag, exported, summarised, deleted"),
     Row("U1-user-callback-first", "embedded", "callable", "direct", "fresh",
-        "a user's callback listed before EvalStopCallback runs before it: the eval sees its step")]
+        "a user's callback listed before EvalStopCallback runs before it: the eval sees its step"),
+    Row("P1-per-example", "http_pg", "callable", "launcher", "resume",
+        "per-example world feedback: n and the paired noise in every report, the decision uses them")]
 _NOTES = {"D6": '   (no training: eval_strategy="no")', "S1": "   (shadow=True: trains to its end)",
-          "B1": "   (tags, hparams, browse, export)", "U1": "   (a user callback before it runs first)"}
+          "B1": "   (tags, hparams, browse, export)", "U1": "   (a user callback before it runs first)",
+          "P1": "  (per-prompt scores: paired noise)"}
 
 
 def table() -> str:
@@ -255,12 +262,14 @@ def _job(row: Row, t: Target, job_id: str, n: int, *args: str, timeout: float = 
     return Run(rc, log.read_text(), json.loads(result.read_text()) if result.exists() else None)
 
 
-def replay(scores: list[tuple[int, float | None]], direction: str = "max"):
-    """What ``decline`` (k=2) decides on these scores: (stop step or None, best step, best score, reason)."""
+def replay(scores: list[tuple], direction: str = "max"):
+    """What ``decline`` (k=2) decides on these (step, score[, eval_n, eval_noise]) reports: (stop
+    step or None, best step, best score, reason)."""
     det = create_detector("decline", k=2, direction=direction)
     decision = None
-    for step, score in scores:
-        decision = det.observe(Observation("replay", step, score))
+    for step, score, *evidence in scores:
+        n, noise = evidence or (None, None)
+        decision = det.observe(Observation("replay", step, score, eval_n=n, eval_noise=noise))
         if decision.stop:
             return step, decision.best_step, decision.best_score, decision.reason
     return None, decision.best_step if decision else None, decision.best_score if decision else None, ""
@@ -314,6 +323,7 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
     steps, more = (["--max-steps", "130", "--slow", "0.05"], "140") if external else (["--max-steps", "90"], "100")
     extra = ["--flaky-at", "2", "--callback-kwargs", '{"direction": "min"}'] if row.defect == "D8" else []
     extra += ["--user-first"] if row.name.startswith("U1") else []
+    extra += ["--per-example"] if row.name.startswith("P1") else []
     if external:
         _worker(t, tmp_path / "worker.log")  # before the training process (issue 20, item 2)
         time.sleep(1.0)
@@ -360,6 +370,12 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
         evals = {e["step"] for e in run.result["evalstop_logs"] if "evalstop/score" in e}
         seen = {e["step"] for e in run.result["integration_logs"] if "evalstop/score" in e}
         assert evals and seen == evals, (sorted(evals), run.result["integration_logs"])
+    if row.name.startswith("P1"):
+        _, reports = _job_and_scores(t, final_job)
+        firsts = {reports[0][0], run.result["history"][0]["step"]}  # the first eval of each process
+        assert [n for _, _, n, _ in reports] == [32] * len(reports), reports
+        assert all((noise is None) == (step in firsts) for step, _, _, noise in reports), (firsts, reports)
+        assert all(noise is None or noise > 0 for *_, noise in reports), reports
     if row.name.startswith("U1"):
         evals = [h["step"] for h in run.result["history"]]
         assert evals and run.result["marks_seen"] == evals, run.result  # StepMark ran first at each eval step
@@ -375,10 +391,11 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
 
 
 def _job_and_scores(t: Target, job_id: str):
-    """The job as the API shows it, and its recorded (step, eval score) in step order."""
+    """The job as the API shows it, and its recorded (step, eval score, eval_n, eval_noise) in step order."""
     c = t.client()
     try:
-        return c.status(job_id), [(r.step, r.eval_score) for r in sorted(c.reports(job_id), key=lambda r: r.step)]
+        return c.status(job_id), [(r.step, r.eval_score, r.eval_n, r.eval_noise)
+                                  for r in sorted(c.reports(job_id), key=lambda r: r.step)]
     finally:
         c.close()
 
@@ -484,7 +501,7 @@ def _check_killed(row: Row, t: Target, job_id: str) -> None:
     job = _wait_status(t, job_id, wanted, timeout=LEASE_S * 5)
     c = t.client()
     try:
-        scores = [(r.step, r.eval_score) for r in sorted(c.reports(job_id), key=lambda r: r.step)]
+        scores = [(r.step, r.eval_score, r.eval_n, r.eval_noise) for r in sorted(c.reports(job_id), key=lambda r: r.step)]
     finally:
         c.close()
     stop_step, best_step, best_score, _ = replay(scores)

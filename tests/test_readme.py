@@ -90,3 +90,33 @@ def test_the_readmes_cheap_commands_run(tmp_path):
             assert r.returncode == 0, (argv, r.stderr[-2000:])
             ran += 1
     assert ran == 2
+
+
+def _body_keys(body: str) -> set[str]:
+    """The top-level keys of a docs body like ``{job_id, policy?: {detector, ...}, kind: a\\|b}``."""
+    depth, key, keys = 0, "", []
+    for ch in body.strip()[1:-1] + ",":
+        if ch == "," and depth == 0:
+            keys.append(key.split(":")[0].strip().rstrip("?"))
+            key = ""
+            continue
+        depth += ch == "{"
+        depth -= ch == "}"
+        key += ch
+    return {k for k in keys if k}
+
+
+def test_the_service_docs_list_each_routes_body_as_its_request_record_does():
+    """docs/service.md's route table names every body field of the route's request record (one
+    home: ``core/requests.py``), so a field added there without the docs fails here."""
+    from evalstop_trl.core.api import ROUTES
+
+    rows = re.findall(r"^\| `(GET|POST) (/\S+)` \| `(\{.*?\})`", (ROOT / "docs" / "service.md").read_text(), re.M)
+    by_path = {(r.method, r.path): r for r in ROUTES.values()}
+    checked = 0
+    for method, path, body in rows:
+        route = by_path.get((method, path.replace("{id}", "{job_id}")))
+        if route is not None and route.request is not None:
+            assert _body_keys(body) == set(route.body), (method, path)
+            checked += 1
+    assert checked >= 4, rows

@@ -132,7 +132,7 @@ class PendingReport(NamedTuple):
     decision: Decision
     ticket: Future
     stopped: JobRecord | None  # the job's record if this report stopped it
-    args: tuple  # the report's (step, eval_score, train_loss, proxy_reward, checkpoint): decided again on a conflict
+    args: tuple  # Coordinator.report's arguments after the job id: decided again on a conflict
 
 
 def _check_job_quotas(jobs: JobCache, tenant: str, quotas: Quotas) -> None:
@@ -360,10 +360,12 @@ class Coordinator:
 
     def report(self, tenant: str, job_id: str, step: int, eval_score: float | None = None,
                train_loss: float | None = None, proxy_reward: float | None = None,
-               checkpoint: str | None = None) -> Decision:
-        """Record one report (durably, before returning) and return the job's decision."""
+               checkpoint: str | None = None, eval_n: int | None = None, eval_noise: float | None = None) -> Decision:
+        """Record one report (durably, before returning) and return the job's decision. ``eval_n``
+        and ``eval_noise``: the per-example evidence of the eval score (``core/examples.py``)."""
         def attempt() -> Step:
-            out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
+            out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint,
+                                       eval_n, eval_noise)
             if ticket is not DONE:
                 self._settle(ticket, tenant, job_id)
             return out
@@ -375,22 +377,26 @@ class Coordinator:
 
     def submit_report(self, tenant: str, job_id: str, step: int, eval_score: float | None = None,
                       train_loss: float | None = None, proxy_reward: float | None = None,
-                      checkpoint: str | None = None, nonblocking: bool = False) -> PendingReport:
+                      checkpoint: str | None = None, eval_n: int | None = None, eval_noise: float | None = None,
+                      nonblocking: bool = False) -> PendingReport:
         """Decide on one report, queue its write; :meth:`complete` (or awaiting ``pending.ticket``) waits.
         ``nonblocking``: :class:`WouldBlock` instead of a store read (the service's event-loop path)."""
         if nonblocking and (tenant not in self._report_limits or not self.jobs.in_memory(tenant, job_id, step)):
             raise WouldBlock(job_id)
-        out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint)
+        out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint, eval_n,
+                                   eval_noise)
         return PendingReport(tenant, job_id, out.decision, ticket, out.state.record if out.stopped else None,
-                             (step, eval_score, train_loss, proxy_reward, checkpoint))
+                             (step, eval_score, train_loss, proxy_reward, checkpoint, eval_n, eval_noise))
 
     def _report(self, tenant: str, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
-                proxy_reward: float | None, checkpoint: str | None) -> tuple[Step, Future]:
-        check_report(step, eval_score, train_loss, proxy_reward)
+                proxy_reward: float | None, checkpoint: str | None, eval_n: int | None = None,
+                eval_noise: float | None = None) -> tuple[Step, Future]:
+        check_report(step, eval_score, train_loss, proxy_reward, eval_n, eval_noise)
         if checkpoint is not None:
             check_checkpoint(checkpoint)
         slot = self.jobs.get(tenant, job_id)
-        rep = Report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock())
+        rep = Report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock(), eval_n=eval_n,
+                     eval_noise=eval_noise)
         last = slot.head.last
         if last is None or step > last.step:  # a new report (a retry is answered whatever the quota)
             limit = self._report_limits.get(tenant)

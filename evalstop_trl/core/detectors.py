@@ -12,6 +12,13 @@ Missing and non-finite values (the documented policy):
   they are refused at every API boundary (HTTP 422, CLI exit 2) and never reach a detector.
 * Once a detector says STOP, it keeps saying STOP (the same decision) for every later observation.
 
+Per-example evidence (optional): ``eval_n`` is the number of examples the eval score is a mean of,
+and ``eval_noise`` its noise level in score units, estimated from the per-example differences
+with the previous eval on the same examples (:func:`evalstop_trl.core.examples.paired_noise`).
+With ``eval_noise`` a ``decline`` counts only a fall larger than the noise of a difference of two
+evals (``noise_z`` times ``sqrt(2) * eval_noise``), and the noise-robust rules use it as their noise
+level instead of their estimate; without it every rule decides exactly as before.
+
 Safe arithmetic: for every allowed parameter value and any finite scores, no detector raises
 (ZeroDivisionError, OverflowError) and all evidence is finite. The noise-robust rules (``drop``,
 ``trend``, ``cusum``, ``sequential``) saturate their signed scores at ``±SATURATION`` (1e100: no eval
@@ -74,11 +81,13 @@ __all__ = [
     "TrendDetector",
     "DETECTORS",
     "DEFAULT_DETECTOR",
+    "MAX_EXAMPLES",
     "MAX_STEP",
     "RECOMMENDED_DETECTOR",
     "SATURATION",
     "create_detector",
     "detector_params",
+    "check_evidence",
     "is_decline",
     "is_better",
 ]
@@ -129,20 +138,29 @@ class _ObservationFields(NamedTuple):
     proxy_reward: float | None = None
     job_type: str = "rlhf"
     progress: float | None = None
+    eval_n: int | None = None
+    eval_noise: float | None = None
+
+
+#: The most examples one eval may be a mean of (a count a caller sends is bounded like every number)
+MAX_EXAMPLES = 10**9
+_SQRT2 = math.sqrt(2.0)
 
 
 class Observation(_ObservationFields):
     """What a detector may see about one report of one job (immutable; validated on creation).
 
-    ``progress`` is step / planned steps (None when unknown). Building one checks every number
-    (ValueError for NaN, infinity, a negative step).
+    ``progress`` is step / planned steps (None when unknown). ``eval_n`` and ``eval_noise``: the
+    eval's number of examples and its paired noise level (the module's "per-example evidence";
+    None when the eval is a plain number). Building one checks every number (ValueError for NaN,
+    infinity, a negative step or noise).
     """
 
     __slots__ = ()
 
     def __new__(cls, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
-                proxy_reward: float | None = None, job_type: str = "rlhf", progress: float | None = None
-                ) -> Observation:
+                proxy_reward: float | None = None, job_type: str = "rlhf", progress: float | None = None,
+                eval_n: int | None = None, eval_noise: float | None = None) -> Observation:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative integer, but got {step!r}.")
         if step > MAX_STEP:
@@ -154,7 +172,24 @@ class Observation(_ObservationFields):
             check_finite("progress", progress)
         if progress is not None and progress < 0:
             raise ValueError(f"progress must be >= 0, but got {progress!r}.")
-        return tuple.__new__(cls, (job_id, step, eval_score, train_loss, proxy_reward, job_type, progress))
+        if eval_n is not None or eval_noise is not None:
+            check_evidence(eval_score, eval_n, eval_noise)
+        return tuple.__new__(cls, (job_id, step, eval_score, train_loss, proxy_reward, job_type, progress, eval_n,
+                                   eval_noise))
+
+
+def check_evidence(eval_score: Any, eval_n: Any, eval_noise: Any) -> None:
+    """Raise ValueError unless ``eval_n`` (None or an integer in [1, MAX_EXAMPLES]) and
+    ``eval_noise`` (None or a finite number >= 0) describe an eval score that is there."""
+    if eval_n is not None and (isinstance(eval_n, bool) or not isinstance(eval_n, int)
+                               or not 1 <= eval_n <= MAX_EXAMPLES):
+        raise ValueError(f"eval_n must be an integer in [1, {MAX_EXAMPLES}] (the eval's number of examples), "
+                         f"but got {eval_n!r}.")
+    check_finite("eval_noise", eval_noise)
+    if eval_noise is not None and eval_noise < 0:
+        raise ValueError(f"eval_noise must be >= 0 (a noise level in score units), but got {eval_noise!r}.")
+    if eval_score is None:
+        raise ValueError("eval_n and eval_noise describe an eval score: send them with eval_score, or not at all.")
 
 
 class _DecisionFields(NamedTuple):
@@ -362,17 +397,22 @@ def _check_delta(min_delta: Any) -> float:
 
 class DeclineDetector(Detector):
     """The paper's rule: STOP after ``k`` consecutive evals, each worse than the one before by more
-    than ``min_delta``. Reports without an eval score are skipped (no count, no reset).
+    than ``min_delta``. Reports without an eval score are skipped (no count, no reset). An eval that
+    carries its paired noise level (``eval_noise``) counts as a decline only when it is also worse by
+    more than ``noise_z`` standard errors of the difference of two evals (``noise_z * sqrt(2) *
+    eval_noise``): a fall within the noise resets the count like a rise; a plain score decides as
+    the paper's rule.
 
     State: the count of declines and the last ``k + 1`` evals of the current run of declines (memory
     bounded by ``k``, not by the run)."""
 
     name = "decline"
 
-    def __init__(self, k: int = 2, min_delta: float = 0.0, direction: str = "max") -> None:
+    def __init__(self, k: int = 2, min_delta: float = 0.0, noise_z: float = 1.0, direction: str = "max") -> None:
         super().__init__(direction)
         self.k = _check_k(k)
         self.min_delta = _check_delta(min_delta)
+        self.noise_z = _check_number("noise_z", noise_z, 0.0, MAX_Z)
         # a CONTINUE's reason and evidence depend on the count only: built once per count (a memo)
         self._said: dict[int, tuple[str, Mapping[str, Any]]] = {}
 
@@ -384,7 +424,10 @@ class DeclineDetector(Detector):
         score = obs.eval_score
         if score is None:
             return rule, _continue("no eval score in this report", best_step, best_score, declines=count)
-        if run and is_decline(score, run[-1][1], self.direction, self.min_delta):
+        delta = self.min_delta
+        if obs.eval_noise is not None:
+            delta = max(delta, self.noise_z * _SQRT2 * obs.eval_noise)
+        if run and is_decline(score, run[-1][1], self.direction, delta):
             count, run = count + 1, _push(run, (obs.step, score), self.k + 1)
         else:
             count, run = 0, ((obs.step, score),)
@@ -393,7 +436,8 @@ class DeclineDetector(Detector):
             return (count, run), _stop(
                 f"{self.k} consecutive {'declines' if self._max else 'rises'}: {path} at step {obs.step}",
                 best_step, best_score, declines=count, scores=[s for _, s in run], steps=[st for st, _ in run],
-                k=self.k, min_delta=self.min_delta)
+                k=self.k, min_delta=self.min_delta,
+                **({} if obs.eval_noise is None else {"noise": obs.eval_noise, "needed": delta}))
         said = self._said.get(count)
         if said is None:
             said = self._said[count] = (f"{count} consecutive {'decline' if self._max else 'rise'}(s) of {self.k}",
@@ -658,6 +702,17 @@ class _NoisyDetector(Detector):
         y = self._sign * score
         return y if -SATURATION <= y <= SATURATION else math.copysign(SATURATION, y)
 
+    @staticmethod
+    def _level(noise: NoiseLevel | RelativeNoiseLevel, obs: Observation) -> tuple[float, float]:
+        """(sigma, dof): the eval's own paired noise level when it carries one (with ``eval_n - 1``
+        degrees of freedom), else the job's estimate. A supplied level is floored at a millionth of
+        the estimate, which keeps every statistic finite."""
+        supplied = obs.eval_noise
+        if not supplied:
+            return noise.sigma, noise.dof
+        n = obs.eval_n
+        return max(supplied, 1e-6 * noise.sigma), (n - 1.0 if n and n > 1 else noise.dof)
+
 
 class DropDetector(_NoisyDetector):
     """Noise-robust rule: STOP when the mean of the last ``window`` evals lies significantly below
@@ -697,11 +752,11 @@ class DropDetector(_NoisyDetector):
         ref = earlier if ref is None else max(ref, earlier)
         rule = noise, now, before, ref
         mean = sum(now) / w
-        sigma = noise.sigma
+        sigma, dof = self._level(noise, obs)
         if sigma <= 0:
             return rule, _continue(_NO_SCALE, best_step, best_score)
         stat = (ref - mean) / (sigma * math.sqrt(2.0 / w))
-        threshold = t_threshold(self.z, noise.dof)
+        threshold = t_threshold(self.z, dof)
         evidence = {"z": stat, "threshold": threshold, "sigma": sigma, "drop": self._sign * (ref - mean)}
         if exceeds(stat, threshold):
             return rule, _stop(
@@ -740,11 +795,11 @@ class TrendDetector(_NoisyDetector):
         slope, sxx = least_squares_slope(recent)
         if sxx <= 0:
             return rule, _continue("all evals in the window share one step", best_step, best_score)
-        sigma = noise.sigma
+        sigma, dof = self._level(noise, obs)
         if sigma <= 0:
             return rule, _continue(_NO_SCALE, best_step, best_score)
         stat = -slope * math.sqrt(sxx) / sigma
-        threshold = t_threshold(self.z, noise.dof)
+        threshold = t_threshold(self.z, dof)
         evidence = {"t": stat, "threshold": threshold, "sigma": sigma, "slope": self._sign * slope}
         if exceeds(stat, threshold):
             return rule, _stop(
@@ -809,7 +864,7 @@ class CusumDetector(_NoisyDetector):
         noise, recent, ref, total = rule
         y = self._signed(obs.eval_score)
         noise = noise.add(y)
-        sigma = noise.sigma
+        sigma = self._level(noise, obs)[0]
         if ref is not None:
             total = max(0.0, total + ((ref - y) / sigma if sigma > 0 else 0.0) - self.drift)
         recent = _push(recent, y, self.window)
@@ -949,7 +1004,11 @@ class SequentialDetector(Detector):
             return rule, _continue(f"{n} eval(s), need {max(self.min_evals, 2 * w, 4)}", best_step, best_score)
         rng = high - low
         k = len(diffs)
-        sigma = max(self.noise_rel * rng, math.sqrt(sum(d * d for d in diffs) / (20.0 * k)))
+        if obs.eval_noise is None:
+            sigma = max(self.noise_rel * rng, math.sqrt(sum(d * d for d in diffs) / (20.0 * k)))
+        else:  # the eval's own paired noise level, on eval_n - 1 degrees of freedom
+            sigma = max(self.noise_rel * rng, obs.eval_noise)
+            k = max(k, obs.eval_n - 1 if obs.eval_n else 0)
         if sigma <= 0:
             return rule, _continue(_NO_SCALE, best_step, best_score)
         now = sum(recent[-w:]) / w

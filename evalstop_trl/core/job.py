@@ -109,7 +109,8 @@ class JobState(NamedTuple):
     def observation(self, rep: Report) -> Observation:
         planned = self.record.planned_steps
         return Observation(self.record.job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
-                           self.record.job_type.value, rep.step / planned if planned else None)
+                           self.record.job_type.value, rep.step / planned if planned else None, rep.eval_n,
+                           rep.eval_noise)
 
 
 class Commit(NamedTuple):
@@ -222,8 +223,10 @@ def step(state: JobState, command: Any) -> Step:
 
 
 def _payload_str(rep: Report) -> str:
+    evidence = "" if rep.eval_n is None and rep.eval_noise is None else \
+        f", eval_n={rep.eval_n}, eval_noise={rep.eval_noise}"
     return (f"eval_score={rep.eval_score}, train_loss={rep.train_loss}, proxy_reward={rep.proxy_reward}, "
-            f"checkpoint={rep.checkpoint!r}")
+            f"checkpoint={rep.checkpoint!r}{evidence}")
 
 
 def _observe(state: JobState, cmd: Observe) -> Step:
@@ -494,7 +497,8 @@ def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**
         plan = planned if rep.planned_steps is None else rep.planned_steps  # None: stored before plans were kept
         memory, decision = detector.decide(memory, Observation(job_id, rep.step, rep.eval_score, rep.train_loss,
                                                                rep.proxy_reward, job_type,
-                                                               rep.step / plan if plan else None))
+                                                               rep.step / plan if plan else None, rep.eval_n,
+                                                               rep.eval_noise))
         if shadow and decision.action is Action.STOP:
             memory = detector.resume(memory)
             if would_stop is None:

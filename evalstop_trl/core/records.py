@@ -20,7 +20,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .detectors import DEFAULT_DETECTOR, DETECTORS, Decision, check_finite
+from .detectors import DEFAULT_DETECTOR, DETECTORS, Decision, check_evidence, check_finite
 from .detectors import MAX_STEP as _MAX_STEP
 from .errors import InvalidInput
 from .labels import EMPTY as _NO_LABELS
@@ -73,8 +73,14 @@ def check_webhook_url(url: Any) -> str:
     return url
 
 
-def check_report(step: Any, eval_score: Any = None, train_loss: Any = None, proxy_reward: Any = None) -> None:
+def check_report(step: Any, eval_score: Any = None, train_loss: Any = None, proxy_reward: Any = None,
+                 eval_n: Any = None, eval_noise: Any = None) -> None:
     """Validate a report's numbers once, at the boundary (detectors then trust them)."""
+    if eval_n is not None or eval_noise is not None:
+        try:
+            check_evidence(eval_score, eval_n, eval_noise)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidInput(f"step must be a non-negative integer, but got {step!r}.")
@@ -347,10 +353,13 @@ class Report(NamedTuple):
     checkpoint: str | None = None
     received_at: float = 0.0
     planned_steps: int | None = None  # the job's plan when it was decided (a later amendment changes not it)
+    eval_n: int | None = None  # per-example evidence: the eval's number of examples
+    eval_noise: float | None = None  # and its paired noise level (core/examples.py)
 
     def payload(self) -> tuple:
         """What identifies the report's content (idempotency compares this, not the arrival time)."""
-        return (self.step, self.eval_score, self.train_loss, self.proxy_reward, self.checkpoint)
+        return (self.step, self.eval_score, self.train_loss, self.proxy_reward, self.checkpoint, self.eval_n,
+                self.eval_noise)
 
     def to_dict(self) -> dict[str, Any]:
         return self._asdict()

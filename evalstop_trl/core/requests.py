@@ -16,7 +16,7 @@ Example::
 
     >>> from dataclasses import fields
     >>> [f.name for f in fields(ReportRequest)]
-    ['step', 'eval_score', 'train_loss', 'proxy_reward', 'checkpoint']
+    ['step', 'eval_score', 'train_loss', 'proxy_reward', 'checkpoint', 'eval_n', 'eval_noise']
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ class ReportRequest:
     train_loss: float | None = doc("the training loss at this step (shown, never decided on)")
     proxy_reward: float | None = doc("the reward model's score at this step (shown, never decided on)")
     checkpoint: str | None = doc("the checkpoint saved at this step (kept if it is the best)")
+    eval_n: int | None = doc("per-example evidence: the number of examples eval_score is the mean of")
+    eval_noise: float | None = doc("per-example evidence: eval_score's paired noise level, sd(d)/sqrt(2m) over "
+                                   "the m examples this eval and the previous one scored (d: their differences)")
 
 
 @dataclass(frozen=True, slots=True)

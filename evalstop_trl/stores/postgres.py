@@ -55,7 +55,7 @@ from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _LOCK_KEY = 0x45564C53  # "EVLS": the advisory lock that serialises schema creation and migrations
 _TENANT_LOCK = 0x45565154  # "EVQT" + hashtext(tenant): serialises a tenant's registrations (its quotas)
 
@@ -76,7 +76,8 @@ _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS reports (
         tenant TEXT NOT NULL, job_id TEXT NOT NULL, step BIGINT NOT NULL, eval_score DOUBLE PRECISION,
         train_loss DOUBLE PRECISION, proxy_reward DOUBLE PRECISION, checkpoint TEXT,
-        received_at DOUBLE PRECISION NOT NULL, planned_steps BIGINT, PRIMARY KEY (tenant, job_id, step))""",
+        received_at DOUBLE PRECISION NOT NULL, planned_steps BIGINT, eval_n BIGINT, eval_noise DOUBLE PRECISION,
+        PRIMARY KEY (tenant, job_id, step))""",
     """CREATE TABLE IF NOT EXISTS audit (
         seq BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, job_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,
         kind TEXT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL, evidence TEXT NOT NULL)""",
@@ -102,12 +103,14 @@ _SCHEMA = [
     "CREATE INDEX IF NOT EXISTS evals_claim ON evals (tenant, state, created_at, job_id, step)",
     "CREATE INDEX IF NOT EXISTS evals_unfed ON evals (tenant, job_id, step) WHERE NOT fed",
 ]
-# version -> statements that bring a database of that version to the next one (none yet)
+# version -> statements that bring a database of that version to the next one
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS last_seen DOUBLE PRECISION",),
     2: ("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS tags TEXT NOT NULL DEFAULT '{}'",  # issue 19: a job's context
         "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS hparams TEXT NOT NULL DEFAULT '{}'"),
     3: ("ALTER TABLE reports ADD COLUMN IF NOT EXISTS planned_steps BIGINT",),  # each report's plan
+    4: ("ALTER TABLE reports ADD COLUMN IF NOT EXISTS eval_n BIGINT",  # per-example evidence (core/examples.py)
+        "ALTER TABLE reports ADD COLUMN IF NOT EXISTS eval_noise DOUBLE PRECISION"),
 }
 
 _JOB_COLS = ("tenant, job_id, job_type, planned_steps, policy, webhook, status, created_at, updated_at, decision, "

@@ -49,7 +49,7 @@ from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -67,7 +67,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS reports (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, job_id TEXT NOT NULL,
     step INTEGER NOT NULL, eval_score REAL, train_loss REAL, proxy_reward REAL, checkpoint TEXT,
-    received_at REAL NOT NULL, planned_steps INTEGER, UNIQUE (tenant, job_id, step));
+    received_at REAL NOT NULL, planned_steps INTEGER, eval_n INTEGER, eval_noise REAL, UNIQUE (tenant, job_id, step));
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, job_id TEXT NOT NULL,
     at REAL NOT NULL, kind TEXT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL,
@@ -101,6 +101,8 @@ _MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL, or a function of the connect
     4: ("ALTER TABLE jobs ADD COLUMN tags TEXT NOT NULL DEFAULT '{}'",  # issue 19: a job's context
         "ALTER TABLE jobs ADD COLUMN hparams TEXT NOT NULL DEFAULT '{}'"),
     5: (lambda db: _add_column(db, "reports", "planned_steps INTEGER"),),  # the plan each report was decided under
+    6: (lambda db: _add_column(db, "reports", "eval_n INTEGER"),  # per-example evidence (core/examples.py)
+        lambda db: _add_column(db, "reports", "eval_noise REAL")),
 }
 
 

@@ -184,7 +184,9 @@ class EvalStopCallback(TrainerCallback):
 
     Args:
         world_feedback: ``(model, tokenizer) -> float`` run every ``eval_every`` steps, or the name
-            of a metric of the trainer's own evaluation (e.g. ``"eval_reward"``).
+            of a metric of the trainer's own evaluation (e.g. ``"eval_reward"``). The callable may
+            return per-example scores instead (a list, an array, or a dict example id -> score, the
+            same examples at every eval): the detectors then also see the eval's paired noise level.
         eval_every: optimizer steps between world-feedback evals (required with a callable).
         coordinator: None (``$EVALSTOP_URL`` if set, else embedded SQLite under ``output_dir``), an
             ``http(s)://`` URL of ``evalstop serve``, an ``EvalStopClient``/``EmbeddedClient`` or a ``Coordinator``.
@@ -479,7 +481,7 @@ class EvalStopCallback(TrainerCallback):
             kept = None
             if self.save_best and ev.model is not None and ev.score is not None and s.improves(ev.score):
                 kept = self._keep(control, ev, ev.score)
-            stop = s.report(ev.step, ev.score, kept)
+            stop = s.report(ev.step, ev.score, kept, eval_n=ev.n, eval_noise=ev.noise)
         message = share(s.message(stop) if self._is_main else None)
         if message is not None:
             s.adopt(message)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from ..core.examples import ExampleEval, is_per_example, summarize
 from .checkpoints import keep_best_snapshot
 from .evaluation import evaluate_preserving_state
 from .external import DecisionWatcher, keep_earlier_bests, prune_snapshots, snapshot_path
@@ -56,12 +57,15 @@ class FeedbackMode(str, Enum):
 
 @dataclass(frozen=True)
 class Eval:
-    """One world-feedback eval waiting for its decision (the model is kept if it is a new best)."""
+    """One world-feedback eval waiting for its decision (the model is kept if it is a new best);
+    ``n`` and ``noise``: its per-example evidence (None for a plain score)."""
 
     step: int
     score: float | None
     model: Any
     tokenizer: Any
+    n: int | None = None
+    noise: float | None = None
 
 
 def _check_every(eval_every: Any, what: str) -> None:
@@ -116,11 +120,17 @@ class Feedback:
 class CallableFeedback(Feedback):
     """``world_feedback(model, tokenizer)`` every ``eval_every`` steps, at the end of the step; the
     decision waits for that step's log (the report carries its loss and reward), or for the next step
-    when the trainer logs nothing."""
+    when the trainer logs nothing.
+
+    ``world_feedback`` may return per-example scores (a sequence, an array, or a mapping example id
+    -> score) instead of their mean: the report then carries the mean, the number of examples and
+    the paired noise level against the previous eval on the examples both scored
+    (:mod:`evalstop_trl.core.examples`); only the last eval's scores are kept."""
 
     def __init__(self, cb: Any) -> None:
         super().__init__(cb)
         self.pending: Eval | None = None
+        self.examples: ExampleEval | None = None  # the last per-example eval (paired with the next)
 
     @staticmethod
     def check(world_feedback: Any, eval_every: Any) -> None:
@@ -137,8 +147,9 @@ class CallableFeedback(Feedback):
         tokenizer = processing_class if processing_class is not None else kwargs.get("tokenizer")
         # sharded models (FSDP, ZeRO-3) need every rank in the forward pass: eval_on_all_ranks; rank 0's score counts
         evaluate = cb._is_main or cb.eval_on_all_ranks
-        score = self._evaluate(model, tokenizer, state.global_step) if evaluate else None
-        self.pending = Eval(state.global_step, score, model, tokenizer)
+        ev = self._evaluate(model, tokenizer, state.global_step) if evaluate else None
+        score, n, noise = (None, None, None) if ev is None else ev
+        self.pending = Eval(state.global_step, score, model, tokenizer, n, noise)
         control.should_log = True  # the report carries this step's loss and reward, from this step's log
 
     def on_log(self, args, state, control, logs):
@@ -153,14 +164,19 @@ class CallableFeedback(Feedback):
         if ev is not None:
             self.cb._decide(state, control, ev, logs)
 
-    def _evaluate(self, model: Any, tokenizer: Any, step: int) -> float | None:
-        """World feedback, or None for a failed eval (an exception, NaN or None), logged once."""
+    def _evaluate(self, model: Any, tokenizer: Any, step: int) -> tuple[float | None, int | None, float | None]:
+        """(score, n, noise) of world feedback; the score None for a failed eval (an exception, NaN,
+        None, a bad per-example score), logged once."""
         evals = self.cb.session.evals
         try:
-            score = evaluate_preserving_state(self.cb.world_feedback, model, tokenizer, check=False)
+            value = evaluate_preserving_state(self.cb.world_feedback, model, tokenizer, check=False)
+            if is_per_example(value):
+                ev = summarize(value, self.examples)
+                self.examples = ev
+                return evals.accept(step, ev.mean, "world_feedback's mean score"), ev.n, ev.noise
         except Exception as exc:  # noqa: BLE001 - a failing judge must not kill the run
-            return evals.failed(step, f"{type(exc).__name__}: {exc}", exc)
-        return evals.accept(step, score, "world_feedback's score")
+            return evals.failed(step, f"{type(exc).__name__}: {exc}", exc), None, None
+        return evals.accept(step, value, "world_feedback's score"), None, None
 
 
 class MetricFeedback(Feedback):

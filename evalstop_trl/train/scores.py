@@ -21,7 +21,7 @@ def finite(x: Any) -> bool:
 
 
 def to_number(value: Any) -> Any:
-    """A numpy or torch scalar as a Python number (anything else unchanged)."""
-    if hasattr(value, "item") and not isinstance(value, (int, float)):
+    """A numpy or torch scalar as a Python number (anything else, arrays included, unchanged)."""
+    if hasattr(value, "item") and not isinstance(value, (int, float)) and getattr(value, "ndim", 0) == 0:
         return value.item()
     return value

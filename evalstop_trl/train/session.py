@@ -44,6 +44,7 @@ from ..core.detectors import DETECTORS, Action, Decision, Detector, Observation,
 from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound
 from ..core.job import SHADOW_REASON, shadowed
 from ..core.labels import check_hparams, check_tags
+from ..core.records import Report
 from .ranks import RankMessage
 from .scores import finite, to_number
 
@@ -306,8 +307,8 @@ class EvalStopSession:
     Attributes:
         decision: the latest decision (None before the first report).
         best_step, best_score, best_checkpoint: the best eval so far and where its model is kept.
-        history: this process's reports (``step``, ``eval_score``, ``train_loss``, ``proxy_reward``, and
-            ``checkpoint`` on a new best), oldest first.
+        history: this process's reports (``step``, ``eval_score``, ``train_loss``, ``proxy_reward``,
+            ``checkpoint`` on a new best, ``eval_n`` and ``eval_noise`` for a per-example eval), oldest first.
         stopped_at: the step training stopped at, if it did.
         attempt: 1 for a new job, 2 when attaching to a job with stored reports.
         stop_lag: with external evals, the steps trained after the eval that decided the stop.
@@ -378,7 +379,8 @@ class EvalStopSession:
             self.decision = view.decision
         self._local = self.config.new_detector()
         for r in stored or [_as_report(h) for h in self.history]:
-            self._local.observe(Observation(self.job_id, r.step, r.eval_score, r.train_loss, r.proxy_reward))
+            self._local.observe(Observation(self.job_id, r.step, r.eval_score, r.train_loss, r.proxy_reward,
+                                            eval_n=r.eval_n, eval_noise=r.eval_noise))
         if view is not None and view.n_reports and step:
             log.info("EvalStop: job %r resumed at step %d (attempt with %d stored reports, best step %s)",
                      self.job_id, step, view.n_reports, self.best_step)
@@ -424,18 +426,22 @@ class EvalStopSession:
             return False
         return self.best_score is None or is_better(score, self.best_score, self.config.direction)
 
-    def report(self, step: int, score: float | None, checkpoint: str | None = None) -> bool:
+    def report(self, step: int, score: float | None, checkpoint: str | None = None, eval_n: int | None = None,
+               eval_noise: float | None = None) -> bool:
         """Report the eval of ``step`` (None: failed) with the latest train loss and proxy reward;
-        ``checkpoint``: where this eval's model is kept (on a new best). Returns whether to stop."""
+        ``checkpoint``: where this eval's model is kept (on a new best); ``eval_n``, ``eval_noise``:
+        the eval's per-example evidence (:mod:`evalstop_trl.core.examples`). Returns whether to stop."""
         entry: dict[str, Any] = {"step": step, "eval_score": score, "train_loss": self.train_loss,
                                  "proxy_reward": self.proxy_reward}
-        if checkpoint is not None:
-            entry["checkpoint"] = checkpoint
+        for key, value in (("checkpoint", checkpoint), ("eval_n", eval_n), ("eval_noise", eval_noise)):
+            if value is not None:
+                entry[key] = value
         improves = self.improves(score)
         decision, reached = self._send(entry)
         if reached:
             self.heartbeat.seen()
-        local = self._local.observe(Observation(self.job_id or "job", step, score, self.train_loss, self.proxy_reward))
+        local = self._local.observe(Observation(self.job_id or "job", step, score, self.train_loss, self.proxy_reward,
+                                                eval_n=eval_n, eval_noise=eval_noise))
         if (not reached or getattr(self.client, "unreachable", False)) and self.config.fail_mode == "local":
             decision = local
         if self.shadow.on and local.action is Action.STOP:
@@ -461,9 +467,10 @@ class EvalStopSession:
         if self.client is None:
             return Decision(Action.CONTINUE, "no coordinator attached"), False
         try:
+            evidence = {k: entry[k] for k in ("eval_n", "eval_noise") if k in entry}  # a plain score: as before
             return self.client.report(self.job_id, entry["step"], eval_score=entry["eval_score"],
                                       train_loss=entry.get("train_loss"), proxy_reward=entry.get("proxy_reward"),
-                                      checkpoint=entry.get("checkpoint")), True
+                                      checkpoint=entry.get("checkpoint"), **evidence), True
         except Conflict as exc:  # a resumed run re-evaluating a step the coordinator already has
             log.warning("EvalStop: keeping the stored report for step %s (%s)", entry["step"], exc)
             try:
@@ -594,14 +601,7 @@ def register(client: Any, job_id: str, config: SessionConfig, planned_steps: int
                      "(or the job's own job_type and policy to resume it)") from None
 
 
-@dataclass(frozen=True)
-class _StoredEntry:
-    step: int
-    eval_score: float | None
-    train_loss: float | None
-    proxy_reward: float | None
-
-
-def _as_report(entry: Mapping[str, Any]) -> _StoredEntry:
+def _as_report(entry: Mapping[str, Any]) -> Report:
     """A history entry seen as a stored report (to replay into the local detector)."""
-    return _StoredEntry(entry["step"], entry.get("eval_score"), entry.get("train_loss"), entry.get("proxy_reward"))
+    return Report(entry["step"], entry.get("eval_score"), entry.get("train_loss"), entry.get("proxy_reward"),
+                  eval_n=entry.get("eval_n"), eval_noise=entry.get("eval_noise"))

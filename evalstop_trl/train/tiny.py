@@ -120,15 +120,19 @@ def gold_score(text: str, preset: Preset) -> float:
 class GoldEval:
     """World feedback ``(model, tokenizer) -> float`` on held-out prompts: the expected share of the
     target letter in the policy's completions (its probability at each step of the greedy
-    continuation, averaged). Deterministic and smooth, and it draws nothing from the training RNG."""
+    continuation, averaged). Deterministic and smooth, and it draws nothing from the training RNG.
+    ``per_example=True``: the score of each prompt instead (a list; its mean is the float), for the
+    detectors' paired noise level."""
 
-    def __init__(self, preset: Preset, n_prompts: int = 32, max_new_tokens: int = 8, seed: int = 12345) -> None:
+    def __init__(self, preset: Preset, n_prompts: int = 32, max_new_tokens: int = 8, seed: int = 12345,
+                 per_example: bool = False) -> None:
         self.preset = preset
         self.prompts = make_prompts(n_prompts, seed)
         self.max_new_tokens = max_new_tokens
+        self.per_example = per_example
 
     @torch.no_grad()
-    def __call__(self, model, tokenizer) -> float:
+    def __call__(self, model, tokenizer) -> float | list[float]:
         device = next(model.parameters()).device
         target = tokenizer.convert_tokens_to_ids(self.preset.target)
         enc = tokenizer(self.prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
@@ -136,6 +140,8 @@ class GoldEval:
                              return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id)
         probs = torch.stack([torch.softmax(s.float(), dim=-1)[:, target] for s in out.scores], dim=1)
+        if self.per_example:
+            return probs.mean(dim=1).tolist()  # by position: the same prompts at every eval
         return float(probs.mean())
 
 

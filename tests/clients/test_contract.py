@@ -246,6 +246,19 @@ def _script(c: Any, other: Any, capped: Any, stranger: Any) -> list[tuple[str, A
     call("audit shadow", c.audit, "sh")
     call("register bad mode", c.register_job, "sh2", policy={"detector": "decline", "mode": "dry-run"})
     call("summary with shadow", _summary, c.summary)
+    call("register pe", c.register_job, "pe", "grpo")  # per-example evidence (issue 28): falls within the noise
+    call("report pe 10", c.report, "pe", 10, eval_score=0.5, eval_n=100)
+    call("report pe 20 within noise", c.report, "pe", 20, eval_score=0.46, eval_n=100, eval_noise=0.05)
+    call("report pe 30 within noise", c.report, "pe", 30, eval_score=0.42, eval_n=100, eval_noise=0.05)
+    call("report pe 40 beyond", c.report, "pe", 40, eval_score=0.30, eval_n=100, eval_noise=0.01)
+    call("report pe 40 again", c.report, "pe", 40, eval_score=0.30, eval_n=100, eval_noise=0.01)
+    call("report pe 40 other noise", c.report, "pe", 40, eval_score=0.30, eval_n=100, eval_noise=0.02)
+    call("report pe n 0", c.report, "pe", 45, eval_score=0.3, eval_n=0)
+    call("report pe n float", c.report, "pe", 45, eval_score=0.3, eval_n=2.5)
+    call("report pe negative noise", c.report, "pe", 45, eval_score=0.3, eval_noise=-1.0)
+    call("report pe noise no score", c.report, "pe", 45, eval_noise=0.1)
+    call("report pe 50 stop", c.report, "pe", 50, eval_score=0.20, eval_n=100, eval_noise=0.01)
+    call("reports pe", c.reports, "pe")
     # a quota is the same refusal from both clients (QuotaExceeded, 429), and nothing is kept for later
     call("capped register 1", capped.register_job, "c1", "grpo")
     call("capped register 2", capped.register_job, "c2", "grpo")
@@ -339,6 +352,16 @@ def test_the_script_means_what_it_says(results):
     assert r["stop"]["status"] == "stopped" and r["stop"]["decision"]["evidence"] == {"manual": True}
     assert r["status unknown"]["error"] == 404 and r["list_jobs bad status"]["error"] == 422
     assert [j["job_id"] for j in r["list_jobs stopped"]] == ["j1", "j4"]
+    for label in ("report pe 20 within noise", "report pe 30 within noise"):  # falls of 0.04 < sqrt(2) * 0.05
+        assert r[label]["action"] == "continue" and r[label]["evidence"]["declines"] == 0, label
+    assert r["report pe 40 beyond"]["evidence"]["declines"] == 1 and r["report pe 40 again"] == r["report pe 40 beyond"]
+    assert r["report pe 40 other noise"]["error"] == 409
+    for label in ("report pe n 0", "report pe n float", "report pe negative noise", "report pe noise no score"):
+        assert r[label]["error"] == 422, label
+    pe = r["report pe 50 stop"]
+    assert pe["action"] == "stop" and pe["evidence"]["noise"] == 0.01 and pe["best_step"] == 10
+    assert [(x["eval_n"], x["eval_noise"]) for x in r["reports pe"]] == [(100, None), (100, 0.05), (100, 0.05),
+                                                                        (100, 0.01), (100, 0.01)]
     assert [x["step"] for x in r["reports"]] == [10, 20, 25, 30, 40, 50]
     assert [x["step"] for x in r["reports after 20"]] == [25, 30, 40, 50]
     assert [x["step"] for x in r["reports limit 2"]] == [10, 20]

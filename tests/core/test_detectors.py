@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from evalstop_trl.core.detectors import (
     DETECTORS,
+    MAX_EXAMPLES,
     MAX_STEP,
     SATURATION,
     Action,
@@ -152,7 +153,7 @@ def test_never_tracks_best_but_never_stops():
     "name, params, message",
     [
         ("nope", {}, "valid detectors are: cusum, decline, drop, loss_plateau, never, patience, sequential, stop_at, trend"),
-        ("decline", {"kk": 2}, "Unknown parameter(s) kk for detector 'decline'; valid parameters are: k, min_delta, direction"),
+        ("decline", {"kk": 2}, "Unknown parameter(s) kk for detector 'decline'; valid parameters are: k, min_delta, noise_z, direction"),
         ("decline", {"k": 0}, "k must be an integer in [1, 1000], but got k=0."),
         ("decline", {"k": 1.5}, "k must be an integer in [1, 1000]"),
         ("patience", {"min_delta": -1}, "min_delta must be a finite number in [0, 1e+06]"),
@@ -187,7 +188,7 @@ def test_registry_errors(name, params, message):
 
 def test_registry_lists_every_detector_with_params():
     assert set(DETECTORS) == {"decline", "patience", "stop_at", "loss_plateau", "drop", "trend", "cusum", "sequential", "never"}
-    assert detector_params("decline") == {"k": 2, "min_delta": 0.0, "direction": "max"}
+    assert detector_params("decline") == {"k": 2, "min_delta": 0.0, "noise_z": 1.0, "direction": "max"}
 
 
 @pytest.mark.parametrize("field", ["eval_score", "train_loss", "proxy_reward"])
@@ -595,7 +596,7 @@ def test_an_absolute_noise_prior_is_not_scale_free():
 # ----------------------------------------------------------------------------- safe arithmetic (issues 16, 17)
 #: Every numeric parameter of every registered detector with its allowed range (ints: k, window).
 BOUNDS = {
-    "decline": {"k": (1, 1000), "min_delta": (0.0, 1e6)},
+    "decline": {"k": (1, 1000), "min_delta": (0.0, 1e6), "noise_z": (0.0, 100.0)},
     "patience": {"k": (1, 1000), "min_delta": (0.0, 1e6)},
     "stop_at": {"fraction": (5e-324, 1.0)},  # (0, 1]
     "loss_plateau": {"window": (1, 1000), "tolerance": (-1e6, 1e6)},
@@ -618,10 +619,11 @@ def _finite_evidence(value) -> bool:
 
 
 def _feed_safely(name, params, rows):
-    """Feed (step, eval_score, train_loss, progress) rows; assert no exception and finite evidence."""
+    """Feed (step, eval_score, train_loss, progress[, eval_n, eval_noise]) rows; assert no exception
+    and finite evidence."""
     det = create_detector(name, **params)
-    for step, score, loss, progress in rows:
-        d = det.observe(Observation("j", step, score, loss, None, "rlhf", progress))
+    for step, score, loss, progress, *evidence in rows:
+        d = det.observe(Observation("j", step, score, loss, None, "rlhf", progress, *evidence))
         bad = {k: v for k, v in d.evidence.items() if not _finite_evidence(v)}
         assert not bad, (name, params, step, score, bad)
         assert d.best_score is None or math.isfinite(d.best_score)
@@ -743,6 +745,11 @@ def test_any_allowed_parameters_and_finite_scores_never_raise(data, name):
                               min_size=1, max_size=25))
     if data.draw(st.booleans()):  # the steps of a training run: increasing
         rows = [(step, *rest) for step, (_, *rest) in zip(sorted(r[0] for r in rows), rows, strict=True)]
+    if data.draw(st.booleans()):  # per-example evidence on the evals (issue 28): any count, any noise level
+        noise = st.one_of(st.none(), st.sampled_from([0.0, 5e-324, 1e-300, 1e300, 1.7976931348623157e308]),
+                          st.floats(0, 1.7976931348623157e308))
+        rows = [row if row[1] is None else (*row, data.draw(st.one_of(st.none(), st.integers(1, MAX_EXAMPLES))),
+                                            data.draw(noise)) for row in rows]
     _feed_safely(name, params, rows)
 
 

@@ -71,7 +71,7 @@ def test_a_bad_mode_is_refused_with_the_valid_ones():
     with pytest.raises(InvalidInput, match="policy mode must be one of enforce, shadow, but got 'sahdow'"):
         Policy.from_dict({"detector": "decline", "mode": "sahdow"})
     assert Policy.from_dict(SHADOW).mode is PolicyMode.SHADOW and Policy.from_dict(SHADOW).to_dict() == SHADOW | {
-        "min_delta": 0.0, "direction": "max"}
+        "min_delta": 0.0, "noise_z": 1.0, "direction": "max"}
 
 
 def test_the_tenant_default_mode_applies_to_jobs_that_do_not_name_one(tmp_path):

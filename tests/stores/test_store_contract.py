@@ -221,6 +221,51 @@ def test_sqlite_migrates_version_5_to_6_reports_keep_their_plan(tmp_path):
     assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
 
 
+def _evidence_roundtrip(open_coordinator) -> None:
+    """A report stored before per-example evidence reads with none; a new one keeps its n and noise
+    (issue 28 item 1), through a reopen."""
+    c = open_coordinator()
+    assert [(r.eval_n, r.eval_noise) for r in c.reports("old", "j")] == [(None, None)]
+    c.report("old", "j", 20, 0.4, eval_n=250, eval_noise=0.01)
+    c.close()
+    c = open_coordinator()
+    assert [(r.eval_n, r.eval_noise) for r in c.reports("old", "j")] == [(None, None), (250, 0.01)]
+    c.close()
+
+
+def test_sqlite_migrates_version_6_to_7_reports_keep_their_evidence(tmp_path):
+    path = tmp_path / "v6.db"
+    c = Coordinator(SQLiteStore(path))
+    c.register_job("old", "j", "grpo")
+    c.report("old", "j", 10, 0.5)
+    c.close()
+    db = sqlite3.connect(path)  # what evalstop wrote before: no per-example evidence, version 6
+    db.executescript("ALTER TABLE reports DROP COLUMN eval_n; ALTER TABLE reports DROP COLUMN eval_noise; "
+                     "UPDATE schema_version SET version = 6;")
+    db.close()
+    _evidence_roundtrip(lambda: Coordinator(SQLiteStore(path)))
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+
+
+def test_postgres_migrates_version_4_to_5_reports_keep_their_evidence(pg_dsn):
+    import psycopg
+
+    from evalstop_trl.stores.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
+    from evalstop_trl.stores.postgres import PostgresStore
+
+    c = Coordinator(PostgresStore(pg_dsn))
+    c.register_job("old", "j", "grpo")
+    c.report("old", "j", 10, 0.5)
+    c.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        db.execute("ALTER TABLE reports DROP COLUMN eval_n")
+        db.execute("ALTER TABLE reports DROP COLUMN eval_noise")
+        db.execute("UPDATE schema_version SET version = 4")
+    _evidence_roundtrip(lambda: Coordinator(PostgresStore(pg_dsn)))
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(PG_SCHEMA_VERSION,)]
+
+
 def test_postgres_migrates_version_2_to_3_tags_and_hparams(pg_dsn):
     import psycopg
 

@@ -93,6 +93,41 @@ def test_against_a_live_server(server, tmp_path):
         assert [a.kind.value for a in c.audit()] == ["stop", "ack"]
 
 
+@pytest.mark.parametrize("where", ["embedded", "http"])
+def test_a_real_run_with_per_example_world_feedback(where, server, tmp_path):
+    """GRPO on the hacked preset, its world feedback the gold eval's 32 per-prompt scores: every
+    report stores the mean (the float eval's score), n = 32 and, from the second eval on, a paired
+    noise level; the run stops on a decline larger than that noise, and its best reloads."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from evalstop_trl.clients.http import EvalStopClient
+
+    kwargs = {}
+    if where == "http":
+        kwargs = {"coordinator": server.url, "token": server.add_tenant("lab"), "job_id": "lab-pe"}
+        server.start()
+    run = run_tiny("grpo", "hacked", output_dir=tmp_path, max_steps=300, eval_every=15,
+                   world_feedback=GoldEval(PRESETS["hacked"], per_example=True), **kwargs)
+    assert run.stopped_at is not None and run.stopped_at < 300, run.trace
+    if where == "http":
+        with EvalStopClient(server.url, kwargs["token"]) as c:
+            reports, job = c.reports("lab-pe"), c.status("lab-pe")
+    else:
+        from evalstop_trl import SQLiteStore
+
+        coord = Coordinator(SQLiteStore(tmp_path / "trainer" / "evalstop.db"))
+        (job,) = coord.list_jobs("local")
+        reports = coord.reports("local", job.job_id)
+        coord.close()
+    assert [r.eval_n for r in reports] == [32] * len(reports)
+    assert reports[0].eval_noise is None and all(r.eval_noise > 0 for r in reports[1:])
+    assert job.decision.evidence["noise"] == reports[-1].eval_noise
+    assert job.decision.evidence["needed"] == pytest.approx(2 ** 0.5 * reports[-1].eval_noise)
+    best = AutoModelForCausalLM.from_pretrained(run.best_checkpoint)
+    tok = AutoTokenizer.from_pretrained(run.best_checkpoint)
+    assert GoldEval(PRESETS["hacked"])(best, tok) == pytest.approx(run.best_score, abs=1e-5)
+
+
 class _Args:
     def __init__(self, out):
         self.output_dir = str(out)
@@ -130,6 +165,31 @@ def test_world_feedback_may_return_tensor_scalars_and_nan_is_a_missing_eval(tmp_
     assert cb.best_score == pytest.approx(0.6) and cb.history[0]["train_loss"] == pytest.approx(0.1)  # this step's loss
     failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
     assert len(failed) == 2 and "score is nan" in failed[0] and "score is None" in failed[1]  # each one (issue 20.8)
+
+
+def test_world_feedback_may_return_per_example_scores(tmp_path, caplog):
+    """A list, an array or a mapping of per-example scores: the report carries their mean, their
+    number and the paired noise level against the previous eval (none at the first); a bad score
+    among them is a failed eval, and the next eval pairs with the last good one (issue 28 item 1)."""
+    from evalstop_trl.core.examples import paired_noise
+
+    evals = [[0.5, 0.7, 0.9, 0.1], torch.tensor([0.6, 0.7, 0.7, 0.2]), [0.5, float("nan"), 0.1, 0.1],
+             {0: 0.4, 1: 0.6, 2: 0.8, 3: 0.0}]
+    values = iter(evals)
+    coord = Coordinator(MemoryStore())
+    cb = EvalStopCallback(lambda m, t: next(values), eval_every=1, coordinator=coord, job_id="pe", save_best=False)
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    model = torch.nn.Linear(1, 1)
+    for step in (1, 2, 3, 4):
+        _eval_step(cb, tmp_path, step, _Control(), model)
+    second = paired_noise(dict(enumerate(evals[0])), dict(enumerate(evals[1].tolist())))
+    fourth = paired_noise(dict(enumerate(evals[1].tolist())), evals[3])
+    stored = coord.reports("local", "pe")
+    assert [(r.eval_score, r.eval_n, r.eval_noise) for r in stored] == [
+        (pytest.approx(0.55), 4, None), (pytest.approx(0.55), 4, pytest.approx(second)), (None, None, None),
+        (pytest.approx(0.45), 4, pytest.approx(fourth))]
+    assert [h.get("eval_n") for h in cb.history] == [4, 4, None, 4]
+    assert any("per-example score of example 1 is nan" in r.getMessage() for r in caplog.records)
 
 
 def test_on_eval_error_raise_and_stop(tmp_path):

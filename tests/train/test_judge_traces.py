@@ -127,7 +127,7 @@ def test_every_registered_detector_is_evaluated_against_gold_with_feedback_as_in
     res = jt.evaluate(paths, planned_steps=100)
     assert [t["detector"] for t in res["table"]] == list(DETECTORS.names())
     row = next(t for t in res["table"] if t["detector"] == "decline")
-    if row["params"] == {"k": 2, "min_delta": 0.0, "direction": "max"}:  # the paper's rule at its defaults
+    if row["params"] == {"k": 2, "min_delta": 0.0, "noise_z": 1.0, "direction": "max"}:  # the paper's rule at its defaults
         assert row["stops"] == {"grpo-judge-s00": 60, "rloo-judge-s01": None, "grpo-judge-s02": None,
                                 "rloo-judge-s03": 60}
         assert (row["tp"], row["fp_a"], row["fp_b"], row["lags"]) == (1, 1, 1, [2])  # peak at eval 4, stop at 6
