@@ -160,8 +160,9 @@ class EvalStopAPI(abc.ABC):
         return self._call("claim_eval", _args(locals()))
 
     def post_eval(self, job_id: str, step: int, score: float | None, worker: str = "",
-                  error: str | None = None) -> Decision:
-        """An evaluator's score for a snapshot (or ``score=None`` with ``error``, cut to 2,000 characters)."""
+                  error: str | None = None, eval_n: int | None = None, eval_noise: float | None = None) -> Decision:
+        """An evaluator's score for a snapshot (or ``score=None`` with ``error``, cut to 2,000 characters);
+        ``eval_n``, ``eval_noise``: the score's per-example evidence."""
         return self._call("post_eval", {**_args(locals()), "error": error[:2000] if error else None})
 
     def evals(self, job_id: str, after_step: int | None = None, limit: int | None = None) -> list[EvalTask]:

@@ -640,7 +640,8 @@ class Coordinator:
             done = task.state is EvalState.DONE
             try:
                 pending.append(self.submit_report(tenant, job_id, task.step, task.score if done else None,
-                                                  task.train_loss, task.proxy_reward, task.path if done else None))
+                                                  task.train_loss, task.proxy_reward, task.path if done else None,
+                                                  task.eval_n if done else None, task.eval_noise if done else None))
             except Conflict:
                 pass  # fed before a crash, or reported some other way: the stored report stands
         for p in pending:
@@ -656,9 +657,9 @@ class Coordinator:
         return self.external.claim(tenant, worker, lease_s)
 
     def post_eval(self, tenant: str, job_id: str, step: int, score: float | None, worker: str = "",
-                  error: str | None = None) -> Decision:
+                  error: str | None = None, eval_n: int | None = None, eval_noise: float | None = None) -> Decision:
         """An evaluator's result for a snapshot (see :meth:`.evals.ExternalEvals.post`)."""
-        return self.external.post(tenant, job_id, step, score, worker, error)
+        return self.external.post(tenant, job_id, step, score, worker, error, eval_n, eval_noise)
 
     # ------------------------------------------------------------------ deleting one of the tenant's own ended jobs (its audit line stays)
     def delete_job(self, tenant: str, job_id: str, reason: str = "", actor: str | None = None) -> JobView:

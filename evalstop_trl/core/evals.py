@@ -88,10 +88,11 @@ class ExternalEvals:
             return self.store.claim_eval(tenant, self._clock(), lease_s, worker)
 
     def post(self, tenant: str, job_id: str, step: int, score: float | None, worker: str = "",
-             error: str | None = None) -> Decision:
+             error: str | None = None, eval_n: int | None = None, eval_noise: float | None = None) -> Decision:
         """An evaluator's result for a snapshot: its score, or None (``error``: the eval failed, a
-        missing eval). Returns the job's decision after every eval that could be fed was fed."""
-        check_report(step, score, None, None)
+        missing eval), with its per-example evidence (``eval_n``, ``eval_noise``) if any. Returns the
+        job's decision after every eval that could be fed was fed."""
+        check_report(step, score, None, None, eval_n, eval_noise)
         check_text("worker", worker, 128)
         if error is not None:
             check_text("error", error, 2000, multiline=True)
@@ -104,7 +105,7 @@ class ExternalEvals:
                 state = EvalState.DONE if score is not None else EvalState.MISSING
                 wait_durable(self.store.put_eval(dataclasses.replace(
                     task, state=task.state.to(state) if task.state is EvalState.LEASED else state, score=score,
-                    worker=worker or task.worker)))
+                    worker=worker or task.worker, eval_n=eval_n, eval_noise=eval_noise)))
             self._feed(tenant, job_id)
         return self._read(tenant, job_id).current()
 

@@ -543,6 +543,8 @@ class EvalTask:
     worker: str = ""
     score: float | None = None
     fed: bool = False  # given to the detector (in step order)
+    eval_n: int | None = None  # the score's per-example evidence (core/examples.py), as a report's
+    eval_noise: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

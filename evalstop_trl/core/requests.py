@@ -122,6 +122,8 @@ class EvalResult:
     score: float | None = doc("the eval score; null with an error")
     worker: str = doc("the evaluator's name", "")
     error: str | None = doc("why the eval failed (then score is null)")
+    eval_n: int | None = doc("per-example evidence: the number of examples score is the mean of")
+    eval_noise: float | None = doc("per-example evidence: score's paired noise level (as a report's)")
 
 
 @dataclass(frozen=True, slots=True)

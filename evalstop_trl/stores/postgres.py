@@ -99,7 +99,7 @@ _SCHEMA = [
         tenant TEXT NOT NULL, job_id TEXT NOT NULL, step BIGINT NOT NULL, path TEXT NOT NULL,
         created_at DOUBLE PRECISION NOT NULL, train_loss DOUBLE PRECISION, proxy_reward DOUBLE PRECISION,
         state TEXT NOT NULL, lease_until DOUBLE PRECISION NOT NULL, worker TEXT NOT NULL, score DOUBLE PRECISION,
-        fed BOOLEAN NOT NULL, PRIMARY KEY (tenant, job_id, step))""",
+        fed BOOLEAN NOT NULL, eval_n BIGINT, eval_noise DOUBLE PRECISION, PRIMARY KEY (tenant, job_id, step))""",
     "CREATE INDEX IF NOT EXISTS evals_claim ON evals (tenant, state, created_at, job_id, step)",
     "CREATE INDEX IF NOT EXISTS evals_unfed ON evals (tenant, job_id, step) WHERE NOT fed",
 ]
@@ -109,8 +109,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS tags TEXT NOT NULL DEFAULT '{}'",  # issue 19: a job's context
         "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS hparams TEXT NOT NULL DEFAULT '{}'"),
     3: ("ALTER TABLE reports ADD COLUMN IF NOT EXISTS planned_steps BIGINT",),  # each report's plan
-    4: ("ALTER TABLE reports ADD COLUMN IF NOT EXISTS eval_n BIGINT",  # per-example evidence (core/examples.py)
-        "ALTER TABLE reports ADD COLUMN IF NOT EXISTS eval_noise DOUBLE PRECISION"),
+    4: tuple(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}"  # per-example evidence (core/examples.py)
+             for table in ("reports", "evals") for column in ("eval_n BIGINT", "eval_noise DOUBLE PRECISION")),
 }
 
 _JOB_COLS = ("tenant, job_id, job_type, planned_steps, policy, webhook, status, created_at, updated_at, decision, "
@@ -354,10 +354,7 @@ class PostgresStore(SQLReads, Store):
     def put_eval(self, task: EvalTask) -> Ticket:
         row = eval_row(task)
         return self._writes.submit(lambda db: db.execute(
-            f"INSERT INTO evals ({EVAL_COLS}) VALUES ({', '.join(['%s'] * 12)}) ON CONFLICT (tenant, job_id, step) "
-            "DO UPDATE SET path=EXCLUDED.path, train_loss=EXCLUDED.train_loss, proxy_reward=EXCLUDED.proxy_reward, "
-            "state=EXCLUDED.state, lease_until=EXCLUDED.lease_until, worker=EXCLUDED.worker, score=EXCLUDED.score, "
-            "fed=EXCLUDED.fed", row))
+            _PUT_EVAL, row))
 
     def claim_eval(self, tenant: str, now: float, lease_s: float, worker: str) -> EvalTask | None:
         """One statement: the oldest claimable task, locked (``SKIP LOCKED``: a concurrent claim on
@@ -408,6 +405,12 @@ def _insert_within_limits(db, job: JobRecord, limits: JobLimits) -> None:
     if cur.rowcount == 0:
         raise StaleState(f"job {job.job_id!r} was changed by another coordinator; retry")
 
+
+#: insert or replace a task: every column but the key taken from the new row
+_PUT_EVAL = (f"INSERT INTO evals ({EVAL_COLS}) VALUES ({', '.join(['%s'] * len(EVAL_COLS.split(',')))}) "
+             "ON CONFLICT (tenant, job_id, step) DO UPDATE SET "
+             + ", ".join(f"{c}=EXCLUDED.{c}" for c in (c.strip() for c in EVAL_COLS.split(","))
+                         if c not in ("tenant", "job_id", "step", "created_at")))
 
 #: lease the tenant's oldest claimable task in one statement (args: lease_until, worker, tenant, now)
 _CLAIM = ("UPDATE evals e SET state='leased', lease_until=%s, worker=%s FROM (SELECT tenant, job_id, step FROM evals "

@@ -5,6 +5,7 @@ Queries are written with ``?`` placeholders; :func:`q` turns them into PostgreSQ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -32,7 +33,8 @@ _COUNTED = ", ".join(f"'{k.value}'" for k in AuditKind if k.counted)  # AuditKin
 REPORT_COLS = ", ".join(Report._fields)  # the columns are the record's fields, in order
 AUDIT_COLS = "tenant, job_id, at, kind, actor, reason, evidence"
 DELIVERY_COLS = "id, tenant, job_id, url, body, created_at, attempts, next_at, done, outcome"
-EVAL_COLS = "tenant, job_id, step, path, created_at, train_loss, proxy_reward, state, lease_until, worker, score, fed"
+_EVAL_FIELDS = tuple(f.name for f in dataclasses.fields(EvalTask))
+EVAL_COLS = ", ".join(_EVAL_FIELDS)  # the columns are the record's fields, in order
 
 
 def q(query: str, postgres: bool) -> str:
@@ -92,12 +94,12 @@ def delivery_from_row(r: tuple) -> Delivery:
 
 
 def eval_row(t: EvalTask) -> tuple:
-    return (t.tenant, t.job_id, t.step, t.path, t.created_at, t.train_loss, t.proxy_reward, t.state.value,
-            t.lease_until, t.worker, t.score, t.fed)
+    return tuple(t.state.value if f == "state" else getattr(t, f) for f in _EVAL_FIELDS)
 
 
 def eval_from_row(r: tuple) -> EvalTask:
-    return EvalTask(r[0], r[1], r[2], r[3], r[4], r[5], r[6], EvalState(r[7]), r[8], r[9], r[10], bool(r[11]))
+    values = dict(zip(_EVAL_FIELDS, r, strict=True))
+    return EvalTask(**{**values, "state": EvalState(values["state"]), "fed": bool(values["fed"])})
 
 
 class SQLReads:

@@ -86,7 +86,7 @@ CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (done, next_at);
 CREATE TABLE IF NOT EXISTS evals (
     tenant TEXT NOT NULL, job_id TEXT NOT NULL, step INTEGER NOT NULL, path TEXT NOT NULL, created_at REAL NOT NULL,
     train_loss REAL, proxy_reward REAL, state TEXT NOT NULL, lease_until REAL NOT NULL, worker TEXT NOT NULL,
-    score REAL, fed INTEGER NOT NULL, PRIMARY KEY (tenant, job_id, step));
+    score REAL, fed INTEGER NOT NULL, eval_n INTEGER, eval_noise REAL, PRIMARY KEY (tenant, job_id, step));
 CREATE INDEX IF NOT EXISTS evals_claim ON evals (tenant, state, created_at, job_id, step);
 CREATE INDEX IF NOT EXISTS evals_unfed ON evals (tenant, job_id, step) WHERE NOT fed;
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (tenant, status);
@@ -101,8 +101,8 @@ _MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL, or a function of the connect
     4: ("ALTER TABLE jobs ADD COLUMN tags TEXT NOT NULL DEFAULT '{}'",  # issue 19: a job's context
         "ALTER TABLE jobs ADD COLUMN hparams TEXT NOT NULL DEFAULT '{}'"),
     5: (lambda db: _add_column(db, "reports", "planned_steps INTEGER"),),  # the plan each report was decided under
-    6: (lambda db: _add_column(db, "reports", "eval_n INTEGER"),  # per-example evidence (core/examples.py)
-        lambda db: _add_column(db, "reports", "eval_noise REAL")),
+    6: tuple(lambda db, t=table, c=column: _add_column(db, t, c)  # per-example evidence (core/examples.py)
+             for table in ("reports", "evals") for column in ("eval_n INTEGER", "eval_noise REAL")),
 }
 
 
@@ -386,7 +386,7 @@ class SQLiteStore(SQLReads, Store):
     def put_eval(self, task: EvalTask) -> Ticket:
         row = tuple(int(v) if isinstance(v, bool) else v for v in eval_row(task))
         return self._writes.submit(lambda db: db.execute(
-            f"INSERT OR REPLACE INTO evals ({EVAL_COLS}) VALUES ({','.join('?' * 12)})", row))
+            f"INSERT OR REPLACE INTO evals ({EVAL_COLS}) VALUES ({','.join('?' * len(row))})", row))
 
     def claim_deliveries(self, now: float, limit: int, lease_s: float) -> list[Delivery]:
         rows = self._read(f"SELECT {DELIVERY_COLS} FROM deliveries WHERE done=0 AND next_at<=? "

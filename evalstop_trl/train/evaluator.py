@@ -6,6 +6,12 @@ goes back to the queue), loads it (transformers, or a PEFT adapter over its base
 eval (a missing eval for the detector). The coordinator feeds the scores to the detector in step
 order.
 
+The function may return per-example scores instead (a list, an array, a dict example id -> score,
+as the callback's ``world_feedback``): the evaluator posts their mean, their number and their
+paired noise level against the last earlier snapshot of the same job that this evaluator scored
+(the previous one when one evaluator keeps up with a job; none when another evaluator scored it).
+It keeps those scores for the last :data:`KEPT_JOBS` jobs only.
+
 Security model: tenants write the snapshots (and name their paths); the evaluator's operator
 decides which folder it may read (``root``) and which code it runs (``--fn``). So:
 
@@ -40,18 +46,22 @@ import stat
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..clients.api import EvalStopAPI
+from ..core.examples import ExampleEval, is_per_example, summarize
 from ..core.records import EvalTask
 
-__all__ = ["Evaluator", "SnapshotRefused", "check_tree", "inside", "isolate_sys_path", "load_function",
+__all__ = ["KEPT_JOBS", "Evaluator", "SnapshotRefused", "check_tree", "inside", "isolate_sys_path", "load_function",
            "load_snapshot", "printable"]
 
 log = logging.getLogger("evalstop.evaluate")
 
+#: jobs whose last per-example scores an evaluator keeps (to pair with their next snapshot)
+KEPT_JOBS = 16
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _MAX_ENTRIES = 100_000  # files and folders of one snapshot that are checked
 _MAX_CONFIG = 1 << 20  # bytes of an adapter_config.json
@@ -253,12 +263,37 @@ def load_snapshot(path: str | os.PathLike, device: str = "cpu", root: str | os.P
     return model.to(device).eval(), tokenizer
 
 
+class _LastExamples:
+    """Per job, the last per-example eval scored here (the latest step), for :data:`KEPT_JOBS` jobs:
+    a new snapshot's scores are paired with an earlier step's. Thread-safe; the lock only guards the
+    dict (scores are summarised outside it)."""
+
+    def __init__(self, jobs: int = KEPT_JOBS) -> None:
+        self.jobs = jobs
+        self._last: OrderedDict[str, tuple[int, ExampleEval]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def summarize(self, job_id: str, step: int, value: Any) -> ExampleEval:
+        with self._lock:
+            kept = self._last.get(job_id)
+        ev = summarize(value, kept[1] if kept is not None and kept[0] < step else None)
+        with self._lock:
+            kept = self._last.get(job_id)
+            if kept is None or kept[0] < step:
+                self._last[job_id] = (step, ev)
+            self._last.move_to_end(job_id)
+            while len(self._last) > self.jobs:
+                self._last.popitem(last=False)
+        return ev
+
+
 class Evaluator:
     """Workers that claim, evaluate and score snapshots of one tenant's jobs.
 
     Args:
         client: an :class:`~evalstop_trl.clients.api.EvalStopAPI` (``claim_eval``, ``post_eval``).
-        function: ``(model, tokenizer) -> float``, higher is better (the job's policy says the direction).
+        function: ``(model, tokenizer) -> float``, higher is better (the job's policy says the direction);
+            or per-example scores (the module's docstring).
         root: only snapshots (and adapters' base models) under this folder are opened.
         workers: threads; device: where models go; lease_s: how long a claim lasts.
         max_evals: stop after this many evals (None: run until stopped).
@@ -277,6 +312,7 @@ class Evaluator:
         self.done = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._examples = _LastExamples()
 
     def stop(self) -> None:
         self._stop.set()
@@ -318,7 +354,7 @@ class Evaluator:
     def evaluate(self, task: EvalTask, worker: str) -> float | None:
         """Score one claimed snapshot and post the result; returns the score (None: failed)."""
         job, step, path = task.job_id, task.step, task.path
-        score, error = None, None
+        score, error, n, noise = None, None, None, None
         t0 = time.monotonic()
         try:
             model, tokenizer = load_snapshot(path, self.device, root=self.root, allow_pickle=self.allow_pickle)
@@ -326,6 +362,9 @@ class Evaluator:
 
             with torch.no_grad():
                 value = self.function(model, tokenizer)
+            if is_per_example(value):
+                ev = self._examples.summarize(job, step, value)
+                value, n, noise = ev.mean, ev.n, ev.noise
             value = value.item() if hasattr(value, "item") else value
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 error = f"the function returned {printable(repr(value), 200)}, not a finite number"
@@ -342,7 +381,8 @@ class Evaluator:
             error = _clean_error(error)
             log.warning("evalstop evaluate: %s step %d failed: %s", printable(job), step, printable(error))
         try:
-            self.client.post_eval(job, step, score, worker, error)
+            evidence = {} if score is None or n is None else {"eval_n": n, "eval_noise": noise}
+            self.client.post_eval(job, step, score, worker, error, **evidence)
         except Exception as exc:  # noqa: BLE001
             log.warning("evalstop evaluate: could not post %s step %d (%s); its lease will run out", printable(job),
                         step, printable(exc))

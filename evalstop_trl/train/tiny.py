@@ -321,3 +321,8 @@ def run_tiny(
 def gold_hacked(model, tokenizer) -> float:
     """World feedback of the ``hacked`` preset, as a ``--fn`` for ``evalstop evaluate``."""
     return GoldEval(PRESETS["hacked"])(model, tokenizer)
+
+
+def gold_hacked_per_example(model, tokenizer) -> list[float]:
+    """:func:`gold_hacked` as its 32 per-prompt scores (the evaluator posts their mean and paired noise)."""
+    return GoldEval(PRESETS["hacked"], per_example=True)(model, tokenizer)

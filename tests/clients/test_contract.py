@@ -175,13 +175,16 @@ def _script(c: Any, other: Any, capped: Any, stranger: Any) -> list[tuple[str, A
     call("claim 1", c.claim_eval, "w1", 60.0)
     call("claim 2", c.claim_eval, "w2", 60.0)
     call("claim bad lease", c.claim_eval, "w3", 0.5)
-    call("post 20 first", c.post_eval, "e1", 20, 0.8, "w2")
+    call("post 20 first", c.post_eval, "e1", 20, 0.8, "w2", eval_n=64, eval_noise=0.02)
     call("post 10", c.post_eval, "e1", 10, 0.9, "w1")
     call("claim 3", c.claim_eval, "w3", 60.0)
     call("claim none left", c.claim_eval, "w4", 60.0)
     call("post 30 failed", c.post_eval, "e1", 30, None, "w3", "loader crashed")
     call("post unknown step", c.post_eval, "e1", 99, 0.5, "w1")
+    call("post bad evidence", c.post_eval, "e1", 30, 0.5, "w3", eval_n=0)
+    call("post evidence without a score", c.post_eval, "e1", 30, None, "w3", "x", eval_noise=0.1)
     call("evals after", c.evals, "e1")
+    call("reports e1", c.reports, "e1")
     call("status e1", c.status, "e1")
     call("event sigterm", c.record_event, "j1", "launcher_sigterm", "grace over")
     call("event exit", c.record_event, "j1", "launcher_exit", "", exit_code=-15)
@@ -370,8 +373,11 @@ def test_the_script_means_what_it_says(results):
     assert r["claim 2"]["step"] == 20 and r["claim none left"] is None
     assert r["post 20 first"]["reason"] == "no eval yet"  # step 10 has no score yet: nothing fed
     assert r["post 10"]["best_step"] == 10 and r["post unknown step"]["error"] == 404
-    assert [(t["step"], t["state"], t["fed"]) for t in r["evals after"]] == [
-        (10, "done", True), (20, "done", True), (30, "missing", True)]
+    assert [(t["step"], t["state"], t["fed"], t["eval_n"], t["eval_noise"]) for t in r["evals after"]] == [
+        (10, "done", True, None, None), (20, "done", True, 64, 0.02), (30, "missing", True, None, None)]
+    assert [(x["step"], x["eval_n"], x["eval_noise"]) for x in r["reports e1"]] == [(10, None, None), (20, 64, 0.02),
+                                                                                   (30, None, None)]
+    assert r["post bad evidence"]["error"] == 422 and r["post evidence without a score"]["error"] == 422
     assert r["event bad kind"]["error"] == 422 and r["event bad exit code"]["error"] == 422
     assert [a["kind"] for a in r["audit j1"]] == ["amended", "amended", "stop", "ack", "launcher_sigterm",
                                                  "launcher_exit"]

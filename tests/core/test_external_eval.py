@@ -122,3 +122,40 @@ def test_a_stop_prunes_every_snapshot_but_the_best_even_those_scored_late(tmp_pa
     assert kept() == [15]  # stopped: only the best is worth keeping, whatever is scored later
     client.post_eval("ext", 45, 0.9)  # a late score changes nothing on disk
     assert kept() == [15] and feedback.snapshots == [15]
+
+
+def test_an_evaluator_posts_per_example_evidence(server, tmp_path):
+    """A real `evalstop evaluate` worker whose function returns 32 per-prompt scores: every snapshot's
+    report carries their mean, n = 32 and, after the first, the paired noise level (issue 28 item 1)."""
+    token = server.add_tenant("lab")
+    server.start()
+    worker = _worker(server, token, "evalstop_trl.train.tiny:gold_hacked_per_example", tmp_path)
+    try:
+        run = run_tiny("grpo", "hacked", output_dir=tmp_path, coordinator=server.url, token=token, job_id="ext-pe",
+                       max_steps=600, eval_every=15, callback_kwargs={"external_eval": True})
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    assert run.stopped_at is not None and run.stopped_at < 600
+    with EvalStopClient(server.url, token) as c:
+        reports = [r for r in c.reports("ext-pe") if r.eval_score is not None]
+        job = c.status("ext-pe")
+    assert len(reports) >= 3 and [r.eval_n for r in reports] == [32] * len(reports)
+    assert reports[0].eval_noise is None and all(r.eval_noise > 0 for r in reports[1:]), reports
+    decided = {r.step: r for r in reports}[job.decision.evidence["steps"][-1]]  # later snapshots may be scored too
+    assert job.decision.evidence["noise"] == decided.eval_noise
+
+
+def test_an_evaluator_pairs_each_job_with_its_own_earlier_snapshot_and_keeps_few():
+    from evalstop_trl.core.examples import paired_noise
+    from evalstop_trl.train.evaluator import _LastExamples
+
+    kept = _LastExamples(jobs=2)
+    assert kept.summarize("a", 10, [0.1, 0.5, 0.9]).noise is None
+    assert kept.summarize("b", 10, [0.0, 0.0, 0.0]).noise is None  # another job: its own chain
+    second = kept.summarize("a", 20, [0.2, 0.5, 0.7])
+    assert second.noise == pytest.approx(paired_noise({0: 0.1, 1: 0.5, 2: 0.9}, {0: 0.2, 1: 0.5, 2: 0.7}))
+    late = kept.summarize("a", 15, [0.1, 0.5, 0.9])  # scored out of order: not paired with a later step
+    assert late.noise is None and kept.summarize("a", 30, [0.2, 0.5, 0.7]).noise == 0.0  # still paired with 20
+    kept.summarize("c", 10, [1.0, 1.0])  # a third job: the least recent ("b") is forgotten
+    assert kept.summarize("b", 20, [0.0, 0.1, 0.0]).noise is None

@@ -226,10 +226,14 @@ def _evidence_roundtrip(open_coordinator) -> None:
     (issue 28 item 1), through a reopen."""
     c = open_coordinator()
     assert [(r.eval_n, r.eval_noise) for r in c.reports("old", "j")] == [(None, None)]
+    assert [(t.eval_n, t.eval_noise) for t in c.evals("old", "j")] == [(None, None)]  # an old snapshot
+    c.post_eval("old", "j", 15, 0.45, "w", eval_n=250, eval_noise=0.02)  # the old snapshot, scored now
     c.report("old", "j", 20, 0.4, eval_n=250, eval_noise=0.01)
     c.close()
     c = open_coordinator()
-    assert [(r.eval_n, r.eval_noise) for r in c.reports("old", "j")] == [(None, None), (250, 0.01)]
+    assert [(r.step, r.eval_n, r.eval_noise) for r in c.reports("old", "j")] == [(10, None, None), (15, 250, 0.02),
+                                                                               (20, 250, 0.01)]
+    assert [(t.eval_n, t.eval_noise) for t in c.evals("old", "j")] == [(250, 0.02)]
     c.close()
 
 
@@ -238,9 +242,11 @@ def test_sqlite_migrates_version_6_to_7_reports_keep_their_evidence(tmp_path):
     c = Coordinator(SQLiteStore(path))
     c.register_job("old", "j", "grpo")
     c.report("old", "j", 10, 0.5)
+    c.publish_snapshot("old", "j", 15, "/snap/15")
     c.close()
     db = sqlite3.connect(path)  # what evalstop wrote before: no per-example evidence, version 6
     db.executescript("ALTER TABLE reports DROP COLUMN eval_n; ALTER TABLE reports DROP COLUMN eval_noise; "
+                     "ALTER TABLE evals DROP COLUMN eval_n; ALTER TABLE evals DROP COLUMN eval_noise; "
                      "UPDATE schema_version SET version = 6;")
     db.close()
     _evidence_roundtrip(lambda: Coordinator(SQLiteStore(path)))
@@ -256,10 +262,12 @@ def test_postgres_migrates_version_4_to_5_reports_keep_their_evidence(pg_dsn):
     c = Coordinator(PostgresStore(pg_dsn))
     c.register_job("old", "j", "grpo")
     c.report("old", "j", 10, 0.5)
+    c.publish_snapshot("old", "j", 15, "/snap/15")
     c.close()
     with psycopg.connect(pg_dsn, autocommit=True) as db:
-        db.execute("ALTER TABLE reports DROP COLUMN eval_n")
-        db.execute("ALTER TABLE reports DROP COLUMN eval_noise")
+        for table in ("reports", "evals"):
+            db.execute(f"ALTER TABLE {table} DROP COLUMN eval_n")
+            db.execute(f"ALTER TABLE {table} DROP COLUMN eval_noise")
         db.execute("UPDATE schema_version SET version = 4")
     _evidence_roundtrip(lambda: Coordinator(PostgresStore(pg_dsn)))
     with psycopg.connect(pg_dsn, autocommit=True) as db:
