@@ -101,11 +101,31 @@ class CurveConfig:
 
 
 @dataclass(frozen=True)
+class PerExampleConfig:
+    """Evals as means over examples (``n`` > 0; 0: one noisy number per eval, the paper's model).
+
+    ``scores: gaussian``: example k's score is gold + its effect b_k + N(0, sigma * sqrt(n)), so the
+    mean carries the configured ``noise.sigma``; ``binary``: a pass with probability
+    sigmoid(``link_scale`` * (gold - ``link_mid``) + b_k), a win rate that rises and falls with gold
+    (the same peak, the same labels). Effects b_k ~ N(0, ``example_sd``) are drawn once per job
+    (``examples: fixed``, the same examples at every eval: the paired noise is reported) or for
+    every eval (``fresh``: no shared examples, no paired noise)."""
+
+    n: int
+    scores: Literal["gaussian", "binary"]
+    examples: Literal["fixed", "fresh"]
+    example_sd: float
+    link_mid: float
+    link_scale: float
+
+
+@dataclass(frozen=True)
 class NoiseConfig:
     sigma: float
     kind: Literal["gaussian", "ar1", "student_t"]
     ar_rho: float
     t_df: float
+    per_example: PerExampleConfig
 
 
 @dataclass(frozen=True)
@@ -297,6 +317,13 @@ def _validate(c: SimConfig) -> None:
     _check(c.noise.sigma >= 0, "noise.sigma", f"must be >= 0, but got {c.noise.sigma}")
     _check(-1 < c.noise.ar_rho < 1, "noise.ar_rho", "must be in (-1, 1)")
     _check(c.noise.t_df > 2, "noise.t_df", "must be > 2 (finite variance)")
+    pe = c.noise.per_example
+    _check(0 <= pe.n <= 100_000, "noise.per_example.n", f"must be in [0, 100000] examples (0: off), but got {pe.n}")
+    _check(pe.n == 0 or c.noise.kind == "gaussian", "noise.per_example.n",
+           f"> 0 draws each example's own noise; it cannot be combined with noise.kind={c.noise.kind!r} "
+           "(set noise.kind: gaussian)")
+    _check(pe.example_sd >= 0, "noise.per_example.example_sd", f"must be >= 0, but got {pe.example_sd}")
+    _check(pe.link_scale > 0, "noise.per_example.link_scale", f"must be > 0, but got {pe.link_scale}")
     _check(c.loss.tau[0] > 0, "loss.tau", "must be positive")
 
 

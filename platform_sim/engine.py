@@ -111,6 +111,7 @@ class Simulation:
         hook = eval_hook_name(kind)
         self._eval_hook = getattr(overlay, hook) if hook else None
         self._eval_snapshot = hook == "on_eval"
+        self._evidence = bool(getattr(overlay, "wants_evidence", False))
         self._cuts = kind.cut_progress is not Overlay.cut_progress
 
     @property
@@ -206,8 +207,15 @@ class Simulation:
         if score > job.best_score:
             job.best_score, job.best_eval = score, i
         hook = self._eval_hook
-        stop = hook is not None and hook(job.snapshot(now) if self._eval_snapshot else job.spec.job_id,
-                                         i, score, loss, truth.proxies[i - 1])
+        if hook is None:
+            stop = False
+        elif self._evidence and truth.eval_n:  # per-example evals: their n and paired noise level (NaN: none)
+            noise = truth.eval_noise[i - 1]
+            stop = hook(job.snapshot(now) if self._eval_snapshot else job.spec.job_id, i, score, loss,
+                        truth.proxies[i - 1], eval_n=truth.eval_n, eval_noise=None if noise != noise else noise)
+        else:
+            stop = hook(job.snapshot(now) if self._eval_snapshot else job.spec.job_id, i, score, loss,
+                        truth.proxies[i - 1])
         if i >= timing.n:
             self._depart(job, stopped=False)
             return True

@@ -56,6 +56,9 @@ class Overlay:
 
     name = "none"
     is_oracle = False
+    #: Whether the eval hook takes the eval's per-example evidence: with per-example evals
+    #: (``noise.per_example``) the engine then also passes ``eval_n`` and ``eval_noise`` (None: no level).
+    wants_evidence = False
 
     def attach(self, clock: Callable[[], float], n_evals: int) -> None:
         """Called once by the engine before the run. ``clock()`` is the simulated time (a
@@ -120,6 +123,8 @@ class DetectorOverlay(Overlay):
         self.coordinator: Coordinator | None = None
         self._watched: dict[int, str] = {}  # job id -> the coordinator's job id
 
+    wants_evidence = True  # the coordinator's detectors use a per-example eval's paired noise
+
     def attach(self, clock, n_evals):
         self.coordinator = Coordinator(MemoryStore(), clock=clock, default_policy=self.policy, quotas=_PLATFORM_QUOTAS)
         self._report = self.coordinator.report
@@ -132,11 +137,11 @@ class DetectorOverlay(Overlay):
         self.coordinator.add_job(TENANT, name, _JOB_TYPES.get(job.job_type, JobType.OTHER), planned_steps=self.n_evals)
         self._watched[job.job_id] = name
 
-    def on_eval_id(self, job_id, step, score, loss, proxy):
+    def on_eval_id(self, job_id, step, score, loss, proxy, eval_n=None, eval_noise=None):
         name = self._watched.get(job_id)
         if name is None:
             return False
-        return self._report(TENANT, name, step, score, loss, proxy).action is Action.STOP
+        return self._report(TENANT, name, step, score, loss, proxy, None, eval_n, eval_noise).action is Action.STOP
 
 
 class StopAtOverlay(Overlay):

@@ -114,7 +114,8 @@ def run_salted(cfg: SimConfig, seeds: int | None = None, workers: int | None = N
         overlay_params: that class's keyword arguments (plain JSON values).
 
     Raises:
-        ConfigError: a bad config, Oracle-Stop sealed, a malformed class path or parameters.
+        ConfigError: a bad config, Oracle-Stop sealed, per-example evals sealed, a malformed class path
+            or parameters.
         SealedOverlayError: the overlay's process failed or broke the protocol.
     """
     check_config(cfg)
@@ -123,6 +124,9 @@ def run_salted(cfg: SimConfig, seeds: int | None = None, workers: int | None = N
     spec = overlay_class or cfg.overlay.name
     params = dict(overlay_params or {}) if overlay_class else cfg.overlay.block(spec)
     sealed = sealed or overlay_class is not None
+    if sealed and cfg.noise.per_example.n:  # the sealed protocol carries scores, not per-example evidence
+        raise ConfigError("a sealed overlay sees each eval's score only, not its per-example evidence: run "
+                          "noise.per_example.n > 0 in process (without --sealed or --overlay-class), or set it to 0")
     if sealed:
         try:
             sealed_spec(spec, params)

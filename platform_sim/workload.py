@@ -71,6 +71,8 @@ class JobTruth:
     proxies: tuple[float, ...]
     family: str = "gao"  # the hacked-curve family (curves.Family); "gao" for every healthy curve
     extra: tuple[float, ...] = ()  # the family's other parameters (see curves.family_gold)
+    eval_n: int = 0  # examples per eval (noise.per_example.n; 0: each score is one noisy number)
+    eval_noise: tuple[float, ...] = ()  # each eval's paired noise level (NaN: none, e.g. the first eval)
 
     def gold_at(self, p: float) -> float:
         return float(gold(self.kind, self.height, self.shape, p, self.family, self.extra))
@@ -122,14 +124,16 @@ def secret_salt() -> int:
 
 
 def _streams(seed: int, salt: int | None) -> list[np.random.Generator]:
-    """The six generators (types, durations, estimates, arrivals, curves, noise); with a salt, every
-    one but the types' is drawn from ``SeedSequence([seed, salt])``."""
-    public = np.random.SeedSequence(seed).spawn(6)
+    """The seven generators (types, durations, estimates, arrivals, curves, noise, examples); with a
+    salt, every one but the types' is drawn from ``SeedSequence([seed, salt])``. (A seed sequence's
+    first six children do not depend on how many it spawns: adding the examples' stream left the
+    others as they were.)"""
+    public = np.random.SeedSequence(seed).spawn(7)
     if salt is None:
         return [np.random.default_rng(s) for s in public]
     if isinstance(salt, bool) or not isinstance(salt, int) or salt < 0:
         raise ValueError(f"salt must be a non-negative integer or None, but got salt={salt!r}.")
-    hidden = np.random.SeedSequence([seed, salt]).spawn(6)
+    hidden = np.random.SeedSequence([seed, salt]).spawn(7)
     return [np.random.default_rng(public[0])] + [np.random.default_rng(s) for s in hidden[1:]]
 
 
@@ -142,7 +146,7 @@ def generate_workload(cfg: SimConfig, seed: int, salt: int | None = None) -> Wor
     """
     w, cv = cfg.workload, cfg.curves
     n, m = w.n_jobs, w.evals_per_job
-    s_types, s_dur, s_est, s_arr, s_curve, s_noise = _streams(seed, salt)
+    s_types, s_dur, s_est, s_arr, s_curve, s_noise, s_examples = _streams(seed, salt)
     names = list(w.types)
     shares = np.array([w.types[t].share for t in names])
     type_idx = s_types.choice(len(names), size=n, p=shares / shares.sum())
@@ -198,7 +202,12 @@ def generate_workload(cfg: SimConfig, seed: int, salt: int | None = None) -> Wor
                              tuple(e[sel, None] for e in extra), p[None, :])
     kappa = lerp(cfg.proxy.kappa, u[:, 4])
     tau_l = lerp(cfg.loss.tau, u[:, 5])
-    scores = (g + noise).tolist()
+    pe = cfg.noise.per_example
+    if pe.n:
+        observed, paired = _per_example(pe, cfg.noise.sigma, g, s_examples)
+        scores, eval_noise = observed.tolist(), paired.tolist()
+    else:
+        scores, eval_noise = (g + noise).tolist(), None
     losses = (0.3 + 0.7 * np.exp(-p[None, :] / tau_l[:, None]) + loss_noise).tolist()
     proxies = (kappa[:, None] * p[None, :] + proxy_noise).tolist()
     kinds = np.where(hacked_form, 0, np.where(rising_form, 1, 2))
@@ -224,8 +233,39 @@ def generate_workload(cfg: SimConfig, seed: int, salt: int | None = None) -> Wor
             duration_s=dur_l[j], kind=kind, height=height_l[j], shape=shape_l[j], hacked=hacked,
             peak_progress=peak, gold_end=end, scores=tuple(scores[j]), losses=tuple(losses[j]),
             proxies=tuple(proxies[j]), family=fam, extra=ext,
+            **({} if eval_noise is None else {"eval_n": pe.n, "eval_noise": tuple(eval_noise[j])}),
         ))
     return Workload(tuple(jobs), tuple(truths), m, seed, salt)
+
+
+def _per_example(pe, sigma: float, g: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, paired noise levels) of evals that are means over ``pe.n`` examples, for the gold
+    ``g`` (jobs x evals) at the eval points (:class:`~platform_sim.config.PerExampleConfig`). Each
+    level is sd(d) / sqrt(2 n) over the per-example differences from the eval before (as
+    :func:`evalstop_trl.core.examples.paired_noise`); NaN for the first eval and for fresh examples.
+    Drawn a block of jobs at a time: memory stays bounded by the block, not by the workload."""
+    jobs, m = g.shape
+    k = pe.n
+    scores, noise = np.empty((jobs, m)), np.full((jobs, m), np.nan)
+    block = max(1, 1_000_000 // k)
+    for lo in range(0, jobs, block):
+        gb = g[lo:lo + block]
+        size = (len(gb), k)
+        effects = rng.standard_normal(size) * pe.example_sd
+        before = None
+        for i in range(m):
+            if pe.examples == "fresh" and i:
+                effects = rng.standard_normal(size) * pe.example_sd
+            if pe.scores == "gaussian":
+                x = gb[:, i:i + 1] + effects + rng.standard_normal(size) * (sigma * math.sqrt(k))
+            else:
+                p = 1.0 / (1.0 + np.exp(-(pe.link_scale * (gb[:, i:i + 1] - pe.link_mid) + effects)))
+                x = (rng.random(size) < p).astype(float)
+            scores[lo:lo + len(gb), i] = x.mean(axis=1)
+            if before is not None and pe.examples == "fixed" and k >= 2:
+                noise[lo:lo + len(gb), i] = (x - before).std(axis=1, ddof=1) / math.sqrt(2.0 * k)
+            before = x
+    return scores, noise
 
 
 _GAO, _LATE, _SHALLOW, _DROP, _OSC = (FAMILIES.index(f.value) for f in Family)
@@ -287,7 +327,8 @@ def read_trace(path: str | Path) -> Workload:
                     float(row["duration_s"]), CurveKind(row["kind"]), float(row["height"]), float(row["shape"]),
                     row["hacked"] == "True", float(row["peak_progress"]), float(row["gold_end"]),
                     *(tuple(float(x) for x in row[k].split(";")) for k in ("scores", "losses", "proxies")),
-                    family=family, extra=extra,
+                    family=family, extra=extra, eval_n=int(row.get("eval_n") or 0),
+                    eval_noise=tuple(float(x) for x in (row.get("eval_noise") or "").split(";") if x),
                 ))
             except (KeyError, ValueError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a platform-sim trace row ({exc})") from None

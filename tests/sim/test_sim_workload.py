@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import numpy as np
 import pytest
 
@@ -143,3 +146,97 @@ def test_trace_round_trip_with_families(tmp_path):
     assert len({t.family for t in wl.truths}) == 5
     write_trace(wl, tmp_path / "jobs.csv")
     assert read_trace(tmp_path / "jobs.csv") == wl
+
+
+# ----------------------------------------------------------------------------- per-example evals (issue 28)
+def _per_example(n=250, **more):
+    cfg = load_config().replace(**{"workload.n_jobs": 300, "noise.per_example.n": n,
+                                   **{f"noise.per_example.{k}": v for k, v in more.items()}})
+    return cfg, generate_workload(cfg, 5)
+
+
+def test_per_example_evals_keep_the_jobs_the_curves_and_the_noise_level():
+    """Gaussian examples: each score is a mean whose noise is noise.sigma, and the paired level
+    estimates that noise (the examples' own effects cancel); jobs, labels and proxies as without."""
+    plain = generate_workload(load_config().replace(**{"workload.n_jobs": 300}), 5)
+    cfg, wl = _per_example()
+    assert wl.jobs == plain.jobs and [t.hacked for t in wl.truths] == [t.hacked for t in plain.truths]
+    assert [t.proxies for t in wl.truths] == [t.proxies for t in plain.truths]
+    resid = np.array([[s - t.gold_at((i + 1) / wl.n_evals) for i, s in enumerate(t.scores)] for t in wl.truths])
+    noise = np.array([t.eval_noise for t in wl.truths])
+    assert resid.std() == pytest.approx(cfg.noise.sigma, rel=0.05)
+    assert np.isnan(noise[:, 0]).all() and np.nanmean(noise[:, 1:]) == pytest.approx(cfg.noise.sigma, rel=0.05)
+    assert {t.eval_n for t in wl.truths} == {250} and {t.eval_n for t in plain.truths} == {0}
+
+
+def test_binary_and_fresh_examples():
+    _, binary = _per_example(scores="binary")
+    scores = np.array([t.scores for t in binary.truths])
+    assert ((scores * 250) % 1 == 0).all() and (0 <= scores).all() and (scores <= 1).all()  # win rates k/250
+    assert np.nanmean([t.eval_noise for t in binary.truths]) > 0
+    cfg, fresh = _per_example(examples="fresh")
+    assert all(np.isnan(t.eval_noise).all() for t in fresh.truths)  # nothing shared: no paired level
+    resid = np.array([[s - t.gold_at((i + 1) / fresh.n_evals) for i, s in enumerate(t.scores)] for t in fresh.truths])
+    # fresh examples add their own spread to every mean: sqrt(sigma^2 + example_sd^2 / n)
+    assert resid.std() == pytest.approx(math.hypot(cfg.noise.sigma, 0.15 / math.sqrt(250)), rel=0.05)
+
+
+def test_per_example_traces_round_trip(tmp_path):
+    _, wl = _per_example(n=8)
+    write_trace(wl, tmp_path / "t.csv")
+    back = read_trace(tmp_path / "t.csv")
+    assert [t.eval_n for t in back.truths] == [8] * len(wl.truths)
+    np.testing.assert_array_equal([t.eval_noise for t in back.truths], [t.eval_noise for t in wl.truths])
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"noise.per_example.n": -1}, "noise.per_example.n must be in [0, 100000]"),
+    ({"noise.per_example.n": 10, "noise.kind": "ar1"}, "cannot be combined with noise.kind='ar1'"),
+    ({"noise.per_example.scores": "likert"}, "noise.per_example.scores must be one of gaussian, binary"),
+    ({"noise.per_example.link_scale": 0}, "noise.per_example.link_scale must be > 0"),
+])
+def test_bad_per_example_configs_are_clear_errors(over, message):
+    from platform_sim.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config().replace(**over)
+
+
+def test_the_detector_sees_the_paired_noise_and_stops_fewer_healthy_runs():
+    """The paper's decline k=2 on the same jobs, with and without per-example evidence: with the
+    paired noise, a fall within the noise does not count (fewer label stops of healthy runs)."""
+    from platform_sim.experiments import detect_only
+
+    cfg = load_config().replace(**{"workload.n_jobs": 200})
+    pe = cfg.replace(**{"noise.per_example.n": 250})
+    plain = detect_only(cfg, generate_workload(cfg, 11), "srtf_est", "evalstop")
+    paired = detect_only(pe, generate_workload(pe, 11), "srtf_est", "evalstop")
+    assert paired.fp_a < plain.fp_a and paired.tp > 0.8 * plain.tp, (plain, paired)
+
+
+def test_a_sealed_run_refuses_per_example_evals_it_could_not_pass_on():
+    from platform_sim.config import ConfigError
+    from platform_sim.sealed_run import run_salted
+
+    cfg = load_config().replace(**{"workload.n_jobs": 20, "noise.per_example.n": 10})
+    with pytest.raises(ConfigError, match="a sealed overlay sees each eval's score only"):
+        run_salted(cfg, seeds=1, workers=1, salt=1)
+
+
+def test_the_simulators_paired_noise_is_the_callbacks():
+    """One formula: the workload's vectorised levels equal core.examples.paired_noise on the same
+    per-example scores (drawn again from the same generator, in the same order)."""
+    from evalstop_trl.core.examples import paired_noise
+    from platform_sim.workload import _per_example
+
+    pe = load_config().replace(**{"noise.per_example.n": 6}).noise.per_example
+    g = np.array([[0.2, 0.4, 0.5], [0.9, 0.8, 0.6]])
+    scores, noise = _per_example(pe, 0.04, g, np.random.default_rng(9))
+    rng = np.random.default_rng(9)
+    effects = rng.standard_normal((2, 6)) * pe.example_sd
+    x = [g[:, i:i + 1] + effects + rng.standard_normal((2, 6)) * (0.04 * math.sqrt(6)) for i in range(3)]
+    for j in range(2):
+        for i in (1, 2):
+            want = paired_noise(dict(enumerate(x[i - 1][j])), dict(enumerate(x[i][j])))
+            assert noise[j, i] == pytest.approx(want, rel=1e-12)
+        assert scores[j].tolist() == pytest.approx([x[i][j].mean() for i in range(3)], rel=1e-12)
