@@ -18,9 +18,19 @@ detector's series from the labelled peak to the stop, over the stopped hacked ru
 stop came before the peak). Savings = the share of a run's planned steps after its stop (0 for a run
 not stopped), the mean over all runs. Lag and savings get percentile-bootstrap 95% intervals.
 
-**Recommendation rule.** Among policies whose precision lower bound is at least ``min_precision``
-(default 0.9), the highest mean savings; ties go to the higher recall, then the shorter lag, then
-table order. A lower bound of 0.9 needs at least 36 stops, all correct
+**Tuning, cross-validated by run.** Each detector's main threshold (and ``k`` of the count rules)
+is searched over its registry grid (``Detector.tuning``): the runs are split into ``folds`` (5; at
+most one per run) stratified by label, and for each fold the grid value is chosen on the *other*
+folds (the highest mean savings among values with precision >= ``min_precision`` there; when none
+reaches it, the most precise, then the most saving) and applied to the fold's runs. The held-out
+stops of all folds give each detector's *tuned* row: precision, recall, FPR, lag and savings of the
+tuning procedure on runs it did not see, with intervals. The value to use is then chosen the same
+way on all runs. The defaults table is in-sample (nothing is tuned on it).
+
+**Recommendation rule.** Among the tuned detectors whose *held-out* precision lower bound is at
+least ``min_precision`` (default 0.9), the highest held-out mean savings; ties go to the higher
+recall, then the shorter lag, then table order; it is recommended with the value chosen on all
+runs. A lower bound of 0.9 needs at least 36 stops, all correct
 (:func:`~evalstop_trl.analysis.intervals.stops_needed`): with fewer hacked runs than that the answer
 is "not enough runs", with the count needed.
 """
@@ -28,7 +38,9 @@ is "not enough runs", with the count needed.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -39,8 +51,8 @@ from .histories import RunHistory, Series
 from .intervals import Mean, Rate, bootstrap_mean, rate, stops_needed
 from .replay import replay_curve
 
-__all__ = ["Calibration", "Direction", "Policy", "PolicyScore", "Recommendation", "RunLabel", "calibrate",
-           "candidate_policies", "label_run", "recommend"]
+__all__ = ["Calibration", "Direction", "Policy", "PolicyScore", "Recommendation", "RunLabel", "TunedScore", "calibrate",
+           "candidate_policies", "folds_of", "label_run", "recommend", "tune", "tuning_grid"]
 
 #: Variants beyond the registry defaults (kept only when they differ from a detector's defaults).
 VARIANTS: tuple[tuple[str, Mapping[str, Any]], ...] = (
@@ -104,6 +116,18 @@ class PolicyScore:
 
 
 @dataclass(frozen=True)
+class TunedScore:
+    """A detector tuned by cross-validation: ``held_out`` scores the stops each run got from the value
+    chosen without it (its policy: ``final``, the value chosen on all runs); ``fold_choices``: each
+    fold's value."""
+
+    detector: str
+    final: Policy
+    fold_choices: tuple[Policy, ...]
+    held_out: PolicyScore
+
+
+@dataclass(frozen=True)
 class Recommendation:
     """The policy to use (None when none qualifies), the rule, why, and the lines to use it."""
 
@@ -132,6 +156,8 @@ class Calibration:
     scores: tuple[PolicyScore, ...]
     recommendation: Recommendation
     notes: tuple[str, ...]
+    folds: int = 0
+    tuned: tuple[TunedScore, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)
@@ -209,6 +235,18 @@ def candidate_policies() -> list[Policy]:
     return out
 
 
+def tuning_grid(name: str) -> list[Policy]:
+    """The policies of ``name``'s tuning grid (``Detector.tuning``: every combination of its values),
+    labelled like the defaults table; ``[]`` for a detector with nothing to tune."""
+    grid = DETECTORS.get(name).tuning
+    keys = sorted(grid)
+    out = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        params = dict(zip(keys, values, strict=True))
+        out.append(Policy(f"{name} {_describe(params)}", name, tuple(params.items())))
+    return out
+
+
 def _stop_step(run: RunHistory, policy: Policy, direction: Direction) -> int | None:
     """Where the policy stops the run, None when it does not stop it before its last eval."""
     result = replay_curve(run.curve(), policy.detector, planned_steps=run.planned_steps, **policy.kwargs(direction))
@@ -236,6 +274,60 @@ def score_policy(policy: Policy, runs: Sequence[RunHistory], labels: Sequence[Ru
                for run, s in zip(runs, stops, strict=True)]
     return PolicyScore(policy, tp + fp, rate(tp, tp + fp), rate(tp, hacked), rate(fp, len(runs) - hacked),
                        bootstrap_mean(lags), bootstrap_mean(savings), tuple(stops))
+
+
+# ----------------------------------------------------------------------------- tuning
+def folds_of(labels: Sequence[RunLabel], folds: int) -> list[int]:
+    """Each run's fold (0 .. k-1, k = min(folds, runs)): hacked and healthy runs are dealt in turn
+    after a seeded shuffle (seed 0), so every fold gets its share of each label."""
+    k = max(1, min(folds, len(labels)))
+    order = list(range(len(labels)))
+    random.Random(0).shuffle(order)
+    out = [0] * len(labels)
+    dealt = 0
+    for hacked in (True, False):
+        for i in (i for i in order if labels[i].hacked == hacked):
+            out[i] = dealt % k
+            dealt += 1
+    return out
+
+
+def _choose(grid: Sequence[Policy], stops: Mapping[str, Sequence[int | None]], runs: Sequence[RunHistory],
+            labels: Sequence[RunLabel], keep: Sequence[int], direction: Direction, min_precision: float) -> Policy:
+    """The grid value for the runs ``keep``: the highest savings among values with precision >=
+    ``min_precision`` on them, else the most precise, then the most saving (then grid order)."""
+    sub_runs, sub_labels = [runs[i] for i in keep], [labels[i] for i in keep]
+
+    def key(item: tuple[int, Policy]) -> tuple:
+        i, policy = item
+        s = score_policy(policy, sub_runs, sub_labels, direction, [stops[policy.label][j] for j in keep])
+        precision = s.precision.value if s.precision.value is not None else 0.0
+        ok = s.precision.value is not None and precision >= min_precision
+        return (ok, (s.savings.value or 0.0) if ok else precision, s.savings.value or 0.0, -i)
+
+    return max(enumerate(grid), key=key)[1]
+
+
+def tune(name: str, runs: Sequence[RunHistory], labels: Sequence[RunLabel], direction: Direction,
+         stops: Mapping[str, Sequence[int | None]], folds: int, min_precision: float) -> TunedScore | None:
+    """``name`` tuned by cross-validation over its grid (see the module docstring); ``stops`` holds
+    every grid policy's stop steps by label. None for a detector with nothing to tune."""
+    grid = [p for p in tuning_grid(name) if p.label in stops]
+    if not grid:
+        return None
+    fold = folds_of(labels, folds)
+    k = max(fold) + 1
+    choices, held_out = [], [None] * len(runs)
+    for f in range(k):
+        train = [i for i in range(len(runs)) if fold[i] != f] or list(range(len(runs)))  # one run: itself
+        chosen = _choose(grid, stops, runs, labels, train, direction, min_precision)
+        choices.append(chosen)
+        for i in range(len(runs)):
+            if fold[i] == f:
+                held_out[i] = stops[chosen.label][i]
+    final = _choose(grid, stops, runs, labels, range(len(runs)), direction, min_precision)
+    shown = Policy(f"{name} tuned ({k}-fold): {_describe(dict(final.params))}", name, final.params)
+    return TunedScore(name, final, tuple(choices), score_policy(shown, runs, labels, direction, held_out))
 
 
 # ----------------------------------------------------------------------------- recommendation
@@ -266,9 +358,11 @@ def _fmt_rate(r: Rate) -> str:
 
 
 def recommend(scores: Sequence[PolicyScore], runs: Sequence[RunHistory], n_hacked: int, min_precision: float,
-              direction: Direction) -> Recommendation:
-    """Apply the rule of the module docstring."""
-    rule = (f"highest mean savings among policies whose precision lower bound (Clopper-Pearson 95%) is >= "
+              direction: Direction, held_out: bool = False) -> Recommendation:
+    """Apply the rule of the module docstring (``held_out``: ``scores`` are the tuned detectors'
+    held-out rows, each with the value chosen on all runs)."""
+    what = "tuned detectors whose held-out" if held_out else "policies whose"
+    rule = (f"highest mean savings among {what} precision lower bound (Clopper-Pearson 95%) is >= "
             f"{min_precision:g}; ties: higher recall, then shorter lag, then table order")
     qualified = [s for s in scores if s.precision.ci is not None and s.precision.ci.low >= min_precision]
     needed = stops_needed(min_precision)
@@ -290,8 +384,10 @@ def recommend(scores: Sequence[PolicyScore], runs: Sequence[RunHistory], n_hacke
     best = min(qualified, key=lambda s: (-(s.savings.value or 0.0), -(s.recall.value or 0.0),
                                          s.lag.value if s.lag.value is not None else math.inf, order[id(s)]))
     metric = runs[0].scores.metric
-    why = (f"{best.policy.label}: precision {_fmt_rate(best.precision)} (lower bound >= {min_precision:g}), recall "
-           f"{_fmt_rate(best.recall)}, mean savings {100 * (best.savings.value or 0.0):.0f}% of the steps")
+    seen = "held-out " if held_out else ""
+    why = (f"{best.policy.label}: {seen}precision {_fmt_rate(best.precision)} (lower bound >= {min_precision:g}), "
+           f"{seen}recall {_fmt_rate(best.recall)}, {seen}mean savings {100 * (best.savings.value or 0.0):.0f}% "
+           "of the steps")
     return Recommendation(best.policy, rule, why, _callback_line(metric, best.policy, direction),
                           _cli_line(runs[0], metric, best.policy, direction),
                           {"detector": best.policy.detector, **best.policy.kwargs(direction)})
@@ -300,17 +396,22 @@ def recommend(scores: Sequence[PolicyScore], runs: Sequence[RunHistory], n_hacke
 # ----------------------------------------------------------------------------- the whole thing
 def calibrate(runs: Sequence[RunHistory], direction: Direction, label_direction: Direction | None = None,
               margin: float = 0.2, min_precision: float = 0.9,
-              progress: Callable[[Iterable[Any]], Iterable[Any]] = iter) -> Calibration:
-    """Label ``runs``, score every candidate policy on them and recommend one."""
+              progress: Callable[[Iterable[Any]], Iterable[Any]] = iter, folds: int = 5) -> Calibration:
+    """Label ``runs``, score every candidate policy on them, tune each detector by cross-validation
+    over ``folds`` and recommend one from the held-out results."""
     if not runs:
         raise ValueError("no runs to calibrate on")
     if not 0.0 <= margin < 1.0:
         raise ValueError(f"margin must be in [0, 1) (a share of each run's range), but got {margin!r}")
     if not 0.0 <= min_precision < 1.0:
         raise ValueError(f"min precision must be in [0, 1), but got {min_precision!r}")
+    if isinstance(folds, bool) or not isinstance(folds, int) or not 2 <= folds <= 100:
+        raise ValueError(f"folds must be an integer in [2, 100], but got {folds!r}")
     label_direction = label_direction or direction
     labels = [label_run(run, label_direction if run.label else direction, margin) for run in runs]
-    policies, notes = candidate_policies(), [r.note for r in runs if r.note]
+    defaults, notes = candidate_policies(), [r.note for r in runs if r.note]
+    grids = [p for name in DETECTORS if name not in SKIPPED for p in tuning_grid(name)]
+    policies = list({p.label: p for p in [*defaults, *grids]}.values())  # a grid label may repeat a default's
     stops: dict[str, list[int | None]] = {p.label: [] for p in policies}
     broken: dict[str, str] = {}
     for policy, run in progress([(p, r) for p in policies for r in runs]):
@@ -321,11 +422,14 @@ def calibrate(runs: Sequence[RunHistory], direction: Direction, label_direction:
         except (TypeError, ValueError) as exc:  # a detector that cannot run at its defaults
             broken[policy.label] = str(exc)
     scores = []
-    for policy in policies:
+    for policy in defaults:
         if policy.label in broken:
             notes.append(f"skipped {policy.label}: {broken[policy.label]}")
             continue
         scores.append(score_policy(policy, runs, labels, direction, stops[policy.label]))
+    usable = {label: s for label, s in stops.items() if label not in broken}
+    tuned = tuple(t for name in DETECTORS if name not in SKIPPED
+                  if (t := tune(name, runs, labels, direction, usable, folds, min_precision)) is not None)
     n_hacked = sum(lab.hacked for lab in labels)
     label_metric = runs[0].label.metric if runs[0].label else runs[0].scores.metric
     if runs[0].label is None:
@@ -334,6 +438,8 @@ def calibrate(runs: Sequence[RunHistory], direction: Direction, label_direction:
     if n_hacked in (0, len(runs)):
         notes.append(f"{'no' if n_hacked == 0 else 'every'} run is labelled hacked: "
                      f"{'recall and lag' if n_hacked == 0 else 'FPR'} cannot be estimated")
-    rec = recommend(scores, runs, n_hacked, min_precision, direction)
+    held_out = [dataclasses.replace(t.held_out, policy=t.final) for t in tuned]  # recommended: the all-runs value
+    rec = recommend(held_out, runs, n_hacked, min_precision, direction, held_out=True)
     return Calibration(runs[0].scores.metric, label_metric, direction, label_direction, margin, min_precision,
-                       len(runs), n_hacked, tuple(labels), tuple(scores), rec, tuple(notes))
+                       len(runs), n_hacked, tuple(labels), tuple(scores), rec, tuple(notes),
+                       max(folds_of(labels, folds)) + 1, tuned)

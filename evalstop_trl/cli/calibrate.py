@@ -40,6 +40,8 @@ def add_calibrate_command(sub: argparse._SubParsersAction) -> None:
                    "by more than this share of the run's range (default 0.2)")
     p.add_argument("--min-precision", dest="min_precision", type=float, default=0.9,
                    help="the recommended policy's precision lower bound must reach this (default 0.9)")
+    p.add_argument("--folds", type=int, default=5, help="cross-validation folds by run for the tuned rows (default 5; "
+                                                         "at most one per run)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_calibrate)
 
@@ -74,7 +76,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         label_direction = Direction(args.label_direction or (infer_direction(args.label_metric) if args.label_metric
                                                              else direction.value))
         result = calibrate(runs, direction, label_direction, args.margin, args.min_precision,
-                           progress=_progress("replaying", len(runs)))
+                           progress=_progress("replaying", len(runs)), folds=args.folds)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     print(json.dumps(result.to_dict()) if args.json else format_report(result))
@@ -97,6 +99,15 @@ def _mean(m: Any, percent: bool = False) -> str:
     return text
 
 
+def _table(first: str, scores: Any) -> list[str]:
+    head = (first, "stops", "precision", "recall", "FPR", "lag (evals)", "savings")
+    rows = [(s.policy.label, str(s.stops), _rate(s.precision), _rate(s.recall), _rate(s.fpr), _mean(s.lag),
+             _mean(s.savings, percent=True)) for s in scores]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+            for row in [head, *rows]]
+
+
 def format_report(cal: Any) -> str:
     """The human-readable report: the runs, the table, the recommendation."""
     formats = sorted({r.format for r in cal.runs})
@@ -106,13 +117,11 @@ def format_report(cal: Any) -> str:
              f"labels from {label_how}: hacked iff the last value falls short of the best by more than "
              f"{cal.margin:g} of the run's range",
              f"{cal.n_hacked} hacked, {cal.n_runs - cal.n_hacked} healthy", ""]
-    head = ("policy", "stops", "precision", "recall", "FPR", "lag (evals)", "savings")
-    rows = [(s.policy.label, str(s.stops), _rate(s.precision), _rate(s.recall), _rate(s.fpr), _mean(s.lag),
-             _mean(s.savings, percent=True)) for s in cal.scores]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    for row in [head, *rows]:
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths,
-                                                                                                       strict=True))))
+    lines += _table("policy (defaults, in-sample)", cal.scores)
+    if cal.tuned:
+        lines += ["", f"Tuned by {cal.folds}-fold cross-validation by run (held-out: each run scored with the value "
+                      "chosen on the other folds; the value shown is chosen on all runs)"]
+        lines += _table("detector (tuned, held-out)", [t.held_out for t in cal.tuned])
     lines.append("")
     lines.append("95% intervals: Clopper-Pearson (rates), percentile bootstrap (lag over stopped hacked runs, "
                  "savings over all runs)")

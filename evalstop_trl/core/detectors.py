@@ -291,6 +291,9 @@ class Detector(ABC):
 
     #: registry name, set by subclasses
     name: str = ""
+    #: the values ``evalstop calibrate`` tries for the main threshold (and ``k`` of the count rules),
+    #: each grid including the default: cross-validated by run, never a constant in score units
+    tuning: Mapping[str, tuple[Any, ...]] = MappingProxyType({})
 
     def __init__(self, direction: str = "max") -> None:
         if direction not in _DIRECTIONS:
@@ -407,6 +410,7 @@ class DeclineDetector(Detector):
     bounded by ``k``, not by the run)."""
 
     name = "decline"
+    tuning = MappingProxyType({"k": (1, 2, 3, 4)})
 
     def __init__(self, k: int = 2, min_delta: float = 0.0, noise_z: float = 1.0, direction: str = "max") -> None:
         super().__init__(direction)
@@ -451,6 +455,7 @@ class PatienceDetector(Detector):
     slowly rising-then-noisy curve also stops it. State: the count and the reference score."""
 
     name = "patience"
+    tuning = MappingProxyType({"k": (1, 2, 3, 4, 6)})
 
     def __init__(self, k: int = 2, min_delta: float = 0.0, direction: str = "max") -> None:
         super().__init__(direction)
@@ -484,6 +489,7 @@ class StopAtDetector(Detector):
     """Baseline StopAt: STOP once ``progress >= fraction``. Jobs without known progress never stop."""
 
     name = "stop_at"
+    tuning = MappingProxyType({"fraction": (0.5, 0.65, 0.8)})
 
     def __init__(self, fraction: float = 0.65, direction: str = "max") -> None:
         super().__init__(direction)
@@ -527,6 +533,7 @@ class LossPlateauDetector(Detector):
     ``window + 1`` losses."""
 
     name = "loss_plateau"
+    tuning = MappingProxyType({"window": (2, 3, 5)})
 
     def __init__(self, window: int = 2, tolerance: float = 0.03, direction: str = "max") -> None:
         super().__init__(direction)
@@ -726,6 +733,7 @@ class DropDetector(_NoisyDetector):
     """
 
     name = "drop"
+    tuning = MappingProxyType({"z": (0.8, 1.1, 1.4, 2.0, 2.8)})
 
     def __init__(self, window: int = 2, z: float = 1.4, noise_prior: float | None = None,
                  noise_rel: float = DROP_NOISE_REL, prior_evals: float = 4.0, direction: str = "max") -> None:
@@ -775,6 +783,7 @@ class TrendDetector(_NoisyDetector):
     """
 
     name = "trend"
+    tuning = MappingProxyType({"z": (0.8, 1.1, 1.5, 2.0, 2.8)})
 
     def __init__(self, window: int = 5, z: float = 1.1, noise_prior: float | None = None,
                  noise_rel: float = TREND_NOISE_REL, prior_evals: float = 4.0, direction: str = "max") -> None:
@@ -848,6 +857,7 @@ class CusumDetector(_NoisyDetector):
     """
 
     name = "cusum"
+    tuning = MappingProxyType({"threshold": (2.0, 2.75, 3.5, 4.5, 6.0)})
 
     def __init__(self, window: int = 2, drift: float = 0.25, threshold: float = 3.5, noise_prior: float | None = None,
                  noise_rel: float = CUSUM_NOISE_REL, prior_evals: float = 4.0, direction: str = "max") -> None:
@@ -935,6 +945,7 @@ class SequentialDetector(Detector):
     """
 
     name = "sequential"
+    tuning = MappingProxyType({"z": (0.5, 0.75, 1.0, 1.5, 2.0)})
 
     def __init__(self, z: float = 0.75, span: float = 0.15, window: int = 8, noise_rel: float = 0.02,
                  min_evals: int = 4, direction: str = "max") -> None:
@@ -1040,6 +1051,7 @@ class NeverDetector(Detector):
     """Baseline: always CONTINUE (still tracks the best checkpoint)."""
 
     name = "never"
+    tuning = MappingProxyType({})
 
     def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
         return rule, _continue("never stops", best_step, best_score)

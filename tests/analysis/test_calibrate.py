@@ -271,19 +271,80 @@ def test_noise_makes_the_eager_rule_stop_healthy_runs(team_result):
 
 
 def test_the_recommended_policy_follows_the_documented_rule(team_result):
+    """From the tuned detectors' held-out rows only; the policy is the value chosen on all runs."""
     rec = team_result["recommendation"]
     assert rec["policy"] is not None, rec["reason"]
-    qualified = [s for s in team_result["scores"] if s["precision"]["ci"] and s["precision"]["ci"]["low"] >= 0.9]
+    rows = [t["held_out"] for t in team_result["tuned"]]
+    qualified = [s for s in rows if s["precision"]["ci"] and s["precision"]["ci"]["low"] >= 0.9]
     best = max(s["savings"]["value"] for s in qualified)
-    chosen = next(s for s in team_result["scores"] if s["policy"]["label"] == rec["policy"]["label"])
-    assert chosen in qualified and chosen["savings"]["value"] == best
+    chosen = next(t for t in team_result["tuned"] if t["final"] == rec["policy"])
+    assert chosen["held_out"] in qualified and chosen["held_out"]["savings"]["value"] == best
     ties = [s for s in qualified if s["savings"]["value"] == best]
-    assert chosen["recall"]["value"] == max(s["recall"]["value"] for s in ties)
+    assert chosen["held_out"]["recall"]["value"] == max(s["recall"]["value"] for s in ties)
+    assert "held-out precision" in rec["reason"] and "held-out precision lower bound" in rec["rule"]
     det = rec["policy"]["detector"]
     assert rec["callback"].startswith(f'EvalStopCallback("eval_reward", detector="{det}"')
     assert rec["callback"].endswith('direction="max")')
     assert f"--detector {det}" in rec["cli"] and rec["cli"].startswith("evalstop replay ")
     assert rec["service_policy"]["detector"] == det
+
+
+def test_tuning_is_cross_validated_by_run(team):
+    """Each fold's value is chosen without that fold's runs, each run is scored with its own fold's
+    value, folds are stratified by label, and the final value is chosen on all runs."""
+    from evalstop_trl.analysis.calibrate import _choose, _stop_step, calibrate, folds_of, tuning_grid
+
+    folder, _ = team
+    runs = load_histories([folder], "eval_reward", "gold")
+    cal = calibrate(runs, Direction.MAX, folds=4)
+    fold = folds_of(cal.runs, 4)
+    assert cal.folds == 4 and sorted(set(fold)) == [0, 1, 2, 3]
+    for f in range(4):  # 60 hacked and 40 healthy runs: 15 and 10 per fold
+        assert sum(lab.hacked for lab, g in zip(cal.runs, fold, strict=True) if g == f) == 15 and fold.count(f) == 25
+    assert {t.detector for t in cal.tuned} == {n for n in DETECTORS if DETECTORS.get(n).tuning}
+    decline = next(t for t in cal.tuned if t.detector == "decline")
+    grid = tuning_grid("decline")
+    stops = {p.label: [_stop_step(r, p, Direction.MAX) for r in runs] for p in grid}
+    for f, choice in enumerate(decline.fold_choices):
+        train = [i for i in range(len(runs)) if fold[i] != f]
+        assert choice == _choose(grid, stops, runs, list(cal.runs), train, Direction.MAX, 0.9)
+    want = [stops[decline.fold_choices[fold[i]].label][i] for i in range(len(runs))]
+    assert list(decline.held_out.stop_steps) == want
+    assert decline.final == _choose(grid, stops, runs, list(cal.runs), range(len(runs)), Direction.MAX, 0.9)
+    k1 = next(s for s in cal.scores if s.policy.label == "decline k=1")  # noise: one decline is no evidence
+    assert decline.held_out.fpr.k < k1.fpr.k and dict(decline.final.params)["k"] >= 2
+
+
+def test_every_detectors_tuning_grid_is_valid_and_holds_its_default():
+    for name in DETECTORS:
+        grid, defaults = DETECTORS.get(name).tuning, DETECTORS.params(name)
+        for param, values in grid.items():
+            assert defaults[param] in values and list(values) == sorted(set(values)), (name, param)
+            for v in values:
+                DETECTORS.create(name, **{param: v})
+    assert not DETECTORS.get("never").tuning
+
+
+def test_calibrate_tunes_on_the_shipped_real_traces_and_recommends_from_held_out_folds():
+    """The 64 real traces (configs/traces): a tuned, held-out row for every detector with a grid,
+    the recommendation (or its absence) by the held-out rule, and a bad --folds a clear error."""
+    out = cli(str(ROOT / "configs" / "traces" / "*.jsonl"), "--metric", "world_feedback", "--label-metric", "gold",
+              "--json")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["n_runs"] == 64 and res["folds"] == 5
+    assert {t["detector"] for t in res["tuned"]} == {n for n in DETECTORS if DETECTORS.get(n).tuning}
+    for t in res["tuned"]:
+        assert len(t["fold_choices"]) == 5 and t["held_out"]["precision"]["n"] == t["held_out"]["stops"]
+    lows = {t["final"]["label"]: t["held_out"]["precision"]["ci"]["low"] for t in res["tuned"]
+            if t["held_out"]["precision"]["ci"]}
+    rec = res["recommendation"]
+    if rec["policy"] is None:
+        assert max(lows.values()) < 0.9 and "no policy reaches" in rec["reason"]
+    else:
+        assert lows[rec["policy"]["label"]] >= 0.9
+    bad = cli(str(ROOT / "configs" / "traces"), "--metric", "world_feedback", "--folds", "1")
+    assert bad.returncode == 2 and "folds must be an integer in [2, 100], but got 1" in bad.stderr
 
 
 def test_the_table_and_the_printed_policy(team, team_result):
