@@ -210,7 +210,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     print(f"evalstop serving {path} on http://{host}:{port} (API under /v1, OpenAPI at /openapi.json; webhooks to: "
           f"{', '.join(allow) or 'nowhere'})", flush=True)
     uvicorn.run(create_app(coord, settings), host=host, port=port, log_level=args.log_level, access_log=False,
-                http=guarded_protocol(header_timeout, max_conn, unauth["connections"]),
+                http=guarded_protocol(header_timeout, max_conn, unauth["connections"], unauth["per_tenant"]),
                 timeout_keep_alive=30)  # training jobs report every few seconds: keep their connections
     return 0
 
@@ -228,15 +228,19 @@ def _check_can_listen(host: str, port: int) -> None:
 
 
 def _unauth_limits(args: argparse.Namespace) -> dict:
-    """Per-address limits on unauthenticated connections and requests: flags, else EVALSTOP_*, else defaults."""
+    """Per-address limits on unauthenticated connections and requests, and connections per tenant: flags, else
+    EVALSTOP_*, else defaults."""
     limits = {}
     for key, flag, cast, default in (("connections", "unauth_connections_per_ip", int, 16),
+                                     ("per_tenant", "max_connections_per_tenant", int, 64),
                                      ("rate", "unauth_rate_per_ip", float, 20.0),
                                      ("burst", "unauth_burst_per_ip", int, 100)):
         value = getattr(args, flag)
         limits[key] = value if value is not None else _env(f"EVALSTOP_{flag.upper()}", cast, default, "a number")
     if not 0 <= limits["connections"] <= 100_000:
         raise CLIError(f"--unauth-connections-per-ip must be in [0, 100000] (0: no limit), got {limits['connections']}")
+    if not 0 <= limits["per_tenant"] <= 100_000:
+        raise CLIError(f"--max-connections-per-tenant must be in [0, 100000] (0: no limit), got {limits['per_tenant']}")
     return limits
 
 
@@ -352,7 +356,11 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
                    "default 20)")
     s.add_argument("--unauth-burst-per-ip", type=int, help="the burst of --unauth-rate-per-ip "
                    "(env EVALSTOP_UNAUTH_BURST_PER_IP; default 100)")
-    s.add_argument("--max-connections", type=int, help="open connections at most (env EVALSTOP_MAX_CONNECTIONS; 1000)")
+    s.add_argument("--max-connections", type=int, help="open connections at most (env EVALSTOP_MAX_CONNECTIONS; 1000); "
+                   "when full, a new one reclaims an idle keep-alive connection of the tenant holding the most")
+    s.add_argument("--max-connections-per-tenant", type=int, help="open connections one tenant's requests may hold, "
+                   "beyond it 429 and the connection closed; 0 = no limit (env EVALSTOP_MAX_CONNECTIONS_PER_TENANT; "
+                   "default 64)")
     s.add_argument("--header-timeout-s", type=float, help="seconds for a request head to arrive (10)")
     s.add_argument("--body-timeout-s", type=float, help="seconds for a whole request body to arrive (10)")
     s.add_argument("--lease-s", type=float, help="a job silent (no report, no heartbeat) this long becomes 'lost' "

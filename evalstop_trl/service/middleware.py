@@ -44,8 +44,9 @@ __all__ = ["AUTHENTICATED", "LIST_BURST", "LIST_RATE", "Guard", "PerAddress", "T
 
 LIST_RATE = 5_000.0  # jobs listed per second per tenant: 5 full pages a second
 LIST_BURST = 20_000  # 20 full pages at once: a client paging through 20,000 jobs is not held up
-#: scope key of a callable the connection's protocol may install: the Guard calls it once a request on
-#: that connection authenticated (the connection then no longer counts as unauthenticated)
+#: scope key of a callable the connection's protocol may install: the Guard calls it with the tenant once
+#: a request on that connection authenticated (the connection then counts against the tenant, no longer
+#: as unauthenticated); it returns False when the tenant holds its share of connections (429, closed)
 AUTHENTICATED = "evalstop.authenticated"
 _BODYLESS = ("GET", "HEAD")
 
@@ -203,8 +204,10 @@ class Guard:
         if refusal is not None:
             return await _reply(send, *refusal)
         scope.setdefault("state", {})["tenant"] = tenant
-        if callable(scope.get(AUTHENTICATED)):
-            scope[AUTHENTICATED]()
+        if callable(scope.get(AUTHENTICATED)) and scope[AUTHENTICATED](tenant) is False:
+            return await _reply(send, 429, "this tenant holds as many open connections as it may (the server's "
+                                "--max-connections-per-tenant): reuse its keep-alive connections, or ask the "
+                                "operator for more", [(b"retry-after", b"1")])
         body = await self._read_body(receive, send) if has_body else b""
         if body is None:
             return None

@@ -172,6 +172,64 @@ def test_17_4_readyz_does_not_write_to_the_store(two):
     assert grown < 16 * 1024, f"the WAL grew by {grown} bytes over 300 /readyz"
 
 
+# ---------------------------------------------------------------- issue 25 item 3: connections per tenant
+def _keep_alive_get(port: int, token: str, source: str = "127.0.0.2") -> tuple[socket.socket, bytes]:
+    """One connection and the status line of one authenticated GET on it (the connection left open)."""
+    s = _connect(port, source)
+    s.sendall(f"GET /v1/summary HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+    return s, _answer(s).split(b"\r\n", 1)[0]
+
+
+def test_25_3_one_tenant_cannot_hold_every_connection(two):
+    """1000 cheap keep-alive connections took every slot before; now a tenant holds at most its
+    share (--max-connections-per-tenant), the rest are 429 and closed, and another tenant is served."""
+    two.start(args=("--max-connections", "60", "--max-connections-per-tenant", "8",
+                    "--unauth-connections-per-ip", "0", "--unauth-rate-per-ip", "0"))
+    held = []
+    try:
+        for _ in range(20):
+            held.append(_keep_alive_get(two.port, two.alice))
+        codes = [status for _, status in held]
+        assert codes.count(b"HTTP/1.1 200 OK") == 8 and codes.count(b"HTTP/1.1 429 Too Many Requests") == 12, codes
+        refused = [s for s, status in held if b"429" in status]
+        assert all(_closed(s) for s in refused)
+        with _client("127.0.0.1") as c:
+            assert c.get(f"{two.url}/v1/jobs", headers=bearer(two.bob)).status_code == 200
+            r = c.get(f"{two.url}/v1/jobs", headers=bearer(two.alice))
+            assert r.status_code == 429 and "max-connections-per-tenant" in r.json()["detail"]
+        kept = [s for s, status in held if b"200" in status]
+        kept[0].close()  # a connection given back: the tenant may open one again
+        deadline = time.monotonic() + 5
+        while True:
+            s, status = _keep_alive_get(two.port, two.alice)
+            held.append((s, status))
+            if b"200" in status or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert b"200" in status, status
+    finally:
+        for s, _ in held:
+            s.close()
+
+
+def test_25_3_a_full_server_reclaims_an_idle_keep_alive_connection_for_another_tenant(two):
+    """Every slot held by one tenant's idle keep-alive connections (no per-tenant limit): a new
+    connection closes one of them instead of being refused, and the other tenant is served."""
+    two.start(args=("--max-connections", "20", "--max-connections-per-tenant", "0",
+                    "--unauth-connections-per-ip", "0", "--unauth-rate-per-ip", "0"))
+    held = []
+    try:
+        for _ in range(20):
+            held.append(_keep_alive_get(two.port, two.alice))
+        assert all(b"200" in status for _, status in held), [st for _, st in held]
+        with _client("127.0.0.1") as c:
+            assert c.get(f"{two.url}/v1/jobs", headers=bearer(two.bob)).status_code == 200
+        assert sum(_closed(s, 0.5) for s, _ in held) >= 1  # alice's reclaimed connection
+    finally:
+        for s, _ in held:
+            s.close()
+
+
 # ---------------------------------------------------------------- 17.7 webhook delivery
 class _Trickler:
     """A webhook receiver that answers one byte every 0.5 s, from the status line on, and records how
