@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -240,3 +241,15 @@ def test_the_simulators_paired_noise_is_the_callbacks():
             want = paired_noise(dict(enumerate(x[i - 1][j])), dict(enumerate(x[i][j])))
             assert noise[j, i] == pytest.approx(want, rel=1e-12)
         assert scores[j].tolist() == pytest.approx([x[i][j].mean() for i in range(3)], rel=1e-12)
+
+
+def test_the_per_example_table_script_runs_every_detector_in_every_setting(tmp_path, capsys):
+    from evalstop_trl.core.detectors import DETECTORS
+    from tests.proc_helpers import load_script
+
+    table = load_script("per_example_table")
+    assert table.main(["--seeds", "1", "--workers", "1", "--json", str(tmp_path / "t.json")]) == 0
+    rows = json.loads((tmp_path / "t.json").read_text())["rows"]
+    names = [n for n in DETECTORS.names() if n != "never"]
+    assert [(r["detector"], r["setting"]) for r in rows] == [(n, s) for s in table.SETTINGS for n in names]
+    assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]) == len(rows) + 1
