@@ -327,8 +327,8 @@ def _add_quota_flags(p: argparse.ArgumentParser, what: str) -> None:
                    "(env EVALSTOP_MAX_EVENTS_PER_JOB; default 1000)")
     p.add_argument("--max-snapshots-per-job", type=int, help=f"{what}: snapshots one job publishes "
                    "(env EVALSTOP_MAX_SNAPSHOTS_PER_JOB; default 10000)")
-    p.add_argument("--event-rate", type=float, help=f"{what}: launcher events and snapshots per second per tenant, "
-                   "beyond it 429 (env EVALSTOP_EVENT_RATE; default 50)")
+    p.add_argument("--event-rate", type=float, help=f"{what}: launcher events, snapshots and registration amendments "
+                   "per second per tenant, beyond it 429 (env EVALSTOP_EVENT_RATE; default 50)")
     p.add_argument("--event-burst", type=int, help=f"{what} (env EVALSTOP_EVENT_BURST; default 500)")
     p.add_argument("--default-mode", choices=("enforce", "shadow"),
                    help=f"{what}: the mode of jobs registered without policy.mode; shadow records 'would stop' "

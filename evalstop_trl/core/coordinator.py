@@ -43,6 +43,7 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple, TypeVar
 
 from .browse import JobPage, JobQuery, select
+from .buckets import TokenBuckets
 from .detectors import Decision
 from .errors import Conflict, EvalStopError, InvalidInput, NotFound, QuotaExceeded
 from .evals import ExternalEvals
@@ -194,6 +195,7 @@ class Coordinator:
         self.external = ExternalEvals(store, self.jobs.read, self.tenants.quotas, clock, self._feed, eval_gap_timeout_s)
         self._stop_listeners: list[StopListener] = []
         self._report_limits: dict[str, int] = {}  # tenant -> max_reports_per_tenant, read at registration
+        self._events = TokenBuckets()  # each tenant's event_rate: launcher events, snapshots, amendments
         self.started_at = clock() if outage_grace else float("-inf")
         if lease_s is not None:
             self.sweep()
@@ -334,6 +336,7 @@ class Coordinator:
                     return existing.head, False
                 amend = Amend(changes, f"tenant:{tenant}", self.clock())
         if existing is not None:
+            self._event_budget(tenant, "registration amendments")
             out, ticket = self._run(existing, amend, self._counted(tenant, job_id, existing))
             self._settle(ticket, tenant, job_id)
             return out.state, False
@@ -450,7 +453,18 @@ class Coordinator:
         """What the job's launcher did (``launcher_sigterm``, ``launcher_sigkill`` or ``launcher_exit``),
         appended to its audit log; InvalidInput for any other kind (a tenant may not forge a stop)."""
         event, reason, evidence = _launcher_event(kind, reason, exit_code)
+        self._event_budget(tenant, "launcher events")
         self.append_event(tenant, job_id, event, reason, evidence, actor="launcher")
+
+    def _event_budget(self, tenant: str, what: str) -> None:
+        """One token of the tenant's ``event_rate`` budget (launcher events, snapshots and registration
+        amendments share it), else :class:`QuotaExceeded` with the seconds to wait (429 over HTTP)."""
+        q = self.tenants.quotas(tenant)
+        wait = self._events.take(tenant, q.event_rate, q.event_burst)
+        if wait:
+            raise QuotaExceeded(f"tenant {tenant!r} sends {what} faster than its quota (event_rate={q.event_rate:g}/s, "
+                                f"event_burst={q.event_burst}: launcher events, snapshots and registration "
+                                f"amendments together); retry after {wait:.2f} s", retry_after=wait)
 
     def append_event(self, tenant: str, job_id: str, kind: AuditKind, reason: str, evidence: dict,
                      actor: str = "coordinator") -> None:
@@ -650,6 +664,7 @@ class Coordinator:
     def publish_snapshot(self, tenant: str, job_id: str, step: int, path: str, train_loss: float | None = None,
                          proxy_reward: float | None = None) -> EvalTask:
         """A job saved a snapshot for external evaluators (see :meth:`.evals.ExternalEvals.publish`)."""
+        self._event_budget(tenant, "snapshots")
         return self.external.publish(tenant, job_id, step, path, train_loss, proxy_reward)
 
     def claim_eval(self, tenant: str, worker: str, lease_s: float) -> EvalTask | None:

@@ -567,7 +567,8 @@ class Quotas:
     max_events_per_job       1,000      launcher events (``/events``) and amendments of one job
     max_snapshots_per_job    10,000     snapshots published (``/snapshots``) by one job
     report_rate/burst        1000/s, 2000   reports per second per tenant (token bucket)
-    event_rate/burst         50/s, 500  launcher events + snapshots per second per tenant
+    event_rate/burst         50/s, 500  launcher events, snapshots and registration amendments
+                                        per second per tenant
     default_mode             enforce    not a limit: the mode of jobs registered without
                                         ``policy.mode`` (``shadow``: record would-stop, never stop)
     ======================== ========== ====================================================
@@ -581,7 +582,7 @@ class Quotas:
     max_reports_per_tenant: int = 10_000_000
     max_events_per_job: int = 1000
     max_snapshots_per_job: int = 10_000
-    event_rate: float = 50.0  # launcher events and snapshots per second, per tenant (token bucket)
+    event_rate: float = 50.0  # launcher events, snapshots and amendments per second, per tenant (token bucket)
     event_burst: int = 500
     default_mode: PolicyMode = PolicyMode.ENFORCE  # jobs registered without policy.mode: enforce or shadow
 

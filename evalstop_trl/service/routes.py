@@ -13,8 +13,9 @@ awaited, and the ``wait_decision`` long poll) hand every coordinator call to the
 Fair sharing: the expensive reads (listing jobs, reports, evals, the audit log) take one of
 :data:`READS_PER_TENANT` slots of their tenant, and claims and posted evals one of
 :data:`EVAL_CALLS_PER_TENANT`; beyond them a request gets 429 at once (``Retry-After: 1``), so one
-tenant's flood holds at most that many threads and store connections. Launcher events and
-snapshots are rate limited per tenant (the ``event_rate``/``event_burst`` quota).
+tenant's flood holds at most that many threads and store connections. Launcher events, snapshots
+and registration amendments are rate limited per tenant by the coordinator (the
+``event_rate``/``event_burst`` quota), for either client alike.
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ from ..core.requests import (
 )
 from ..core.store import StoreError
 from .metrics import Metrics
-from .middleware import TokenBuckets
 from .runs import ExportQuery, RunsExportQuery, RunsQuery, Stream, StreamAnswer, job_query
 from .schemas import AuditQuery, JobsQuery, ReportsQuery, WaitQuery
 
@@ -162,7 +162,6 @@ class Handlers:
         self.coordinator, self.metrics = coordinator, metrics
         self.reads = TenantGate(READS_PER_TENANT, "expensive reads (listing jobs, reports, evals, audit)")
         self.eval_calls = TenantGate(EVAL_CALLS_PER_TENANT, "claims or posted evals")
-        self.buckets = TokenBuckets()
 
     def handler(self, name: str) -> Callable[..., Any]:
         """The handler of route ``name``: the method of that name, or the coordinator's by keyword."""
@@ -176,14 +175,6 @@ class Handlers:
 
         direct.__doc__ = method.__doc__
         return direct
-
-    def _event_budget(self, t: str) -> None:
-        """One token of the tenant's event budget (launcher events and snapshots), or 429."""
-        q = self.coordinator.tenants.quotas(t)
-        wait = self.buckets.take(t, q.event_rate, q.event_burst)
-        if wait:
-            raise QuotaExceeded(f"tenant {t!r} sends launcher events and snapshots faster than its quota "
-                                f"(event_rate={q.event_rate:g}/s, event_burst={q.event_burst})", retry_after=wait)
 
     def register_job(self, t: str, request: JobRequest) -> Answer:
         view, created = self.coordinator.register_job(t, **values(request))
@@ -241,7 +232,6 @@ class Handlers:
     def publish_snapshot(self, t: str, job_id: str, request: SnapshotRequest) -> Any:
         """A snapshot for an external evaluator (``external_eval``): the path is only stored and handed
         to the tenant's own evaluators; the service never reads it."""
-        self._event_budget(t)
         return self.coordinator.publish_snapshot(t, job_id, **values(request))
 
     def evals(self, t: str, job_id: str, after_step: int | None, limit: int) -> list:
@@ -261,7 +251,6 @@ class Handlers:
 
     def record_event(self, t: str, job_id: str, request: EventRequest) -> None:
         """Record what the job's launcher (``evalstop run``) did: an escalation or the child's exit."""
-        self._event_budget(t)
         self.coordinator.record_event(t, job_id, **values(request))
         if request.kind != AuditKind.LAUNCHER_EXIT.value:
             self.metrics.signals.labels(request.kind.removeprefix("launcher_").upper()).inc()

@@ -349,6 +349,29 @@ def test_17_6_events_and_snapshots_are_capped_per_job_and_rate_limited(db, serve
         assert len([a for a in c.get("/v1/audit?job_id=e").json() if a["kind"] == "launcher_exit"]) == 5
 
 
+def test_25_4_registration_amendments_share_the_tenants_event_rate(db, servers):
+    """Re-registrations that change a job's tags as fast as a client can: beyond the tenant's
+    event_burst they are 429 with Retry-After (and write no audit line), while a re-registration
+    that changes nothing still attaches, and another tenant amends freely (issue 25 item 4)."""
+    alice, bob = _tenant(db, "alice"), _tenant(db, "bob")
+    srv = servers(db, "--event-rate", "1", "--event-burst", "10", "--max-events-per-job", "1000")
+    with httpx.Client(base_url=srv.url, headers=bearer(alice)) as c:
+        assert c.post("/v1/jobs", json={"job_id": "a"}).status_code == 201
+        codes = [c.post("/v1/jobs", json={"job_id": "a", "tags": {"n": str(i)}}) for i in range(25)]
+        ok = [r for r in codes if r.status_code == 200]
+        limited = [r for r in codes if r.status_code == 429]
+        assert 10 <= len(ok) <= 13 and len(ok) + len(limited) == 25, [r.status_code for r in codes]
+        assert "event_rate=1/s" in limited[0].json()["detail"] and "registration amendments" in limited[0].json()["detail"]
+        assert int(limited[0].headers["retry-after"]) >= 1
+        amended = [x for x in c.get("/v1/audit?job_id=a").json() if x["kind"] == "amended"]
+        assert len(amended) == len(ok)
+        same = c.post("/v1/jobs", json={"job_id": "a", "tags": {"n": ok[-1].json()["tags"]["n"]}})
+        assert same.status_code == 200  # nothing changes: an attach, not an amendment
+    with httpx.Client(base_url=srv.url, headers=bearer(bob)) as c:
+        assert c.post("/v1/jobs", json={"job_id": "b"}).status_code == 201
+        assert c.post("/v1/jobs", json={"job_id": "b", "tags": {"n": "1"}}).status_code == 200
+
+
 def test_17_6_reports_are_capped_per_tenant(db, servers):
     alice = _tenant(db, "alice")
     srv = servers(db, "--max-reports-per-tenant", "6")
