@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import gc
+import inspect
 from dataclasses import dataclass
 from heapq import heappop as _heappop
 
@@ -111,7 +112,9 @@ class Simulation:
         hook = eval_hook_name(kind)
         self._eval_hook = getattr(overlay, hook) if hook else None
         self._eval_snapshot = hook == "on_eval"
-        self._evidence = bool(getattr(overlay, "wants_evidence", False))
+        # per-example evidence only to a hook that asks for it and takes it (a subclass may override the hook
+        # with the plain signature)
+        self._evidence = bool(getattr(overlay, "wants_evidence", False)) and _takes_evidence(self._eval_hook)
         self._cuts = kind.cut_progress is not Overlay.cut_progress
 
     @property
@@ -252,3 +255,15 @@ class Simulation:
         makespan = max(o.departure_s for o in outcomes)
         return RunResult(self.scheduler.name, self.overlay.name, self.overlay.is_oracle, self.workload.seed,
                          tuple(outcomes), makespan, self.events, self.cluster.total_gpus)
+
+
+def _takes_evidence(hook) -> bool:
+    """Whether an eval hook accepts the ``eval_n`` and ``eval_noise`` keywords."""
+    if hook is None:
+        return False
+    try:
+        params = inspect.signature(hook).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(n in params for n in ("eval_n", "eval_noise")) or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

@@ -44,6 +44,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,6 +69,7 @@ __all__ = ["SealedOverlay", "SealedOverlayError", "child_command", "child_env", 
 
 START_TIMEOUT_S = 60.0  # the child's imports, on a loaded machine
 REPLY_TIMEOUT_S = 30.0
+TOTAL_TIMEOUT_S = 3600.0  # the child's time in all, over one run: no run waits on it without bound
 MAX_REPLY_BYTES = 65536
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _CLASS_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -159,6 +161,7 @@ class SealedOverlay(Overlay):
             arguments (a class); plain JSON values.
         reply_timeout_s: the longest the child may take to answer one frame.
         start_timeout_s: the longest it may take to start and build the overlay.
+        total_timeout_s: the longest the engine waits on the child over the whole run (starting included).
 
     One instance serves one run. Use it as a context manager (or call :meth:`close`): the child,
     and any process it started in its session, ends with it. A child that
@@ -167,10 +170,12 @@ class SealedOverlay(Overlay):
     """
 
     def __init__(self, overlay: str, params: Mapping[str, Any] | None = None, *,
-                 reply_timeout_s: float = REPLY_TIMEOUT_S, start_timeout_s: float = START_TIMEOUT_S) -> None:
+                 reply_timeout_s: float = REPLY_TIMEOUT_S, start_timeout_s: float = START_TIMEOUT_S,
+                 total_timeout_s: float = TOTAL_TIMEOUT_S) -> None:
         self.spec, self.params = sealed_spec(overlay, params or {})
         self.name = overlay if ":" not in overlay else overlay.rpartition(":")[2]
         self.reply_timeout_s, self.start_timeout_s = reply_timeout_s, start_timeout_s
+        self.total_timeout_s, self._waited = total_timeout_s, 0.0
         self.hardened = False
         self._pending: list[list] = []
         self._cuts: dict[int, float | None] = {}
@@ -245,11 +250,20 @@ class SealedOverlay(Overlay):
     def _exchange(self, message: Any, n: int | None, timeout_s: float) -> Any:
         """Send ``message``, read one reply frame (at most :data:`MAX_REPLY_BYTES` plus 16 bytes per
         expected answer: room for an error's traceback, none for a flood)."""
+        left = self.total_timeout_s - self._waited
+        if left <= 0:
+            self._fail(f"the sealed overlay took more than {self.total_timeout_s:g} s in all over this run "
+                       "(total_timeout_s)")
+        t0 = time.monotonic()
         try:
-            send_frame(self._out, encode(message), timeout_s)
-            reply = self._reader.read(timeout_s, MAX_REPLY_BYTES + 16 * (n or 0))
+            send_frame(self._out, encode(message), min(timeout_s, left))
+            reply = self._reader.read(min(timeout_s, left), MAX_REPLY_BYTES + 16 * (n or 0))
         except SealedOverlayError as exc:
-            self._fail(str(exc))
+            self._waited += time.monotonic() - t0
+            over = self._waited >= self.total_timeout_s
+            self._fail(f"the sealed overlay took more than {self.total_timeout_s:g} s in all over this run "
+                       f"(total_timeout_s)" if over else str(exc))
+        self._waited += time.monotonic() - t0
         if isinstance(reply, dict) and set(reply) == {"error"}:
             self._fail(f"the sealed overlay {self.spec!r} raised an exception:\n{str(reply['error'])[-4000:]}")
         return reply

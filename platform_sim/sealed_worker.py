@@ -9,7 +9,11 @@ Before it builds the overlay (and imports a user's overlay class) it gives up wh
 the engine's process (Linux, best effort, :func:`drop_privileges`): no new privileges, every
 capability (a root process without ``CAP_SYS_PTRACE`` and with fewer capabilities than its parent
 cannot read the parent's memory or its ``/proc/<pid>/environ``, ``mem``, ``fd``), and the bounding
-set (an ``exec`` of a root binary gets none back).
+set (an ``exec`` of a root binary gets none back). Then it installs a seccomp filter
+(:func:`no_new_processes`): ``clone`` without ``CLONE_THREAD`` (``fork``, ``vfork``,
+``posix_spawn``) fails with EAGAIN, so the overlay cannot start a process that would outlive the
+run, not even one that leaves the child's session; threads still start (``clone3`` answers ENOSYS,
+and the C library falls back to ``clone``).
 
 The overlay sees what an in-process overlay sees, rebuilt from the stream: a
 :class:`~platform_sim.views.JobSnapshot` at each arrival and eval (the job's static fields kept from
@@ -20,8 +24,10 @@ proxy reward, and a :class:`~platform_sim.views.VirtualClock` set to each event'
 from __future__ import annotations
 
 import ctypes
+import errno
 import importlib
 import os
+import platform
 import sys
 import traceback
 from typing import Any
@@ -30,9 +36,9 @@ from .overlays import Overlay, create_overlay, eval_hook_name
 from .sealed_protocol import ARRIVAL, ASK, EVAL, encode, read_frame_blocking
 from .views import JobSnapshot, VirtualClock
 
-__all__ = ["drop_privileges", "main"]
+__all__ = ["drop_privileges", "main", "no_new_processes"]
 
-_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 4, 24, 38
+_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 4, 24, 38, 22, 2
 _CAP_VERSION_3 = 0x20080522
 
 
@@ -54,6 +60,43 @@ def drop_privileges() -> bool:
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable (x2): all empty
     ok &= libc.capset(header, data) == 0
     return bool(ok)
+
+
+#: per machine: (seccomp's audit arch, clone, clone3, fork or None, vfork or None)
+_SYSCALLS = {"x86_64": (0xC000003E, 56, 435, 57, 58), "aarch64": (0xC00000B7, 220, 435, None, None)}
+_CLONE_THREAD = 0x00010000
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def no_new_processes() -> bool:
+    """A seccomp filter (Linux, x86_64 and aarch64; needs no-new-privileges): no new process for
+    good, threads allowed (see the module docstring). Whether it is in place."""
+    known = _SYSCALLS.get(platform.machine())
+    if not sys.platform.startswith("linux") or known is None:
+        return False
+    arch, clone, clone3, fork, vfork = known
+    ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
+    allow, refuse, nosys = 0x7FFF0000, 0x00050000 | errno.EAGAIN, 0x00050000 | errno.ENOSYS
+    program = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, allow), (ld, 0, 0, 0)]  # arch, then the number
+    for nr in (n for n in (fork, vfork) if n is not None):
+        program += [(jeq, 0, 1, nr), (ret, 0, 0, refuse)]
+    program += [(jeq, 0, 1, clone3), (ret, 0, 0, nosys),
+                (jeq, 0, 3, clone), (ld, 0, 0, 16), (jset, 1, 0, _CLONE_THREAD), (ret, 0, 0, refuse),
+                (ret, 0, 0, allow)]
+    filters = (_SockFilter * len(program))(*(_SockFilter(*op) for op in program))
+    prog = _SockFprog(len(program), filters)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    return libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) == 0
 
 
 def _load_overlay(spec: str, params: dict[str, Any], n_evals: int) -> Overlay:
@@ -128,6 +171,7 @@ def main() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
     hardened = drop_privileges()
+    hardened = no_new_processes() and hardened
 
     def reply(obj: Any) -> None:
         data = encode(obj)

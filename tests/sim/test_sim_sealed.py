@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,28 @@ def test_an_overlay_that_prints_does_not_break_the_protocol():
     with SealedOverlay("tests.sim_cheats:Broken", {"how": "noise"}) as ov:
         res = Simulation(wl, cfg, create_scheduler("fifo"), ov).run()
     assert all(o.completed for o in res.outcomes)
+
+
+def test_a_sealed_overlay_cannot_leave_a_process_behind(tmp_path):
+    """A grandchild that calls setsid() escapes the child's process group; the child may start no
+    process at all (RLIMIT_NPROC 0 once its capabilities are gone), so none outlives the run."""
+    cfg = load_config().replace(**{"workload.n_jobs": 10})
+    marker = tmp_path / "grandchild"
+    with SealedOverlay("tests.sim_cheats:Forker", {"marker": str(marker)}) as ov:
+        Simulation(generate_workload(cfg, 0, salt=1), cfg, create_scheduler("fifo"), ov).run()
+    assert ov.hardened
+    refused = (tmp_path / "grandchild.refused").read_text()
+    assert not marker.exists() and "Resource temporarily unavailable" in refused and "a thread ran" in refused
+
+
+def test_a_sealed_run_has_an_overall_time_bound():
+    """Every answer within its 30 s, the run as a whole not: the child's time in all is bounded."""
+    cfg = load_config().replace(**{"workload.n_jobs": 40})
+    ov = SealedOverlay("tests.sim_cheats:Broken", {"how": "slow"}, total_timeout_s=3.0)
+    t0 = time.monotonic()
+    with pytest.raises(SealedOverlayError, match=r"took more than 3 s in all over this run \(total_timeout_s\)"):
+        Simulation(generate_workload(cfg, 0, salt=1), cfg, create_scheduler("fifo"), ov).run()
+    assert time.monotonic() - t0 < 15
 
 
 def test_one_sealed_overlay_serves_one_run():

@@ -253,3 +253,17 @@ def test_the_per_example_table_script_runs_every_detector_in_every_setting(tmp_p
     names = [n for n in DETECTORS.names() if n != "never"]
     assert [(r["detector"], r["setting"]) for r in rows] == [(n, s) for s in table.SETTINGS for n in names]
     assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]) == len(rows) + 1
+
+
+def test_an_overlay_whose_hook_takes_no_evidence_still_runs_on_per_example_evals():
+    """A DetectorOverlay subclass that overrides on_eval_id with the plain signature gets the plain call."""
+    from platform_sim.engine import Simulation
+    from platform_sim.overlays import DetectorOverlay
+    from platform_sim.schedulers import create_scheduler
+
+    class Plain(DetectorOverlay):
+        def on_eval_id(self, job_id, step, score, loss, proxy):
+            return super().on_eval_id(job_id, step, score, loss, proxy)
+
+    cfg = load_config().replace(**{"workload.n_jobs": 30, "noise.per_example.n": 20})
+    Simulation(generate_workload(cfg, 0), cfg, create_scheduler("fifo"), Plain("decline", {"k": 2})).run()
