@@ -1,10 +1,13 @@
 """``evalstop prune``: retention. Deletes the jobs that ended long ago, with their rows.
 
-    evalstop prune --db PATH --older-than DAYS [--tenant T] [--dry-run] [--json]
+    evalstop prune --db PATH --older-than DAYS [--audit-older-than DAYS] [--tenant T] [--dry-run] [--json]
 
 A job is pruned when it is stopped, finished, failed or lost and was last updated more than
 ``DAYS`` days ago; its reports, snapshots (evals) and webhook deliveries go with it, in one
-transaction. The audit log is append-only and kept whole (it is the record of every stop). Run it
+transaction. The audit log is append-only (it is the record of every stop) and kept unless
+``--audit-older-than`` gives it a retention too: then the audit lines older than that of the jobs no
+longer stored (pruned now or before, or deleted) go in the same transaction; a live job's lines stay.
+The store's append-only guard lets only this transaction delete audit lines. Run it
 while no ``evalstop serve`` uses a SQLite file (a running server keeps the jobs it loaded until it
 restarts); on PostgreSQL, restart the replicas afterwards for the same reason.
 """
@@ -25,9 +28,14 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
     if not 0 <= args.older_than <= 100_000:
         raise CLIError(f"--older-than must be a number of days in [0, 100000], got {args.older_than:g}")
+    audit_days = args.audit_older_than
+    if audit_days is not None and not 0 <= audit_days <= 100_000:
+        raise CLIError(f"--audit-older-than must be a number of days in [0, 100000], got {audit_days:g}")
     store = _open_store(_db_path(args))
     try:
-        counts = store.prune(time.time() - args.older_than * 86400, args.tenant, dry_run=args.dry_run)
+        now = time.time()
+        counts = store.prune(now - args.older_than * 86400, args.tenant, dry_run=args.dry_run,
+                             audit_before=None if audit_days is None else now - audit_days * 86400)
     finally:
         store.close()
     if args.json:
@@ -36,7 +44,9 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         verb = "would delete" if args.dry_run else "deleted"
         print(f"{verb} {counts.jobs} job(s) that ended over {args.older_than:g} day(s) ago"
               f"{f' (tenant {args.tenant})' if args.tenant else ''}: {counts.reports} report(s), {counts.evals} "
-              f"snapshot(s), {counts.deliveries} webhook delivery(ies); the audit log is kept")
+              f"snapshot(s), {counts.deliveries} webhook delivery(ies); "
+              + ("the audit log is kept" if audit_days is None else
+                 f"{counts.audit} audit line(s) over {audit_days:g} day(s) old of jobs no longer stored"))
     return 0
 
 
@@ -45,6 +55,9 @@ def add_prune_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help="a SQLite file or a postgresql:// URL (default: $EVALSTOP_DB)")
     p.add_argument("--older-than", type=float, required=True, metavar="DAYS",
                    help="prune stopped/finished/failed/lost jobs last updated more than DAYS days ago")
+    p.add_argument("--audit-older-than", type=float, metavar="DAYS",
+                   help="also delete the audit lines older than DAYS days of jobs no longer stored (default: keep "
+                        "the audit log whole)")
     p.add_argument("--tenant", help="only this tenant's jobs")
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
     p.add_argument("--json", action="store_true")

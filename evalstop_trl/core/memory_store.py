@@ -20,7 +20,7 @@ class MemoryStore(Store):
         self._tenants: dict[str, TenantRecord] = {}
         self._jobs: dict[tuple[str, str], JobRecord] = {}
         self._reports: dict[tuple[str, str], list[Report]] = {}  # in step order (the coordinator's rule)
-        self._audit: list[AuditRecord] = []  # seq = index + 1
+        self._audit: list[AuditRecord | None] = []  # seq = index + 1 (None: pruned by retention)
         self._audit_by: dict[tuple[str, ...], list[int]] = {}  # (tenant,) and (tenant, job_id) -> indexes
         self._deliveries: dict[str, Delivery] = {}
         self._evals: dict[tuple[str, str, int], EvalTask] = {}
@@ -88,7 +88,7 @@ class MemoryStore(Store):
     def audit_page(self, tenant: str | None, job_id: str | None, limit: int | None, offset: int = 0,
                    after: int | None = None) -> tuple[list[AuditRecord], int | None]:
         if tenant is None:
-            indexes = [i for i, a in enumerate(self._audit) if job_id is None or a.job_id == job_id]
+            indexes = [i for i, a in enumerate(self._audit) if a is not None and (job_id is None or a.job_id == job_id)]
         else:
             indexes = self._audit_by.get((tenant,) if job_id is None else (tenant, job_id), [])
         start = offset if after is None else bisect.bisect_right(indexes, after - 1)
@@ -104,13 +104,25 @@ class MemoryStore(Store):
     def count_events(self, tenant: str, job_id: str) -> int:
         return sum(1 for i in self._audit_by.get((tenant, job_id), []) if self._audit[i].kind.from_launcher)
 
-    def prune(self, before: float, tenant: str | None = None, dry_run: bool = False) -> PruneCounts:
+    def prune(self, before: float, tenant: str | None = None, dry_run: bool = False,
+              audit_before: float | None = None) -> PruneCounts:
         keys = [k for k, j in self._jobs.items()
                 if j.status.value in PRUNABLE and j.updated_at < before and (tenant is None or j.tenant == tenant)]
         gone = set(keys)
         evals = [k for k in self._evals if k[:2] in gone]
         deliveries = [k for k, d in self._deliveries.items() if (d.tenant, d.job_id) in gone]
-        counts = PruneCounts(len(keys), sum(len(self._reports.get(k, ())) for k in keys), len(evals), len(deliveries))
+        old = [] if audit_before is None else [
+            i for i, a in enumerate(self._audit) if a is not None and a.at < audit_before
+            and (tenant is None or a.tenant == tenant) and ((a.tenant, a.job_id) in gone or (a.tenant, a.job_id)
+                                                            not in self._jobs)]
+        counts = PruneCounts(len(keys), sum(len(self._reports.get(k, ())) for k in keys), len(evals), len(deliveries),
+                             len(old))
+        if not dry_run and old:  # a line's seq stays its index + 1: a pruned line leaves a hole
+            drop = set(old)
+            for i in old:
+                self._audit[i] = None
+            for key, indexes in self._audit_by.items():
+                self._audit_by[key] = [i for i in indexes if i not in drop]
         if not dry_run:
             for k in keys:
                 del self._jobs[k]

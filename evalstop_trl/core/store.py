@@ -65,6 +65,7 @@ class PruneCounts(NamedTuple):
     reports: int
     evals: int
     deliveries: int
+    audit: int = 0  # audit lines past their retention (of jobs no longer stored)
 
 
 #: the statuses a job may be pruned in (it is over: nothing reports to it any more)
@@ -192,11 +193,14 @@ class Store(ABC):
         ended job. Durable when it returns."""
         raise NotImplementedError(f"{type(self).__name__} cannot delete a job")
 
-    def prune(self, before: float, tenant: str | None = None, dry_run: bool = False) -> PruneCounts:
+    def prune(self, before: float, tenant: str | None = None, dry_run: bool = False,
+              audit_before: float | None = None) -> PruneCounts:
         """Delete the jobs that ended (stopped, finished, failed or lost) and were last updated before
-        ``before``, with their reports, evals and webhook deliveries; the audit log is append-only and
-        kept. ``dry_run``: only count. Run it while no coordinator serves the store (a running one
-        keeps the jobs it loaded until it restarts)."""
+        ``before``, with their reports, evals and webhook deliveries. The audit log is append-only to
+        everyone else; with ``audit_before`` retention also deletes the audit lines written before it
+        of jobs that are no longer stored (pruned now or earlier, or deleted), in the same
+        transaction. ``dry_run``: only count. Run it while no coordinator serves the store (a running
+        one keeps the jobs it loaded until it restarts)."""
         raise NotImplementedError(f"{type(self).__name__} cannot prune")
     @abstractmethod
     def reports(self, tenant: str, job_id: str, after_step: int | None = None,

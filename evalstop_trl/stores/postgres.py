@@ -85,7 +85,10 @@ _SCHEMA = [
     "CREATE INDEX IF NOT EXISTS audit_by_tenant ON audit (tenant, seq)",
     "CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (tenant, status)",
     """CREATE OR REPLACE FUNCTION evalstop_audit_append_only() RETURNS trigger AS $$
-        BEGIN RAISE EXCEPTION 'the audit log is append-only'; END; $$ LANGUAGE plpgsql""",
+        BEGIN
+            IF TG_OP = 'DELETE' AND current_setting('evalstop.audit_retention', true) = 'on' THEN RETURN OLD; END IF;
+            RAISE EXCEPTION 'the audit log is append-only';
+        END; $$ LANGUAGE plpgsql""",
     "DROP TRIGGER IF EXISTS audit_append_only ON audit",
     """CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON audit
         FOR EACH ROW EXECUTE FUNCTION evalstop_audit_append_only()""",
@@ -378,6 +381,12 @@ class PostgresStore(SQLReads, Store):
 
     def probe(self) -> None:
         self._write(lambda db: db.execute("SELECT 1"))
+
+    def _allow_audit_deletes(self, db) -> None:  # this transaction only (prune's): the trigger reads it
+        db.execute("SELECT set_config('evalstop.audit_retention', 'on', true)")
+
+    def _forbid_audit_deletes(self, db) -> None:
+        db.execute("SELECT set_config('evalstop.audit_retention', 'off', true)")
 
     def close(self) -> None:
         if not self._writes.close():

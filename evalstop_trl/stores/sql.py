@@ -193,23 +193,42 @@ class SQLReads:
     def _write(self, op) -> None:  # pragma: no cover - each store's own
         raise NotImplementedError
 
-    def prune(self, before: float, tenant: str | None = None, dry_run: bool = False) -> PruneCounts:
-        cond, args = _PRUNED + ("" if tenant is None else " AND tenant=?"), (before,) + (() if tenant is None else (tenant,))
+    def prune(self, before: float, tenant: str | None = None, dry_run: bool = False,
+              audit_before: float | None = None) -> PruneCounts:
+        mine, mine_args = ("", ()) if tenant is None else (" AND tenant=?", (tenant,))
+        cond, args = _PRUNED + mine, (before, *mine_args)
         keys = f"(tenant, job_id) IN (SELECT tenant, job_id FROM jobs WHERE {cond})"
         tables = ("reports", "evals", "deliveries")
+        # audit lines past retention of jobs gone after this prune (the jobs table without the pruned ones)
+        old = (f"at < ?{mine} AND (tenant, job_id) NOT IN (SELECT tenant, job_id FROM jobs WHERE NOT ({cond}))",
+               (audit_before, *mine_args, *args))
         if dry_run:
             jobs = self._read(f"SELECT count(*) FROM jobs WHERE {cond}", args)[0][0]
-            return PruneCounts(jobs, *(self._read(f"SELECT count(*) FROM {t} WHERE {keys}", args)[0][0] for t in tables))
+            audit = 0 if audit_before is None else self._read(f"SELECT count(*) FROM audit WHERE {old[0]}", old[1])[0][0]
+            return PruneCounts(jobs, *(self._read(f"SELECT count(*) FROM {t} WHERE {keys}", args)[0][0]
+                                       for t in tables), audit)
         counts: list[int] = []
 
         def op(db) -> None:  # one transaction: a job goes with all its rows, or not at all
             counts.clear()
+            audit = 0
+            if audit_before is not None:  # counted before the jobs go: the same rows the dry run counts
+                self._allow_audit_deletes(db)
+                audit = db.execute(q(f"DELETE FROM audit WHERE {old[0]}", self._POSTGRES), old[1]).rowcount
+                self._forbid_audit_deletes(db)
             for t in tables:
                 counts.append(db.execute(q(f"DELETE FROM {t} WHERE {keys}", self._POSTGRES), args).rowcount)
             counts.insert(0, db.execute(q(f"DELETE FROM jobs WHERE {cond}", self._POSTGRES), args).rowcount)
+            counts.append(audit)
 
         self._write(op)
         return PruneCounts(*counts)
+
+    def _allow_audit_deletes(self, db) -> None:  # pragma: no cover - each store's own
+        raise NotImplementedError
+
+    def _forbid_audit_deletes(self, db) -> None:  # pragma: no cover - each store's own
+        raise NotImplementedError
 
     def delete_job(self, tenant: str, job_id: str, audit: AuditRecord) -> bool:
         """One ended job with its rows, and its audit line, in one transaction (see Store.delete_job)."""

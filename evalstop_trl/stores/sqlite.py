@@ -74,7 +74,9 @@ CREATE TABLE IF NOT EXISTS audit (
     evidence TEXT NOT NULL);
 CREATE TRIGGER IF NOT EXISTS audit_append_only_u BEFORE UPDATE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TABLE IF NOT EXISTS audit_retention (active INTEGER NOT NULL);
 CREATE TRIGGER IF NOT EXISTS audit_append_only_d BEFORE DELETE ON audit
+    WHEN NOT EXISTS (SELECT 1 FROM audit_retention)
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 CREATE INDEX IF NOT EXISTS audit_by_job ON audit (tenant, job_id, seq);
 CREATE INDEX IF NOT EXISTS audit_by_tenant ON audit (tenant, seq);
@@ -101,8 +103,9 @@ _MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL, or a function of the connect
     4: ("ALTER TABLE jobs ADD COLUMN tags TEXT NOT NULL DEFAULT '{}'",  # issue 19: a job's context
         "ALTER TABLE jobs ADD COLUMN hparams TEXT NOT NULL DEFAULT '{}'"),
     5: (lambda db: _add_column(db, "reports", "planned_steps INTEGER"),),  # the plan each report was decided under
-    6: tuple(lambda db, t=table, c=column: _add_column(db, t, c)  # per-example evidence (core/examples.py)
-             for table in ("reports", "evals") for column in ("eval_n INTEGER", "eval_noise REAL")),
+    6: (*(lambda db, t=table, c=column: _add_column(db, t, c)  # per-example evidence (core/examples.py)
+          for table in ("reports", "evals") for column in ("eval_n INTEGER", "eval_noise REAL")),
+        "DROP TRIGGER IF EXISTS audit_append_only_d"),  # the schema makes it again, open to retention
 }
 
 
@@ -406,6 +409,12 @@ class SQLiteStore(SQLReads, Store):
         """A transaction through the writer thread that writes nothing (raises StoreError if the writer
         cannot take one: /readyz never writes to the store)."""
         self._write(lambda db: db.execute("SELECT 1 FROM schema_version"))
+
+    def _allow_audit_deletes(self, db) -> None:  # inside prune's transaction only: its trigger reads this table
+        db.execute("INSERT INTO audit_retention (active) VALUES (1)")
+
+    def _forbid_audit_deletes(self, db) -> None:
+        db.execute("DELETE FROM audit_retention")
 
     def close(self) -> None:
         """Finish queued writes, stop the writer, close the connections (idempotent)."""

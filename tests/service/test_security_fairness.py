@@ -396,7 +396,7 @@ def test_17_6_prune_deletes_old_finished_jobs_and_keeps_the_audit(db, servers, t
         assert c.post("/v1/jobs/bobs/finish", headers=bearer(bob)).status_code == 200
     srv.kill()
     dry = json.loads(_cli("prune", "--db", db, "--older-than", "0", "--tenant", "alice", "--dry-run", "--json"))
-    assert dry == {"dry_run": True, "jobs": 1, "reports": 1, "evals": 0, "deliveries": 0}
+    assert dry == {"dry_run": True, "jobs": 1, "reports": 1, "evals": 0, "deliveries": 0, "audit": 0}
     assert json.loads(_cli("prune", "--db", db, "--older-than", "1", "--json"))["jobs"] == 0  # nothing that old
     assert json.loads(_cli("prune", "--db", db, "--older-than", "0", "--tenant", "alice", "--json"))["jobs"] == 1
     srv = servers(db)
@@ -405,6 +405,39 @@ def test_17_6_prune_deletes_old_finished_jobs_and_keeps_the_audit(db, servers, t
         assert c.get("/v1/jobs/done").status_code == 404
         assert any(a["kind"] == "manual_stop" for a in c.get("/v1/audit?job_id=done").json())  # kept
     assert [j["job_id"] for j in httpx.get(f"{srv.url}/v1/jobs", headers=bearer(bob)).json()] == ["bobs"]
+
+
+def test_25_4_retention_covers_the_audit_log_of_jobs_no_longer_stored(db, servers):
+    """--audit-older-than deletes the old audit lines of pruned (and deleted) jobs in prune's own
+    transaction; a live job's lines and other tenants' stay, and the log stays append-only to
+    everyone else (a plain DELETE is still refused)."""
+    alice, bob = _tenant(db, "alice"), _tenant(db, "bob")
+    srv = servers(db)
+    with httpx.Client(base_url=srv.url) as c:
+        for t, job in ((alice, "done"), (alice, "live"), (alice, "gone"), (bob, "bobs")):
+            assert c.post("/v1/jobs", json={"job_id": job, "tags": {"a": "1"}}, headers=bearer(t)).status_code == 201
+            assert c.post("/v1/jobs", json={"job_id": job, "tags": {"a": "2"}}, headers=bearer(t)).status_code == 200
+        for t, job in ((alice, "done"), (alice, "live"), (alice, "gone"), (bob, "bobs")):
+            if job != "live":
+                assert c.post(f"/v1/jobs/{job}/stop", json={"reason": "enough"}, headers=bearer(t)).status_code == 200
+        assert c.post("/v1/jobs/gone/delete", json={"reason": "clean-up"}, headers=bearer(alice)).status_code == 200
+        before = {job: len(c.get(f"/v1/audit?job_id={job}", headers=bearer(alice)).json()) for job in ("done", "live", "gone")}
+    srv.kill()
+    dry = json.loads(_cli("prune", "--db", db, "--older-than", "0", "--audit-older-than", "0", "--tenant", "alice",
+                          "--dry-run", "--json"))
+    assert (dry["jobs"], dry["audit"]) == (1, before["done"] + before["gone"]), (dry, before)
+    done = json.loads(_cli("prune", "--db", db, "--older-than", "0", "--audit-older-than", "0", "--tenant", "alice",
+                           "--json"))
+    assert (done["jobs"], done["audit"]) == (dry["jobs"], dry["audit"])
+    srv = servers(db)
+    with httpx.Client(base_url=srv.url) as c:
+        assert c.get("/v1/audit?job_id=done", headers=bearer(alice)).json() == []
+        assert c.get("/v1/audit?job_id=gone", headers=bearer(alice)).json() == []
+        assert len(c.get("/v1/audit?job_id=live", headers=bearer(alice)).json()) == before["live"]
+        assert c.get("/v1/audit?job_id=bobs", headers=bearer(bob)).json()  # another tenant's: kept
+    srv.kill()
+    with pytest.raises(Exception, match="append-only"):
+        _sql(db, [("DELETE FROM audit", [()])])
 
 
 def _bench_startup():

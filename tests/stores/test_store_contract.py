@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pytest
 
@@ -247,10 +248,25 @@ def test_sqlite_migrates_version_6_to_7_reports_keep_their_evidence(tmp_path):
     db = sqlite3.connect(path)  # what evalstop wrote before: no per-example evidence, version 6
     db.executescript("ALTER TABLE reports DROP COLUMN eval_n; ALTER TABLE reports DROP COLUMN eval_noise; "
                      "ALTER TABLE evals DROP COLUMN eval_n; ALTER TABLE evals DROP COLUMN eval_noise; "
+                     "DROP TRIGGER audit_append_only_d; DROP TABLE audit_retention; "  # version 6's guard, closed to all
+                     "CREATE TRIGGER audit_append_only_d BEFORE DELETE ON audit "
+                     "BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END; "
                      "UPDATE schema_version SET version = 6;")
     db.close()
     _evidence_roundtrip(lambda: Coordinator(SQLiteStore(path)))
     assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+    c = Coordinator(SQLiteStore(path))  # version 7's guard lets retention (only) delete old audit lines
+    c.register_job("old", "gone")
+    c.stop("old", "gone", "x")
+    c.register_job("old", "live")
+    c.register_job("old", "live", tags={"a": "1"})  # an amended line of a job that stays
+    c.close()
+    store = SQLiteStore(path)
+    assert store.prune(time.time() + 1, audit_before=time.time() + 1).audit >= 1
+    store.close()
+    assert sqlite3.connect(path).execute("SELECT count(*) FROM audit WHERE job_id='live'").fetchone() == (1,)
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        sqlite3.connect(path).execute("DELETE FROM audit")
 
 
 def test_postgres_migrates_version_4_to_5_reports_keep_their_evidence(pg_dsn):
