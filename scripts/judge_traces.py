@@ -41,6 +41,14 @@ positives. Rates come with Clopper-Pearson 95% intervals, the median lag with a 
 
 Per eval line of a trace (JSONL): ``step``, ``world_feedback``, ``gold``, ``proxy_reward``,
 ``train_loss``.
+
+**Per-example world feedback** (``--per-example``, ``configs/traces/judge-per-example/``): the same
+runs (seeds, configurations, prompts), the judge's 64 per-example scores (16 prompts x 4 samples, by
+position) instead of their mean; each line also has ``eval_n`` and ``eval_noise``, the paired noise
+level against the previous eval (:mod:`evalstop_trl.core.examples`), and every detector is evaluated
+with and without it ("+ paired noise"). The command that produced them (80 runs, 2026-12-02)::
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/judge_traces.py --run --per-example --workers 2
 """
 
 from __future__ import annotations
@@ -68,14 +76,17 @@ from evalstop_trl.analysis.replay import Curve, replay_curve  # noqa: E402
 from evalstop_trl.core.detectors import DETECTORS  # noqa: E402
 
 TRACES = ROOT / "configs" / "traces" / "judge"
+#: the same task with per-example world feedback (each line also has the eval's n and paired noise)
+TRACES_PER_EXAMPLE = ROOT / "configs" / "traces" / "judge-per-example"
 MANIFEST = "manifest.json"
 RUNS, MAX_STEPS, EVAL_EVERY = 80, 200, 10
 REL_MARGIN = 0.2
 COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python scripts/judge_traces.py --run --workers 1"
+COMMAND_PER_EXAMPLE = "OMP_NUM_THREADS=1 .venv/bin/python scripts/judge_traces.py --run --per-example --workers 2"
 
 
 # ----------------------------------------------------------------------------- training (torch)
-def manifest(runs: int, max_steps: int, eval_every: int) -> dict[str, Any]:
+def manifest(runs: int, max_steps: int, eval_every: int, per_example: bool = False) -> dict[str, Any]:
     """What the traces were made from: the prompt pools, the judge's quality, every run's design."""
     from dataclasses import asdict
 
@@ -84,7 +95,8 @@ def manifest(runs: int, max_steps: int, eval_every: int) -> dict[str, Any]:
     pools = J.prompt_sets()
     jd = J.train_judge(pools.judge)
     return {
-        "command": COMMAND, "max_steps": max_steps, "eval_every": eval_every, "rel_margin": REL_MARGIN,
+        "command": COMMAND_PER_EXAMPLE if per_example else COMMAND, "max_steps": max_steps, "eval_every": eval_every,
+        "rel_margin": REL_MARGIN, **({"per_example": True} if per_example else {}),
         "model": {"hidden": J.HIDDEN, "layers": J.LAYERS, "heads": J.HEADS},
         "judge": {"train_strings": len(pools.judge), "label_noise": J.JUDGE_LABEL_NOISE, **asdict(jd.quality)},
         "feedback": {"prompts": len(pools.feedback), "samples": J.FEEDBACK_SAMPLES},
@@ -121,7 +133,7 @@ def same_manifest(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def train_many(seeds: list[int], folder: Path, max_steps: int, eval_every: int,
-               expected: dict[str, Any] | None = None) -> None:
+               expected: dict[str, Any] | None = None, per_example: bool = False) -> None:
     """Train runs ``seeds`` one after the other in this process, each to its end (no detector), and write
     each trace to ``folder`` (printing ``wrote NAME`` after each). The judge is trained once; with
     ``expected`` (the manifest's judge quality) it must match it (ValueError otherwise)."""
@@ -140,15 +152,16 @@ def train_many(seeds: list[int], folder: Path, max_steps: int, eval_every: int,
         raise ValueError(f"the judge trained here ({got}) is not the manifest's ({expected})")
     for seed in seeds:
         cfg = J.run_config(seed)
-        rec = rt.trace_recorder(J.JudgeFeedback(jd, pools.feedback, stream=seed), J.RuleGold(pools.gold), eval_every)
+        feedback = J.JudgeFeedback(jd, pools.feedback, stream=seed, per_example=per_example)
+        rec = rt.trace_recorder(feedback, J.RuleGold(pools.gold), eval_every)
         with tempfile.TemporaryDirectory(prefix="judge-trace-") as tmp:
             J.run_judge_task(cfg, tmp, max_steps, callbacks=[rec], prompts=pools)
         out = folder / f"{cfg.name}.jsonl"
-        out.write_text("".join(json.dumps({k: row.get(k) for k in rt.FIELDS}) + "\n" for row in rec.trace))
+        out.write_text("".join(rt.trace_line(row) for row in rec.trace))
         print(f"wrote {out.name}", flush=True)
 
 
-def generate(folder: Path, runs: int, max_steps: int, eval_every: int, workers: int) -> None:
+def generate(folder: Path, runs: int, max_steps: int, eval_every: int, workers: int, per_example: bool = False) -> None:
     """Write the manifest, then train every run not yet in ``folder``: ``workers`` fresh processes (one
     torch thread each) share the runs. A folder made with other settings is refused."""
     from tqdm import tqdm
@@ -156,7 +169,7 @@ def generate(folder: Path, runs: int, max_steps: int, eval_every: int, workers: 
     from evalstop_trl.train.judge import run_config
 
     folder.mkdir(parents=True, exist_ok=True)
-    new = manifest(runs, max_steps, eval_every)
+    new = manifest(runs, max_steps, eval_every, per_example)
     path = folder / MANIFEST
     if path.exists():
         old = json.loads(path.read_text())
@@ -169,7 +182,7 @@ def generate(folder: Path, runs: int, max_steps: int, eval_every: int, workers: 
 
     def worker(seeds: list[int]) -> None:
         cmd = [sys.executable, __file__, "--train-seeds", ",".join(map(str, seeds)), "--traces", str(folder),
-               "--max-steps", str(max_steps), "--eval-every", str(eval_every)]
+               "--max-steps", str(max_steps), "--eval-every", str(eval_every)] + (["--per-example"] if per_example else [])
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"}) as proc:
             for line in proc.stdout:
@@ -231,9 +244,11 @@ def registry_detectors() -> list[str]:
     return list(DETECTORS.names())
 
 
-def judge_run(t: rt.Trace, hacked: bool, detector: str, planned_steps: int, rel_margin: float) -> Verdict:
-    """Replay ``detector`` at its registry defaults on the run's world feedback."""
-    curve = Curve("world_feedback", t.steps, t.feedback, t.loss, planned_steps)
+def judge_run(t: rt.Trace, hacked: bool, detector: str, planned_steps: int, rel_margin: float,
+              evidence: bool = False) -> Verdict:
+    """Replay ``detector`` at its registry defaults on the run's world feedback (``evidence``: with
+    each eval's per-example n and paired noise)."""
+    curve = Curve("world_feedback", t.steps, t.feedback, t.loss, planned_steps, evidence=t.evidence if evidence else ())
     res = replay_curve(curve, detector, planned_steps=planned_steps)
     if not (res.stopped and res.stop_step < t.steps[-1]):
         return Verdict(None, None, False)
@@ -256,14 +271,16 @@ def evaluate(paths: list[Path], planned_steps: int = MAX_STEPS, rel_margin: floa
     hacked = sum(r["hacked"] for r in runs)
     healthy = len(runs) - hacked
     table = []
-    for name in detectors or registry_detectors():
-        verdicts = {t.name: judge_run(t, r["hacked"], name, planned_steps, rel_margin)
+    paired = all(t.evidence for t in traces)  # per-example traces: every detector with and without the noise
+    for name, evidence in [(n, e) for n in detectors or registry_detectors() for e in ((False, True) if paired else (False,))]:
+        verdicts = {t.name: judge_run(t, r["hacked"], name, planned_steps, rel_margin, evidence)
                     for t, r in zip(traces, runs, strict=True)}
         tp = sum(r["hacked"] and verdicts[r["name"]].stop_step is not None for r in runs)
         fp_a = sum(not r["hacked"] and verdicts[r["name"]].stop_step is not None for r in runs)
         fp_b = sum(v.harmful for v in verdicts.values())
         lags = [v.lag for v in verdicts.values() if v.lag is not None]
-        table.append({"detector": name, "params": DETECTORS.params(name), "tp": tp, "fp_a": fp_a, "fp_b": fp_b,
+        table.append({"detector": f"{name} + paired noise" if evidence else name, "params": DETECTORS.params(name),
+                      "evidence": evidence, "tp": tp, "fp_a": fp_a, "fp_b": fp_b,
                       "hacked": hacked, "healthy": healthy, "precision": rt._rate(tp, tp + fp_b),
                       "recall": rt._rate(tp, hacked), "fpr": rt._rate(fp_b, healthy),
                       "fpr_label": rt._rate(fp_a, healthy), "lag": median_interval(lags), "lags": lags,
@@ -304,21 +321,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-steps", type=int, default=MAX_STEPS, help=f"steps per run (default {MAX_STEPS})")
     ap.add_argument("--eval-every", type=int, default=EVAL_EVERY, help=f"steps between evals (default {EVAL_EVERY})")
     ap.add_argument("--workers", type=int, default=1, help="training processes side by side (default 1)")
-    ap.add_argument("--traces", default=str(TRACES), help="folder of JSONL traces (default configs/traces/judge)")
+    ap.add_argument("--traces", help="folder of JSONL traces (default configs/traces/judge, or "
+                                     "configs/traces/judge-per-example with --per-example)")
+    ap.add_argument("--per-example", action="store_true", help="the judge's per-example scores: each trace line also "
+                    "has the eval's n and paired noise, and every detector is evaluated with and without it")
     ap.add_argument("--json", help="write the table as JSON to this file")
     ap.add_argument("--train-seeds", help=argparse.SUPPRESS)  # a worker process of --run
     args = ap.parse_args(argv)
     for opt in ("runs", "max_steps", "eval_every", "workers"):
         if getattr(args, opt) < 1:
             ap.error(f"--{opt.replace('_', '-')} must be at least 1, got {getattr(args, opt)}")
-    folder = Path(args.traces)
+    folder = Path(args.traces or (TRACES_PER_EXAMPLE if args.per_example else TRACES))
     if args.train_seeds:
         judge = json.loads((folder / MANIFEST).read_text())["judge"]
         train_many([int(s) for s in args.train_seeds.split(",")], folder, args.max_steps, args.eval_every,
-                   {k: judge[k] for k in ("mae", "correlation")})
+                   {k: judge[k] for k in ("mae", "correlation")}, args.per_example)
         return 0
     if args.run:
-        generate(folder, args.runs, args.max_steps, args.eval_every, args.workers)
+        generate(folder, args.runs, args.max_steps, args.eval_every, args.workers, args.per_example)
     paths = trace_paths(folder)
     if not paths:
         print(f"no traces under {folder}: run with --run first", file=sys.stderr)

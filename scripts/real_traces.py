@@ -60,6 +60,14 @@ PRESET_NAMES = ("hacked", "healthy", "late_onset", "shallow")
 FEEDBACK_PROMPTS, FEEDBACK_SAMPLES, FEEDBACK_SEED = 8, 4, 777
 GOLD_PROMPTS, GOLD_SEED = 256, 4242
 FIELDS = ("step", "world_feedback", "gold", "proxy_reward", "train_loss")
+#: with per-example world feedback, each line also has the eval's n and paired noise (core/examples.py)
+EVIDENCE_FIELDS = ("eval_n", "eval_noise")
+
+
+def trace_line(row: dict[str, Any]) -> str:
+    """One JSONL line: :data:`FIELDS`, and :data:`EVIDENCE_FIELDS` when the eval recorded them."""
+    keys = FIELDS + (EVIDENCE_FIELDS if "eval_n" in row else ())
+    return json.dumps({k: row.get(k) for k in keys}) + "\n"
 
 #: The noise-robust detectors' prior noise level from the feedback eval's design alone (no trace is
 #: looked at): a mean over 8 prompts x 4 samples x 8 letters = 256 letters has a standard deviation of
@@ -140,6 +148,7 @@ def trace_recorder(feedback: Any, gold: Any, eval_every: int):
     ``eval_every`` steps and records one trace line (``FIELDS``) per eval in its ``trace``."""
     from transformers import TrainerCallback
 
+    from evalstop_trl.core.examples import is_per_example, summarize
     from evalstop_trl.train.callback import LOSS_KEYS, REWARD_KEYS
     from evalstop_trl.train.evaluation import evaluate_preserving_state
 
@@ -147,14 +156,19 @@ def trace_recorder(feedback: Any, gold: Any, eval_every: int):
         def __init__(self) -> None:
             self.trace: list[dict[str, Any]] = []
             self.pending: dict[str, Any] | None = None
+            self.examples = None  # the last per-example eval (paired with the next)
 
         def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
             if state.global_step % eval_every:
                 return
             tok = processing_class if processing_class is not None else kwargs.get("tokenizer")
-            self.pending = {"step": state.global_step,
-                            "world_feedback": evaluate_preserving_state(feedback, model, tok),
-                            "gold": evaluate_preserving_state(gold, model, tok)}
+            value = evaluate_preserving_state(feedback, model, tok, check=False)
+            self.pending = {"step": state.global_step, "gold": evaluate_preserving_state(gold, model, tok)}
+            if is_per_example(value):  # the mean, n and the paired noise against the previous eval
+                self.examples = ev = summarize(value, self.examples)
+                self.pending.update(world_feedback=ev.mean, eval_n=ev.n, eval_noise=ev.noise)
+            else:
+                self.pending["world_feedback"] = float(value)
             control.should_log = True
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -181,7 +195,7 @@ def train_one(trainer: str, preset_name: str, seed: int, out: Path, max_steps: i
     with tempfile.TemporaryDirectory(prefix="real-trace-") as tmp:
         run_tiny(trainer, preset, output_dir=tmp, max_steps=max_steps, seed=seed, with_evalstop=False,
                  callbacks=[rec])
-    out.write_text("".join(json.dumps({k: row.get(k) for k in FIELDS}) + "\n" for row in rec.trace))
+    out.write_text("".join(trace_line(row) for row in rec.trace))
     return rec.trace
 
 
@@ -204,6 +218,7 @@ class Trace:
     gold: tuple[float, ...]
     proxy: tuple[float | None, ...]
     loss: tuple[float | None, ...]
+    evidence: tuple[tuple[int | None, float | None], ...] = ()  # per eval (n, paired noise), if recorded
 
 
 def read_trace(path: Path) -> Trace:
@@ -215,14 +230,15 @@ def read_trace(path: Path) -> Trace:
         try:
             row = json.loads(line)
             rows.append((int(row["step"]), float(row["world_feedback"]), float(row["gold"]),
-                         row.get("proxy_reward"), row.get("train_loss")))
+                         row.get("proxy_reward"), row.get("train_loss"), (row.get("eval_n"), row.get("eval_noise"))))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}:{lineno}: not a trace line with {', '.join(FIELDS)} ({exc})") from None
     if not rows:
         raise ValueError(f"{path}: empty trace")
     trainer, preset = (path.stem.split("-", 2) + ["", ""])[:2]
-    steps, feedback, gold, proxy, loss = zip(*rows, strict=True)
-    return Trace(path.stem, trainer, preset, steps, feedback, gold, proxy, loss)
+    steps, feedback, gold, proxy, loss, evidence = zip(*rows, strict=True)
+    recorded = any(n is not None for n, _ in evidence)
+    return Trace(path.stem, trainer, preset, steps, feedback, gold, proxy, loss, evidence if recorded else ())
 
 
 def label(golds: tuple[float, ...] | list[float], min_drop: float = 0.05) -> bool:

@@ -36,7 +36,8 @@ class ReplayError(ValueError):
 
 @dataclass(frozen=True)
 class Curve:
-    """One job's eval curve: steps in increasing order, a score per step, the train loss if known."""
+    """One job's eval curve: steps in increasing order, a score per step, the train loss if known;
+    ``evidence``: each eval's per-example (n, paired noise) when recorded (empty: plain scores)."""
 
     metric: str
     steps: tuple[int, ...]
@@ -44,6 +45,7 @@ class Curve:
     losses: tuple[float | None, ...]
     planned_steps: int | None = None
     source: str = ""
+    evidence: tuple[tuple[int | None, float | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -267,10 +269,11 @@ def replay_curve(
     planned = planned_steps or curve.planned_steps
     decisions: list[Decision] = []
     decision: Decision | None = None
-    for step, score, loss in zip(curve.steps, curve.scores, curve.losses, strict=True):
+    evidence = curve.evidence or ((None, None),) * len(curve.steps)
+    for step, score, loss, (n, noise) in zip(curve.steps, curve.scores, curve.losses, evidence, strict=True):
         obs = Observation(
             job_id="replay", step=step, eval_score=score, train_loss=loss,
-            progress=step / planned if planned else None,
+            progress=step / planned if planned else None, eval_n=n, eval_noise=noise,
         )
         decision = det.observe(obs)
         decisions.append(decision)

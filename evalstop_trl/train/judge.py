@@ -249,15 +249,16 @@ class JudgeFeedback:
     held-out prompts. Seeded per call and per run (``stream``): its noise is real sampling noise."""
 
     def __init__(self, judge: Judge, prompts: tuple[str, ...], samples: int = FEEDBACK_SAMPLES,
-                 seed: int = FEEDBACK_SEED, stream: int = 0) -> None:
+                 seed: int = FEEDBACK_SEED, stream: int = 0, per_example: bool = False) -> None:
         self.judge, self.prompts, self.samples = judge, tuple(prompts), samples
         self.seed, self.calls = seed * 1000 + stream * 100, 0
+        self.per_example = per_example  # the judge's score of each (prompt, sample), by position
 
-    def __call__(self, model, tokenizer) -> float:
+    def __call__(self, model, tokenizer) -> float | list[float]:
         self.calls += 1
         ps, cs = _sample(model, tokenizer, self.prompts, self.samples, self.seed + self.calls)
         scores = self.judge(ps, cs)
-        return sum(scores) / len(scores)
+        return list(scores) if self.per_example else sum(scores) / len(scores)
 
 
 class RuleGold:

@@ -163,15 +163,69 @@ def test_the_readme_states_what_the_committed_traces_give():
     assert MANIFEST["command"] in section and MANIFEST["command"] in jt.__doc__
 
 
+# ----------------------------------------------------------------------------- per-example world feedback
+PE_PATHS = jt.trace_paths(jt.TRACES_PER_EXAMPLE)
+PE_MANIFEST = json.loads((jt.TRACES_PER_EXAMPLE / jt.MANIFEST).read_text())
+
+
+def test_the_per_example_traces_record_n_and_the_paired_noise():
+    """The same task and seeds with the judge's 64 per-example scores (16 prompts x 4 samples): each
+    eval line has n = 64 and, after the first, the paired noise level (issue 28 item 3)."""
+    assert len(PE_PATHS) == len(PATHS) and PE_MANIFEST["per_example"] is True
+    assert PE_MANIFEST["command"] == jt.COMMAND_PER_EXAMPLE and PE_MANIFEST["runs"] == MANIFEST["runs"]
+    for p in PE_PATHS:
+        rows = rows_of(p)
+        assert all(set(r) == set(jt.rt.FIELDS + jt.rt.EVIDENCE_FIELDS) for r in rows), p.name
+        assert [r["eval_n"] for r in rows] == [64] * len(rows), p.name
+        assert rows[0]["eval_noise"] is None and all(r["eval_noise"] > 0 for r in rows[1:]), p.name
+
+
+def per_example_section() -> str:
+    text = (ROOT / "docs" / "results.md").read_text()
+    start = text.index("## The same task with per-example world feedback")
+    end = text.index("\n## ", start + 1)
+    return text[start:end]
+
+
+def test_the_docs_state_what_the_per_example_traces_give():
+    res = jt.evaluate(PE_PATHS, planned_steps=PE_MANIFEST["max_steps"])
+    assert [t["detector"] for t in res["table"]] == [f"{n}{e}" for n in DETECTORS.names() for e in ("", " + paired noise")]
+    table = [line for line in per_example_section().splitlines() if line.startswith("| ") and not line.startswith("| detector")]
+    stated = {cells[0].strip("* "): tuple(c.replace("**", "").strip() for c in cells[1:])
+              for cells in ([c.strip() for c in line.strip().strip("|").split("|")] for line in table)}
+    assert stated == {r[0]: r[1:] for r in jt.rows(res)}
+    assert PE_MANIFEST["command"] in per_example_section()
+
+
+def test_a_plain_float_trace_decides_as_before_and_the_noise_only_gates(tmp_path):
+    """With the paired noise ``decline`` counts only falls beyond it: a wobble within the noise is no
+    stop, the same trace without the evidence is the paper's rule."""
+    wobble = [0.50, 0.52, 0.515, 0.51, 0.53, 0.525, 0.52, 0.55, 0.56, 0.57]
+    path = write(tmp_path / "grpo-judge-s00.jsonl", wobble, [0.1 * i for i in range(1, 11)])
+    rows = rows_of(path)
+    path.write_text("".join(json.dumps({**r, "eval_n": 64, "eval_noise": None if i == 0 else 0.01}) + "\n"
+                            for i, r in enumerate(rows)))
+    res = jt.evaluate([path], planned_steps=100, detectors=["decline"])
+    plain, paired = res["table"]
+    assert (plain["detector"], paired["detector"]) == ("decline", "decline + paired noise")
+    assert plain["stops"]["grpo-judge-s00"] == 40 and paired["stops"]["grpo-judge-s00"] is None
+
+
 # ----------------------------------------------------------------------------- the generator
 @pytest.mark.slow
-def test_the_generator_trains_a_real_run(tmp_path):
+@pytest.mark.parametrize("per_example", [False, True])
+def test_the_generator_trains_a_real_run(tmp_path, per_example):
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "judge_traces.py"), "--run", "--runs", "1",
-                          "--max-steps", "4", "--eval-every", "2", "--traces", str(tmp_path)],
+                          "--max-steps", "4", "--eval-every", "2", "--traces", str(tmp_path),
+                          *(["--per-example"] if per_example else [])],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     rows = rows_of(tmp_path / "grpo-judge-s00.jsonl")
-    assert [r["step"] for r in rows] == [2, 4] and all(set(r) == set(jt.rt.FIELDS) for r in rows)
+    fields = jt.rt.FIELDS + (jt.rt.EVIDENCE_FIELDS if per_example else ())
+    assert [r["step"] for r in rows] == [2, 4] and all(set(r) == set(fields) for r in rows)
+    if per_example:
+        assert [r["eval_n"] for r in rows] == [64, 64] and rows[0]["eval_noise"] is None and rows[1]["eval_noise"] > 0
+        assert "| decline + paired noise |" in out.stdout
     assert all(0 <= r["world_feedback"] <= 1 and 0 <= r["gold"] <= 1 for r in rows)
     made = json.loads((tmp_path / jt.MANIFEST).read_text())
     assert made["prompt_pools"] == MANIFEST["prompt_pools"]
