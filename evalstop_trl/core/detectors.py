@@ -219,24 +219,7 @@ class Decision(_DecisionFields):
     def __reduce__(self):  # picklable (the evidence is a read-only view): e.g. broadcast between ranks
         return (Decision, (self.action, self.reason, self.best_step, self.best_score, dict(self.evidence)))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "action": self.action.value,
-            "reason": self.reason,
-            "best_step": self.best_step,
-            "best_score": self.best_score,
-            "evidence": dict(self.evidence),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Decision:
-        return cls(
-            action=Action(data["action"]),
-            reason=data["reason"],
-            best_step=data.get("best_step"),
-            best_score=data.get("best_score"),
-            evidence=dict(data.get("evidence") or {}),
-        )
+    # as JSON: evalstop_trl.core.codec (to_wire / from_wire, codec.DECISION), the one codec of records
 
 
 _DIRECTIONS = ("max", "min")

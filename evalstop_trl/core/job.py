@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from .codec import to_wire
 from .detectors import Action, Decision, Detector, DetectorState, Observation
 from .errors import Conflict, QuotaExceeded
 from .records import (
@@ -553,7 +554,7 @@ def _deliveries(old: JobRecord, new: JobRecord, now: float) -> tuple[Delivery, .
 
 def stop_delivery(job: JobRecord, now: float) -> Delivery:
     """The webhook delivery of a job's stop: strict JSON (no NaN or infinity), one per job."""
-    decision = job.decision.to_dict() if job.decision else None
+    decision = to_wire(job.decision) if job.decision else None
     body = json.dumps({"event": "stop", "tenant": job.tenant, "job_id": job.job_id, "at": now,
                        "decision": _json_safe(decision)}, allow_nan=False, sort_keys=True)
     return Delivery(f"{job.tenant}/{job.job_id}/stop", job.tenant, job.job_id, job.webhook or "", body, now)

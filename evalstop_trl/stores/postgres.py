@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 from ..core.browse import RunRow
+from ..core.codec import from_wire, to_wire
 from ..core.detectors import Decision
 from ..core.errors import Conflict
 from ..core.records import (
@@ -123,7 +124,7 @@ _JOB_COLS = ("tenant, job_id, job_type, planned_steps, policy, webhook, status, 
 
 def _job_values(j: JobRecord) -> tuple:
     return (j.job_type.value, j.planned_steps, json.dumps(j.policy.to_dict()), j.webhook, j.status.value,
-            j.created_at, j.updated_at, json.dumps(j.decision.to_dict()) if j.decision else None, j.stopped_by,
+            j.created_at, j.updated_at, json.dumps(to_wire(j.decision)) if j.decision else None, j.stopped_by,
             j.stopped_at, j.acked_at, j.checkpoint, j.finished_at)
 
 
@@ -135,7 +136,7 @@ def _job_from_row(r: tuple) -> JobRecord:
     return JobRecord(
         tenant=r[0], job_id=r[1], job_type=JobType(r[2]), planned_steps=r[3],
         policy=Policy.from_dict(json.loads(r[4]), stored=True), webhook=r[5], status=JobStatus(r[6]),
-        created_at=r[7], updated_at=r[8], decision=Decision.from_dict(json.loads(r[9])) if r[9] else None,
+        created_at=r[7], updated_at=r[8], decision=from_wire(Decision, json.loads(r[9])) if r[9] else None,
         stopped_by=r[10], stopped_at=r[11], acked_at=r[12], checkpoint=r[13], finished_at=r[14], version=r[15], last_seen=r[16],
         tags=labels_from(r[17]), hparams=labels_from(r[18]),
     )

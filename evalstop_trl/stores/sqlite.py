@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..core.codec import from_wire, to_wire
 from ..core.detectors import Decision
 from ..core.errors import Conflict
 from ..core.records import (
@@ -131,7 +132,7 @@ def _job_row(j: JobRecord) -> tuple:
     return (
         j.tenant, j.job_id, j.job_type.value, j.planned_steps, json.dumps(j.policy.to_dict()), None,
         None, j.webhook, j.status.value, j.created_at, j.updated_at,
-        json.dumps(j.decision.to_dict()) if j.decision else None, j.stopped_by, j.stopped_at,
+        json.dumps(to_wire(j.decision)) if j.decision else None, j.stopped_by, j.stopped_at,
         j.acked_at, j.checkpoint, j.finished_at, j.last_seen, labels_json(j.tags), labels_json(j.hparams),
     )
 
@@ -141,7 +142,7 @@ def _job_from_row(r: tuple) -> JobRecord:
         tenant=r[0], job_id=r[1], job_type=JobType(r[2]), planned_steps=r[3],
         policy=Policy.from_dict(json.loads(r[4]), stored=True), webhook=r[7],
         status=JobStatus(r[8]), created_at=r[9], updated_at=r[10],
-        decision=Decision.from_dict(json.loads(r[11])) if r[11] else None, stopped_by=r[12],
+        decision=from_wire(Decision, json.loads(r[11])) if r[11] else None, stopped_by=r[12],
         stopped_at=r[13], acked_at=r[14], checkpoint=r[15], finished_at=r[16], last_seen=r[17],
         tags=labels_from(r[18]), hparams=labels_from(r[19]), version=r[20] if len(r) > 20 else 0,
     )

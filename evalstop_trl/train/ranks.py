@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.codec import from_wire, to_wire
 from ..core.detectors import Decision
 from .distributed import broadcast_object
 
@@ -43,7 +44,7 @@ class RankMessage:
 
     def to_wire(self) -> dict[str, Any]:
         """Plain Python values (picklable, JSON-able): what ``broadcast_object`` sends."""
-        return {"stop": self.stop, "decision": None if self.decision is None else self.decision.to_dict(),
+        return {"stop": self.stop, "decision": None if self.decision is None else to_wire(self.decision),
                 "best_step": self.best_step, "best_score": self.best_score,
                 "best_checkpoint": self.best_checkpoint, "job_id": self.job_id}
 
@@ -57,7 +58,7 @@ class RankMessage:
         """The message :meth:`to_wire` wrote."""
         decision = wire.get("decision")
         return cls(stop=bool(wire.get("stop", False)),
-                   decision=None if decision is None else Decision.from_dict(decision),
+                   decision=None if decision is None else from_wire(Decision, decision),
                    best_step=wire.get("best_step"), best_score=wire.get("best_score"),
                    best_checkpoint=wire.get("best_checkpoint"), job_id=wire.get("job_id"))
 

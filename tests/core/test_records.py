@@ -42,7 +42,7 @@ def test_mappings_inside_are_read_only(mapping):
 
 
 def test_round_trips():
-    assert Decision.from_dict(DECISION.to_dict()) == DECISION
+    assert from_wire(Decision, to_wire(DECISION)) == DECISION
     assert from_wire(JobView, to_wire(RECORDS[3])) == RECORDS[3]
     assert Policy.from_dict(RECORDS[1].to_dict()) == RECORDS[1]
     assert RECORDS[4].payload() == (10, 0.5, 0.1, 1.2, None, None, None)  # what idempotency compares: not the arrival time
