@@ -114,7 +114,8 @@ class Simulation:
         self._eval_snapshot = hook == "on_eval"
         # per-example evidence only to a hook that asks for it and takes it (a subclass may override the hook
         # with the plain signature)
-        self._evidence = bool(getattr(overlay, "wants_evidence", False)) and _takes_evidence(self._eval_hook)
+        self._evidence = (bool(getattr(overlay, "wants_evidence", False)) and _takes_evidence(self._eval_hook)
+                          and any(t.eval_n for t in workload.truths[:1]))  # per-example evals: all jobs or none
         self._cuts = kind.cut_progress is not Overlay.cut_progress
 
     @property
@@ -212,7 +213,7 @@ class Simulation:
         hook = self._eval_hook
         if hook is None:
             stop = False
-        elif self._evidence and truth.eval_n:  # per-example evals: their n and paired noise level (NaN: none)
+        elif self._evidence:  # per-example evals: their n and paired noise level (NaN: none)
             noise = truth.eval_noise[i - 1]
             stop = hook(job.snapshot(now) if self._eval_snapshot else job.spec.job_id, i, score, loss,
                         truth.proxies[i - 1], eval_n=truth.eval_n, eval_noise=None if noise != noise else noise)

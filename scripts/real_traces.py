@@ -151,6 +151,7 @@ def trace_recorder(feedback: Any, gold: Any, eval_every: int):
     from evalstop_trl.core.examples import is_per_example, summarize
     from evalstop_trl.train.callback import LOSS_KEYS, REWARD_KEYS
     from evalstop_trl.train.evaluation import evaluate_preserving_state
+    from evalstop_trl.train.scores import finite
 
     class Recorder(TrainerCallback):
         def __init__(self) -> None:
@@ -167,8 +168,10 @@ def trace_recorder(feedback: Any, gold: Any, eval_every: int):
             if is_per_example(value):  # the mean, n and the paired noise against the previous eval
                 self.examples = ev = summarize(value, self.examples)
                 self.pending.update(world_feedback=ev.mean, eval_n=ev.n, eval_noise=ev.noise)
-            else:
+            elif finite(value):
                 self.pending["world_feedback"] = float(value)
+            else:
+                raise ValueError(f"world feedback returned {value!r}; it must return a finite number")
             control.should_log = True
 
         def on_log(self, args, state, control, logs=None, **kwargs):

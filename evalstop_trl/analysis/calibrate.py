@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+import numpy as np
+
 from ..core.detectors import DETECTORS
 from .histories import RunHistory, Series
 from .intervals import Mean, Rate, bootstrap_mean, rate, stops_needed
@@ -260,18 +262,25 @@ def _lag(steps: Sequence[int], peak: int, stop: int) -> int:
     return sum(peak < s <= stop for s in steps) - sum(stop < s <= peak for s in steps)
 
 
+def _outcomes(runs: Sequence[RunHistory], labels: Sequence[RunLabel], stops: Sequence[int | None]
+              ) -> tuple[int, int, list[float]]:
+    """(stopped hacked runs, stopped healthy runs, each run's share of its plan saved) of these stops."""
+    tp = sum(1 for s, lab in zip(stops, labels, strict=True) if s is not None and lab.hacked)
+    fp = sum(1 for s, lab in zip(stops, labels, strict=True) if s is not None and not lab.hacked)
+    savings = [0.0 if s is None else min(1.0, max(0.0, (run.planned_steps - s) / run.planned_steps))
+               for run, s in zip(runs, stops, strict=True)]
+    return tp, fp, savings
+
+
 def score_policy(policy: Policy, runs: Sequence[RunHistory], labels: Sequence[RunLabel], direction: Direction,
                  stops: Sequence[int | None] | None = None) -> PolicyScore:
     """Precision, recall, FPR, lag and savings of ``policy`` on ``runs`` (``stops``: already replayed)."""
     if stops is None:
         stops = [_stop_step(run, policy, direction) for run in runs]
-    tp = sum(1 for s, lab in zip(stops, labels, strict=True) if s is not None and lab.hacked)
-    fp = sum(1 for s, lab in zip(stops, labels, strict=True) if s is not None and not lab.hacked)
+    tp, fp, savings = _outcomes(runs, labels, stops)
     hacked = sum(lab.hacked for lab in labels)
     lags = [_lag(run.scores.steps, lab.peak_step, s) for run, lab, s in zip(runs, labels, stops, strict=True)
             if s is not None and lab.hacked]
-    savings = [0.0 if s is None else min(1.0, max(0.0, (run.planned_steps - s) / run.planned_steps))
-               for run, s in zip(runs, stops, strict=True)]
     return PolicyScore(policy, tp + fp, rate(tp, tp + fp), rate(tp, hacked), rate(fp, len(runs) - hacked),
                        bootstrap_mean(lags), bootstrap_mean(savings), tuple(stops))
 
@@ -298,12 +307,13 @@ def _choose(grid: Sequence[Policy], stops: Mapping[str, Sequence[int | None]], r
     ``min_precision`` on them, else the most precise, then the most saving (then grid order)."""
     sub_runs, sub_labels = [runs[i] for i in keep], [labels[i] for i in keep]
 
-    def key(item: tuple[int, Policy]) -> tuple:
+    def key(item: tuple[int, Policy]) -> tuple:  # point estimates only: no interval is needed to choose
         i, policy = item
-        s = score_policy(policy, sub_runs, sub_labels, direction, [stops[policy.label][j] for j in keep])
-        precision = s.precision.value if s.precision.value is not None else 0.0
-        ok = s.precision.value is not None and precision >= min_precision
-        return (ok, (s.savings.value or 0.0) if ok else precision, s.savings.value or 0.0, -i)
+        tp, fp, savings = _outcomes(sub_runs, sub_labels, [stops[policy.label][j] for j in keep])
+        precision = tp / (tp + fp) if tp + fp else 0.0
+        saved = float(np.mean(savings)) if savings else 0.0
+        ok = tp + fp > 0 and precision >= min_precision
+        return (ok, saved if ok else precision, saved, -i)
 
     return max(enumerate(grid), key=key)[1]
 

@@ -6,6 +6,7 @@ be told apart from the real client on 127.0.0.1. Every flood is bounded in count
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import select
@@ -180,15 +181,26 @@ def _keep_alive_get(port: int, token: str, source: str = "127.0.0.2") -> tuple[s
     return s, _answer(s).split(b"\r\n", 1)[0]
 
 
+@contextlib.contextmanager
+def _held(port: int, token: str, n: int):
+    """``n`` keep-alive connections of one tenant, each after one GET: [(socket, status line)], closed at the end
+    (the caller may append more)."""
+    held = []
+    try:
+        for _ in range(n):
+            held.append(_keep_alive_get(port, token))
+        yield held
+    finally:
+        for s, _ in held:
+            s.close()
+
+
 def test_25_3_one_tenant_cannot_hold_every_connection(two):
     """1000 cheap keep-alive connections took every slot before; now a tenant holds at most its
     share (--max-connections-per-tenant), the rest are 429 and closed, and another tenant is served."""
     two.start(args=("--max-connections", "60", "--max-connections-per-tenant", "8",
                     "--unauth-connections-per-ip", "0", "--unauth-rate-per-ip", "0"))
-    held = []
-    try:
-        for _ in range(20):
-            held.append(_keep_alive_get(two.port, two.alice))
+    with _held(two.port, two.alice, 20) as held:
         codes = [status for _, status in held]
         assert codes.count(b"HTTP/1.1 200 OK") == 8 and codes.count(b"HTTP/1.1 429 Too Many Requests") == 12, codes
         refused = [s for s, status in held if b"429" in status]
@@ -207,9 +219,6 @@ def test_25_3_one_tenant_cannot_hold_every_connection(two):
                 break
             time.sleep(0.1)
         assert b"200" in status, status
-    finally:
-        for s, _ in held:
-            s.close()
 
 
 def test_25_3_a_full_server_reclaims_an_idle_keep_alive_connection_for_another_tenant(two):
@@ -217,17 +226,11 @@ def test_25_3_a_full_server_reclaims_an_idle_keep_alive_connection_for_another_t
     connection closes one of them instead of being refused, and the other tenant is served."""
     two.start(args=("--max-connections", "20", "--max-connections-per-tenant", "0",
                     "--unauth-connections-per-ip", "0", "--unauth-rate-per-ip", "0"))
-    held = []
-    try:
-        for _ in range(20):
-            held.append(_keep_alive_get(two.port, two.alice))
+    with _held(two.port, two.alice, 20) as held:
         assert all(b"200" in status for _, status in held), [st for _, st in held]
         with _client("127.0.0.1") as c:
             assert c.get(f"{two.url}/v1/jobs", headers=bearer(two.bob)).status_code == 200
         assert sum(_closed(s, 0.5) for s, _ in held) >= 1  # alice's reclaimed connection
-    finally:
-        for s, _ in held:
-            s.close()
 
 
 # ---------------------------------------------------------------- 17.7 webhook delivery

@@ -144,20 +144,25 @@ def test_median_interval_uses_the_binomial_order_statistics(n, lo_rank, hi_rank)
     assert jt.median_interval([]) is None
 
 
-def readme_section() -> str:
+def results_section(title: str = "## A second real task: a learned judge vs an exact rule") -> str:
+    """The section of docs/results.md that starts with ``title``, up to the next ``## ``."""
     text = (ROOT / "docs" / "results.md").read_text()
-    start = text.index("## A second real task: a learned judge vs an exact rule")
+    start = text.index(title)
     end = text.index("\n## ", start + 1)
     return text[start:end]
 
 
+def stated_rows(section: str) -> dict[str, tuple[str, ...]]:
+    """The table of a docs section: detector -> its cells (bold marks dropped)."""
+    table = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| detector")]
+    return {cells[0].strip("* "): tuple(c.replace("**", "").strip() for c in cells[1:])
+            for cells in ([c.strip() for c in line.strip().strip("|").split("|")] for line in table)}
+
+
 def test_the_readme_states_what_the_committed_traces_give():
     res = jt.evaluate(PATHS, planned_steps=MANIFEST["max_steps"])
-    section = readme_section()
-    table = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| detector")]
-    stated = {cells[0].strip("* "): tuple(c.replace("**", "").strip() for c in cells[1:])
-              for cells in ([c.strip() for c in line.strip().strip("|").split("|")] for line in table)}
-    assert stated == {r[0]: r[1:] for r in jt.rows(res)}
+    section = results_section()
+    assert stated_rows(section) == {r[0]: r[1:] for r in jt.rows(res)}
     hacked = sum(r["hacked"] for r in res["runs"])
     assert re.search(rf"\b{len(PATHS)} runs\b", section) and re.search(rf"\b{hacked} are hacked\b", section)
     assert MANIFEST["command"] in section and MANIFEST["command"] in jt.__doc__
@@ -180,21 +185,12 @@ def test_the_per_example_traces_record_n_and_the_paired_noise():
         assert rows[0]["eval_noise"] is None and all(r["eval_noise"] > 0 for r in rows[1:]), p.name
 
 
-def per_example_section() -> str:
-    text = (ROOT / "docs" / "results.md").read_text()
-    start = text.index("## The same task with per-example world feedback")
-    end = text.index("\n## ", start + 1)
-    return text[start:end]
-
-
 def test_the_docs_state_what_the_per_example_traces_give():
     res = jt.evaluate(PE_PATHS, planned_steps=PE_MANIFEST["max_steps"])
     assert [t["detector"] for t in res["table"]] == [f"{n}{e}" for n in DETECTORS.names() for e in ("", " + paired noise")]
-    table = [line for line in per_example_section().splitlines() if line.startswith("| ") and not line.startswith("| detector")]
-    stated = {cells[0].strip("* "): tuple(c.replace("**", "").strip() for c in cells[1:])
-              for cells in ([c.strip() for c in line.strip().strip("|").split("|")] for line in table)}
-    assert stated == {r[0]: r[1:] for r in jt.rows(res)}
-    assert PE_MANIFEST["command"] in per_example_section()
+    section = results_section("## The same task with per-example world feedback")
+    assert stated_rows(section) == {r[0]: r[1:] for r in jt.rows(res)}
+    assert PE_MANIFEST["command"] in section
 
 
 def test_a_plain_float_trace_decides_as_before_and_the_noise_only_gates(tmp_path):
