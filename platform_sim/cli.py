@@ -42,6 +42,13 @@ def _load(args: argparse.Namespace):
     if overrides:
         cfg = apply_overrides(cfg, overrides)
     check_config(cfg)
+    if cfg.workload.source.kind == "trace":  # a bad trace or window fails here, not in a worker process
+        from .workload import generate_workload
+
+        try:
+            generate_workload(cfg, 0)
+        except ValueError as exc:
+            raise ConfigError(f"workload.source: {exc}") from None
     if getattr(args, "seeds", None) is not None and args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     if getattr(args, "seed_start", 0) < 0:
@@ -87,6 +94,7 @@ def _cmd_run_salted(args: argparse.Namespace) -> int:
         print(f"\nplatform-sim run: the sealed overlay failed: {exc}", file=sys.stderr)  # after the progress bar
         return 1
     print(run_table(res.result))
+    _print_trace(cfg, args, None)
     dropped = "dropped its capabilities" if res.hardened else "could not drop its capabilities"
     mode = f"sealed ({res.overlay} in its own process, which {dropped})" if res.sealed else "in-process"
     print(f"{mode}; salt {hex(res.salt)} (reproduce with --salt {hex(res.salt)})")
@@ -119,9 +127,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     res = run_seeds(cfg, args.seeds, args.workers, progress=not args.quiet, workload=workload,
                     seed_start=args.seed_start)
     print(run_table(res))
+    _print_trace(cfg, args, workload)
     print(f"({time.perf_counter() - t0:.1f} s)")
     _write_outputs(args, res, res.to_json())
     return 0
+
+
+def _print_trace(cfg, args: argparse.Namespace, workload) -> None:
+    """The trace window a run's jobs came from (the same for every seed), after its table."""
+    if workload is None and cfg.workload.source.kind == "trace":
+        from .report import trace_lines
+        from .workload import generate_workload
+
+        print("\n".join(trace_lines(generate_workload(cfg, args.seed_start))))
 
 
 def _write_outputs(args: argparse.Namespace, result, json_text: str) -> None:
@@ -183,6 +201,19 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_describe(args: argparse.Namespace) -> int:
+    from .report import workload_table
+    from .workload import generate_workload
+
+    cfg = _load(args)
+    wl = generate_workload(cfg, args.seed_start)
+    synthetic = None
+    if wl.source is not None:
+        synthetic = generate_workload(cfg.replace(**{"workload.source.kind": "synthetic"}), args.seed_start)
+    print(workload_table(wl, synthetic))
+    return 0
+
+
 def _ray_flag(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                     help="run the seeds as Ray tasks: alone, on a Ray instance started on this machine; with an "
@@ -226,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default="results", help="output folder (default: results)")
     _ray_flag(rp)
     rp.set_defaults(func=_cmd_reproduce)
+
+    d = sub.add_parser("describe", help="the workload's jobs per type (a trace's beside the synthetic ones)")
+    common(d)
+    d.set_defaults(func=_cmd_describe)
 
     sw = sub.add_parser("sweep", help="sweep one config parameter")
     common(sw)

@@ -59,7 +59,43 @@ class JobTypeConfig:
 
 
 @dataclass(frozen=True)
+class TypeRuleConfig:
+    """One row of the rule table that gives trace jobs a simulator job type: a job of at most
+    ``max_gpus`` GPUs and ``max_h`` hours draws its type from ``types`` (type -> probability)."""
+
+    max_gpus: int
+    max_h: float
+    types: dict[str, float]
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Where jobs come from: ``kind: synthetic`` (the type table, Poisson arrivals) or ``kind: trace``
+    (arrivals, GPUs and durations from a cluster trace, :mod:`platform_sim.cluster_traces`).
+
+    With a trace the window is the first ``workload.n_jobs`` usable jobs submitted ``start_h`` hours or
+    more after the trace's first job. ``load_fit: scale`` stretches or compresses the window's arrival
+    times so its offered load is ``workload.load``; ``thin`` keeps each job with a (seeded) probability
+    that lowers the load to ``workload.load`` (it cannot raise it); ``none`` keeps the recorded times.
+    Jobs shorter than ``min_duration_s``, of more than ``max_gpu_hours`` or larger than the cluster are
+    dropped and counted. ``type_map`` maps the trace's own job types (where it has them) to simulator
+    types; every other job draws one from ``type_rules``, the first rule that fits it (the last one
+    if none does)."""
+
+    kind: Literal["synthetic", "trace"]
+    format: str
+    path: str
+    start_h: float
+    load_fit: Literal["scale", "thin", "none"]
+    min_duration_s: float
+    max_gpu_hours: float
+    type_map: dict[str, str]
+    type_rules: dict[str, TypeRuleConfig]
+
+
+@dataclass(frozen=True)
 class WorkloadConfig:
+    source: SourceConfig
     n_jobs: int
     load: float
     arrivals: Literal["poisson", "all_at_zero"]
@@ -306,6 +342,7 @@ def _validate(c: SimConfig) -> None:
         _check(abs(sum(t.gpus.values()) - 1) < 1e-6, f"{key}.gpus", "probabilities must sum to 1")
         for g in t.gpus:
             _check(1 <= g <= c.cluster.total_gpus, f"{key}.gpus", f"has {g} GPUs, more than the cluster's {c.cluster.total_gpus}")
+    _validate_source(w.source, w)
     cv = c.curves
     for key in ("hack_fraction", "rising_share"):
         v = getattr(cv, key)
@@ -325,6 +362,30 @@ def _validate(c: SimConfig) -> None:
     _check(pe.example_sd >= 0, "noise.per_example.example_sd", f"must be >= 0, but got {pe.example_sd}")
     _check(pe.link_scale > 0, "noise.per_example.link_scale", f"must be > 0, but got {pe.link_scale}")
     _check(c.loss.tau[0] > 0, "loss.tau", "must be positive")
+
+
+def _validate_source(src: SourceConfig, w: WorkloadConfig) -> None:
+    key = "workload.source"
+    _check(src.kind == "synthetic" or bool(src.path), f"{key}.path",
+           "must name the trace file when kind is trace (e.g. --set workload.source.path=/data/philly.csv)")
+    _check(src.kind == "synthetic" or w.arrivals == "poisson", "workload.arrivals",
+           "must be poisson with a trace source: the trace's submissions are the arrivals")
+    _check(src.start_h >= 0, f"{key}.start_h", f"must be >= 0, but got {src.start_h}")
+    _check(src.min_duration_s >= 0, f"{key}.min_duration_s", f"must be >= 0, but got {src.min_duration_s}")
+    _check(src.max_gpu_hours > 0, f"{key}.max_gpu_hours", f"must be > 0, but got {src.max_gpu_hours}")
+    if src.kind == "synthetic":
+        return  # the type map and rules name the types only a trace's jobs are given
+    for name, to in src.type_map.items():
+        _check(to in w.types, f"{key}.type_map.{name}", f"maps to {to!r}, not a job type; types: {', '.join(w.types)}")
+    _check(len(src.type_rules) >= 1, f"{key}.type_rules", "must hold at least one rule")
+    for rule_name, rule in src.type_rules.items():
+        rk = f"{key}.type_rules.{rule_name}"
+        _check(rule.max_gpus >= 1 and rule.max_h > 0, rk, "needs max_gpus >= 1 and max_h > 0")
+        for t, share in rule.types.items():
+            _check(t in w.types, f"{rk}.types", f"has {t!r}, not a job type; types: {', '.join(w.types)}")
+            _check(share >= 0, f"{rk}.types.{t}", f"must be >= 0, but got {share}")
+        total = sum(rule.types.values())
+        _check(abs(total - 1) < 1e-6, f"{rk}.types", f"probabilities must sum to 1, but sum to {total:g}")
 
 
 #: names of the hacked-curve families (``platform_sim.curves.Family``; this module imports nothing)
@@ -368,6 +429,10 @@ def _read_yaml(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config must be a mapping of keys")
     base = data.pop("base", None)
+    source = (data.get("workload") or {}).get("source") if isinstance(data.get("workload"), dict) else None
+    if isinstance(source, dict) and isinstance(source.get("path"), str) and source["path"]:
+        # a trace path in a config file is relative to that file (one given by --set: to the working directory)
+        source["path"] = str((path.parent / Path(source["path"]).expanduser()).resolve())
     if base is not None:
         data = _merge(_read_yaml((path.parent / base).resolve()), data)
     return data

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .metrics import DEFINITIONS
 from .results import PairResult, ReproduceResult
 from .stats import CI, Metric, Rates
+from .workload import Workload
 
 
 def pct(x: float | None, digits: int = 1) -> str:
@@ -205,3 +208,50 @@ def detector_section(res: ReproduceResult) -> list[str]:
                    f"{rate(r.fpr)} | {rate(row.retention)}{ci(row.retention_ci)} | {pct(row.jct_change)} | "
                    f"{r.harmful_stops} |")
     return out
+
+
+#: GPU-count classes of :func:`workload_table`: (label, lowest, highest)
+GPU_CLASSES = (("1", 1, 1), ("2-4", 2, 4), ("5-8", 5, 8), ("9-32", 9, 32), (">32", 33, 1 << 62))
+
+
+def _type_rows(wl: Workload, label: str) -> list[str]:
+    gpus = np.array([j.gpus for j in wl.jobs])
+    hours = np.array([t.duration_s for t in wl.truths]) / 3600.0
+    types = np.array([j.job_type for j in wl.jobs])
+    total_gh = float(np.sum(gpus * hours))
+    rows = []
+    for name in [*sorted(set(types.tolist())), "all"]:
+        sel = np.ones(len(types), bool) if name == "all" else types == name
+        g, h = gpus[sel], hours[sel]
+        shares = " | ".join(f"{100 * np.mean((g >= lo) & (g <= hi)):.0f}%" for _, lo, hi in GPU_CLASSES)
+        rows.append(f"| {label} | {name} | {sel.sum()} ({100 * sel.mean():.0f}%) | "
+                    f"{100 * float(np.sum(g * h)) / total_gh:.0f}% | {shares} | {np.median(h):.2f} | "
+                    f"{np.quantile(h, 0.9):.2f} |")
+    return rows
+
+
+def trace_lines(wl: Workload) -> list[str]:
+    """Where a trace workload's jobs came from: the file, the window, what was dropped (none: synthetic)."""
+    src = wl.source
+    if src is None:
+        return []
+    dropped = ", ".join(f"{v} {k}" for k, v in src.dropped) or "none"
+    skipped = ", ".join(f"{v} {k}" for k, v in src.skipped) or "none"
+    return [f"trace {src.format} {src.path}: {src.rows} usable jobs (rows skipped: {skipped})",
+            f"window: {len(wl.jobs)} jobs from {src.start_s / 3600:.1f} h over {src.span_s / 3600:.1f} h recorded, "
+            f"offered load {src.recorded_load:.3g} as recorded; arrival times x{src.time_scale:.3g}; dropped in the "
+            f"window: {dropped}"]
+
+
+def workload_table(wl: Workload, synthetic: Workload | None = None) -> str:
+    """Markdown: jobs, GPU-hour share, GPU-count shares and duration quantiles per job type, for
+    ``wl`` and (beside it) a ``synthetic`` workload; the trace window's counts where ``wl`` has one."""
+    src = wl.source
+    lines = [*trace_lines(wl), ""] if src is not None else []
+    head = " | ".join(f"{c} GPUs" for c, _, _ in GPU_CLASSES)
+    lines += [f"| workload | type | jobs | GPU-h | {head} | median h | p90 h |",
+              "|---|---|---|---|" + "---|" * len(GPU_CLASSES) + "---|---|"]
+    lines += _type_rows(wl, "trace" if src is not None else "synthetic")
+    if synthetic is not None:
+        lines += _type_rows(synthetic, "synthetic")
+    return "\n".join(lines)

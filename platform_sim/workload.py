@@ -36,7 +36,7 @@ import numpy as np
 from .config import SimConfig
 from .curves import FAMILIES, CurveKind, Family, family_gold, gao, gold, peak_of
 
-__all__ = ["SALT_BITS", "JobSpec", "JobTruth", "Workload", "generate_workload", "read_trace", "secret_salt",
+__all__ = ["SALT_BITS", "JobSpec", "JobTruth", "TraceWindow", "Workload", "generate_workload", "read_trace", "secret_salt",
            "write_trace"]
 
 #: bits of a :func:`secret_salt`: far beyond any search over candidate salts
@@ -85,6 +85,7 @@ class Workload:
     n_evals: int
     seed: int
     salt: int | None = None  # the secret salt of the hidden streams (None: unsalted, rebuildable from seed)
+    source: TraceWindow | None = None  # the trace window the jobs came from (None: synthetic)
 
     def eval_progress(self, i: int) -> float:
         """Progress of eval ``i`` (1-based)."""
@@ -145,33 +146,15 @@ def generate_workload(cfg: SimConfig, seed: int, salt: int | None = None) -> Wor
         ValueError: ``salt`` is not a non-negative integer or None.
     """
     w, cv = cfg.workload, cfg.curves
-    n, m = w.n_jobs, w.evals_per_job
+    m = w.evals_per_job
     s_types, s_dur, s_est, s_arr, s_curve, s_noise, s_examples = _streams(seed, salt)
-    names = list(w.types)
-    shares = np.array([w.types[t].share for t in names])
-    type_idx = s_types.choice(len(names), size=n, p=shares / shares.sum())
-    gpu_u = s_types.random(n)
-    dur_z = s_dur.standard_normal(n)
-    est_z = s_est.standard_normal(n)
-
-    types = [names[i] for i in type_idx]
-    gpus = np.empty(n, dtype=int)
-    durations = np.empty(n)
-    for ti, name in enumerate(names):
-        tc, sel = w.types[name], type_idx == ti
-        options = sorted(tc.gpus)
-        cum = np.cumsum([tc.gpus[g] for g in options])
-        pick = np.minimum(np.searchsorted(cum, gpu_u[sel] * cum[-1], side="right"), len(options) - 1)
-        gpus[sel] = np.asarray(options)[pick]
-        durations[sel] = np.clip(tc.median_h * np.exp(tc.sigma_ln * dur_z[sel]), *tc.clamp_h) * 3600.0
-    estimates = durations * np.exp(w.sigma_est * est_z)
-
-    if w.arrivals == "all_at_zero":
-        arrivals = np.zeros(n)
+    if w.source.kind == "trace":
+        types, gpus, durations, arrivals, source = _trace_jobs(cfg, s_types, s_arr)
     else:
-        rate = w.load * cfg.cluster.total_gpus / float(np.mean(gpus * durations))  # jobs per second
-        arrivals = np.cumsum(s_arr.exponential(1.0 / rate, size=n))
-        arrivals -= arrivals[0]
+        types, gpus, durations, arrivals = _synthetic_jobs(cfg, s_types, s_dur, s_arr)
+        source = None
+    n = len(types)
+    estimates = durations * np.exp(w.sigma_est * s_est.standard_normal(n))
 
     u = s_curve.random((n, 6))  # fixed draws per job: hack?, rising?, two shape uniforms, kappa, tau_L
     v = s_curve.random((n, 4))  # hacked family and its parameters (drawn after u: u is unchanged)
@@ -235,7 +218,143 @@ def generate_workload(cfg: SimConfig, seed: int, salt: int | None = None) -> Wor
             proxies=tuple(proxies[j]), family=fam, extra=ext,
             **({} if eval_noise is None else {"eval_n": pe.n, "eval_noise": tuple(eval_noise[j])}),
         ))
-    return Workload(tuple(jobs), tuple(truths), m, seed, salt)
+    return Workload(tuple(jobs), tuple(truths), m, seed, salt, source)
+
+
+def _synthetic_jobs(cfg: SimConfig, s_types, s_dur, s_arr) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """(types, GPUs, exclusive durations in s, arrivals in s) drawn from the type table."""
+    w = cfg.workload
+    n = w.n_jobs
+    names = list(w.types)
+    shares = np.array([w.types[t].share for t in names])
+    type_idx = s_types.choice(len(names), size=n, p=shares / shares.sum())
+    gpu_u = s_types.random(n)
+    dur_z = s_dur.standard_normal(n)
+    types = [names[i] for i in type_idx]
+    gpus = np.empty(n, dtype=int)
+    durations = np.empty(n)
+    for ti, name in enumerate(names):
+        tc, sel = w.types[name], type_idx == ti
+        options = sorted(tc.gpus)
+        cum = np.cumsum([tc.gpus[g] for g in options])
+        pick = np.minimum(np.searchsorted(cum, gpu_u[sel] * cum[-1], side="right"), len(options) - 1)
+        gpus[sel] = np.asarray(options)[pick]
+        durations[sel] = np.clip(tc.median_h * np.exp(tc.sigma_ln * dur_z[sel]), *tc.clamp_h) * 3600.0
+    if w.arrivals == "all_at_zero":
+        arrivals = np.zeros(n)
+    else:
+        rate = w.load * cfg.cluster.total_gpus / float(np.mean(gpus * durations))  # jobs per second
+        arrivals = np.cumsum(s_arr.exponential(1.0 / rate, size=n))
+        arrivals -= arrivals[0]
+    return types, gpus, durations, arrivals
+
+
+@dataclass(frozen=True)
+class TraceWindow:
+    """Where a trace workload's jobs came from (``workload.source.kind: trace``).
+
+    Attributes:
+        rows: usable jobs in the whole file; skipped: its rows the reader could not use, by reason.
+        dropped: jobs of the window's span left out, by reason (too short, too many GPU-hours,
+            larger than the cluster, thinned).
+        recorded_load: the window's offered load as recorded (GPU-hours / (GPUs x span));
+            time_scale: the factor arrival times were multiplied by (``load_fit: scale``).
+    """
+
+    format: str
+    path: str
+    rows: int
+    skipped: tuple[tuple[str, int], ...]
+    dropped: tuple[tuple[str, int], ...]
+    start_s: float
+    span_s: float
+    recorded_load: float
+    time_scale: float
+
+
+def _offered(gpus: np.ndarray, durations: np.ndarray, arrivals: np.ndarray, total_gpus: int) -> float:
+    """Exclusive GPU-seconds over (GPUs x the arrivals' span): the load the synthetic workload's rate sets."""
+    span = float(arrivals[-1] - arrivals[0])
+    if len(arrivals) < 2 or span <= 0:
+        return math.inf
+    # n jobs over a span of n - 1 gaps: the mean gap times n, as a Poisson rate over n jobs gives
+    return float(np.sum(gpus * durations)) / (total_gpus * span * len(arrivals) / (len(arrivals) - 1))
+
+
+def _trace_jobs(cfg: SimConfig, s_types, s_arr) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, TraceWindow]:
+    """(types, GPUs, durations, arrivals, the window) from a cluster trace (:class:`SourceConfig`)."""
+    from .cluster_traces import read_cluster_trace
+
+    w, src = cfg.workload, cfg.workload.source
+    trace = read_cluster_trace(src.format, src.path)
+    n, total = w.n_jobs, cfg.cluster.total_gpus
+    start = src.start_h * 3600.0
+    after = trace.submit_s >= start
+    short = trace.duration_s < src.min_duration_s
+    long_ = trace.gpus * trace.duration_s > src.max_gpu_hours * 3600.0
+    large = trace.gpus > total
+    ok = np.flatnonzero(after & ~short & ~long_ & ~large)
+    if w.source.load_fit == "thin":
+        first = ok[:n]
+        load = _offered(trace.gpus[first], trace.duration_s[first], trace.submit_s[first], total)
+        if load <= w.load:
+            raise ValueError(
+                f"workload.source.load_fit: thin can only lower the load, but the window's first {len(first)} jobs "
+                f"offer {load:.3g} <= workload.load {w.load:g}; use load_fit: scale (or none)")
+        keep = s_arr.random(len(ok)) < w.load / load
+        thinned_ok, ok = ok, ok[keep]
+    if len(ok) < n:
+        raise ValueError(
+            f"{trace.path}: the window from start_h={src.start_h:g} holds {len(ok)} usable jobs, fewer than "
+            f"workload.n_jobs={n}; lower n_jobs or start_h (the file has {len(trace)} jobs)")
+    pick = ok[:n]
+    end = trace.submit_s[pick[-1]]
+    span_sel = after & (trace.submit_s <= end)
+    dropped = {"shorter than min_duration_s": int(np.sum(span_sel & short)),
+               "more than max_gpu_hours": int(np.sum(span_sel & ~short & long_)),
+               "larger than the cluster": int(np.sum(span_sel & ~short & ~long_ & large))}
+    if w.source.load_fit == "thin":
+        dropped["thinned"] = int(np.sum(thinned_ok <= pick[-1])) - n
+    gpus, durations = trace.gpus[pick].astype(int), trace.duration_s[pick].astype(float)
+    arrivals = trace.submit_s[pick] - trace.submit_s[pick[0]]
+    recorded = _offered(gpus, durations, arrivals, total)
+    scale = 1.0
+    if w.source.load_fit == "scale":
+        if not math.isfinite(recorded):
+            raise ValueError(f"{trace.path}: every job of the window arrives at once; load_fit: scale needs a span "
+                             "(use load_fit: none)")
+        scale = recorded / w.load
+        arrivals = arrivals * scale
+    types = _trace_types(cfg, trace.types, pick, gpus, durations, s_types)
+    window = TraceWindow(trace.format, trace.path, len(trace), tuple(sorted(trace.skipped.items())),
+                         tuple((k, v) for k, v in dropped.items() if v), float(trace.submit_s[pick[0]]),
+                         float(trace.submit_s[pick[-1]] - trace.submit_s[pick[0]]), recorded, scale)
+    return types, gpus, durations, arrivals, window
+
+
+def _trace_types(cfg: SimConfig, trace_types, pick: np.ndarray, gpus: np.ndarray, durations: np.ndarray,
+                 rng: np.random.Generator) -> list[str]:
+    """Each trace job's simulator type: its trace type through ``type_map``, else a draw from the first
+    rule of ``type_rules`` it fits (the last rule if none). One uniform per job, drawn for every job."""
+    src = cfg.workload.source
+    rules = list(src.type_rules.values())
+    u = rng.random(len(pick))
+    hours = durations / 3600.0
+    which = np.full(len(pick), len(rules) - 1)
+    for r in reversed(range(len(rules))):  # the first fitting rule wins: assign in reverse
+        fits = (gpus <= rules[r].max_gpus) & (hours <= rules[r].max_h)
+        which[fits] = r
+    out = []
+    for j, idx in enumerate(pick.tolist()):
+        own = trace_types[idx] if trace_types is not None else None
+        if own is not None and own in src.type_map:
+            out.append(src.type_map[own])
+            continue
+        odds = rules[which[j]].types
+        names = list(odds)
+        cum = np.cumsum([odds[t] for t in names])
+        out.append(names[min(int(np.searchsorted(cum, u[j] * cum[-1], side="right")), len(names) - 1)])
+    return out
 
 
 def _per_example(pe, sigma: float, g: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
