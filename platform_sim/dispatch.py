@@ -26,11 +26,11 @@ from .cluster import Cluster
 from .events import Event, EventQueue
 from .jobs import SimJob
 from .planning import Entry, WaitingLine, greedy_cut
-from .schedulers import Scheduler, uses_priority
+from .schedulers import Scheduler, changes_while_running, uses_priority
 
 __all__ = ["Dispatcher"]
 
-_EVAL_DUE, _FINISH = Event.EVAL_DUE, Event.FINISH
+_EVAL_DUE, _FINISH, _RESCHEDULE = Event.EVAL_DUE, Event.FINISH, Event.RESCHEDULE
 
 
 class Dispatcher:
@@ -51,6 +51,7 @@ class Dispatcher:
         self.line: WaitingLine | None = WaitingLine() if uses_priority(scheduler) else None
         self.bounds: list[tuple[float, int, int]] = []
         self.running_gpus = 0
+        self._changes = changes_while_running(scheduler)
 
     # ------------------------------------------------------------------ jobs joining and leaving
     def wait(self, job: SimJob) -> None:
@@ -91,7 +92,16 @@ class Dispatcher:
                 _heappush(self.bounds, (-job.priority, jid, job.token))
         job.start(self.queue.now, self.restart_s)
         self.schedule_next(job)
+        if self._changes:
+            self.schedule_change(job)
         return True
+
+    def schedule_change(self, job: SimJob) -> None:
+        """Queue the running ``job``'s next change of place in line (:meth:`Scheduler.change_after_s`)."""
+        now = self.queue.now
+        after = self.scheduler.change_after_s(job.snapshot(now))
+        if after is not None:
+            self.queue.push(now + max(after, 0.0), _RESCHEDULE, job.spec.job_id, job.version)
 
     def _preempt(self, job: SimJob) -> None:
         self.leave(job)

@@ -46,7 +46,7 @@ from .workload import Workload
 __all__ = ["JobOutcome", "RunResult", "Simulation"]
 
 # bound once: Enum member lookups are slow on the hot path
-_EVAL_DUE, _ARRIVAL, _SCHED_ROUND = Event.EVAL_DUE, Event.ARRIVAL, Event.SCHED_ROUND
+_EVAL_DUE, _ARRIVAL, _SCHED_ROUND, _RESCHEDULE = Event.EVAL_DUE, Event.ARRIVAL, Event.SCHED_ROUND, Event.RESCHEDULE
 _RUNNING = Phase.RUNNING
 
 
@@ -175,6 +175,11 @@ class Simulation:
             elif kind is _SCHED_ROUND:
                 round_now = replan = True
                 queue.push(t + self.scheduler.round_s, _SCHED_ROUND)
+            elif kind is _RESCHEDULE:  # a running job's place in line changed (stale if it left its GPUs)
+                job = jobs[jid]
+                if version == job.version and job.phase is _RUNNING:
+                    round_now = replan = True
+                    self.dispatch.schedule_change(job)
             else:  # FINISH: the work left before an oracle cut is done
                 job = jobs[jid]
                 if version == job.version and job.phase is _RUNNING:

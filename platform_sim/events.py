@@ -52,6 +52,7 @@ class Event(IntEnum):
 
     EVAL_DUE = 0
     FINISH = 1
+    RESCHEDULE = 2  # a running job's place in line changes now by itself (a Tiresias demotion): plan again
     ARRIVAL = 3
     SCHED_ROUND = 4
 

@@ -24,6 +24,7 @@ their constructor's signature (a config names them as ``scheduler.<name>.<parame
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from evalstop_trl.core.registry import Registry
 
 from .views import JobSnapshot
 
-__all__ = ["SCHEDULERS", "Scheduler", "create_scheduler", "uses_priority"]
+__all__ = ["SCHEDULERS", "Scheduler", "changes_while_running", "create_scheduler", "uses_priority"]
 
 
 class Scheduler:
@@ -65,6 +66,18 @@ class Scheduler:
         """Jobs in the order they should get GPUs (by default: by :meth:`priority`, then job id)."""
         priority = self.priority
         return sorted(jobs, key=lambda j: (priority(j), j.job_id))
+
+    def change_after_s(self, job: JobSnapshot) -> float | None:
+        """For an :meth:`order` scheduler whose order moves a running job by itself as it runs (a
+        demotion): the seconds of running, from ``job``'s snapshot, after which its place changes
+        next (None: never). The engine plans again at that instant (a RESCHEDULE event), so the
+        change takes effect when it happens, not at the next arrival or eval."""
+        return None
+
+
+def changes_while_running(scheduler: Scheduler) -> bool:
+    """True if ``scheduler`` overrides :meth:`Scheduler.change_after_s` (the engine then queues its events)."""
+    return type(scheduler).change_after_s is not Scheduler.change_after_s
 
 
 def uses_priority(scheduler: Scheduler) -> bool:
@@ -173,12 +186,80 @@ class LossAware(Scheduler):
         return sorted(jobs, key=key)
 
 
+#: attained service within this many GPU-seconds of a threshold counts as past it (a RESCHEDULE
+#: event lands on the threshold up to rounding; without the margin it would be queued again at once)
+_AT_THRESHOLD = 1e-6
+
+
+@SCHEDULERS.register()
+class Tiresias(Scheduler):
+    """Tiresias' discretised two-dimensional LAS (Gu et al., NSDI'19; ``SymbioticLab/Tiresias``):
+    a job's *attained service* is the GPU-seconds it has held (GPUs x time, as the snapshot's
+    ``gpu_hours``); queue ``i`` holds the jobs whose attained service has passed ``i`` of the
+    ``thresholds``; lower queues go first, FIFO by arrival within a queue; preemptive. A running job
+    is demoted the instant its service crosses a threshold (a RESCHEDULE event), and may then lose its
+    GPUs to a job of a lower queue, arrivals included (they start in queue 0).
+
+    Args:
+        thresholds: the queue limits in GPU-seconds, increasing (Tiresias' defaults: 3250, 7200, 18000).
+        promote_knob: Tiresias' starvation guard: a waiting job whose time waiting since it last ran
+            reaches ``promote_knob`` times its running time in its current queue goes back to queue 0
+            with its attained service counted from then on; None: off. A promotion is decided at the
+            planning points (arrivals, evals, departures, demotions), not by an event of its own.
+    """
+
+    name = "tiresias"
+    preemptive = True
+
+    def __init__(self, thresholds: Sequence[float] = (3250.0, 7200.0, 18000.0), promote_knob: float | None = None
+                 ) -> None:
+        if isinstance(thresholds, (str, bytes)) or not isinstance(thresholds, Sequence) or not thresholds:
+            raise ValueError(f"thresholds must be a non-empty list of GPU-seconds, but got thresholds={thresholds!r}.")
+        limits = tuple(_number("every threshold", t) for t in thresholds)
+        if limits[0] <= 0 or any(b <= a for a, b in zip(limits, limits[1:])):
+            raise ValueError(f"thresholds must be positive and increasing, but got thresholds={list(thresholds)!r}.")
+        self.thresholds = limits
+        if promote_knob is not None:
+            promote_knob = _number("promote_knob", promote_knob)
+            if promote_knob <= 0:
+                raise ValueError(f"promote_knob must be > 0 (or null: off), but got promote_knob={promote_knob!r}.")
+        self.promote_knob = promote_knob
+        self._since: dict[int, float] = {}  # job id -> attained GPU-seconds when it was last promoted
+
+    def service(self, job: JobSnapshot) -> float:
+        """Attained service in GPU-seconds (counted from the job's last promotion)."""
+        return job.gpu_hours * 3600.0 - self._since.get(job.job_id, 0.0)
+
+    def queue(self, job: JobSnapshot) -> int:
+        """The job's queue by attained service (0: below the first threshold)."""
+        return bisect_right(self.thresholds, self.service(job) + _AT_THRESHOLD)
+
+    def order(self, jobs, now):
+        knob, queue, service = self.promote_knob, self.queue, self.service
+
+        def key(v: JobSnapshot):
+            q = queue(v)
+            if q and knob is not None and not v.running and now - v.waiting_since >= knob * service(v) / v.gpus:
+                self._since[v.job_id] = v.gpu_hours * 3600.0
+                q = 0
+            return (q, v.arrival_s, v.job_id)
+
+        return sorted(jobs, key=key)
+
+    def change_after_s(self, job):
+        q = self.queue(job)
+        if q == len(self.thresholds):
+            return None
+        return (self.thresholds[q] - self.service(job)) / job.gpus
+
+
 def create_scheduler(name: str, /, **params: Any) -> Scheduler:
     """Build a registered scheduler.
 
     Args:
-        name: one of ``fifo``, ``sjf_est``, ``srtf_est``, ``loss_aware``.
-        **params: the scheduler's parameters (``FIFO(backfill)``, ``LossAware(round_s, promote_h)``).
+        name: one of ``fifo``, ``sjf_est``, ``srtf_est``, ``loss_aware``, ``tiresias``.
+        **params: the scheduler's parameters (``FIFO(backfill)``, ``LossAware(round_s, promote_h)``,
+            ``Tiresias(thresholds, promote_knob)``).
 
     Raises:
         ValueError: unknown name or parameter (the message lists the valid ones), or a bad value.

@@ -245,3 +245,75 @@ def test_results_identical_to_recorded_golden(scheduler, overlay, events, sha):
     res = simulate(load_config(), 0, scheduler, overlay)
     assert res.events == events
     assert _digest(res) == sha
+
+
+class Timeline(Simulation):
+    """Records which jobs hold GPUs after every plan: ``[(time, (job ids...)), ...]`` at each change."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.timeline = []
+
+    def _plan(self, allow_preempt):
+        super()._plan(allow_preempt)
+        held = tuple(sorted(self.running))
+        if not self.timeline or self.timeline[-1][1] != held:
+            self.timeline.append((self.now, held))
+
+
+def test_tiresias_demotes_at_each_threshold_and_runs_fifo_within_a_queue():
+    """Worked by hand: two 8-GPU jobs of 4000 s on 8 GPUs, B arriving at 100 s; queue limits 3250,
+    7200, 18000 GPU-seconds = 406.25, 900 and 2250 s of running at 8 GPUs."""
+    cfg = small_config()
+    wl = workload(job(0, 8, 0, 4000 / 3600), job(1, 8, 100 / 3600, 4000 / 3600))
+    sim, res = run(wl, cfg, "tiresias", cls=Timeline)
+    a, b = res.outcomes
+    expected = [
+        (0.0, (0,)),
+        (406.25, (1,)),  # A passes 3250: queue 1; B (queue 0) takes the GPUs (at its arrival A was in queue 0 first)
+        (812.5, (0,)),  # B passes 3250 too: both in queue 1, FIFO by arrival: A
+        (1306.25, (1,)),  # A passes 7200 (493.75 s more): queue 2
+        (1800.0, (0,)),  # B passes 7200
+        (3150.0, (1,)),  # A passes 18000 (1350 s more): the last queue
+        (4500.0, (0,)),  # B too: FIFO in the last queue, A runs to its end
+        (6250.0, (1,)),
+        (8000.0, ()),
+    ]
+    assert [held for _, held in sim.timeline] == [held for _, held in expected]
+    assert [t for t, _ in sim.timeline] == pytest.approx([t for t, _ in expected])
+    assert a.departure_s == pytest.approx(6250.0) and b.departure_s == pytest.approx(8000.0)
+    assert a.restarts == b.restarts == 3 and a.completed and b.completed
+    assert sim.events > 0 and res.events == sim.events
+
+
+def test_tiresias_new_arrivals_take_gpus_from_demoted_jobs_at_once():
+    cfg = small_config(**{"workload.restart_overhead_s": 600.0})
+    wl = workload(job(0, 8, 0, 10), job(1, 8, 1, 0.5))
+    _, res = run(wl, cfg, "tiresias")
+    long, short = res.outcomes
+    # the long job is in the last queue after its first 2250 s; the short one (queue 0) preempts it on
+    # arrival, is demoted to queues 1 and 2 after 406.25 s and 900 s, stays ahead and runs to its end
+    assert short.first_start_s == 3600.0 and short.departure_s == pytest.approx(1.5 * 3600)
+    assert long.restarts == 1 and long.departure_s == pytest.approx(10.5 * 3600 + 600)  # + its restart
+
+
+def test_tiresias_promote_knob_returns_a_starved_job_to_queue_zero():
+    """A long job in the last queue, then five 0.1 h jobs arriving at 1 h (run back to back): without the knob it
+    waits until they are done (1.5 h); with promote_knob 0.1 it has waited 0.1 x its 1 h of running by
+    1.1 h, goes back to queue 0 first by arrival, and runs from the planning point at 1.1 h."""
+    cfg = small_config()
+    jobs = [job(0, 8, 0, 3)] + [job(i, 8, 1, 0.1) for i in range(1, 6)]
+    plain, _ = run(workload(*jobs), cfg, "tiresias", cls=Timeline)
+    knob, _ = run(workload(*jobs), cfg.replace(**{"scheduler.tiresias.promote_knob": 0.1}), "tiresias", cls=Timeline)
+    resumed = lambda sim: [t for t, held in sim.timeline if held == (0,) and t > 0][0]  # noqa: E731
+    assert resumed(plain) == pytest.approx(1.5 * 3600)
+    assert resumed(knob) == pytest.approx(1.1 * 3600)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"thresholds": []}, "non-empty list"), ({"thresholds": [10, 5]}, "positive and increasing"),
+    ({"thresholds": "3250"}, "non-empty list"), ({"promote_knob": 0}, "promote_knob must be > 0"),
+    ({"thresholds": [1, float("nan")]}, "every threshold must be a finite number")])
+def test_tiresias_refuses_bad_parameters(params, message):
+    with pytest.raises(ValueError, match=message):
+        SCHEDULERS.create("tiresias", **params)

@@ -14,6 +14,7 @@ from platform_sim.experiments import bootstrap_ci, paired_permutation_p
 from platform_sim.metrics import Detection, compare, detection, detection_by_type, summarize, wasted
 from platform_sim.report import p_value
 from platform_sim.results import json_safe
+from platform_sim.schedulers import SCHEDULERS
 from platform_sim.stats import Metric, Rates
 from tests.sim_helpers import job, small_config, workload
 
@@ -156,7 +157,7 @@ def test_reproduce_smoke(tmp_path, capsys):
                                     "w_unprod_change", "precision", "recall", "fpr", "fpr_label", "p_value"}
     assert set(res["baselines"]) == {"stop_at", "loss_plateau", "oracle"}
     assert set(res["baselines"]["oracle"]) >= {"precision", "recall", "fpr", "jct_change"}
-    assert set(res["composability"]) == {"fifo", "sjf_est", "srtf_est", "loss_aware"}
+    assert set(res["composability"]) == set(SCHEDULERS) >= {"fifo", "sjf_est", "srtf_est", "loss_aware", "tiresias"}
     assert [r["sigma"] for r in res["noise"]][0] == 0.01 and res["noise"][-1]["sigma"] == 0.12
     assert [r["k"] for r in res["k"]] == [1, 2, 3, 4]
     assert res["headline"]["jct_change"] < 0 and res["headline"]["gpu_hours_change"] < -0.1
