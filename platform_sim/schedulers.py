@@ -216,7 +216,7 @@ class Tiresias(Scheduler):
         if isinstance(thresholds, (str, bytes)) or not isinstance(thresholds, Sequence) or not thresholds:
             raise ValueError(f"thresholds must be a non-empty list of GPU-seconds, but got thresholds={thresholds!r}.")
         limits = tuple(_number("every threshold", t) for t in thresholds)
-        if limits[0] <= 0 or any(b <= a for a, b in zip(limits, limits[1:])):
+        if limits[0] <= 0 or any(b <= a for a, b in zip(limits, limits[1:], strict=False)):
             raise ValueError(f"thresholds must be positive and increasing, but got thresholds={list(thresholds)!r}.")
         self.thresholds = limits
         if promote_knob is not None:
