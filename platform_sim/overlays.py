@@ -48,8 +48,12 @@ TENANT = "platform"
 _JOB_TYPES = {"lora_sft": JobType.LORA_SFT, "dpo": JobType.DPO, "rlhf_ppo": JobType.PPO, "rlhf_grpo": JobType.GRPO}
 
 
-# The simulated platform is one tenant with every job: a service's per-tenant quotas do not apply.
-_PLATFORM_QUOTAS = Quotas(max_active_jobs=10**7, max_reports_per_job=10**9)
+# The simulated platform is one tenant holding every job of the workload: a service's per-tenant
+# quotas (100,000 jobs, 10 million reports) would refuse the 100,001st job of a large run, so the
+# platform's are the largest Quotas allows: 10^8 jobs, 10^7 at once, 10^11 reports (the workload
+# itself bounds what the coordinator stores).
+_PLATFORM_QUOTAS = Quotas(max_jobs=10**8, max_active_jobs=10**7, max_reports_per_job=10**9,
+                          max_reports_per_tenant=10**11)
 
 class Overlay:
     """Watches jobs' evals and may stop them. The default does nothing (the base scheduler alone)."""

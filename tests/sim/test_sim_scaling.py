@@ -108,3 +108,19 @@ def test_planning_work_per_job_does_not_grow_with_the_cluster():
         per_job[n] = sched.calls / n
         assert len(sim.dispatch.bounds) <= 2 * len(sim.jobs) + 64
     assert per_job[10_000] <= 1.5 * per_job[1_000] and per_job[10_000] < 5, per_job
+
+
+def test_the_overlay_coordinator_takes_more_jobs_than_a_service_tenant_may():
+    """A service tenant may hold 100,000 jobs; the simulated platform holds a whole workload, so
+    EvalStop's coordinator must accept the 100,001st job (and its reports) of a large run."""
+    from evalstop_trl.core.records import Quotas
+    from platform_sim.overlays import create_overlay
+    from platform_sim.views import JobSnapshot, VirtualClock
+
+    n = Quotas().max_jobs + 1
+    overlay = create_overlay("evalstop", None, job_types="all")
+    overlay.attach(VirtualClock(), 10)
+    for jid in range(n):
+        overlay.on_arrival(JobSnapshot(jid, "rlhf_grpo", True, 1, 0.0, 1.0, 0.0, False, 0.0, 0, (), (), 0.0))
+    assert overlay.on_eval_id(n - 1, 1, 0.5, 1.0, 0.1) is False  # registered, and its report taken
+    assert overlay.on_eval_id(0, 1, 0.5, 1.0, 0.1) is False
