@@ -22,7 +22,7 @@ from tests.sim.test_sim_wall import OverlayRecorder, Recorder, attack
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "configs" / "traces" / "cluster"
-# format -> (sample, its GPU column(s)); the expected values below are read with the csv module
+# format -> its shipped sample; the expected values below are read from it with the csv module
 FILES = {"philly_csv": "philly_sample.csv", "helios": "helios_sample.csv", "acme": "acme_sample.csv",
          "alibaba_spot": "alibaba_spot_sample.csv"}
 
@@ -45,20 +45,23 @@ def trace_cfg(fmt: str = "philly_csv", **over):
                                     "workload.source.format": fmt, **over})
 
 
-def test_every_format_has_a_sample_and_the_samples_are_the_scripts():
+def _script():
+    """scripts/make_trace_samples.py as a module."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("make_trace_samples", ROOT / "scripts" / "make_trace_samples.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_format_has_a_sample_and_the_samples_are_the_scripts():
+    mod = _script()
     assert set(FILES) == set(TRACE_FORMATS.names())
     assert set(FILES.values()) == set(mod.SAMPLES)
 
 
 def test_the_shipped_samples_are_what_the_script_writes(tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("make_trace_samples", ROOT / "scripts" / "make_trace_samples.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _script()
     for path in mod.write_samples(tmp_path):
         assert path.read_bytes() == (SAMPLES / path.name).read_bytes(), path.name
 
