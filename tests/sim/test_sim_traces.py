@@ -4,6 +4,7 @@ the dropped jobs, the type rule table, the CLI, and the information boundary on 
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -16,7 +17,7 @@ from platform_sim.cluster_traces import TRACE_FORMATS, read_cluster_trace
 from platform_sim.config import ConfigError, load_config
 from platform_sim.engine import Simulation
 from platform_sim.overlays import create_overlay
-from platform_sim.schedulers import create_scheduler
+from platform_sim.schedulers import SCHEDULERS, create_scheduler
 from platform_sim.workload import _offered, generate_workload
 from tests.sim.test_sim_wall import OverlayRecorder, Recorder, attack
 
@@ -245,3 +246,19 @@ def test_cli_run_describe_and_errors(capsys, tmp_path):
     assert "workload.source: trace file" in capsys.readouterr().err
     assert main(["run", "--quiet", *sets, "--set", "workload.n_jobs=100000"]) == 2
     assert "fewer than workload.n_jobs=100000" in capsys.readouterr().err
+
+
+def test_the_platform_table_script_covers_every_scheduler_and_source(tmp_path, capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("platform_table", ROOT / "scripts" / "platform_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "t"
+    assert mod.main(["--seeds", "2", "--seed-start", "6000", "--workers", "1", "--out", str(out),
+                     "--trace", f"helios:{SAMPLES / FILES['helios']}", "--set", "workload.n_jobs=60"]) == 0
+    rows = json.loads((out / "platform_table.json").read_text())
+    assert [(r["source"], r["scheduler"]) for r in rows] == [
+        (src, s) for src in ("synthetic", "helios (helios_sample.csv)") for s in SCHEDULERS.names()]
+    assert all(-1 < r["gpu_hours"] < 0 and 0 <= r["precision"] <= 1 for r in rows)  # EvalStop saves on each
+    assert (out / "platform_table.png").stat().st_size > 1000
+    assert (out / "platform_table.md").read_text().count("\n") == 2 + len(rows)
