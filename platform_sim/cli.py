@@ -202,10 +202,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
-    from .report import workload_table
+    from .report import cluster_text, workload_table
     from .workload import generate_workload
 
     cfg = _load(args)
+    print(f"cluster: {cluster_text(cfg.cluster)}\n")
     wl = generate_workload(cfg, args.seed_start)
     synthetic = None
     if wl.source is not None:

@@ -1,4 +1,4 @@
-"""GPU placement: nodes, free GPUs per node, gang allocation and release.
+"""GPU placement: nodes, free GPUs per node, gang allocation and release; pools of GPU models.
 
 Jobs are gang-scheduled: :meth:`Cluster.place` gives a job all its GPUs or none. By default a job
 may span nodes (its GPUs are taken from the emptiest nodes first). With ``pack_small_jobs`` a job
@@ -17,15 +17,19 @@ Example::
     >>> c.release(job_id=0, gpus=2)
     >>> c.free, c.node_free
     (3, [3, 0])
+
+A mixed cluster (``cluster.pools`` in the config) is :class:`Pools`: one :class:`Cluster` per GPU
+model; a gang runs in one pool, the fastest for its job type that has room (:func:`cluster_for`).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Iterable
 
 from .config import ClusterConfig
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "Pools", "cluster_for"]
 
 
 class Cluster:
@@ -60,8 +64,10 @@ class Cluster:
         """The ``(node, GPUs)`` parts a running job holds."""
         return tuple(self._alloc[job_id])
 
-    def place(self, job_id: int, gpus: int) -> bool:
-        """Allocate ``gpus`` GPUs to ``job_id`` (all or none); False if they do not fit now."""
+    def place(self, job_id: int, gpus: int, job_type: str = "") -> bool:
+        """Allocate ``gpus`` GPUs to ``job_id`` (all or none); False if they do not fit now.
+
+        ``job_type`` is for :class:`Pools` (which pool is fastest); every GPU here is the same."""
         g = gpus
         if g > self.free:
             return False
@@ -113,3 +119,67 @@ class Cluster:
             node_free[node] = f + g
             insort(level[f + g], node)
         self.free += gpus
+
+
+class Pools:
+    """A mixed cluster: one :class:`Cluster` per GPU model (pool); a gang runs in one pool.
+
+    A job goes to the pool fastest for its type that has room (ties: the pool listed first), what a
+    heterogeneity-unaware platform that prefers its best free GPUs does; ``free`` and
+    ``total_gpus`` count every pool, so a plan by count may pick a job no single pool can hold
+    (placement then refuses it, as it does a fragmented node with ``pack_small_jobs``).
+
+    Example::
+
+        >>> from platform_sim.config import load_config, apply_overrides
+        >>> cfg = apply_overrides(load_config(), {"cluster.pools": {
+        ...     "t4": {"nodes": 1, "gpus_per_node": 4}, "a100": {"nodes": 1, "gpus_per_node": 8}}})
+        >>> p = Pools(cfg.cluster, ["sft"])
+        >>> p.place(0, 8, "sft"), p.placed(0, "sft"), p.place(1, 4, "sft"), p.placed(1, "sft")
+        (True, ('a100', 1.0), True, ('t4', 0.25))
+        >>> p.place(2, 1, "sft"), p.free  # every pool is full
+        (False, 0)
+    """
+
+    __slots__ = ("names", "pools", "total_gpus", "free", "_order", "_speed", "_where")
+
+    def __init__(self, cfg: ClusterConfig, job_types: Iterable[str]) -> None:
+        items = cfg.pool_list()
+        self.names = tuple(name for name, _ in items)
+        self.pools = tuple(Cluster(p.nodes, p.gpus_per_node, cfg.pack_small_jobs) for _, p in items)
+        self.total_gpus = self.free = sum(c.total_gpus for c in self.pools)
+        self._speed = {t: tuple(cfg.speed(name, t) for name in self.names) for t in job_types}
+        self._order = {t: tuple(sorted(range(len(self.names)), key=lambda i, s=s: -s[i])) for t, s in self._speed.items()}
+        self._where: dict[int, int] = {}  # job id -> pool index
+
+    def place(self, job_id: int, gpus: int, job_type: str = "") -> bool:
+        """Allocate ``gpus`` GPUs of one pool to ``job_id``, the fastest pool for ``job_type`` first."""
+        if gpus > self.free:
+            return False
+        pools = self.pools
+        for i in self._order[job_type]:
+            if pools[i].place(job_id, gpus):
+                self._where[job_id] = i
+                self.free -= gpus
+                return True
+        return False
+
+    def placed(self, job_id: int, job_type: str) -> tuple[str, float]:
+        """(pool, speed) of a running job: where it runs and how fast, in reference GPUs."""
+        i = self._where[job_id]
+        return self.names[i], self._speed[job_type][i]
+
+    def allocation(self, job_id: int) -> tuple[str, tuple[tuple[int, int], ...]]:
+        """The pool and the ``(node, GPUs)`` parts a running job holds there."""
+        i = self._where[job_id]
+        return self.names[i], self.pools[i].allocation(job_id)
+
+    def release(self, job_id: int, gpus: int) -> None:
+        """Give back every GPU ``job_id`` holds."""
+        self.pools[self._where.pop(job_id)].release(job_id, gpus)
+        self.free += gpus
+
+
+def cluster_for(cfg: ClusterConfig, job_types: Iterable[str]) -> Cluster | Pools:
+    """The placement of ``cfg``: a :class:`Cluster` for the uniform cluster, :class:`Pools` for a mixed one."""
+    return Pools(cfg, job_types) if cfg.pools else Cluster.from_config(cfg)

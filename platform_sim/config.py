@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import yaml
 
-__all__ = ["ConfigError", "FamilyConfig", "PolicyConfig", "SimConfig", "DEFAULT_CONFIG", "load_config",
+__all__ = ["ClusterConfig", "ConfigError", "FamilyConfig", "PoolConfig", "PolicyConfig", "SimConfig", "DEFAULT_CONFIG", "load_config",
            "config_from_dict", "apply_overrides"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim" / "rlhf_heavy.yaml"
@@ -38,14 +38,61 @@ Range = tuple[float, float]
 
 
 @dataclass(frozen=True)
+class PoolConfig:
+    """One pool of identical GPUs: ``nodes`` nodes of ``gpus_per_node`` GPUs."""
+
+    nodes: int
+    gpus_per_node: int
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
+    """The GPUs: one uniform pool of reference GPUs (``nodes`` x ``gpus_per_node``, the paper's) or,
+    when ``pools`` names any, one pool per GPU model (``{t4: {nodes: 6, gpus_per_node: 4}, ...}``;
+    ``nodes`` and ``gpus_per_node`` are then unused). A gang runs in one pool. Work is measured on the
+    reference GPU (speed 1.0) and runs at ``speeds[pool]`` there (``type_speeds[type][pool]`` where a
+    job type has its own); docs/simulator.md, "Heterogeneous clusters", gives the defaults' sources."""
+
     nodes: int
     gpus_per_node: int
     pack_small_jobs: bool
+    pools: dict[str, PoolConfig]
+    speeds: dict[str, float]
+    type_speeds: dict[str, dict[str, float]]
+
+    def pool_list(self) -> tuple[tuple[str, PoolConfig], ...]:
+        """``(name, pool)`` in order; the uniform cluster is one pool named ``""`` of speed 1."""
+        if not self.pools:
+            return (("", PoolConfig(self.nodes, self.gpus_per_node)),)
+        return tuple(self.pools.items())
 
     @property
     def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return sum(p.nodes * p.gpus_per_node for _, p in self.pool_list())
+
+    @property
+    def largest_pool(self) -> int:
+        """The most GPUs one gang can get."""
+        return max(p.nodes * p.gpus_per_node for _, p in self.pool_list())
+
+    def reference_gpus(self, shares: Mapping[str, float]) -> float:
+        """The cluster's capacity in reference GPUs, the unit ``workload.load`` is offered in: each
+        pool's GPUs times its speed, averaged over job types by ``shares`` (type -> share of jobs);
+        the uniform cluster's is ``total_gpus``."""
+        if not self.pools:
+            return self.total_gpus
+        total = sum(shares.values())
+        return sum(p.nodes * p.gpus_per_node * sum(share * self.speed(name, t) for t, share in shares.items()) / total
+                   for name, p in self.pools.items())
+
+    def speed(self, pool: str, job_type: str) -> float:
+        """How fast ``job_type`` runs on ``pool``'s GPUs, in reference GPUs (1.0 on the uniform cluster)."""
+        if not pool:
+            return 1.0
+        own = self.type_speeds.get(job_type)
+        if own is not None and pool in own:
+            return own[pool]
+        return self.speeds[pool]
 
 
 @dataclass(frozen=True)
@@ -322,7 +369,7 @@ def _check(cond: bool, key: str, msg: str) -> None:
 
 def _validate(c: SimConfig) -> None:
     _check(c.seeds >= 1, "seeds", f"must be >= 1, but got {c.seeds}")
-    _check(c.cluster.nodes >= 1 and c.cluster.gpus_per_node >= 1, "cluster.nodes", "and gpus_per_node must be >= 1")
+    _validate_cluster(c)
     w = c.workload
     _check(w.n_jobs >= 1, "workload.n_jobs", f"must be >= 1, but got {w.n_jobs}")
     _check(w.load > 0, "workload.load", f"must be > 0, but got {w.load}")
@@ -340,8 +387,11 @@ def _validate(c: SimConfig) -> None:
         _check(t.median_h > 0 and t.sigma_ln >= 0, f"{key}.median_h", "must be > 0 (and sigma_ln >= 0)")
         _check(t.clamp_h[0] > 0, f"{key}.clamp_h", "must be positive")
         _check(abs(sum(t.gpus.values()) - 1) < 1e-6, f"{key}.gpus", "probabilities must sum to 1")
-        for g in t.gpus:
-            _check(1 <= g <= c.cluster.total_gpus, f"{key}.gpus", f"has {g} GPUs, more than the cluster's {c.cluster.total_gpus}")
+        for g, prob in t.gpus.items():
+            _check(g >= 1, f"{key}.gpus", f"has {g} GPUs; a job needs at least 1")
+            _check(prob == 0 or g <= c.cluster.largest_pool, f"{key}.gpus", f"has {g} GPUs, more than the cluster's "
+                   + (f"largest pool's {c.cluster.largest_pool} (a gang runs in one pool: give this size probability 0 or add a larger pool)" if c.cluster.pools
+                      else f"{c.cluster.total_gpus}"))
     _validate_source(w.source, w)
     cv = c.curves
     for key in ("hack_fraction", "rising_share"):
@@ -362,6 +412,26 @@ def _validate(c: SimConfig) -> None:
     _check(pe.example_sd >= 0, "noise.per_example.example_sd", f"must be >= 0, but got {pe.example_sd}")
     _check(pe.link_scale > 0, "noise.per_example.link_scale", f"must be > 0, but got {pe.link_scale}")
     _check(c.loss.tau[0] > 0, "loss.tau", "must be positive")
+
+
+def _validate_cluster(c: SimConfig) -> None:
+    cl = c.cluster
+    _check(cl.nodes >= 1 and cl.gpus_per_node >= 1, "cluster.nodes", "and gpus_per_node must be >= 1")
+    for name, pool in cl.pools.items():
+        _check(pool.nodes >= 1 and pool.gpus_per_node >= 1, f"cluster.pools.{name}", "needs nodes and gpus_per_node >= 1")
+        _check(name in cl.speeds or (all(name in own for own in cl.type_speeds.values())
+                                     and set(cl.type_speeds) >= set(c.workload.types)), f"cluster.pools.{name}",
+               f"is not a GPU model with a known speed ({', '.join(cl.speeds)}); give its speed relative to the "
+               f"reference GPU: cluster.speeds.{name}: S (or cluster.type_speeds.<type>.{name} for every job type)")
+    for name, v in cl.speeds.items():
+        _check(v > 0, f"cluster.speeds.{name}", f"must be > 0, but got {v}")
+    for t, own in cl.type_speeds.items():
+        _check(t in c.workload.types, f"cluster.type_speeds.{t}",
+               f"is not a job type; types: {', '.join(c.workload.types)}")
+        for name, v in own.items():
+            _check(name in cl.pools, f"cluster.type_speeds.{t}.{name}",
+                   f"is not a pool; pools: {', '.join(cl.pools) or '(none: the cluster is uniform)'}")
+            _check(v > 0, f"cluster.type_speeds.{t}.{name}", f"must be > 0, but got {v}")
 
 
 def _validate_source(src: SourceConfig, w: WorkloadConfig) -> None:

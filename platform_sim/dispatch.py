@@ -1,7 +1,8 @@
 """Plan -> place -> apply: who holds the GPUs after each instant of a run.
 
 The :class:`Dispatcher` owns the engine's planning state: the waiting and running jobs, the
-:class:`~platform_sim.cluster.Cluster` (gang placement: all GPUs or none) and, for schedulers with a
+:class:`~platform_sim.cluster.Cluster` (gang placement: all GPUs or none; :class:`~platform_sim.cluster.Pools`
+on a mixed cluster) and, for schedulers with a
 priority, the incremental planning structures of :mod:`platform_sim.planning` (the waiting line and
 the running jobs' priority bounds). The event loop (:class:`~platform_sim.engine.Simulation`) tells
 it when a job arrives or leaves and asks it to plan once per instant; it starts and preempts jobs
@@ -22,7 +23,7 @@ from heapq import heapify
 from heapq import heappop as _heappop
 from heapq import heappush as _heappush
 
-from .cluster import Cluster
+from .cluster import Cluster, Pools
 from .events import Event, EventQueue
 from .jobs import SimJob
 from .planning import Entry, WaitingLine, greedy_cut
@@ -42,7 +43,7 @@ class Dispatcher:
         bounds: running jobs' ``(-priority bound, job id, token)``, a heap (priority schedulers).
     """
 
-    def __init__(self, jobs: list[SimJob], cluster: Cluster, scheduler: Scheduler, queue: EventQueue,
+    def __init__(self, jobs: list[SimJob], cluster: Cluster | Pools, scheduler: Scheduler, queue: EventQueue,
                  restart_s: float) -> None:
         self.jobs, self.cluster, self.scheduler, self.queue = jobs, cluster, scheduler, queue
         self.restart_s = restart_s
@@ -52,6 +53,8 @@ class Dispatcher:
         self.bounds: list[tuple[float, int, int]] = []
         self.running_gpus = 0
         self._changes = changes_while_running(scheduler)
+        self.pooled = isinstance(cluster, Pools)  # a mixed cluster: jobs get their pool's speed
+        self.pool_gpu_seconds = dict.fromkeys(cluster.names, 0.0) if self.pooled else {}
 
     # ------------------------------------------------------------------ jobs joining and leaving
     def wait(self, job: SimJob) -> None:
@@ -66,6 +69,8 @@ class Dispatcher:
         """``job`` gives its GPUs back (it departs or is preempted)."""
         jid, gpus = job.spec.job_id, job.spec.gpus
         self.cluster.release(jid, gpus)
+        if self.pooled:
+            self.pool_gpu_seconds[job.pool] += gpus * (self.queue.now - job.started_at)
         del self.running[jid]
         self.running_gpus -= gpus
         job.token += 1
@@ -74,14 +79,16 @@ class Dispatcher:
         """Queue the running ``job``'s next event: its next eval, or the end of its work if sooner."""
         eval_work = job.next_eval * job.timing.seg_len
         if job.end_work < eval_work:
-            self.queue.push(job.run_since + job.end_work - job.work, _FINISH, job.spec.job_id, job.version)
+            self.queue.push(job.run_since + (job.end_work - job.work) / job.speed, _FINISH, job.spec.job_id, job.version)
         else:
-            self.queue.push(job.run_since + eval_work - job.work, _EVAL_DUE, job.spec.job_id, job.version)
+            self.queue.push(job.run_since + (eval_work - job.work) / job.speed, _EVAL_DUE, job.spec.job_id, job.version)
 
     def _start(self, job: SimJob) -> bool:
         jid, gpus = job.spec.job_id, job.spec.gpus
-        if not self.cluster.place(jid, gpus):
+        if not self.cluster.place(jid, gpus, job.spec.job_type):
             return False
+        if self.pooled:
+            job.pool, job.speed = self.cluster.placed(jid, job.spec.job_type)
         del self.waiting[jid]
         self.running[jid] = job
         self.running_gpus += gpus

@@ -33,7 +33,7 @@ import inspect
 from dataclasses import dataclass
 from heapq import heappop as _heappop
 
-from .cluster import Cluster
+from .cluster import cluster_for
 from .config import SimConfig
 from .dispatch import Dispatcher
 from .events import Event, EventQueue
@@ -67,6 +67,7 @@ class JobOutcome:
     best_eval: int  # index of the best observed eval score (0: none)
     delivered_progress: float  # progress of the delivered checkpoint
     restarts: int
+    ref_gpu_seconds: float  # GPU-seconds held in reference GPUs (pool speed x seconds; gpu_seconds if uniform)
 
     @property
     def jct_s(self) -> float:
@@ -83,6 +84,7 @@ class RunResult:
     makespan_s: float
     events: int
     total_gpus: int
+    pool_gpu_seconds: tuple[tuple[str, float], ...] = ()  # GPU-seconds held per pool (mixed clusters)
 
 
 class Simulation:
@@ -98,7 +100,7 @@ class Simulation:
         self.clock = VirtualClock()  # the overlays' copy of the time, set at every instant
         n = workload.n_evals
         self.jobs = [SimJob(s, t, Timing.of(t.duration_s, cfg, n)) for s, t in zip(workload.jobs, workload.truths, strict=True)]
-        self.dispatch = Dispatcher(self.jobs, Cluster.from_config(cfg.cluster), scheduler, self.queue,
+        self.dispatch = Dispatcher(self.jobs, cluster_for(cfg.cluster, {s.job_type for s in workload.jobs}), scheduler, self.queue,
                                    cfg.workload.restart_overhead_s)
         self.cluster, self.waiting, self.running = self.dispatch.cluster, self.dispatch.waiting, self.dispatch.running
         self._schedule_next = self.dispatch.schedule_next
@@ -209,6 +211,7 @@ class Simulation:
         job.run_since = now  # work is exact at this instant
         job.evals_done = i
         job.next_eval = i + 1
+        job.eval_weight += 1.0 / job.speed
         truth = job.truth
         score, loss = truth.scores[i - 1], truth.losses[i - 1]
         job.scores_seen += (score,)
@@ -254,13 +257,14 @@ class Simulation:
             outcomes.append(JobOutcome(
                 job_id=j.spec.job_id, arrival_s=j.spec.arrival_s, first_start_s=j.first_start,
                 departure_s=j.departure, completed=j.completed, stopped=j.stopped, gpu_seconds=j.gpu_seconds,
-                overhead_gpu_seconds=j.ovh_seconds + j.spec.gpus * j.timing.seg_eval * j.evals_done,
+                overhead_gpu_seconds=j.ovh_seconds + j.spec.gpus * j.timing.seg_eval * j.eval_weight,
                 work_done=j.work, evals_done=j.evals_done, best_eval=j.best_eval,
-                delivered_progress=delivered, restarts=j.restarts,
+                delivered_progress=delivered, restarts=j.restarts, ref_gpu_seconds=j.ref_gpu_seconds,
             ))
         makespan = max(o.departure_s for o in outcomes)
         return RunResult(self.scheduler.name, self.overlay.name, self.overlay.is_oracle, self.workload.seed,
-                         tuple(outcomes), makespan, self.events, self.cluster.total_gpus)
+                         tuple(outcomes), makespan, self.events, self.cluster.total_gpus,
+                         tuple(self.dispatch.pool_gpu_seconds.items()))
 
 
 def _takes_evidence(hook) -> bool:

@@ -2,8 +2,9 @@
 
 A job's work is ``n`` segments, each ``D/n`` seconds of training followed by one eval
 (``eval_overhead_frac * D / n`` plus a checkpoint write); the last eval ends the job
-(:class:`Timing`). Work is advanced lazily: a running job's work is ``work + (now - run_since)``,
-computed when asked. Resuming after a preemption costs ``restart_overhead_s`` with no progress.
+(:class:`Timing`), in seconds on the reference GPU. Work is advanced lazily: a running job's work is
+``work + speed * (now - run_since)``, computed when asked (``speed`` is its pool's, 1.0 on a uniform
+cluster: :class:`~platform_sim.cluster.Pools`). Resuming after a preemption costs ``restart_overhead_s`` with no progress.
 
 Phases (illegal moves raise :class:`~evalstop_trl.core.lifecycle.IllegalTransition`)::
 
@@ -104,6 +105,7 @@ class SimJob:
         "spec", "truth", "timing", "phase", "end_work", "work", "run_since", "started_at", "restart_until",
         "version", "next_eval", "evals_done", "scores_seen", "loss_history", "gpu_seconds", "ovh_seconds",
         "waiting_since", "first_start", "departure", "best_eval", "best_score", "restarts", "priority", "token",
+        "pool", "speed", "eval_weight", "ref_gpu_seconds",
     )
 
     def __init__(self, spec: JobSpec, truth: JobTruth, timing: Timing) -> None:
@@ -129,6 +131,10 @@ class SimJob:
         # it while running), and a counter that invalidates the job's older entries in the planner's heap
         self.priority = math.inf
         self.token = 0
+        # where it runs (a mixed cluster's pool; "" on a uniform one) and how fast, in reference GPUs
+        self.pool, self.speed = "", 1.0
+        self.eval_weight = 0.0  # sum of 1/speed over its evals: their GPU time is seg_eval times this
+        self.ref_gpu_seconds = 0.0  # GPU-seconds held, in reference GPUs (gpu_seconds on a uniform cluster)
 
     # ------------------------------------------------------------------ derived state
     @property
@@ -146,7 +152,7 @@ class SimJob:
     def work_at(self, t: float) -> float:
         if self.phase is not _RUNNING:
             return self.work
-        return self.work + max(0.0, t - self.run_since)
+        return self.work + self.speed * max(0.0, t - self.run_since)
 
     def progress(self, t: float) -> float:
         return self.timing.progress_of(self.work_at(t))
@@ -159,7 +165,7 @@ class SimJob:
         """What a policy may see of this job at time ``t``: values copied out, no reference back."""
         spec = self.spec
         if self.phase is _RUNNING:
-            work = self.work + (t - self.run_since if t > self.run_since else 0.0)
+            work = self.work + (self.speed * (t - self.run_since) if t > self.run_since else 0.0)
             held = t - self.started_at
             running = True
         else:
@@ -167,7 +173,7 @@ class SimJob:
         return _new_snapshot(JobSnapshot, (
             spec.job_id, spec.job_type, spec.rlhf, spec.gpus, spec.arrival_s, spec.est_duration_s,
             self.timing.progress_of(work), running, self.waiting_since, self.evals_done,
-            self.scores_seen, self.loss_history, (self.gpu_seconds + held * spec.gpus) / 3600.0,
+            self.scores_seen, self.loss_history, (self.gpu_seconds + held * spec.gpus) / 3600.0, self.pool,
         ))
 
     # ------------------------------------------------------------------ transitions
@@ -198,6 +204,7 @@ class SimJob:
         """Account the GPU time of this stint and freeze the work done (the job is still RUNNING)."""
         g = self.spec.gpus
         self.gpu_seconds += g * (now - self.started_at)
+        self.ref_gpu_seconds += self.speed * g * (now - self.started_at)
         self.ovh_seconds += g * max(0.0, min(now, self.restart_until) - self.started_at)
         self.work = self.work_at(now)
         self.version += 1

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, astuple, dataclass, fields
+from dataclasses import asdict, astuple, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -117,6 +117,8 @@ class RunSummary:
     n_stopped: float
     events: float
     detection: Detection
+    gpu_hours_by_pool: dict[str, float] = field(default_factory=dict)  # a mixed cluster's GPU-hours per pool
+    ref_gpu_hours: float = 0.0  # GPU-hours in reference GPUs (pool speed x hours; gpu_hours on a uniform cluster)
 
     @classmethod
     def mean(cls, per_seed: Sequence[RunSummary]) -> RunSummary:
@@ -221,6 +223,8 @@ def summarize(run: RunResult, workload: Workload, cfg, watched: frozenset[str] |
         delivered_gold_rlhf=float(gold[rlhf].mean()) if rlhf.any() else float("nan"),
         n_stopped=sum(o.stopped for o in run.outcomes), events=run.events,
         detection=detection(run, workload, cfg.metrics.harmful_margin, watched),
+        gpu_hours_by_pool={name: sec / 3600 for name, sec in run.pool_gpu_seconds},
+        ref_gpu_hours=sum(o.ref_gpu_seconds for o in run.outcomes) / 3600,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .config import ClusterConfig
 from .metrics import DEFINITIONS
 from .results import PairResult, ReproduceResult
 from .stats import CI, Metric, Rates
@@ -37,6 +38,15 @@ def p_value(p: float | None) -> str:
 
 def seeds_text(res: PairResult | ReproduceResult) -> str:
     return f"{res.seeds} seed(s), {res.seed_start}-{res.seed_start + res.seeds - 1}"
+
+
+def cluster_text(cluster: ClusterConfig) -> str:
+    """``64 GPUs`` or, for a mixed cluster, ``64 GPUs in 3 pools: t4 6x4 at speed 0.25, ...``."""
+    if not cluster.pools:
+        return f"{cluster.total_gpus} GPUs"
+    pools = ", ".join(f"{name} {p.nodes}x{p.gpus_per_node} at speed {cluster.speeds.get(name, float('nan')):g}"
+                      for name, p in cluster.pools.items())
+    return f"{cluster.total_gpus} GPUs in {len(cluster.pools)} pools: {pools}"
 
 
 def type_table(by_type: dict[str, Rates]) -> list[str]:
@@ -73,6 +83,10 @@ def run_table(res: PairResult) -> str:
         base_text = f"{vb:.2f}" if vb is not None else ""
         run_text = f"{vr:.2f}" if vr is not None else ""
         lines.append(f"{label:<34}{base_text:>12}{run_text:>12}{pct(change.mean):>10}  {ci(change.ci)}")
+    for pool, hours in b.gpu_hours_by_pool.items():  # a mixed cluster: where the GPU-hours went
+        lines.append(f"{'  GPU-hours on ' + pool:<34}{hours:>12.2f}{r.gpu_hours_by_pool.get(pool, 0.0):>12.2f}")
+    if b.gpu_hours_by_pool:
+        lines.append(f"{'  in reference GPU-hours':<34}{b.ref_gpu_hours:>12.2f}{r.ref_gpu_hours:>12.2f}")
     lines.append(f"{'utilisation':<34}{b.utilisation:>12.3f}{r.utilisation:>12.3f}")
     lines.append(f"{'delivered gold (RLHF mean)':<34}{b.delivered_gold_rlhf:>12.3f}{r.delivered_gold_rlhf:>12.3f}")
     c = det.counts
@@ -105,7 +119,7 @@ def markdown_report(res: ReproduceResult) -> str:
         "# EvalStop platform simulation: reproduction of the paper's tables",
         "",
         f"{seeds_text(res)}, config `{cfg.name}` ({cfg.workload.n_jobs} jobs, "
-        f"{cfg.cluster.nodes * cfg.cluster.gpus_per_node} GPUs, load "
+        f"{cluster_text(cfg.cluster)}, load "
         f"{cfg.workload.load}). Intervals are 95% bootstrap intervals over seeds; the p-value is a "
         "paired sign-flip permutation test on per-seed mean JCT of the completed jobs (20,000 draws: it cannot "
         "resolve p below 1e-4). Harmful stops are counted over all seeds and stand beside every JCT figure: the "

@@ -32,7 +32,7 @@ Example::
     >>> s.duration_s
     Traceback (most recent call last):
     ...
-    platform_sim.views.InformationBoundaryError: 'duration_s' is not visible to scheduling policies; visible fields: job_id, job_type, rlhf, gpus, arrival_s, est_duration_s, progress, running, waiting_since, evals_done, eval_scores, loss_history, gpu_hours
+    platform_sim.views.InformationBoundaryError: 'duration_s' is not visible to scheduling policies; visible fields: job_id, job_type, rlhf, gpus, arrival_s, est_duration_s, progress, running, waiting_since, evals_done, eval_scores, loss_history, gpu_hours, pool
     >>> clock = VirtualClock(60.0)
     >>> clock()
     60.0
@@ -63,6 +63,7 @@ class _Visible(NamedTuple):
     eval_scores: tuple[float, ...]
     loss_history: tuple[tuple[float, float], ...]  # (GPU-hours used so far, train loss) at each eval
     gpu_hours: float
+    pool: str = ""  # the pool (GPU model) it runs on in a mixed cluster; "" while waiting or on a uniform one
 
 
 VISIBLE_FIELDS: tuple[str, ...] = _Visible._fields

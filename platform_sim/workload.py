@@ -243,7 +243,8 @@ def _synthetic_jobs(cfg: SimConfig, s_types, s_dur, s_arr) -> tuple[list[str], n
     if w.arrivals == "all_at_zero":
         arrivals = np.zeros(n)
     else:
-        rate = w.load * cfg.cluster.total_gpus / float(np.mean(gpus * durations))  # jobs per second
+        capacity = cfg.cluster.reference_gpus({t: tc.share for t, tc in w.types.items()})
+        rate = w.load * capacity / float(np.mean(gpus * durations))  # jobs per second
         arrivals = np.cumsum(s_arr.exponential(1.0 / rate, size=n))
         arrivals -= arrivals[0]
     return types, gpus, durations, arrivals
@@ -272,8 +273,9 @@ class TraceWindow:
     time_scale: float
 
 
-def _offered(gpus: np.ndarray, durations: np.ndarray, arrivals: np.ndarray, total_gpus: int) -> float:
-    """Exclusive GPU-seconds over (GPUs x the arrivals' span): the load the synthetic workload's rate sets."""
+def _offered(gpus: np.ndarray, durations: np.ndarray, arrivals: np.ndarray, total_gpus: float) -> float:
+    """Exclusive GPU-seconds over (GPUs x the arrivals' span): the load the synthetic workload's rate sets
+    (``total_gpus``: the capacity in reference GPUs)."""
     span = float(arrivals[-1] - arrivals[0])
     if len(arrivals) < 2 or span <= 0:
         return math.inf
@@ -287,12 +289,12 @@ def _trace_jobs(cfg: SimConfig, s_types, s_arr) -> tuple[list[str], np.ndarray, 
 
     w, src = cfg.workload, cfg.workload.source
     trace = read_cluster_trace(src.format, src.path)
-    n, total = w.n_jobs, cfg.cluster.total_gpus
+    n, total = w.n_jobs, cfg.cluster.reference_gpus({t: tc.share for t, tc in w.types.items()})
     start = src.start_h * 3600.0
     after = trace.submit_s >= start
     short = trace.duration_s < src.min_duration_s
     long_ = trace.gpus * trace.duration_s > src.max_gpu_hours * 3600.0
-    large = trace.gpus > total
+    large = trace.gpus > cfg.cluster.largest_pool  # a gang runs in one pool
     ok = np.flatnonzero(after & ~short & ~long_ & ~large)
     if w.source.load_fit == "thin":
         first = ok[:n]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from platform_sim.cluster import Cluster
+from platform_sim.cluster import Cluster, Pools
 
 
 @pytest.mark.parametrize("pack, requests, placed, node_free", [
@@ -92,3 +92,43 @@ def test_buckets_place_exactly_like_sorting_every_node(ops, pack, shape, rnd):
                 held[i] = g
                 assert list(c.allocation(i)) == ref.alloc[i]
         assert c.node_free == ref.node_free
+
+
+def _pools(pack=False, **speeds):
+    from tests.sim_helpers import small_config
+
+    cfg = small_config(**{
+        "cluster.pools": {"slow": {"nodes": 2, "gpus_per_node": 4}, "fast": {"nodes": 1, "gpus_per_node": 8}},
+        "cluster.speeds": {"slow": 0.5, "fast": 1.0, **speeds}, "cluster.pack_small_jobs": pack,
+        "cluster.type_speeds": {"rlhf_grpo": {"slow": 2.0}}})
+    return Pools(cfg.cluster, ["lora_sft", "rlhf_grpo"])
+
+
+def test_pools_place_a_gang_in_one_pool_the_fastest_for_its_type_first():
+    p = _pools()
+    assert p.total_gpus == p.free == 16
+    assert p.place(0, 4, "lora_sft") and p.placed(0, "lora_sft") == ("fast", 1.0)
+    assert p.place(1, 4, "rlhf_grpo") and p.placed(1, "rlhf_grpo") == ("slow", 2.0)  # rlhf_grpo's own speed: slow is its fastest
+    assert p.place(2, 3, "lora_sft") and p.placed(2, "lora_sft") == ("fast", 1.0)
+    assert p.place(3, 4, "lora_sft") and p.placed(3, "lora_sft") == ("slow", 0.5)  # fast has 1 left
+    assert p.free == 1 and not p.place(4, 2, "lora_sft")
+    p.release(1, 4)
+    assert p.free == 5 and not p.place(4, 5, "lora_sft")  # 5 free, but 4 + 1 in two pools: a gang stays in one
+    assert p.place(4, 4, "lora_sft") and p.allocation(4) == ("slow", ((0, 4),))
+    for jid, g in ((0, 4), (2, 3), (3, 4), (4, 4)):
+        p.release(jid, g)
+    assert p.free == 16 and [c.free for c in p.pools] == [8, 8]
+
+
+def test_pools_pack_small_jobs_within_each_pool():
+    p = _pools(pack=True)
+    assert p.place(0, 3, "rlhf_grpo") and p.place(1, 3, "rlhf_grpo")  # slow first for rlhf_grpo: one node each
+    assert p.pools[0].node_free == [1, 1]
+    assert p.place(2, 2, "rlhf_grpo") and p.placed(2, "rlhf_grpo") == ("fast", 1.0)  # 2 free in slow, not in one node
+
+
+def test_the_uniform_cluster_is_a_plain_cluster():
+    from platform_sim.cluster import cluster_for
+    from platform_sim.config import load_config
+
+    assert type(cluster_for(load_config().cluster, ["rlhf_grpo"])) is Cluster

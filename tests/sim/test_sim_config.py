@@ -70,6 +70,18 @@ def test_default_config_is_the_spec():
         ("overlay: {oracle: {peak: 1}}", "unknown key overlay.oracle.peak; valid keys here: (none)"),
         ("workload: {types: {dpo: {share: 0.5}}}", "workload.types shares must sum to 1"),
         ("cluster: {pack_small_jobs: 3}", "cluster.pack_small_jobs must be true or false"),
+        ("cluster: {pools: {mi300: {nodes: 1, gpus_per_node: 8}}}",
+         "cluster.pools.mi300 is not a GPU model with a known speed (a100, v100, rtx, t4, a10, h100); give its "
+         "speed relative to the reference GPU: cluster.speeds.mi300: S"),
+        ("cluster: {pools: {t4: {nodes: 0, gpus_per_node: 4}}}", "cluster.pools.t4 needs nodes and gpus_per_node >= 1"),
+        ("cluster: {pools: {t4: {nodes: 1}}}", "missing key cluster.pools.t4.gpus_per_node"),
+        ("cluster: {speeds: {t4: 0}}", "cluster.speeds.t4 must be > 0, but got 0.0"),
+        ("cluster: {pools: {t4: {nodes: 2, gpus_per_node: 4}}}",
+         "workload.types.rlhf_ppo.gpus has 16 GPUs, more than the cluster's largest pool's 8 (a gang runs in one pool"),
+        ("cluster: {pools: {t4: {nodes: 1, gpus_per_node: 4}}, type_speeds: {ppo: {t4: 0.2}}}",
+         "cluster.type_speeds.ppo is not a job type; types: lora_sft, dpo, rlhf_ppo, rlhf_grpo"),
+        ("cluster: {type_speeds: {dpo: {t4: 0.2}}}",
+         "cluster.type_speeds.dpo.t4 is not a pool; pools: (none: the cluster is uniform)"),
     ],
 )
 def test_bad_configs_name_the_key(tmp_path, capsys, yaml_text, message):
@@ -168,3 +180,22 @@ def test_unwritable_output_is_a_clear_error(tmp_path, capsys):
     assert main(["run", "--seeds", "1", "--quiet", "--json", str(tmp_path / "no" / "such" / "r.json")]) == 2
     err = capsys.readouterr().err
     assert "No such file or directory" in err and "Traceback" not in err
+
+
+def test_a_mixed_cluster_from_the_command_line(capsys):
+    pools = "{h100: {nodes: 1, gpus_per_node: 8}, t4: {nodes: 14, gpus_per_node: 4}}"
+    assert main(["describe", "--set", f"cluster.pools={pools}", "--set", "workload.types.rlhf_ppo.gpus={8: 1.0}",
+                 "--set", "workload.types.rlhf_grpo.gpus={8: 1.0}"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("cluster: 64 GPUs in 2 pools: h100 1x8 at speed 2, t4 14x4 at speed 0.25\n")
+    assert main(["run", "--seeds", "1", "--set", f"cluster.pools={pools}", "--set", "workload.types.rlhf_ppo.gpus={8: 1.0}",
+                 "--set", "workload.types.rlhf_grpo.gpus={8: 1.0}"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU-hours on h100" in out and "GPU-hours on t4" in out and "in reference GPU-hours" in out
+
+
+def test_the_default_speeds_are_documented_with_their_sources():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "simulator.md").read_text()
+    section = doc.split("### Heterogeneous clusters", 1)[1].split("\n### ", 1)[0]
+    for name, speed in load_config().cluster.speeds.items():
+        assert f"| `{name}` | {speed:g} |" in section, name

@@ -21,7 +21,7 @@ from tests.sim_helpers import job, small_config, workload
 
 def outcome(job_id, arrival, departure, stopped=False, gpu_s=0.0, work=0.0, best=0, delivered=0.0):
     return JobOutcome(job_id, arrival, arrival, departure, not stopped, stopped, gpu_s, 0.0, work, 4, best,
-                      delivered, 0)
+                      delivered, 0, gpu_s)
 
 
 def result(*outcomes, seed=0):

@@ -262,3 +262,26 @@ def test_the_platform_table_script_covers_every_scheduler_and_source(tmp_path, c
     assert all(-1 < r["gpu_hours"] < 0 and 0 <= r["precision"] <= 1 for r in rows)  # EvalStop saves on each
     assert (out / "platform_table.png").stat().st_size > 1000
     assert (out / "platform_table.md").read_text().count("\n") == 2 + len(rows)
+
+
+def test_gpu_speeds_from_sia_placement_files(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_speeds", ROOT / "scripts" / "gpu_speeds.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = tmp_path / "bert"
+    model.mkdir()
+    # the artifact's two column orders; two batch sizes on every cluster, one more on some (ignored)
+    times = {"dgx-ext": {4: 0.1, 8: 0.2, 16: 0.3}, "azure": {4: 0.2, 8: 0.8}, "rtx": {4: 0.2, 8: 0.4},
+             "aws": {4: 0.4, 8: 0.8, 16: 9.0}}
+    for cluster, by_bsz in times.items():
+        lines = ["local_bsz,step_time,sync_time,placement"] + [f"{b},{t},0.01,1" for b, t in by_bsz.items()]
+        lines += [f"{b},{t / 3},0.01,2" for b, t in by_bsz.items()]  # two GPUs: not a single-GPU speed
+        (model / f"placements-{cluster}.csv").write_text("\n".join(lines) + "\n")
+    assert mod.main([str(tmp_path), "--json", str(tmp_path / "s.json")]) == 0
+    got = json.loads((tmp_path / "s.json").read_text())["bert"]
+    assert got == pytest.approx({"a100": 1.0, "v100": math.sqrt(0.5 * 0.25), "rtx": 0.5, "t4": 0.25})
+    assert "| bert | 1.00 | 0.35 | 0.50 | 0.25 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no model directory"):
+        mod.speeds(tmp_path / "bert")
