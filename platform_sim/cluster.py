@@ -64,10 +64,10 @@ class Cluster:
         """The ``(node, GPUs)`` parts a running job holds."""
         return tuple(self._alloc[job_id])
 
-    def place(self, job_id: int, gpus: int, job_type: str = "") -> bool:
+    def place(self, job_id: int, gpus: int, job_type: str = "", pool: str | None = None) -> bool:
         """Allocate ``gpus`` GPUs to ``job_id`` (all or none); False if they do not fit now.
 
-        ``job_type`` is for :class:`Pools` (which pool is fastest); every GPU here is the same."""
+        ``job_type`` and ``pool`` are for :class:`Pools`; every GPU here is the same (one pool, ``""``)."""
         g = gpus
         if g > self.free:
             return False
@@ -152,12 +152,13 @@ class Pools:
         self._order = {t: tuple(sorted(range(len(self.names)), key=lambda i, s=s: -s[i])) for t, s in self._speed.items()}
         self._where: dict[int, int] = {}  # job id -> pool index
 
-    def place(self, job_id: int, gpus: int, job_type: str = "") -> bool:
-        """Allocate ``gpus`` GPUs of one pool to ``job_id``, the fastest pool for ``job_type`` first."""
+    def place(self, job_id: int, gpus: int, job_type: str = "", pool: str | None = None) -> bool:
+        """Allocate ``gpus`` GPUs of one pool to ``job_id``: ``pool``'s, or the fastest pool for
+        ``job_type`` that has room (None)."""
         if gpus > self.free:
             return False
         pools = self.pools
-        for i in self._order[job_type]:
+        for i in self._order[job_type] if pool is None else (self.names.index(pool),):
             if pools[i].place(job_id, gpus):
                 self._where[job_id] = i
                 self.free -= gpus

@@ -24,10 +24,11 @@ from heapq import heappop as _heappop
 from heapq import heappush as _heappush
 
 from .cluster import Cluster, Pools
+from .config import ClusterConfig
 from .events import Event, EventQueue
 from .jobs import SimJob
 from .planning import Entry, WaitingLine, greedy_cut
-from .schedulers import Scheduler, changes_while_running, uses_priority
+from .schedulers import Scheduler, assigns_pools, changes_while_running, uses_priority
 
 __all__ = ["Dispatcher"]
 
@@ -44,8 +45,9 @@ class Dispatcher:
     """
 
     def __init__(self, jobs: list[SimJob], cluster: Cluster | Pools, scheduler: Scheduler, queue: EventQueue,
-                 restart_s: float) -> None:
+                 restart_s: float, cluster_cfg: ClusterConfig | None = None) -> None:
         self.jobs, self.cluster, self.scheduler, self.queue = jobs, cluster, scheduler, queue
+        self.cluster_cfg = cluster_cfg  # what an assigning scheduler (Gavel) is told about the pools
         self.restart_s = restart_s
         self.waiting: dict[int, SimJob] = {}
         self.running: dict[int, SimJob] = {}
@@ -53,6 +55,9 @@ class Dispatcher:
         self.bounds: list[tuple[float, int, int]] = []
         self.running_gpus = 0
         self._changes = changes_while_running(scheduler)
+        self._assigns = assigns_pools(scheduler)
+        if self._assigns and cluster_cfg is None:
+            raise ValueError(f"scheduler {scheduler.name!r} assigns pools: the Dispatcher needs cluster_cfg")
         self.pooled = isinstance(cluster, Pools)  # a mixed cluster: jobs get their pool's speed
         self.pool_gpu_seconds = dict.fromkeys(cluster.names, 0.0) if self.pooled else {}
 
@@ -83,9 +88,9 @@ class Dispatcher:
         else:
             self.queue.push(job.run_since + (eval_work - job.work) / job.speed, _EVAL_DUE, job.spec.job_id, job.version)
 
-    def _start(self, job: SimJob) -> bool:
+    def _start(self, job: SimJob, pool: str | None = None) -> bool:
         jid, gpus = job.spec.job_id, job.spec.gpus
-        if not self.cluster.place(jid, gpus, job.spec.job_type):
+        if not self.cluster.place(jid, gpus, job.spec.job_type, pool):
             return False
         if self.pooled:
             job.pool, job.speed = self.cluster.placed(jid, job.spec.job_type)
@@ -119,7 +124,9 @@ class Dispatcher:
     def plan(self, allow_preempt: bool) -> None:
         """Start (and, for a preemptive scheduler when ``allow_preempt``, preempt) jobs now."""
         preempt = self.scheduler.preemptive and allow_preempt
-        if self.line is None:
+        if self._assigns:
+            self._plan_assign(preempt)
+        elif self.line is None:
             self._plan_orders(preempt)
         elif preempt:
             self._plan_cut()
@@ -150,6 +157,19 @@ class Dispatcher:
                 break
             if not self._start(self.jobs[v.job_id]) and not sched.backfill:
                 break
+
+    def _plan_assign(self, preempt: bool) -> None:
+        """From the scheduler's assignment of jobs to pools (:meth:`Scheduler.assign`)."""
+        now = self.queue.now
+        active = [j.snapshot(now) for j in self.running.values()] + [j.snapshot(now) for j in self.waiting.values()]
+        plan = self.scheduler.assign(active, now, self.cluster_cfg)
+        if preempt:
+            where = dict(plan)
+            for jid in [jid for jid, j in self.running.items() if where.get(jid) != j.pool]:
+                self._preempt(self.running[jid])
+        for jid, pool in plan:
+            if jid in self.waiting:
+                self._start(self.jobs[jid], pool)
 
     def _plan_line(self) -> None:
         """Non-preemptive: start waiting jobs in priority order while GPUs are free."""

@@ -101,7 +101,7 @@ class Simulation:
         n = workload.n_evals
         self.jobs = [SimJob(s, t, Timing.of(t.duration_s, cfg, n)) for s, t in zip(workload.jobs, workload.truths, strict=True)]
         self.dispatch = Dispatcher(self.jobs, cluster_for(cfg.cluster, {s.job_type for s in workload.jobs}), scheduler, self.queue,
-                                   cfg.workload.restart_overhead_s)
+                                   cfg.workload.restart_overhead_s, cfg.cluster)
         self.cluster, self.waiting, self.running = self.dispatch.cluster, self.dispatch.waiting, self.dispatch.running
         self._schedule_next = self.dispatch.schedule_next
         self.events = 0

@@ -2,13 +2,15 @@
 them in that order. Policies see only :class:`~platform_sim.views.JobSnapshot` records, never
 advance time and never touch shared state.
 
-A scheduler puts jobs in line in one of two ways:
+A scheduler puts jobs in line in one of three ways:
 
 * a **priority** (:meth:`Scheduler.priority`: a number per job, lower first, ties by job id) that the
   engine keeps jobs sorted by and updates only when a job changes, so planning costs O(changes)
   instead of a sort of every active job (FIFO, SJF-Est, SRTF-Est);
 * an **order** (:meth:`Scheduler.order`) over snapshots of every job it plans for, for rules that
-  rank jobs against each other or against the clock (LossAware).
+  rank jobs against each other or against the clock (LossAware, Tiresias);
+* an **assignment** (:meth:`Scheduler.assign`): which jobs run and on which pool (GPU type), for
+  rules that place jobs on a mixed cluster themselves (Gavel).
 
 Schedulers are registered in :data:`SCHEDULERS` and take their own parameters, checked against
 their constructor's signature (a config names them as ``scheduler.<name>.<parameter>``)::
@@ -30,9 +32,10 @@ from typing import Any
 
 from evalstop_trl.core.registry import Registry
 
+from .config import ClusterConfig
 from .views import JobSnapshot
 
-__all__ = ["SCHEDULERS", "Scheduler", "changes_while_running", "create_scheduler", "uses_priority"]
+__all__ = ["SCHEDULERS", "Scheduler", "assigns_pools", "changes_while_running", "create_scheduler", "uses_priority"]
 
 
 class Scheduler:
@@ -67,6 +70,14 @@ class Scheduler:
         priority = self.priority
         return sorted(jobs, key=lambda j: (priority(j), j.job_id))
 
+    def assign(self, jobs: Sequence[JobSnapshot], now: float, cluster: ClusterConfig) -> list[tuple[int, str]]:
+        """For a scheduler that chooses each job's pool (GPU type) itself: ``(job id, pool)`` of the jobs
+        to run from now, in the order to place them (``cluster.pool_list()`` names the pools; ``""`` is
+        the uniform cluster's one). At a round (or any plan of a scheduler without rounds) a running
+        job not listed, or listed on another pool, is preempted (and moved); between rounds only
+        waiting jobs start. A listed job that does not fit its pool now waits."""
+        raise NotImplementedError(f"scheduler {self.name!r} does not assign pools")
+
     def change_after_s(self, job: JobSnapshot) -> float | None:
         """For an :meth:`order` scheduler whose order moves a running job by itself as it runs (a
         demotion): the seconds of running, from ``job``'s snapshot, after which its place changes
@@ -78,6 +89,11 @@ class Scheduler:
 def changes_while_running(scheduler: Scheduler) -> bool:
     """True if ``scheduler`` overrides :meth:`Scheduler.change_after_s` (the engine then queues its events)."""
     return type(scheduler).change_after_s is not Scheduler.change_after_s
+
+
+def assigns_pools(scheduler: Scheduler) -> bool:
+    """True if ``scheduler`` places jobs itself (:meth:`Scheduler.assign`)."""
+    return type(scheduler).assign is not Scheduler.assign
 
 
 def uses_priority(scheduler: Scheduler) -> bool:
@@ -253,13 +269,96 @@ class Tiresias(Scheduler):
         return (self.thresholds[q] - self.service(job)) / job.gpus
 
 
+@SCHEDULERS.register()
+class Gavel(Scheduler):
+    """Gavel's heterogeneity-aware max-min fairness (Narayanan et al., OSDI'20;
+    ``stanford-futuredata/gavel``): the allocation ``X[job, pool]`` of :mod:`platform_sim.allocation`
+    (an LP over each job's speed on each pool, recomputed when the set of active jobs changes), then
+    Gavel's round-based mechanism: every ``round_s`` seconds each (job, pool) pair gets the priority
+    ``X / f``, ``f`` the fraction of its time in the system the job has run on that pool (no time yet:
+    infinite), ties broken by the deficit ``X * time - time there``, then ``X``, then job id; pools
+    are filled in turn, fastest first (``cluster.speeds``; Gavel walks its worker types in its
+    cluster's order, fastest first), each taking its pairs in priority order while its GPUs last, a
+    job placed at most once. A job that keeps its pool keeps running; one that changes pool is
+    preempted and resumes there (paying ``restart_overhead_s``). Between rounds, freed GPUs go to
+    waiting jobs by the same order (work-conserving). On a uniform cluster this is max-min fair time
+    sharing of one pool (water-filling, no solver); a mixed cluster needs scipy
+    (``pip install 'evalstop[gavel]'``).
+
+    Args:
+        round_s: the round length (Gavel's 360 s), > 0.
+    """
+
+    name = "gavel"
+    preemptive = True
+
+    def __init__(self, round_s: float = 360.0) -> None:
+        self.round_s = _number("round_s", round_s)
+        if self.round_s <= 0:
+            raise ValueError(f"round_s must be > 0, but got round_s={round_s!r}.")
+        from .allocation import max_min_allocation
+
+        self._solve = max_min_allocation
+        self._last = 0.0
+        self._ran: dict[tuple[int, str], float] = {}  # (job id, pool) -> seconds run there
+        self._active: frozenset[int] = frozenset()
+        self._x: dict[tuple[int, str], float] = {}
+
+    def assign(self, jobs, now, cluster):
+        pools = cluster.pool_list()
+        names = [name for name, _ in pools]
+        dt, self._last = now - self._last, now
+        ran = self._ran
+        for v in jobs:
+            if v.running:
+                key = (v.job_id, v.pool)
+                ran[key] = ran.get(key, 0.0) + dt
+        active = frozenset(v.job_id for v in jobs)
+        if active != self._active:
+            self._active = active
+            self._x = self._allocate(jobs, cluster, names)
+            self._ran = ran = {k: s for k, s in ran.items() if k[0] in active}
+        order = sorted(range(len(names)), key=lambda i: -cluster.speeds.get(names[i], 0.0))  # stable: ties in config order
+        size = {name: p.nodes * p.gpus_per_node for name, p in pools}
+        free = dict(size)
+        placed: set[int] = set()
+        plan: list[tuple[int, str]] = []
+        for i in order:
+            pool = names[i]
+            entries = []
+            for v in jobs:
+                if v.gpus > size[pool]:
+                    continue  # the gang never fits this pool
+                x = self._x.get((v.job_id, pool), 0.0)
+                elapsed, got = now - v.arrival_s, ran.get((v.job_id, pool), 0.0)
+                prio = x * elapsed / got if got > 0 and elapsed > 0 else (math.inf if x > 0 else 0.0)
+                entries.append((-prio, got - x * elapsed, -x, v.job_id, v.gpus))
+            entries.sort()
+            for *_, jid, g in entries:
+                if jid not in placed and g <= free[pool]:
+                    free[pool] -= g
+                    placed.add(jid)
+                    plan.append((jid, pool))
+        return plan
+
+    def _allocate(self, jobs, cluster: ClusterConfig, names: list[str]) -> dict[tuple[int, str], float]:
+        import numpy as np
+
+        pools = dict(cluster.pool_list())
+        throughput = np.array([[cluster.speed(name, v.job_type) for name in names] for v in jobs])
+        gpus = np.array([v.gpus for v in jobs])
+        capacity = np.array([pools[name].nodes * pools[name].gpus_per_node for name in names])
+        x, _ = self._solve(throughput.reshape(len(jobs), len(names)), gpus, capacity)
+        return {(v.job_id, name): float(x[j, r]) for j, v in enumerate(jobs) for r, name in enumerate(names)}
+
+
 def create_scheduler(name: str, /, **params: Any) -> Scheduler:
     """Build a registered scheduler.
 
     Args:
-        name: one of ``fifo``, ``sjf_est``, ``srtf_est``, ``loss_aware``, ``tiresias``.
+        name: one of ``fifo``, ``sjf_est``, ``srtf_est``, ``loss_aware``, ``tiresias``, ``gavel``.
         **params: the scheduler's parameters (``FIFO(backfill)``, ``LossAware(round_s, promote_h)``,
-            ``Tiresias(thresholds, promote_knob)``).
+            ``Tiresias(thresholds, promote_knob)``, ``Gavel(round_s)``).
 
     Raises:
         ValueError: unknown name or parameter (the message lists the valid ones), or a bad value.

@@ -50,6 +50,7 @@ def test_default_config_is_the_spec():
         ("scheduler: {fifo: {backfill: 3}}", "scheduler.fifo: backfill must be true or false, but got backfill=3"),
         ("scheduler: {loss_aware: {round_s: 0}}", "scheduler.loss_aware: round_s must be > 0"),
         ("scheduler: {loss_aware: {promote_h: -1}}", "scheduler.loss_aware: promote_h must be >= 0"),
+        ("scheduler: {gavel: {round_s: 0}}", "scheduler.gavel: round_s must be > 0"),
         ("overlay: {name: magic}", "overlay.name must be one of none, evalstop"),
         ("overlay: {evalstop: {k: 0}}", "overlay.evalstop: k must be"),  # the rest is the detector's message
         ("overlay: {evalstop: {kk: 2}}", "unknown key overlay.evalstop.kk; valid keys here: detector, job_types, k, min_delta"),

@@ -371,3 +371,43 @@ class CheckedPools(Simulation):
             in_use = sum(j.spec.gpus for j in self.running.values() if j.pool == name)
             assert 0 <= c.free == c.total_gpus - in_use and sum(c.node_free) == c.free
         assert pools.free == sum(c.free for c in pools.pools)
+
+
+def test_gavel_time_shares_one_gpu_between_two_jobs_round_by_round():
+    """Max-min fairness on one pool: X = 1/2 each; priorities X / f alternate the GPU every 360 s round."""
+    cfg = small_config(**{"cluster.gpus_per_node": 1})
+    wl = workload(job(0, 1, 0, 1), job(1, 1, 0, 1))
+    _, res = run(wl, cfg, "gavel")
+    first, second = res.outcomes
+    # job 0 (tie: lower id) runs rounds 0, 2, ..., 18, job 1 rounds 1, 3, ..., 19: 10 rounds of 360 s each
+    assert first.departure_s == pytest.approx(19 * 360) and second.departure_s == pytest.approx(20 * 360)
+    assert first.restarts == 9 and second.restarts == 9
+    assert first.gpu_seconds == pytest.approx(3600) and second.first_start_s == 360
+
+
+def test_gavel_keeps_jobs_in_place_when_the_allocation_gives_each_its_own_pool():
+    # two pools of one GPU; each job is fastest on a different pool: the LP gives each job its pool
+    cfg = _mixed(**{"cluster.pools": {"fast": {"nodes": 1, "gpus_per_node": 1}, "slow": {"nodes": 1, "gpus_per_node": 1}},
+                    "cluster.type_speeds": {"lora_sft": {"fast": 0.1, "slow": 1.0}}})
+    wl = workload(job(0, 1, 0, 1), job(1, 1, 0, 1, rlhf=False))
+    _, res = run(wl, cfg, "gavel")
+    rlhf, sft = res.outcomes
+    assert rlhf.restarts == sft.restarts == 0
+    assert rlhf.departure_s == pytest.approx(3600) and sft.departure_s == pytest.approx(3600)  # both at speed 1
+    assert dict(res.pool_gpu_seconds) == pytest.approx({"fast": 3600, "slow": 3600})
+    _, fifo = run(wl, cfg, "fifo")  # fastest-first placement: the same here
+    assert [o.departure_s for o in fifo.outcomes] == pytest.approx([3600, 3600])
+
+
+def test_gavel_shares_the_fast_pool_with_the_job_that_needs_it_most():
+    # lora_sft runs 10x slower on slow, rlhf_grpo only 10% slower: greedy fastest-first placement (FIFO)
+    # leaves the lora job on slow for 10 h; Gavel's LP splits both pools between them (t = 1 at X = 1/2)
+    cfg = _mixed(**{"cluster.pools": {"fast": {"nodes": 1, "gpus_per_node": 1}, "slow": {"nodes": 1, "gpus_per_node": 1}},
+                    "cluster.type_speeds": {"lora_sft": {"fast": 1.0, "slow": 0.1}, "rlhf_grpo": {"fast": 1.0, "slow": 0.9}}})
+    wl = workload(job(0, 1, 0, 1), job(1, 1, 0, 1, rlhf=False))
+    _, fifo = run(wl, cfg, "fifo")
+    assert [o.departure_s for o in fifo.outcomes] == pytest.approx([3600, 36000])
+    _, gavel = run(wl, cfg, "gavel")
+    rlhf, sft = gavel.outcomes
+    assert sft.departure_s < 0.3 * 36000 and rlhf.departure_s > 3600  # the lora job gains far more than rlhf loses
+    assert sum(o.jct_s for o in gavel.outcomes) < 0.5 * sum(o.jct_s for o in fifo.outcomes)
