@@ -174,6 +174,7 @@ class SimJob:
             spec.job_id, spec.job_type, spec.rlhf, spec.gpus, spec.arrival_s, spec.est_duration_s,
             self.timing.progress_of(work), running, self.waiting_since, self.evals_done,
             self.scores_seen, self.loss_history, (self.gpu_seconds + held * spec.gpus) / 3600.0, self.pool,
+            self.speed,
         ))
 
     # ------------------------------------------------------------------ transitions

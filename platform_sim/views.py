@@ -32,7 +32,7 @@ Example::
     >>> s.duration_s
     Traceback (most recent call last):
     ...
-    platform_sim.views.InformationBoundaryError: 'duration_s' is not visible to scheduling policies; visible fields: job_id, job_type, rlhf, gpus, arrival_s, est_duration_s, progress, running, waiting_since, evals_done, eval_scores, loss_history, gpu_hours, pool
+    platform_sim.views.InformationBoundaryError: 'duration_s' is not visible to scheduling policies; visible fields: job_id, job_type, rlhf, gpus, arrival_s, est_duration_s, progress, running, waiting_since, evals_done, eval_scores, loss_history, gpu_hours, pool, speed
     >>> clock = VirtualClock(60.0)
     >>> clock()
     60.0
@@ -63,7 +63,8 @@ class _Visible(NamedTuple):
     eval_scores: tuple[float, ...]
     loss_history: tuple[tuple[float, float], ...]  # (GPU-hours used so far, train loss) at each eval
     gpu_hours: float
-    pool: str = ""  # the pool (GPU model) it runs on in a mixed cluster; "" while waiting or on a uniform one
+    pool: str = ""  # the pool (GPU model) it runs or last ran on in a mixed cluster ("" before it starts, or uniform)
+    speed: float = 1.0  # that pool's speed for its type, in reference GPUs (1.0 on a uniform cluster)
 
 
 VISIBLE_FIELDS: tuple[str, ...] = _Visible._fields
