@@ -160,6 +160,8 @@ class Dispatcher:
 
     def _plan_assign(self, preempt: bool) -> None:
         """From the scheduler's assignment of jobs to pools (:meth:`Scheduler.assign`)."""
+        if not preempt and (not self.waiting or self.cluster.free == 0):
+            return  # between rounds only waiting jobs start, and none could
         now = self.queue.now
         active = [j.snapshot(now) for j in self.running.values()] + [j.snapshot(now) for j in self.waiting.values()]
         plan = self.scheduler.assign(active, now, self.cluster_cfg)
