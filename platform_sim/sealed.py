@@ -225,7 +225,7 @@ class SealedOverlay(Overlay):
         if not self._wants_evals:
             return False
         self._pending.append([EVAL, self.clock.now, job.job_id, step, score, loss, proxy, job.progress,
-                              job.waiting_since, job.gpu_hours, job.loss_history[-1][0]])
+                              job.waiting_since, job.gpu_hours, job.loss_history[-1][0], job.pool, job.speed])
         return self._ask(0, 1)[0]
 
     # ------------------------------------------------------------------ the wire

@@ -10,7 +10,8 @@ Messages, parent (engine) to child (overlay):
 * hello ``{"overlay": NAME or "module:Class", "params": {...}, "n_evals": N, "path": [...]}``;
 * event batches ``[[kind, t, ...], ...]``: ``"a"`` an arrival, followed by the job's visible fields
   (:data:`~platform_sim.views.VISIBLE_FIELDS`, in order); ``"e"`` an eval: job id, eval index,
-  score, loss, proxy reward, progress, waiting since, GPU-hours, GPU-hours of the loss record. A
+  score, loss, proxy reward, progress, waiting since, GPU-hours, GPU-hours of the loss record, pool,
+  speed. A
   batch that ends with ``"?"`` asks for a reply.
 
 Child to parent: ``{"name": ..., "eval": bool, "cut": bool, "hardened": bool}`` once (ready), then one reply per

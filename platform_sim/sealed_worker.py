@@ -34,9 +34,12 @@ from typing import Any
 
 from .overlays import Overlay, create_overlay, eval_hook_name
 from .sealed_protocol import ARRIVAL, ASK, EVAL, encode, read_frame_blocking
-from .views import JobSnapshot, VirtualClock
+from .views import VISIBLE_FIELDS, JobSnapshot, VirtualClock
 
 __all__ = ["drop_privileges", "main", "no_new_processes"]
+
+_AT = {name: i for i, name in enumerate(VISIBLE_FIELDS)}  # a snapshot field's place in the arrival's list
+_SCORES, _LOSSES = _AT["eval_scores"], _AT["loss_history"]
 
 _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 4, 24, 38, 22, 2
 _CAP_VERSION_3 = 0x20080522
@@ -134,8 +137,8 @@ class _Session:
             self.clock.now = ev[1]
             if ev[0] == ARRIVAL:
                 fields = ev[2:]
-                fields[10] = tuple(fields[10])
-                fields[11] = tuple(tuple(x) for x in fields[11])
+                fields[_SCORES] = tuple(fields[_SCORES])
+                fields[_LOSSES] = tuple(tuple(x) for x in fields[_LOSSES])
                 self.jobs[fields[0]] = fields
                 self.overlay.on_arrival(JobSnapshot(*fields))
                 if self.cuts:
@@ -154,11 +157,13 @@ class _Session:
         raise TypeError(f"{type(self.overlay).__name__}.on_eval must return True (stop the job) or False, "
                         f"but returned {stop!r:.60} of type {type(stop).__name__}")
 
-    def _eval(self, job_id, step, score, loss, proxy, progress, waiting_since, gpu_hours, loss_gpu_hours):
+    def _eval(self, job_id, step, score, loss, proxy, progress, waiting_since, gpu_hours, loss_gpu_hours, pool, speed):
         f = self.jobs[job_id]
-        f[6], f[7], f[8], f[9], f[12] = progress, True, waiting_since, step, gpu_hours
-        f[10] += (score,)
-        f[11] += ((loss_gpu_hours, loss),)
+        for name, value in (("progress", progress), ("running", True), ("waiting_since", waiting_since),
+                            ("evals_done", step), ("gpu_hours", gpu_hours), ("pool", pool), ("speed", speed)):
+            f[_AT[name]] = value
+        f[_SCORES] += (score,)
+        f[_LOSSES] += ((loss_gpu_hours, loss),)
         if self.eval_hook is None:
             return False
         return self.eval_hook(JobSnapshot(*f) if self.eval_snapshot else job_id, step, score, loss, proxy)

@@ -56,6 +56,7 @@ def measure(seeds: int, seed_start: int, traces: list[str], workers: int | None,
                 "gpu_hours": ch.gpu_hours_change.mean, "gpu_hours_ci": ch.gpu_hours_change.ci,
                 "jct_completed": ch.jct_change.mean, "jct_completed_ci": ch.jct_change.ci,
                 "jct_all": ch.jct_change_all.mean, "jct_all_ci": ch.jct_change_all.ci,
+                "mean_jct_base_h": res.base.mean_jct_h, "mean_jct_h": res.run.mean_jct_h,
                 "precision": det.precision, "precision_ci": det.precision_ci, "recall": det.recall,
                 "recall_ci": det.recall_ci, "fpr": det.fpr, "fpr_ci": det.fpr_ci, "wall_s": time.perf_counter() - t0,
             })
@@ -63,11 +64,11 @@ def measure(seeds: int, seed_start: int, traces: list[str], workers: int | None,
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| arrivals | base scheduler | GPU-hours | JCT, completed jobs | JCT, all jobs | precision | recall | FPR (B) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| arrivals | base scheduler | mean JCT alone -> with EvalStop (h) | GPU-hours | JCT, completed jobs | "
+             "JCT, all jobs | precision | recall | FPR (B) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['source']} | {r['scheduler']} | {pct(r['gpu_hours'])}{ci(r['gpu_hours_ci'])} | "
+            f"| {r['source']} | {r['scheduler']} | {r['mean_jct_base_h']:.2f} -> {r['mean_jct_h']:.2f} | {pct(r['gpu_hours'])}{ci(r['gpu_hours_ci'])} | "
             f"{pct(r['jct_completed'])}{ci(r['jct_completed_ci'])} | {pct(r['jct_all'])}{ci(r['jct_all_ci'])} | "
             f"{rate(r['precision'])}{ci(r['precision_ci'])} | {rate(r['recall'])}{ci(r['recall_ci'])} | "
             f"{rate(r['fpr'])}{ci(r['fpr_ci'])} |")

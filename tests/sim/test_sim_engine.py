@@ -341,7 +341,7 @@ def test_a_job_on_a_slower_pool_takes_longer_and_its_evals_too():
     seen = sim.jobs[1].snapshot(0.0)  # what a policy sees: the pool and its speed, and still no truth
     assert (seen.pool, seen.speed) == ("slow", 0.5) and set(VISIBLE_FIELDS) >= {"pool", "speed"}
     with pytest.raises(InformationBoundaryError):
-        seen.duration_s
+        _ = seen.duration_s
 
 
 def test_a_preempted_job_resumes_where_it_left_off_at_its_new_pools_speed():

@@ -290,3 +290,14 @@ def test_cli_sealed_run_records_its_salt_and_reproduces(tmp_path, capsys):
 def test_cli_refuses(args, message, capsys):
     assert cli.main(["run", "--seeds", "1", "--quiet", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_sealed_rebuilds_snapshots_on_a_mixed_cluster_under_gavel():
+    """The pool and speed fields cross the wall too: jobs move between pools at Gavel's rounds."""
+    cfg = load_config(ROOT / "configs" / "sim" / "sia_3type.yaml").replace(**{"workload.n_jobs": 60})
+    wl = generate_workload(cfg, 3, salt=7)
+    with SealedOverlay("tests.sim_cheats:SnapshotDigest") as ov:
+        a = Simulation(wl, cfg, create_scheduler("gavel"), ov).run()
+    b = Simulation(wl, cfg, create_scheduler("gavel"), SnapshotDigest()).run()
+    assert a.outcomes == b.outcomes and a.pool_gpu_seconds == b.pool_gpu_seconds
+    assert len({name for name, s in a.pool_gpu_seconds if s > 0}) == 3
