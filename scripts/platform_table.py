@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from platform_sim.config import load_config, parse_value  # noqa: E402
 from platform_sim.experiments import run_seeds  # noqa: E402
-from platform_sim.report import ci, pct, rate  # noqa: E402
+from platform_sim.report import ci, cluster_text, pct, rate  # noqa: E402
 from platform_sim.results import json_safe  # noqa: E402
 from platform_sim.schedulers import SCHEDULERS  # noqa: E402
 
@@ -52,7 +52,8 @@ def measure(seeds: int, seed_start: int, traces: list[str], workers: int | None,
             res = run_seeds(cfg, seeds, workers, progress=True, seed_start=seed_start)
             ch, det = res.changes, res.detection
             rows.append({
-                "source": source, "scheduler": name, "seeds": seeds, "seed_start": seed_start,
+                "source": source, "scheduler": name, "cluster": cluster_text(cfg.cluster), "seeds": seeds,
+                "seed_start": seed_start,
                 "gpu_hours": ch.gpu_hours_change.mean, "gpu_hours_ci": ch.gpu_hours_change.ci,
                 "jct_completed": ch.jct_change.mean, "jct_completed_ci": ch.jct_change.ci,
                 "jct_all": ch.jct_change_all.mean, "jct_all_ci": ch.jct_change_all.ci,
@@ -95,8 +96,8 @@ def figure(rows: list[dict], path: Path) -> Path:
         ax.set_ylabel(f"{label}: change with EvalStop (%)", fontsize=8)
         ax.axhline(0, color="black", lw=0.6)
     axes[1].legend(fontsize=7, loc="lower left")
-    fig.suptitle(f"EvalStop on each base scheduler ({rows[0]['seeds']} seeds from {rows[0]['seed_start']}; 95% intervals)",
-                 fontsize=9)
+    fig.suptitle(f"EvalStop on each base scheduler ({rows[0]['seeds']} seeds from {rows[0]['seed_start']}; 95% intervals)\n"
+                 f"{rows[0].get('cluster', '')}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
