@@ -160,7 +160,9 @@ class Dispatcher:
 
     def _plan_assign(self, preempt: bool) -> None:
         """From the scheduler's assignment of jobs to pools (:meth:`Scheduler.assign`)."""
-        if not preempt and (not self.waiting or self.cluster.free == 0):
+        if not self.waiting and (not preempt or not self.pooled):
+            return  # nobody to start, and on one pool the running jobs all fit: each keeps its GPUs
+        if not preempt and self.cluster.free == 0:
             return  # between rounds only waiting jobs start, and none could
         now = self.queue.now
         active = [j.snapshot(now) for j in self.running.values()] + [j.snapshot(now) for j in self.waiting.values()]
