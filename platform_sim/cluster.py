@@ -131,10 +131,10 @@ class Pools:
 
     Example::
 
-        >>> from platform_sim.config import load_config, apply_overrides
-        >>> cfg = apply_overrides(load_config(), {"cluster.pools": {
-        ...     "t4": {"nodes": 1, "gpus_per_node": 4}, "a100": {"nodes": 1, "gpus_per_node": 8}}})
-        >>> p = Pools(cfg.cluster, ["sft"])
+        >>> from platform_sim.config import ClusterConfig, PoolConfig
+        >>> cfg = ClusterConfig(nodes=1, gpus_per_node=1, pack_small_jobs=False, type_speeds={},
+        ...                     pools={"t4": PoolConfig(1, 4), "a100": PoolConfig(1, 8)}, speeds={"t4": 0.25, "a100": 1.0})
+        >>> p = Pools(cfg, ["sft"])
         >>> p.place(0, 8, "sft"), p.placed(0, "sft"), p.place(1, 4, "sft"), p.placed(1, "sft")
         (True, ('a100', 1.0), True, ('t4', 0.25))
         >>> p.place(2, 1, "sft"), p.free  # every pool is full
