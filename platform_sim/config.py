@@ -389,7 +389,9 @@ def _validate(c: SimConfig) -> None:
         _check(abs(sum(t.gpus.values()) - 1) < 1e-6, f"{key}.gpus", "probabilities must sum to 1")
         for g, prob in t.gpus.items():
             _check(g >= 1, f"{key}.gpus", f"has {g} GPUs; a job needs at least 1")
-            _check(prob == 0 or g <= c.cluster.largest_pool, f"{key}.gpus", f"has {g} GPUs, more than the cluster's "
+            # a trace's jobs bring their own GPUs (the larger ones are dropped and counted), so the
+            # table's sizes bind only synthetic workloads
+            _check(prob == 0 or g <= c.cluster.largest_pool or w.source.kind == "trace", f"{key}.gpus", f"has {g} GPUs, more than the cluster's "
                    + (f"largest pool's {c.cluster.largest_pool} (a gang runs in one pool: give this size probability 0 or add a larger pool)" if c.cluster.pools
                       else f"{c.cluster.total_gpus}"))
     _validate_source(w.source, w)
@@ -525,7 +527,9 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def _unknown_key(dotted: str, node: Any) -> ConfigError:
+def _unknown_key(dotted: str, node: Any, tp: Any = None) -> ConfigError:
+    if dataclasses.is_dataclass(tp):
+        return ConfigError(f"unknown key {dotted}; valid keys here: {', '.join(f.name for f in dataclasses.fields(tp))}")
     if isinstance(node, dict):
         return ConfigError(f"unknown key {dotted}; valid keys here: {', '.join(map(str, node))}")
     return ConfigError(f"unknown key {dotted}")
@@ -536,7 +540,9 @@ def apply_overrides(cfg: SimConfig, overrides: Mapping[str, Any]) -> SimConfig:
 
     A policy parameter (``scheduler.<entry>.<param>``, ``overlay.<entry>.<param>``) may be set even
     if the YAML does not list it: the registered class's signature decides whether it exists
-    (:func:`platform_sim.policies.check_config`), not this module.
+    (:func:`platform_sim.policies.check_config`), not this module. A key under a mapping field adds
+    or replaces one entry (``cluster.speeds.mi300=1.5``, ``cluster.pools.t4.nodes=6``); a whole
+    mapping as the value (``cluster.speeds={mi300: 1.5}``) replaces the mapping.
     """
     data = cfg.to_dict()
     hints = typing.get_type_hints(SimConfig)
@@ -545,12 +551,37 @@ def apply_overrides(cfg: SimConfig, overrides: Mapping[str, Any]) -> SimConfig:
         if len(parents) == 2 and hints.get(parents[0]) is PolicyConfig and parents[1] != "name":
             data[parents[0]].setdefault(parents[1], {})[last] = value
             continue
-        node = data
+        node, tp = data, SimConfig
         for part in parents:
-            if not isinstance(node, dict) or part not in node:
+            key = _key(tp, part)
+            if isinstance(node, dict) and key not in node and _is_mapping(tp):
+                node[key] = {}  # a new entry of a mapping field (a pool, a type's speeds)
+            if not isinstance(node, dict) or key not in node:
                 raise _unknown_key(dotted, node)
-            node = node[part]
-        if not isinstance(node, dict) or last not in node:
-            raise _unknown_key(dotted, node)
-        node[last] = value
+            node, tp = node[key], _child_type(tp, part)
+        key = _key(tp, last)
+        if not isinstance(node, dict) or (key not in node and not _is_mapping(tp) and not (
+                dataclasses.is_dataclass(tp) and key in typing.get_type_hints(tp))):  # a field of a new entry
+            raise _unknown_key(dotted, node, tp)
+        node[key] = value
     return config_from_dict(data)
+
+
+def _is_mapping(tp: Any) -> bool:
+    """A ``dict[...]`` field: ``--set`` may add entries to it (``cluster.speeds.mi300=1.5``)."""
+    return typing.get_origin(tp) is dict
+
+
+def _child_type(tp: Any, part: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return typing.get_type_hints(tp).get(part)
+    if _is_mapping(tp):
+        return typing.get_args(tp)[1]
+    return None
+
+
+def _key(tp: Any, part: str) -> Any:
+    """``part`` as a key of a mapping of ``int`` keys (``workload.types.dpo.gpus.16``), else itself."""
+    if _is_mapping(tp) and typing.get_args(tp)[0] is int and part.lstrip("-").isdigit():
+        return int(part)
+    return part

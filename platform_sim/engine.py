@@ -39,7 +39,7 @@ from .dispatch import Dispatcher
 from .events import Event, EventQueue
 from .jobs import Phase, SimJob, Timing
 from .overlays import Overlay, eval_hook_name
-from .schedulers import Scheduler
+from .schedulers import Scheduler, check_rounds
 from .views import VirtualClock
 from .workload import Workload
 
@@ -96,6 +96,7 @@ class Simulation:
 
     def __init__(self, workload: Workload, cfg: SimConfig, scheduler: Scheduler, overlay: Overlay) -> None:
         self.workload, self.cfg, self.scheduler, self.overlay = workload, cfg, scheduler, overlay
+        check_rounds(scheduler, cfg.workload.restart_overhead_s)
         self.queue = EventQueue()
         self.clock = VirtualClock()  # the overlays' copy of the time, set at every instant
         n = workload.n_evals

@@ -24,7 +24,7 @@ from typing import Any
 
 from .config import ConfigError, PolicyConfig, SimConfig
 from .overlays import OVERLAYS, Overlay, create_overlay, overlay_block_keys
-from .schedulers import SCHEDULERS, Scheduler, create_scheduler
+from .schedulers import SCHEDULERS, Scheduler, check_rounds, create_scheduler
 from .workload import Workload
 
 __all__ = ["build_overlay", "build_scheduler", "check_config"]
@@ -62,9 +62,11 @@ def build_scheduler(cfg: SimConfig, name: str | None = None) -> Scheduler:
     name = _entry("scheduler", cfg.scheduler, SCHEDULERS, name)
     block = _checked_block("scheduler", cfg.scheduler, name)
     try:
-        return create_scheduler(name, **block)
+        scheduler = create_scheduler(name, **block)
+        check_rounds(scheduler, cfg.workload.restart_overhead_s)
     except ValueError as exc:
         raise ConfigError(f"scheduler.{name}: {exc}") from None
+    return scheduler
 
 
 def build_overlay(cfg: SimConfig, workload: Workload, name: str | None = None) -> Overlay:

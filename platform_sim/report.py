@@ -83,10 +83,10 @@ def run_table(res: PairResult) -> str:
         base_text = f"{vb:.2f}" if vb is not None else ""
         run_text = f"{vr:.2f}" if vr is not None else ""
         lines.append(f"{label:<34}{base_text:>12}{run_text:>12}{pct(change.mean):>10}  {ci(change.ci)}")
-    for pool, hours in b.gpu_hours_by_pool.items():  # a mixed cluster: where the GPU-hours went
-        lines.append(f"{'  GPU-hours on ' + pool:<34}{hours:>12.2f}{r.gpu_hours_by_pool.get(pool, 0.0):>12.2f}")
-    if b.gpu_hours_by_pool:
-        lines.append(f"{'  in reference GPU-hours':<34}{b.ref_gpu_hours:>12.2f}{r.ref_gpu_hours:>12.2f}")
+        if label.startswith("GPU-hours") and b.gpu_hours_by_pool:  # a mixed cluster: where they went
+            for pool, hours in b.gpu_hours_by_pool.items():
+                lines.append(f"{'  of which on ' + pool:<34}{hours:>12.2f}{r.gpu_hours_by_pool.get(pool, 0.0):>12.2f}")
+            lines.append(f"{'  total in reference GPU-hours':<34}{b.ref_gpu_hours:>12.2f}{r.ref_gpu_hours:>12.2f}")
     lines.append(f"{'utilisation':<34}{b.utilisation:>12.3f}{r.utilisation:>12.3f}")
     lines.append(f"{'delivered gold (RLHF mean)':<34}{b.delivered_gold_rlhf:>12.3f}{r.delivered_gold_rlhf:>12.3f}")
     c = det.counts

@@ -35,7 +35,7 @@ from evalstop_trl.core.registry import Registry
 from .config import ClusterConfig
 from .views import JobSnapshot
 
-__all__ = ["SCHEDULERS", "Scheduler", "assigns_pools", "changes_while_running", "create_scheduler", "uses_priority"]
+__all__ = ["SCHEDULERS", "Scheduler", "assigns_pools", "changes_while_running", "check_rounds", "create_scheduler", "uses_priority"]
 
 
 class Scheduler:
@@ -89,6 +89,15 @@ class Scheduler:
 def changes_while_running(scheduler: Scheduler) -> bool:
     """True if ``scheduler`` overrides :meth:`Scheduler.change_after_s` (the engine then queues its events)."""
     return type(scheduler).change_after_s is not Scheduler.change_after_s
+
+
+def check_rounds(scheduler: Scheduler, restart_s: float) -> None:
+    """ValueError unless a preemptive scheduler's rounds outlast a restart: a job resumed at one
+    round and preempted at the next would otherwise never make progress (the run would not end)."""
+    if scheduler.preemptive and scheduler.round_s is not None and scheduler.round_s <= restart_s:
+        raise ValueError(f"round_s ({scheduler.round_s:g} s) must be longer than workload.restart_overhead_s "
+                         f"({restart_s:g} s): a job resumed at one round and preempted at the next would make no "
+                         "progress; raise round_s or lower restart_overhead_s.")
 
 
 def assigns_pools(scheduler: Scheduler) -> bool:

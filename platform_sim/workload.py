@@ -295,6 +295,8 @@ def _trace_jobs(cfg: SimConfig, s_types, s_arr) -> tuple[list[str], np.ndarray, 
     short = trace.duration_s < src.min_duration_s
     long_ = trace.gpus * trace.duration_s > src.max_gpu_hours * 3600.0
     large = trace.gpus > cfg.cluster.largest_pool  # a gang runs in one pool
+    too_large = (f"larger than the largest pool ({cfg.cluster.largest_pool} GPUs)" if cfg.cluster.pools
+                 else "larger than the cluster")
     ok = np.flatnonzero(after & ~short & ~long_ & ~large)
     if w.source.load_fit == "thin":
         first = ok[:n]
@@ -314,7 +316,7 @@ def _trace_jobs(cfg: SimConfig, s_types, s_arr) -> tuple[list[str], np.ndarray, 
     span_sel = after & (trace.submit_s <= end)
     dropped = {"shorter than min_duration_s": int(np.sum(span_sel & short)),
                "more than max_gpu_hours": int(np.sum(span_sel & ~short & long_)),
-               "larger than the cluster": int(np.sum(span_sel & ~short & ~long_ & large))}
+               too_large: int(np.sum(span_sel & ~short & ~long_ & large))}
     if w.source.load_fit == "thin":
         dropped["thinned"] = int(np.sum(thinned_ok <= pick[-1])) - n
     gpus, durations = trace.gpus[pick].astype(int), trace.duration_s[pick].astype(float)

@@ -51,6 +51,8 @@ def test_default_config_is_the_spec():
         ("scheduler: {loss_aware: {round_s: 0}}", "scheduler.loss_aware: round_s must be > 0"),
         ("scheduler: {loss_aware: {promote_h: -1}}", "scheduler.loss_aware: promote_h must be >= 0"),
         ("scheduler: {gavel: {round_s: 0}}", "scheduler.gavel: round_s must be > 0"),
+        ("scheduler: {name: gavel, gavel: {round_s: 120}}",
+         "scheduler.gavel: round_s (120 s) must be longer than workload.restart_overhead_s (180 s)"),
         ("overlay: {name: magic}", "overlay.name must be one of none, evalstop"),
         ("overlay: {evalstop: {k: 0}}", "overlay.evalstop: k must be"),  # the rest is the detector's message
         ("overlay: {evalstop: {kk: 2}}", "unknown key overlay.evalstop.kk; valid keys here: detector, job_types, k, min_delta"),
@@ -185,14 +187,16 @@ def test_unwritable_output_is_a_clear_error(tmp_path, capsys):
 
 def test_a_mixed_cluster_from_the_command_line(capsys):
     pools = "{h100: {nodes: 1, gpus_per_node: 8}, t4: {nodes: 14, gpus_per_node: 4}}"
-    assert main(["describe", "--set", f"cluster.pools={pools}", "--set", "workload.types.rlhf_ppo.gpus={8: 1.0}",
-                 "--set", "workload.types.rlhf_grpo.gpus={8: 1.0}"]) == 0
+    assert main(["describe", "--set", f"cluster.pools={pools}"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("cluster: 64 GPUs in 2 pools: h100 1x8 at speed 2, t4 14x4 at speed 0.25\n")
-    assert main(["run", "--seeds", "1", "--set", f"cluster.pools={pools}", "--set", "workload.types.rlhf_ppo.gpus={8: 1.0}",
-                 "--set", "workload.types.rlhf_grpo.gpus={8: 1.0}"]) == 0
-    out = capsys.readouterr().out
-    assert "GPU-hours on h100" in out and "GPU-hours on t4" in out and "in reference GPU-hours" in out
+    assert main(["run", "--seeds", "1", "--set", f"cluster.pools={pools}", "--set", "scheduler.name=gavel"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("GPU-hours (total)"))
+    assert lines[at + 1].startswith("  of which on h100") and lines[at + 2].startswith("  of which on t4")
+    assert lines[at + 3].startswith("  total in reference GPU-hours")
+    total, h100, t4 = (float(lines[at + i][34:46]) for i in range(3))  # the base's column
+    assert h100 + t4 == pytest.approx(total, abs=0.02)
 
 
 def test_the_default_speeds_are_documented_with_their_sources():
@@ -200,3 +204,20 @@ def test_the_default_speeds_are_documented_with_their_sources():
     section = doc.split("### Heterogeneous clusters", 1)[1].split("\n### ", 1)[0]
     for name, speed in load_config().cluster.speeds.items():
         assert f"| `{name}` | {speed:g} |" in section, name
+
+
+def test_set_adds_entries_to_mapping_fields_and_names_the_fields_of_a_new_one():
+    from platform_sim.config import apply_overrides
+
+    cfg = apply_overrides(load_config(), {"cluster.pools.mi300.nodes": 8, "cluster.pools.mi300.gpus_per_node": 8,
+                                          "cluster.speeds.mi300": 1.5, "cluster.type_speeds.rlhf_ppo.mi300": 1.2,
+                                          "workload.types.rlhf_ppo.gpus.32": 0.0, "workload.types.rlhf_ppo.gpus.16": 0.4})
+    assert cfg.cluster.speeds["mi300"] == 1.5 and cfg.cluster.speeds["a100"] == 1.0  # added, not replaced
+    assert cfg.cluster.speed("mi300", "rlhf_ppo") == 1.2 and cfg.cluster.speed("mi300", "dpo") == 1.5
+    assert cfg.workload.types["rlhf_ppo"].gpus == {8: 0.6, 16: 0.4, 32: 0.0}
+    with pytest.raises(ConfigError, match="unknown key cluster.pools.t4.cores; valid keys here: nodes, gpus_per_node"):
+        apply_overrides(load_config(), {"cluster.pools.t4.cores": 3})
+    with pytest.raises(ConfigError, match="missing key cluster.pools.t4.gpus_per_node"):
+        apply_overrides(load_config(), {"cluster.pools.t4.nodes": 3})
+    with pytest.raises(ConfigError, match="unknown key cluster.speedz.x; valid keys here: nodes"):
+        apply_overrides(load_config(), {"cluster.speedz.x": 1})

@@ -415,3 +415,10 @@ def test_gavel_shares_the_fast_pool_with_the_job_that_needs_it_most():
     rlhf, sft = gavel.outcomes
     assert sft.departure_s < 0.3 * 36000 and rlhf.departure_s > 3600  # the lora job gains far more than rlhf loses
     assert sum(o.jct_s for o in gavel.outcomes) < 0.5 * sum(o.jct_s for o in fifo.outcomes)
+
+
+def test_rounds_no_longer_than_a_restart_are_refused_not_run_forever():
+    cfg = small_config(**{"workload.restart_overhead_s": 600.0})
+    wl = workload(job(0, 1, 0, 1), job(1, 1, 0, 1))
+    with pytest.raises(ValueError, match=r"round_s \(360 s\) must be longer than workload.restart_overhead_s \(600 s\)"):
+        run(wl, cfg, "gavel")

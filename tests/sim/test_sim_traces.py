@@ -285,3 +285,17 @@ def test_gpu_speeds_from_sia_placement_files(tmp_path, capsys):
     assert "| bert | 1.00 | 0.35 | 0.50 | 0.25 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no model directory"):
         mod.speeds(tmp_path / "bert")
+
+
+def test_on_a_mixed_cluster_trace_jobs_larger_than_the_largest_pool_are_dropped_and_counted():
+    # the synthetic table's 32-GPU rlhf_ppo does not fit a 16-GPU pool; a trace brings its own sizes
+    pools = {"a100": {"nodes": 2, "gpus_per_node": 8}, "t4": {"nodes": 4, "gpus_per_node": 4}}
+    cfg = trace_cfg("acme", **{"workload.n_jobs": 250, "cluster.pools": pools})
+    wl = generate_workload(cfg, 0)
+    t = read_cluster_trace("acme", SAMPLES / FILES["acme"])
+    span = (t.submit_s <= wl.source.start_s + wl.source.span_s) & (t.duration_s >= 60)
+    span &= t.gpus * t.duration_s <= cfg.workload.source.max_gpu_hours * 3600
+    assert dict(wl.source.dropped)["larger than the largest pool (16 GPUs)"] == int(np.sum(span & (t.gpus > 16))) > 0
+    assert max(j.gpus for j in wl.jobs) <= 16
+    with pytest.raises(ConfigError, match="largest pool's 16"):
+        load_config().replace(**{"cluster.pools": pools})  # synthetic: the table's sizes must fit
