@@ -85,11 +85,8 @@ def max_min_allocation(throughput: np.ndarray, gpus: np.ndarray, capacity: np.nd
     if n == 1:
         x = water_fill(gpus, capacity[0])
         return x[:, None], float(np.min(gpus * x))
-    try:
-        from scipy.optimize import linprog
-        from scipy.sparse import coo_array
-    except ImportError:
-        raise ImportError("Gavel on a mixed cluster solves its LP with scipy: pip install 'evalstop[gavel]'") from None
+    from scipy.optimize import linprog  # the 'gavel' extra (the CLI says so when it is missing)
+    from scipy.sparse import coo_array
 
     equal = np.where(fits, throughput, 0.0).sum(axis=1) / fits.sum(axis=1)  # X^equal: equal time on each type
     weight = np.where(fits, throughput / equal[:, None] * gpus[:, None], 0.0)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evalstop_trl.core.extras import install_hint
+from evalstop_trl.core.extras import EXTRA_OF, install_hint
 
 try:
     from .config import ConfigError, apply_overrides, load_config, parse_value
@@ -206,7 +207,14 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     from .workload import generate_workload
 
     cfg = _load(args)
-    print(f"cluster: {cluster_text(cfg.cluster)}\n")
+    cl = cfg.cluster
+    print(f"cluster: {cluster_text(cl)}")
+    if cl.pools:  # what workload.load is offered in, and the per-type speeds that differ
+        ref = cl.reference_gpus({t: tc.share for t, tc in cfg.workload.types.items()})
+        print(f"capacity: {ref:.1f} reference (A100) GPUs at the job types' shares: the unit of workload.load")
+        for t, own in cl.type_speeds.items():
+            print(f"speeds of {t}: " + ", ".join(f"{pool} {v:g}" for pool, v in own.items()))
+    print()
     wl = generate_workload(cfg, args.seed_start)
     synthetic = None
     if wl.source is not None:
@@ -284,12 +292,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"platform-sim {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except ModuleNotFoundError as exc:  # the simulator's extra is not installed: say so
-        hint = install_hint(exc, "ray" if getattr(args, "ray", None) is not None else "sim")
+    except ModuleNotFoundError as exc:  # the simulator's extra (or Gavel's, Ray's) is not installed: say so
+        own = EXTRA_OF.get((exc.name or "").split(".")[0])
+        hint = install_hint(exc, "ray" if getattr(args, "ray", None) is not None else "sim" if own in ("sim", "plots") else None)
         if hint is None:
             raise
         print(f"platform-sim {args.command}: error: {hint}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as exc:  # an output path that cannot be written, a trace that cannot be read
         print(f"platform-sim {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
         return 2

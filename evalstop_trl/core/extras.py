@@ -24,6 +24,7 @@ EXTRA_OF: dict[str, str] = {
     "matplotlib": "plots",
     "tensorboard": "calibrate",
     "ray": "ray",
+    "scipy": "gavel",
     "torch": "train", "transformers": "train", "trl": "train", "accelerate": "train", "peft": "train",
     "datasets": "train",
 }

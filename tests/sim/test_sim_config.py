@@ -189,7 +189,8 @@ def test_a_mixed_cluster_from_the_command_line(capsys):
     pools = "{h100: {nodes: 1, gpus_per_node: 8}, t4: {nodes: 14, gpus_per_node: 4}}"
     assert main(["describe", "--set", f"cluster.pools={pools}"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("cluster: 64 GPUs in 2 pools: h100 1x8 at speed 2, t4 14x4 at speed 0.25\n")
+    assert out.startswith("cluster: 64 GPUs in 2 pools: h100 1x8 at speed 2, t4 14x4 at speed 0.25\n"
+                          "capacity: 30.0 reference (A100) GPUs at the job types' shares")  # 8 x 2 + 56 x 0.25
     assert main(["run", "--seeds", "1", "--set", f"cluster.pools={pools}", "--set", "scheduler.name=gavel"]) == 0
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("GPU-hours (total)"))
@@ -221,3 +222,15 @@ def test_set_adds_entries_to_mapping_fields_and_names_the_fields_of_a_new_one():
         apply_overrides(load_config(), {"cluster.pools.t4.nodes": 3})
     with pytest.raises(ConfigError, match="unknown key cluster.speedz.x; valid keys here: nodes"):
         apply_overrides(load_config(), {"cluster.speedz.x": 1})
+
+
+def test_gavel_on_a_mixed_cluster_without_scipy_names_the_extra(monkeypatch, capsys):
+    import sys
+
+    for name in ("scipy", "scipy.optimize", "scipy.sparse"):
+        monkeypatch.setitem(sys.modules, name, None)  # import of it now fails as if not installed
+    pools = "{a100: {nodes: 2, gpus_per_node: 16}, t4: {nodes: 8, gpus_per_node: 4}}"
+    assert main(["run", "--seeds", "1", "--quiet", "--set", f"cluster.pools={pools}", "--set", "scheduler.name=gavel"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the 'gavel' extra (the module scipy is missing): pip install 'evalstop[gavel]'" in err
+    assert "Traceback" not in err
