@@ -44,6 +44,10 @@ class PoolConfig:
     nodes: int
     gpus_per_node: int
 
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
 
 @dataclass(frozen=True)
 class ClusterConfig:
@@ -68,12 +72,12 @@ class ClusterConfig:
 
     @property
     def total_gpus(self) -> int:
-        return sum(p.nodes * p.gpus_per_node for _, p in self.pool_list())
+        return sum(p.gpus for _, p in self.pool_list())
 
     @property
     def largest_pool(self) -> int:
         """The most GPUs one gang can get."""
-        return max(p.nodes * p.gpus_per_node for _, p in self.pool_list())
+        return max(p.gpus for _, p in self.pool_list())
 
     def reference_gpus(self, shares: Mapping[str, float]) -> float:
         """The cluster's capacity in reference GPUs, the unit ``workload.load`` is offered in: each
@@ -82,7 +86,7 @@ class ClusterConfig:
         if not self.pools:
             return self.total_gpus
         total = sum(shares.values())
-        return sum(p.nodes * p.gpus_per_node * sum(share * self.speed(name, t) for t, share in shares.items()) / total
+        return sum(p.gpus * sum(share * self.speed(name, t) for t, share in shares.items()) / total
                    for name, p in self.pools.items())
 
     def speed(self, pool: str, job_type: str) -> float:

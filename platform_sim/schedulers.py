@@ -75,7 +75,10 @@ class Scheduler:
         to run from now, in the order to place them (``cluster.pool_list()`` names the pools; ``""`` is
         the uniform cluster's one). At a round (or any plan of a scheduler without rounds) a running
         job not listed, or listed on another pool, is preempted (and moved); between rounds only
-        waiting jobs start. A listed job that does not fit its pool now waits."""
+        waiting jobs start. A listed job that does not fit its pool now waits. The engine does not ask
+        when the answer cannot change anything: when nobody waits (at a round too, on a uniform
+        cluster, where every running job fits), and between rounds when no GPU is free; time a job
+        ran is for the scheduler to count from ``now`` between calls."""
         raise NotImplementedError(f"scheduler {self.name!r} does not assign pools")
 
     def change_after_s(self, job: JobSnapshot) -> float | None:
@@ -328,7 +331,7 @@ class Gavel(Scheduler):
             self._x = self._allocate(jobs, cluster, names)
             self._ran = ran = {k: s for k, s in ran.items() if k[0] in active}
         order = sorted(range(len(names)), key=lambda i: -cluster.speeds.get(names[i], 0.0))  # stable: ties in config order
-        size = {name: p.nodes * p.gpus_per_node for name, p in pools}
+        size = {name: p.gpus for name, p in pools}
         free = dict(size)
         placed: set[int] = set()
         plan: list[tuple[int, str]] = []
@@ -353,10 +356,9 @@ class Gavel(Scheduler):
     def _allocate(self, jobs, cluster: ClusterConfig, names: list[str]) -> dict[tuple[int, str], float]:
         import numpy as np
 
-        pools = dict(cluster.pool_list())
         throughput = np.array([[cluster.speed(name, v.job_type) for name in names] for v in jobs])
         gpus = np.array([v.gpus for v in jobs])
-        capacity = np.array([pools[name].nodes * pools[name].gpus_per_node for name in names])
+        capacity = np.array([p.gpus for _, p in cluster.pool_list()])
         x, _ = self._solve(throughput.reshape(len(jobs), len(names)), gpus, capacity)
         return {(v.job_id, name): float(x[j, r]) for j, v in enumerate(jobs) for r, name in enumerate(names)}
 

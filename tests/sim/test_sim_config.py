@@ -234,3 +234,13 @@ def test_gavel_on_a_mixed_cluster_without_scipy_names_the_extra(monkeypatch, cap
     err = capsys.readouterr().err
     assert "needs the 'gavel' extra (the module scipy is missing): pip install 'evalstop[gavel]'" in err
     assert "Traceback" not in err
+
+
+def test_the_default_configs_name_lists_are_the_registries():
+    from platform_sim.overlays import OVERLAYS
+    from platform_sim.schedulers import SCHEDULERS
+
+    text = DEFAULT_CONFIG.read_text()
+    for key, registry in (("srtf_est", SCHEDULERS), ("evalstop", OVERLAYS)):
+        listed = next(line for line in text.splitlines() if line.strip().startswith(f"name: {key}"))
+        assert listed.split("#", 1)[1].split()[::2] == list(registry.names()), listed
