@@ -136,7 +136,7 @@ class EvalStopAPI(abc.ABC):
         return self._call("browse_jobs", _args(locals()))
 
     def summary(self) -> TenantSummary:
-        """The tenant's jobs by outcome and what its detectors' stops saved (steps, job-hours)."""
+        """The tenant's name, its jobs by outcome and what its detectors' stops saved (steps, job-hours)."""
         return self._call("summary", {})
 
     def export_reports(self, job_id: str, format: str = "csv") -> str:  # noqa: A002 - the wire name

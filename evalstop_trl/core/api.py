@@ -116,11 +116,10 @@ def _summary_decode(data: Any) -> TenantSummary:
     if not isinstance(data, Mapping):
         raise ValueError(f"a summary on the wire is an object, but got {type(data).__name__}")
     names = TenantSummary().to_dict()
-    return TenantSummary(**{k: (float(data[k]) if isinstance(names[k], float) else int(data[k]))
-                            for k in names if k in data})
+    return TenantSummary(**{k: type(names[k])(data[k]) for k in names if k in data})
 
 
-#: a tenant's summary: ``{"jobs": n, "stopped": n, ..., "steps_saved": n, "hours_saved": h}``
+#: a tenant's summary: ``{"tenant": name, "jobs": n, "stopped": n, ..., "steps_saved": n, "hours_saved": h}``
 SUMMARY = Codec("TenantSummary", lambda s: s.to_dict(), _summary_decode)
 #: an export's text (the service streams it; the clients return it whole)
 TEXT = Codec("text", lambda chunks: chunks, lambda data: data if isinstance(data, str) else str(data))

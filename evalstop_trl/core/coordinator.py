@@ -522,7 +522,7 @@ class Coordinator:
                 else:
                     yield _RecordView(record)
 
-        return TenantSummary.of(views())
+        return TenantSummary.of(views(), tenant)
 
     def export_reports(self, tenant: str, job_id: str, fmt: str = "csv") -> Iterator[str]:
         """The job's reports as ``fmt`` (``csv`` or ``json``) text chunks, read a page at a time.

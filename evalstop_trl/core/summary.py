@@ -29,8 +29,10 @@ def _manual(v: JobView) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class TenantSummary:
-    """Counts of a tenant's jobs by outcome, and what its detectors' stops saved."""
+    """Counts of a tenant's jobs by outcome, and what its detectors' stops saved; ``tenant``: whose
+    (the caller's name, so a token's holder can learn which tenant it speaks for)."""
 
+    tenant: str = ""
     jobs: int = 0
     active: int = 0  # pending or running
     lost: int = 0
@@ -44,10 +46,10 @@ class TenantSummary:
     hours_saved: float = 0.0
 
     @classmethod
-    def of(cls, views: Iterable[JobView]) -> TenantSummary:
-        """The summary of ``views`` (one pass)."""
+    def of(cls, views: Iterable[JobView], tenant: str = "") -> TenantSummary:
+        """The summary of ``views`` (one pass), the jobs of ``tenant``."""
         n: dict[str, Any] = {f.name: 0 for f in fields(cls)}
-        n["hours_saved"] = 0.0
+        n["tenant"], n["hours_saved"] = tenant, 0.0
         for v in views:
             n["jobs"] += 1
             if v.status in ("pending", "running"):

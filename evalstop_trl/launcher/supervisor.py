@@ -45,12 +45,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..clients.api import EvalStopAPI
-from ..core.errors import EvalStopError
-from ..core.records import Escalation, JobStatus, JobView
+from ..core.records import Escalation, JobStatus
 from .enforce import Enforcer, describe
+from .link import JobLink
 from .metrics import MetricFrom, MetricReporter
 from .procs import ProcessTree, set_child_subreaper
-from .watch import JobWatch, checked_view, log_text
+from .watch import JobWatch, log_text
 
 __all__ = ["FORWARDED_SIGNALS", "LaunchResult", "Launcher", "child_exit_status", "heartbeat_interval"]
 
@@ -127,14 +127,18 @@ class Launcher:
             raise ValueError(f"stopped_exit_code must be in [0, 255], but got {stopped_exit_code!r}.")
         if heartbeat_s is not None and not 0 < heartbeat_s <= 3600:
             raise ValueError(f"heartbeat_s must be in (0, 3600] seconds or None, but got {heartbeat_s!r}.")
-        self.client, self.job_id, self.url, self.token = client, job_id, url, token
-        self.grace_s, self.job_type, self.planned_steps = grace_s, job_type, planned_steps
-        self.policy = dict(policy) if policy else None
+        self.client, self.url, self.token, self.grace_s = client, url, token, grace_s
+        self.link = JobLink(client, job_id, job_type=job_type, planned_steps=planned_steps, policy=policy)
         self.poll_s, self.heartbeat_s, self.stopped_exit_code, self.clock = poll_s, heartbeat_s, stopped_exit_code, clock
         self.metric_from = metric_from
         self._enforcer: Enforcer | None = None
         self._pending: list[int] = []  # signals received before the child started
         self._sent: list[str] = []
+
+    @property
+    def job_id(self) -> str:
+        """The job (after attaching to an ended one, the next run's: ``NAME-2``, ...)."""
+        return self.link.job_id
 
     # ------------------------------------------------------------------ run
     def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> LaunchResult:
@@ -147,7 +151,7 @@ class Launcher:
         """
         if not argv:
             raise ValueError("evalstop run needs a command after '--'.")
-        confirmed = self._register()
+        confirmed = self.link.register()
         tree = ProcessTree()
         was_subreaper = set_child_subreaper(True)
         old = {s: signal.signal(s, self._forward) for s in FORWARDED_SIGNALS}
@@ -160,7 +164,7 @@ class Launcher:
             for sig in self._pending:
                 enforcer.forward(sig)
             watch = JobWatch(self.client, self.job_id, poll_s=self.poll_s, heartbeat_s=self.heartbeat_s,
-                             register=None if confirmed else self._register_once, clock=self.clock).start()
+                             register=None if confirmed else self.link.register_once, clock=self.clock).start()
             try:
                 stop_seen, left, survivors = self._supervise(enforcer, watch)
             except Exception:  # noqa: BLE001 - whatever breaks here, the launcher outlives its child
@@ -178,50 +182,6 @@ class Launcher:
             if was_subreaper is False:
                 set_child_subreaper(False)
         return self._finish(child.returncode, stop_seen, left, survivors)
-
-    def _register_once(self) -> object:
-        if getattr(self.client, "pending", 0) and not self.client.flush():
-            return None  # an earlier registration still waits in the client's outbox: no second copy
-        return self.client.register_job(self.job_id, self.job_type, planned_steps=self.planned_steps,
-                                        policy=self.policy)
-
-    def _register(self, tries: int = 4) -> bool:
-        """Register the job; True once the coordinator confirmed it. A refusal raises; no answer (the
-        client kept it in its outbox) or a malformed one is retried a few times, then left to the
-        watch, and the command starts anyway (fail-open)."""
-        for attempt in range(tries):
-            try:
-                view = checked_view(self._register_once())
-                if view is not None:
-                    if JobStatus(view.status).terminal:
-                        return self._next_run(view)
-                    return True
-                why = "no answer"
-            except EvalStopError:
-                raise  # a refusal: the caller says so and starts nothing
-            except Exception as exc:  # noqa: BLE001 - a malformed answer
-                why = f"{type(exc).__name__}: {log_text(exc, 300)}"
-            if attempt + 1 < tries:
-                time.sleep(0.25 * 2**attempt)
-        log.warning("evalstop run: could not register job %s (%s); running the command anyway and retrying",
-                    log_text(self.job_id), why)
-        return False
-
-    def _next_run(self, ended: JobView, most: int = 1000) -> bool:
-        """The job this launch attached to has ended (a stop, an end, a failure): this launch is a new
-        run, ``NAME-2`` (or the first free ``NAME-k``), as the callback names a rerun; its stop is
-        never taken for the earlier run's."""
-        base = self.job_id
-        for k in range(2, most + 2):
-            self.job_id = f"{base}-{k}"
-            view = checked_view(self._register_once())
-            if view is None:
-                return False  # unconfirmed: the watch registers it
-            if not JobStatus(view.status).terminal and not view.n_reports:
-                log.warning("evalstop run: job %s has ended (%s); this run is job %s", log_text(base),
-                            log_text(ended.status), log_text(self.job_id))
-                return True
-        raise EvalStopError(f"job {base!r} has {most} ended runs; pass another --job-id")
 
     def _start(self, argv: Sequence[str], env: Mapping[str, str] | None) -> subprocess.Popen:
         child_env = dict(os.environ if env is None else env)
@@ -303,12 +263,12 @@ class Launcher:
                 describe(reached, child_pid) if reached else "no other process")
             reason = f"SIGKILL sent: still running {self.grace_s:g} s after SIGTERM: {still}"
         log.warning("evalstop run: %s", log_text(reason, 2000))
-        self._event(f"launcher_{stage.value}", reason)
+        self.link.event(f"launcher_{stage.value}", reason)
 
     # ------------------------------------------------------------------ the end
     def _finish(self, returncode: int, stop_seen: bool, left: list[str], survivors: list[str]) -> LaunchResult:
         status = child_exit_status(returncode)
-        view = self._status()
+        view = self.link.status()
         stopped = stop_seen or (view is not None and view.status == JobStatus.STOPPED.value)
         reason = f"the job's command {_how(returncode)}"
         if left:
@@ -318,39 +278,9 @@ class Launcher:
         killed_outside = returncode < 0 and not self._sent  # preempted or OOM-killed, not by this launcher
         if killed_outside and not stopped:
             reason += "; left to its lease: lost unless a resumed attempt reports"
-        self._event("launcher_exit", reason, status, tries=3)
+        self.link.event("launcher_exit", reason, status, tries=3)
         if not stopped and not killed_outside and (view is None or view.status in (
                 JobStatus.PENDING.value, JobStatus.RUNNING.value, JobStatus.LOST.value)):
-            self._settle(status, reason)
+            self.link.settle(status, reason)
         return LaunchResult(self.stopped_exit_code if stopped else status, stopped, tuple(self._sent), status,
                             tuple(left), tuple(survivors))
-
-    def _status(self):
-        try:
-            return checked_view(self.client.status(self.job_id))
-        except Exception as exc:  # noqa: BLE001 - fail-open
-            log.warning("evalstop run: could not read job %s's status: %s", log_text(self.job_id), log_text(exc, 300))
-            return None
-
-    def _settle(self, status: int, reason: str) -> None:
-        """Mark the job finished (status 0) or failed (any other status)."""
-        try:
-            if status == 0:
-                self.client.finish(self.job_id)
-            else:
-                self.client.fail(self.job_id, reason)
-        except Exception as exc:  # noqa: BLE001 - fail-open
-            log.warning("evalstop run: could not mark job %s %s: %s", log_text(self.job_id),
-                        "finished" if status == 0 else "failed", log_text(exc, 300))
-
-    def _event(self, kind: str, reason: str, exit_code: int | None = None, tries: int = 1) -> None:
-        for attempt in range(tries):
-            try:
-                self.client.record_event(self.job_id, kind, reason[:2000], exit_code)
-                return
-            except Exception as exc:  # noqa: BLE001 - fail-open
-                if attempt + 1 == tries:
-                    log.warning("evalstop run: could not record %s for job %s: %s", kind, log_text(self.job_id),
-                                log_text(exc, 300))
-                else:
-                    time.sleep(0.5 * 2**attempt)

@@ -388,6 +388,7 @@ def test_the_script_means_what_it_says(results):
     assert r["bob list_jobs"] == [] and r["bob audit"] == [] and r["bob claim"] is None
     assert r["bob browse"] == {"jobs": [], "total": 0, "has_next": False} and r["bob export jobs"] == []
     assert r["bob export reports"]["error"] == 404 and r["bob summary"]["jobs"] == 0
+    assert r["bob summary"]["tenant"] == "bob"  # a token's holder learns whose it is
     assert r["bob delete"]["error"] == 404 and r["delete running"]["error"] == 409
     assert r["delete unknown"]["error"] == 404 and r["delete bad reason"]["error"] == 422
     assert r["delete finished"]["status"] == "finished" and r["delete again"]["error"] == 404
@@ -404,7 +405,7 @@ def test_the_script_means_what_it_says(results):
         assert r[f"register {label}"]["error"] == 422, label
     for label in ("browse tag", "browse tag key", "browse search tag value"):
         assert [j["job_id"] for j in r[label]["jobs"]] == ["j1"], label
-    assert r["summary"] == {"jobs": 5, "active": 1, "lost": 0, "finished": 1, "failed": 1, "stopped": 2,
+    assert r["summary"] == {"tenant": "alice", "jobs": 5, "active": 1, "lost": 0, "finished": 1, "failed": 1, "stopped": 2,
                             "stopped_by_detector": 1, "stopped_by_hand": 1, "would_stop": 0, "steps_saved": 70}
     assert [j["job_id"] for j in r["browse"]["jobs"]] == ["e1", "j4", "j3", "j2", "j1"]  # newest first
     assert [j["job_id"] for j in r["browse by id asc"]["jobs"]] == ["e1", "j1"] and r["browse by id asc"]["has_next"]
