@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.evalstop-installed
 
-.PHONY: demo test check lint bench reproduce clean setup chromium postgres
+.PHONY: demo test check lint bench reproduce clean setup chromium postgres slurm
 
 setup: $(STAMP)
 
@@ -21,7 +21,7 @@ demo: $(STAMP)
 # Two pytest-xdist workers: most tests wait on servers, children and leases, so two at a time fill
 # 2 cores (BENCHMARKS.md has the times); TEST_WORKERS=1 runs them one at a time.
 TEST_WORKERS ?= 2
-test: $(STAMP) chromium postgres
+test: $(STAMP) chromium postgres slurm
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # The fast tier, at most 2 minutes on 2 cores: the pure core, the contract's embedded half, the
@@ -43,6 +43,13 @@ postgres:
 	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  echo "installing postgresql for the store tests"; \
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq postgresql' >/dev/null; }
+
+# The Slurm backend's tests start a single-host Slurm (munged, slurmctld, slurmd, by hand as root, no
+# systemd or cgroups: tests/slurm_cluster.py); install the Debian packages when they are missing.
+slurm:
+	@command -v slurmctld >/dev/null 2>&1 || ls /usr/sbin/slurmctld >/dev/null 2>&1 || { \
+	  echo "installing slurm for the Slurm backend's tests"; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge' >/dev/null; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check evalstop_trl platform_sim tests scripts

@@ -1,4 +1,4 @@
-"""The ``evalstop`` command: ``serve | tenants | status | audit | run | replay | calibrate | outbox | evaluate | shadow-report``.
+"""The ``evalstop`` command: ``serve | tenants | status | audit | run | ray | slurm | replay | calibrate | outbox | evaluate | shadow-report``.
 
 Each subcommand imports what it needs when it runs, so ``evalstop replay --help`` stays fast and
 never imports torch, FastAPI or uvicorn. Bad input exits with status 2 and a one-line message.
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .inspection import add_inspect_commands
     from .outbox import add_outbox_command
     from .prune import add_prune_command
+    from .remote import add_remote_commands
     from .replay import add_replay_command
     from .run import add_run_command
     from .service import add_service_commands  # light: heavy imports happen inside the commands
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_service_commands(sub)
     add_run_command(sub)
+    add_remote_commands(sub)
     add_replay_command(sub)
     add_calibrate_command(sub)
     add_outbox_command(sub)
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: commands that need an extra as a whole (the others name the extra of the module they miss)
-_COMMAND_EXTRA = {"serve": "service", "calibrate": "calibrate"}
+_COMMAND_EXTRA = {"serve": "service", "calibrate": "calibrate", "ray": "ray"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

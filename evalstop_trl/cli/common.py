@@ -9,7 +9,7 @@ import stat
 import sys
 from pathlib import Path
 
-__all__ = ["EXIT_BAD_INPUT", "CLIError", "add_token_flags", "read_token"]
+__all__ = ["EXIT_BAD_INPUT", "CLIError", "add_job_flags", "add_token_flags", "job_policy", "read_token"]
 
 EXIT_BAD_INPUT = 2
 _MAX_TOKEN = 4096
@@ -25,6 +25,38 @@ def add_token_flags(parser: argparse.ArgumentParser) -> None:
                         help="read the tenant token from this file (default: $EVALSTOP_TOKEN)")
     parser.add_argument("--token", help="tenant token; visible to every user in `ps`: prefer --token-file or "
                                         "$EVALSTOP_TOKEN")
+
+
+def add_job_flags(parser: argparse.ArgumentParser, grace: str) -> None:
+    """The flags of a command that registers a job and delivers its stop (``evalstop run``, ``evalstop
+    ray submit``, ``evalstop slurm watch``): its plan, its stop rule, the grace (``grace``: what it
+    means for this command), the exit status of a stopped job and the heartbeats."""
+    parser.add_argument("--job-type", help="rlhf, grpo, rloo, dpo, ... (default: unspecified; a callback in the "
+                        "job fills it in)")
+    parser.add_argument("--planned-steps", type=int, help="planned training steps")
+    parser.add_argument("--detector", help="the stop rule (default: the coordinator's, decline)")
+    parser.add_argument("--k", type=int, help="consecutive declines (decline) or evals without improvement "
+                        "(patience)")
+    parser.add_argument("--min-delta", type=float, dest="min_delta", help="a change must exceed this to count")
+    parser.add_argument("--grace-s", type=float, default=30.0, help=f"{grace} (default 30)")
+    parser.add_argument("--stopped-exit-code", type=int, default=0, metavar="N",
+                        help="exit status when EvalStop stopped the job (default 0)")
+    parser.add_argument("--lease-s", type=float, default=300.0, help="the coordinator's lease (evalstop serve "
+                        "--lease-s): a heartbeat every lease/4 s, at most 60 s; 0 = none (default 300)")
+
+
+def job_policy(args: argparse.Namespace) -> dict | None:
+    """The policy the flags of :func:`add_job_flags` ask for (None: the coordinator's default), after
+    checking their ranges (CLIError)."""
+    if not 0 <= args.grace_s <= 86_400:
+        raise CLIError(f"--grace-s must be in [0, 86400] seconds, got {args.grace_s}")
+    if not 0 <= args.stopped_exit_code <= 255:
+        raise CLIError(f"--stopped-exit-code must be in [0, 255], got {args.stopped_exit_code}")
+    if not 0 <= args.lease_s <= 86_400:
+        raise CLIError(f"--lease-s must be in [0, 86400] seconds (0: no heartbeats), got {args.lease_s}")
+    params = {**({"k": args.k} if args.k is not None else {}),
+              **({"min_delta": args.min_delta} if args.min_delta is not None else {})}
+    return {"detector": args.detector or "decline", **params} if args.detector or params else None
 
 
 def read_token(args: argparse.Namespace, required: bool = True) -> str | None:

@@ -22,7 +22,7 @@ import os
 import re
 import sys
 
-from .common import CLIError, add_token_flags, read_token
+from .common import CLIError, add_job_flags, add_token_flags, job_policy, read_token
 
 __all__ = ["add_run_command"]
 
@@ -50,12 +50,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise CLIError("no command: write it after '--', e.g. evalstop run -- python train.py")
-    if not 0 <= args.grace_s <= 86_400:
-        raise CLIError(f"--grace-s must be in [0, 86400] seconds, got {args.grace_s}")
-    if not 0 <= args.stopped_exit_code <= 255:
-        raise CLIError(f"--stopped-exit-code must be in [0, 255], got {args.stopped_exit_code}")
-    if not 0 <= args.lease_s <= 86_400:
-        raise CLIError(f"--lease-s must be in [0, 86400] seconds (0: no heartbeats), got {args.lease_s}")
+    policy = job_policy(args)
     metric_from = None
     if args.metric_from or args.metric:
         try:
@@ -71,9 +66,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         check_name("--job-id", job_id)
     except EvalStopError as exc:
         raise CLIError(str(exc)) from None
-    params = {**({"k": args.k} if args.k is not None else {}),
-              **({"min_delta": args.min_delta} if args.min_delta is not None else {})}
-    policy = {"detector": args.detector or "decline", **params} if args.detector or params else None
     url = args.url or os.environ.get("EVALSTOP_URL")
     server = None
     if url:
@@ -144,18 +136,7 @@ def add_run_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", default="evalstop.db", help="database of the embedded default (default ./evalstop.db)")
     p.add_argument("--job-id", help="the job (default: $EVALSTOP_JOB_ID, else the command's script name and a "
                    "random suffix, printed)")
-    p.add_argument("--job-type", help="rlhf, grpo, rloo, dpo, ... (default: unspecified; a callback in the "
-                   "command fills it in)")
-    p.add_argument("--planned-steps", type=int, help="planned training steps")
-    p.add_argument("--detector", help="the stop rule (default: the coordinator's, decline)")
-    p.add_argument("--k", type=int, help="consecutive declines (decline) or evals without improvement (patience)")
-    p.add_argument("--min-delta", type=float, dest="min_delta", help="a change must exceed this to count")
-    p.add_argument("--grace-s", type=float, default=30.0, help="seconds to acknowledge a stop, and between "
-                   "SIGTERM and SIGKILL (default 30)")
-    p.add_argument("--stopped-exit-code", type=int, default=0, metavar="N",
-                   help="exit status when EvalStop stopped the job (default 0)")
-    p.add_argument("--lease-s", type=float, default=300.0, help="the coordinator's lease (evalstop serve "
-                   "--lease-s): a heartbeat every lease/4 s, at most 60 s; 0 = none (default 300)")
+    add_job_flags(p, grace="seconds to acknowledge a stop, and between SIGTERM and SIGKILL")
     p.add_argument("--metric-from", metavar="jsonl:PATH|tensorboard:DIR",
                    help="report the job's evals from the logs CMD writes: a JSONL file (verl's file logger "
                    "{step, data: {...}}, or {step, KEY: value} lines) or TensorBoard event files under DIR; "

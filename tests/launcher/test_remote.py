@@ -1,0 +1,152 @@
+"""The remote watcher's logic (:mod:`evalstop_trl.launcher.remote`) against a scripted backend and an
+in-process coordinator: when it asks for a stop, what it writes, how it settles the job. The real
+backends: ``test_ray_jobs.py`` and ``test_slurm.py``."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from evalstop_trl.clients.embedded import EmbeddedClient
+from evalstop_trl.core.coordinator import Coordinator
+from evalstop_trl.core.memory_store import MemoryStore
+from evalstop_trl.launcher import remote
+from evalstop_trl.launcher.link import JobLink
+from evalstop_trl.launcher.remote import RemoteRefused, RemoteState, RemoteStatus, RemoteWatcher
+
+
+@pytest.fixture(autouse=True)
+def fast_ticks(monkeypatch):
+    monkeypatch.setattr(remote, "_TICK_S", 0.02)
+    monkeypatch.setattr(remote, "_STOPPING_TICK_S", 0.02)
+    monkeypatch.setattr(remote, "_RETRY_S", 0.05)
+
+
+class Scripted:
+    """A backend whose job runs until it is stopped (or ``end()``), recording what was asked."""
+
+    label = "Fake job 1"
+
+    def __init__(self, escalates: bool = False, refuse: str | None = None, fail_first: int = 0,
+                 ends_on: str = "kill") -> None:
+        self.escalates, self.refuse, self.fail_first, self.ends_on = escalates, refuse, fail_first, ends_on
+        self.asked: list[str] = []
+        self.state = RemoteState.RUNNING
+        self.status_errors = 0
+
+    def status(self) -> RemoteStatus:
+        if self.status_errors:
+            self.status_errors -= 1
+            raise OSError("backend down")
+        return RemoteStatus(self.state, self.state.value.upper())
+
+    def refusal(self, job_id: str, tenant: str | None) -> str | None:
+        return self.refuse if tenant == "local" else f"unexpected tenant {tenant!r}"
+
+    def _ask(self, what: str) -> str:
+        if self.fail_first:
+            self.fail_first -= 1
+            raise OSError("no answer")
+        self.asked.append(what)
+        if what == self.ends_on:
+            self.state = RemoteState.STOPPED
+        return f"{what} asked"
+
+    def terminate(self) -> str:
+        return self._ask("terminate")
+
+    def kill(self) -> str:
+        return self._ask("kill")
+
+
+def _watch(job: Scripted, grace_s: float = 0.2, **kw):
+    client = EmbeddedClient(Coordinator(MemoryStore()))
+    link = JobLink(client, "j", who="test")
+    assert link.register()
+    watcher = RemoteWatcher(client, link, job, grace_s=grace_s, heartbeat_s=None, ack_window_s=0.2, poll_s=0.2, **kw)
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("result", watcher.run()), daemon=True)
+    thread.start()
+    return client, thread, out
+
+
+def _kinds(client) -> list[str]:
+    return [a.kind.value for a in client.audit("j")]
+
+
+def test_an_unacknowledged_stop_is_terminated_then_killed():
+    job = Scripted()
+    client, thread, out = _watch(job)
+    client.stop("j", "by hand")
+    thread.join(10)
+    assert job.asked == ["terminate", "kill"]
+    assert _kinds(client) == ["manual_stop", "launcher_sigterm", "launcher_sigkill", "launcher_exit"]
+    assert out["result"].exit_status == 0 and out["result"].stop_seen and out["result"].escalations == ("sigterm", "sigkill")
+
+
+def test_a_backend_that_escalates_by_itself_is_asked_once():
+    job = Scripted(escalates=True, ends_on="terminate")
+    client, thread, out = _watch(job)
+    client.stop("j")
+    thread.join(10)
+    assert job.asked == ["terminate"] and out["result"].escalations == ("sigterm",)
+
+
+def test_an_acknowledged_job_gets_the_grace_to_end_on_its_own():
+    job = Scripted()
+    client, thread, out = _watch(job, grace_s=5.0)
+    client.stop("j")
+    client.ack("j", checkpoint="/ckpt/3")
+    time.sleep(0.6)  # past the ack window: it acknowledged, so nothing is sent
+    assert job.asked == []
+    job.state = RemoteState.SUCCEEDED  # it saved and ended
+    thread.join(10)
+    assert job.asked == [] and out["result"].exit_status == 0 and out["result"].stop_seen
+    assert _kinds(client) == ["manual_stop", "ack", "launcher_exit"]
+    assert client.status("j").status == "stopped"
+
+
+def test_a_refusal_sends_nothing_and_exits_2():
+    job = Scripted(refuse="it belongs to someone else")
+    client, thread, out = _watch(job)
+    client.stop("j")
+    thread.join(10)
+    assert job.asked == [] and out["result"].exit_status == 2 and out["result"].refused == "it belongs to someone else"
+    assert "stop not delivered to Fake job 1: it belongs to someone else" in client.audit("j")[-1].reason
+
+
+def test_a_backend_that_refuses_the_request_for_good_is_a_refusal():
+    job = Scripted()
+    job.terminate = lambda: (_ for _ in ()).throw(RemoteRefused("scancel refused: permission denied"))
+    client, thread, out = _watch(job)
+    client.stop("j")
+    thread.join(10)
+    assert out["result"].exit_status == 2 and "permission denied" in out["result"].refused
+
+
+def test_requests_and_readings_that_fail_are_retried():
+    job = Scripted(fail_first=2)
+    job.status_errors = 3
+    client, thread, out = _watch(job)
+    client.stop("j")
+    thread.join(10)
+    assert job.asked == ["terminate", "kill"] and out["result"].exit_status == 0
+
+
+@pytest.mark.parametrize("state, exit_status, status", [
+    (RemoteState.SUCCEEDED, 0, "finished"),
+    (RemoteState.FAILED, 1, "failed"),
+    (RemoteState.STOPPED, 1, "pending"),  # stopped by someone else: left to its lease
+    (RemoteState.GONE, 1, "pending"),
+])
+def test_a_job_that_ends_by_itself_settles_its_evalstop_job(state, exit_status, status):
+    job = Scripted()
+    client, thread, out = _watch(job)
+    time.sleep(0.1)
+    job.state = state
+    thread.join(10)
+    assert out["result"].exit_status == exit_status and not out["result"].stop_seen
+    assert client.status("j").status == status and job.asked == []
+    assert "launcher_exit" in _kinds(client)
