@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +22,7 @@ from .common import CLIError, add_job_flags, add_token_flags, job_policy, read_t
 
 __all__ = ["add_remote_commands"]
 
-_EPILOG = """a stop: a job that acknowledged it (its callback saves the best checkpoint) gets --grace-s to end
-on its own; else, {ack:g} s after the stop, the watcher checks that the job is this tenant's (Ray: its
-metadata) or this user's (Slurm) and asks {backend} to stop it: {how}.
+_EPILOG = """{stop}
 
 exit status:
   0 (or --stopped-exit-code N)  EvalStop stopped the job
@@ -32,9 +31,10 @@ exit status:
                                 {owner}'s job: nothing was sent)"""
 
 
-def _watch(args: argparse.Namespace, who: str, make: Callable[[Any, Any, str | None], tuple[Any, bool]]) -> int:
-    """Register the job, let ``make(client, link, tenant)`` give the remote job (and whether this
-    process submitted it), and watch it to its end."""
+def _watch(args: argparse.Namespace, who: str, make: Callable[[Any, Any, str | None], Any], *, attach: bool) -> int:
+    """Register the job, let ``make(client, link, tenant)`` give the remote job, and watch it to its
+    end. ``attach``: the remote job runs already (an ended EvalStop job stays itself, its stop is
+    delivered), else it is a new run (an ended job's next run, ``NAME-2``, is registered)."""
     from ..clients.http import EvalStopClient
     from ..core.errors import EvalStopError
     from ..core.records import check_name
@@ -47,10 +47,7 @@ def _watch(args: argparse.Namespace, who: str, make: Callable[[Any, Any, str | N
         check_name("--job-id", args.job_id)
     except EvalStopError as exc:
         raise CLIError(str(exc)) from None
-    url = args.url or os.environ.get("EVALSTOP_URL")
-    if not url:
-        raise CLIError(f"{who} needs the coordinator's URL (--url or $EVALSTOP_URL): the job must reach it too")
-    token = read_token(args)
+    url, token = _coordinator(args, who)
     try:
         client = EvalStopClient(url, token, retries=1)
     except ValueError as exc:
@@ -59,7 +56,7 @@ def _watch(args: argparse.Namespace, who: str, make: Callable[[Any, Any, str | N
         link = JobLink(client, args.job_id, job_type=args.job_type, planned_steps=args.planned_steps,
                        policy=policy, who=who)
         try:
-            confirmed = link.register()
+            confirmed = link.register(next_run=not attach)
         except EvalStopError as exc:
             raise CLIError(f"cannot register job {log_text(args.job_id)}: {log_text(exc)}") from None
         tenant = _tenant(client)
@@ -76,6 +73,14 @@ def _watch(args: argparse.Namespace, who: str, make: Callable[[Any, Any, str | N
         return result.exit_status
     finally:
         client.close()
+
+
+def _coordinator(args: argparse.Namespace, who: str) -> tuple[str, str]:
+    """The coordinator's URL and the token (CLIError when either is missing)."""
+    url = args.url or os.environ.get("EVALSTOP_URL")
+    if not url:
+        raise CLIError(f"{who} needs the coordinator's URL (--url or $EVALSTOP_URL): the job must reach it too")
+    return url, read_token(args)
 
 
 def _tenant(client: Any) -> str | None:
@@ -95,24 +100,28 @@ def _cmd_ray_submit(args: argparse.Namespace) -> int:
     if not entrypoint:
         raise CLIError("no entrypoint: write it after '--', e.g. evalstop ray submit --job-id j1 -- python train.py")
     runtime_env = _runtime_env(args.runtime_env_json)
+    url, token = _coordinator(args, "evalstop ray submit")
     ray = _connect(connect, args.address)
 
     def make(client: Any, link: Any, tenant: str | None) -> Any:
-        token = read_token(args) if args.export_token else None
         try:
-            return submit(ray, link.job_id, tenant or "", entrypoint, url=args.url or os.environ["EVALSTOP_URL"],
-                          grace_s=args.grace_s, token=token, runtime_env=runtime_env)
+            return submit(ray, link.job_id, tenant or "", entrypoint, url=url, grace_s=args.grace_s,
+                          token=token if args.export_token else None, runtime_env=runtime_env)
         except (ValueError, RuntimeError) as exc:
-            raise CLIError(f"Ray refused job {log_text(link.job_id)}: {log_text(exc, 500)}") from None
+            why = f"Ray refused job {log_text(link.job_id)}: {log_text(exc, 500)}"
+            link.settle(1, why)  # registered, never started: not left to its lease
+            raise CLIError(why) from None
 
-    return _watch(args, "evalstop ray submit", make)
+    return _watch(args, "evalstop ray submit", make, attach=False)
 
 
 def _cmd_ray_watch(args: argparse.Namespace) -> int:
     from ..launcher.ray_jobs import RayJob, connect
 
+    _coordinator(args, "evalstop ray watch")
     ray = _connect(connect, args.address)
-    return _watch(args, "evalstop ray watch", lambda client, link, tenant: RayJob(ray, args.ray_job or args.job_id))
+    return _watch(args, "evalstop ray watch", lambda client, link, tenant: RayJob(ray, args.ray_job or args.job_id),
+                  attach=True)
 
 
 def _cmd_slurm_watch(args: argparse.Namespace) -> int:
@@ -122,7 +131,7 @@ def _cmd_slurm_watch(args: argparse.Namespace) -> int:
         remote = SlurmJob(args.slurm_job)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    return _watch(args, "evalstop slurm watch", lambda client, link, tenant: remote)
+    return _watch(args, "evalstop slurm watch", lambda client, link, tenant: remote, attach=True)
 
 
 def _connect(connect: Callable[[str], Any], address: str | None) -> Any:
@@ -145,10 +154,13 @@ def _runtime_env(text: str | None) -> dict | None:
     return env
 
 
-def _common(p: argparse.ArgumentParser, backend: str, how: str, owner: str) -> None:
+def _common(p: argparse.ArgumentParser, backend: str, how: str, check: str, owner: str) -> None:
     from ..launcher.remote import ACK_WINDOW_S
 
-    p.epilog = _EPILOG.format(ack=ACK_WINDOW_S, backend=backend, how=how, owner=owner)
+    stop = textwrap.fill(f"a stop: a job that acknowledged it (its callback saves the best checkpoint) gets --grace-s "
+                         f"to end on its own; else, {ACK_WINDOW_S:g} s after the stop, the watcher checks that "
+                         f"{check}, and asks {backend} to stop it: {how}.", 96)
+    p.epilog = _EPILOG.format(stop=stop, owner=owner)
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL)")
     add_token_flags(p)
@@ -159,12 +171,13 @@ def _common(p: argparse.ArgumentParser, backend: str, how: str, owner: str) -> N
 def add_remote_commands(sub: argparse._SubParsersAction) -> None:
     ray = sub.add_parser("ray", help="run and stop jobs on Ray Jobs").add_subparsers(dest="ray_command",
                                                                                    required=True, metavar="ACTION")
-    how = "stop_job (SIGTERM to the entrypoint's processes, SIGKILL --grace-s later)"
+    how = "stop_job, SIGTERM to the entrypoint's processes and SIGKILL --grace-s later"
+    check = "the Ray job's metadata names this EvalStop job and the token's tenant"
     p = ray.add_parser("submit", help="submit a Ray job bound to an EvalStop job, and stop it when EvalStop does",
                        description="Submit ENTRYPOINT to Ray Jobs with submission_id = --job-id and metadata "
                        "{evalstop_job_id, tenant}, EVALSTOP_URL and EVALSTOP_JOB_ID in its environment, register "
                        "the job, and watch both until the Ray job ends.")
-    _common(p, "Ray", how, "tenant")
+    _common(p, "Ray", how, check, "tenant")
     p.add_argument("--address", help="the Ray dashboard (default: $RAY_ADDRESS, else http://127.0.0.1:8265); "
                    "Ray's token comes from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token")
     p.add_argument("--runtime-env-json", metavar="JSON", help="the job's runtime environment (EvalStop's "
@@ -176,7 +189,7 @@ def add_remote_commands(sub: argparse._SubParsersAction) -> None:
     p = ray.add_parser("watch", help="watch a Ray job submitted elsewhere and stop it when EvalStop does",
                        description="Attach to a running Ray job whose metadata names the EvalStop job "
                        "(evalstop_job_id) and this token's tenant (tenant), and stop it when EvalStop does.")
-    _common(p, "Ray", how, "tenant")
+    _common(p, "Ray", how, check, "tenant")
     p.add_argument("--address", help="the Ray dashboard (default: $RAY_ADDRESS, else http://127.0.0.1:8265)")
     p.add_argument("--ray-job", metavar="SUBMISSION_ID", help="the Ray job (default: --job-id)")
     p.set_defaults(func=_cmd_ray_watch)
@@ -189,6 +202,7 @@ def add_remote_commands(sub: argparse._SubParsersAction) -> None:
                          "later. Only the job's own user may: run it as that user, outside the job (inside a batch "
                          "script, run the training under evalstop run instead: scancel --full signals every process "
                          "of the job).")
-    _common(p, "Slurm", "scancel --signal=TERM --full, then scancel --grace-s later", "user")
+    _common(p, "Slurm", "scancel --signal=TERM --full, then scancel --grace-s later",
+            "the Slurm job belongs to the user the watcher runs as", "user")
     p.add_argument("--slurm-job", metavar="ID", required=True, help="the Slurm job (sbatch --parsable prints it)")
     p.set_defaults(func=_cmd_slurm_watch)

@@ -49,15 +49,17 @@ class JobLink:
         return self.client.register_job(self.job_id, self.job_type, planned_steps=self.planned_steps,
                                         policy=self.policy)
 
-    def register(self, tries: int = 4) -> bool:
+    def register(self, tries: int = 4, next_run: bool = True) -> bool:
         """Register the job; True once the coordinator confirmed it. A refusal raises; no answer (the
         client kept it in its outbox) or a malformed one is retried a few times, then left to the
-        watch, and the job starts anyway (fail-open)."""
+        watch, and the job starts anyway (fail-open). ``next_run``: a job that has ended makes this
+        launch its next run (``NAME-2``); without it (a watcher attaching to a job that runs already)
+        the job stays itself, and a stop it has is delivered at once."""
         for attempt in range(tries):
             try:
                 view = checked_view(self.register_once())
                 if view is not None:
-                    if JobStatus(view.status).terminal:
+                    if next_run and JobStatus(view.status).terminal:
                         return self._next_run(view)
                     return True
                 why = "no answer"

@@ -66,7 +66,7 @@ class RayJob:
         status = str(getattr(info.status, "value", info.status))
         return RemoteStatus(STATES.get(status, RemoteState.RUNNING), f"{status}: {info.message or ''}".rstrip(": "))
 
-    def refusal(self, job_id: str, tenant: str | None) -> str | None:
+    def refusal(self, job_id: str, tenant: str) -> str | None:
         metadata = dict(self._info().metadata or {})
         if metadata.get("evalstop_job_id") != job_id:
             return (f"its metadata names EvalStop job {metadata.get('evalstop_job_id')!r}, not {job_id!r} "
@@ -75,8 +75,6 @@ class RayJob:
             if metadata != self.submitted:
                 return "its metadata is no longer what this watcher submitted (the submission id was reused)"
             return None
-        if tenant is None:
-            return "the tenant this token speaks for is unknown (the coordinator did not answer)"
         if metadata.get("tenant") != tenant:
             return f"its metadata names tenant {metadata.get('tenant')!r}, and this token speaks for {tenant!r}"
         return None

@@ -83,8 +83,9 @@ class RemoteJob(Protocol):
     def status(self) -> RemoteStatus:
         """Its state now (raises when the backend cannot be asked: the watcher retries)."""
 
-    def refusal(self, job_id: str, tenant: str | None) -> str | None:
-        """Why this watcher must not stop it for EvalStop job ``job_id`` of ``tenant`` (None: it may)."""
+    def refusal(self, job_id: str, tenant: str) -> str | None:
+        """Why this watcher must not stop it for EvalStop job ``job_id`` of ``tenant`` (None: it may;
+        raises when the owner cannot be read now: asked again)."""
 
     def terminate(self) -> str:
         """Ask for a graceful stop; what was asked (:class:`RemoteRefused` for a refusal, any other
@@ -159,7 +160,9 @@ class RemoteWatcher:
             if seen_at is not None and not self._sent:
                 due = acked_at + self.grace_s if acked_at is not None else seen_at + self.ack_window_s
                 if now >= max(due, retry_at):
-                    refused = self._refusal() or self._request("sigterm", self.remote.terminate)
+                    refused = self._owner_check()  # nothing is sent before the owner is known to be right
+                    if refused == "":
+                        refused = self._request("sigterm", self.remote.terminate)
                     if refused:
                         return self._refuse(refused, last)
                     if self._sent:
@@ -190,19 +193,18 @@ class RemoteWatcher:
         self._unreadable = 0
         return status
 
-    def _refusal(self) -> str | None:
-        tenant = self.tenant
-        if tenant is None:
-            try:
-                tenant = self.tenant = self.client.summary().tenant
-            except Exception as exc:  # noqa: BLE001 - asked again at the next tick
-                log.warning("%s: cannot learn the token's tenant to check %s's owner: %s", self.link.who,
-                            self.remote.label, log_text(exc, 300))
-                tenant = None
+    def _owner_check(self) -> str | None:
+        """"" when the remote job may be stopped for this job and tenant, a refusal's reason, or None
+        when that cannot be told now (the token's tenant or the job's owner could not be read: logged,
+        asked again after ``_RETRY_S``)."""
         try:
-            return self.remote.refusal(self.link.job_id, tenant)
-        except Exception as exc:  # noqa: BLE001 - an owner that cannot be read is not ours to stop
-            return f"cannot read {self.remote.label}'s owner ({type(exc).__name__}: {log_text(exc, 300)})"
+            if self.tenant is None:
+                self.tenant = self.client.summary().tenant
+            return self.remote.refusal(self.link.job_id, self.tenant) or ""
+        except Exception as exc:  # noqa: BLE001 - asked again: an owner not read is never taken as ours
+            log.warning("%s: cannot check who owns %s (%s: %s); asking again", self.link.who, self.remote.label,
+                        type(exc).__name__, log_text(exc, 300))
+            return None
 
     def _refuse(self, why: str, last: RemoteStatus) -> RemoteResult:
         reason = f"stop not delivered to {self.remote.label}: {why}"

@@ -65,7 +65,7 @@ class SlurmJob:
         detail = f"{state} (exit code {f.get('ExitCode', '?')}, reason {f.get('Reason', 'None')})"
         return RemoteStatus(STATES.get(state, RemoteState.RUNNING), detail)
 
-    def refusal(self, job_id: str, tenant: str | None) -> str | None:
+    def refusal(self, job_id: str, tenant: str) -> str | None:
         owner = self.fields().get("UserId", "")
         uid = re.search(r"\((\d+)\)", owner)
         me = os.getuid()

@@ -130,4 +130,9 @@ def test_another_tenants_ray_job_is_refused_and_keeps_running(head, two, tmp_pat
     assert [a.kind.value for a in audit][-1] == "launcher_exit" and "stop not delivered" in audit[-1].reason
     assert "launcher_sigterm" not in [a.kind.value for a in audit]
     assert str(ray.get_job_status("shared").value) == "RUNNING"  # alice's job was not touched
+    # a submission id that is taken: refused by Ray, and the job registered for it is failed, not left running
+    taken = _evalstop(head, two, two.alice, "ray", "submit", "--job-id", "shared", "--", "true")
+    assert taken.returncode == 2 and "Ray refused job shared" in taken.stderr, taken.stderr
+    with EvalStopClient(two.url, two.alice) as c:
+        assert c.status("shared").status == "failed"
     ray.stop_job("shared")

@@ -34,7 +34,7 @@ class Scripted:
         self.escalates, self.refuse, self.fail_first, self.ends_on = escalates, refuse, fail_first, ends_on
         self.asked: list[str] = []
         self.state = RemoteState.RUNNING
-        self.status_errors = 0
+        self.status_errors = self.owner_errors = 0
 
     def status(self) -> RemoteStatus:
         if self.status_errors:
@@ -42,7 +42,10 @@ class Scripted:
             raise OSError("backend down")
         return RemoteStatus(self.state, self.state.value.upper())
 
-    def refusal(self, job_id: str, tenant: str | None) -> str | None:
+    def refusal(self, job_id: str, tenant: str) -> str | None:
+        if self.owner_errors:
+            self.owner_errors -= 1
+            raise OSError("cannot read the owner")
         return self.refuse if tenant == "local" else f"unexpected tenant {tenant!r}"
 
     def _ask(self, what: str) -> str:
@@ -128,7 +131,7 @@ def test_a_backend_that_refuses_the_request_for_good_is_a_refusal():
 
 def test_requests_and_readings_that_fail_are_retried():
     job = Scripted(fail_first=2)
-    job.status_errors = 3
+    job.status_errors, job.owner_errors = 3, 2
     client, thread, out = _watch(job)
     client.stop("j")
     thread.join(10)
@@ -150,3 +153,27 @@ def test_a_job_that_ends_by_itself_settles_its_evalstop_job(state, exit_status, 
     assert out["result"].exit_status == exit_status and not out["result"].stop_seen
     assert client.status("j").status == status and job.asked == []
     assert "launcher_exit" in _kinds(client)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ray", "submit", "--job-id", "x", "--", "echo"], "needs the coordinator's URL (--url or $EVALSTOP_URL)"),
+    (["ray", "submit", "--job-id", "x", "--url", "http://127.0.0.1:9"], "no entrypoint: write it after '--'"),
+    (["ray", "submit", "--job-id", "x", "--url", "http://127.0.0.1:9", "--runtime-env-json", "[1]", "--", "echo"],
+     "--runtime-env-json must be a JSON object, got list"),
+    (["ray", "submit", "--job-id", "x", "--url", "http://127.0.0.1:9", "--runtime-env-json", "{", "--", "echo"],
+     "--runtime-env-json is not JSON"),
+    (["ray", "watch", "--job-id", "x", "--url", "http://127.0.0.1:9", "--address", "http://127.0.0.1:9"],
+     "cannot reach the Ray cluster at http://127.0.0.1:9"),
+    (["slurm", "watch", "--job-id", "x", "--slurm-job", "12;rm"], "a Slurm job id is digits"),
+    (["slurm", "watch", "--job-id", "bad id", "--slurm-job", "12", "--url", "http://127.0.0.1:9"], "--job-id"),
+    (["slurm", "watch", "--job-id", "x", "--slurm-job", "12", "--grace-s", "-1"], "--grace-s must be in [0, 86400]"),
+])
+def test_bad_input_to_the_watchers_is_one_clear_line(argv, message, capsys, monkeypatch):
+    from evalstop_trl.cli import main
+
+    for name in ("EVALSTOP_URL", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("EVALSTOP_TOKEN", "es_" + "x" * 43)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
