@@ -18,9 +18,9 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
-# Two pytest-xdist workers: most tests wait on servers, children and leases, so two at a time fill
-# 2 cores (BENCHMARKS.md has the times); TEST_WORKERS=1 runs them one at a time.
-TEST_WORKERS ?= 2
+# Three pytest-xdist workers: most tests wait on servers, children, leases, Ray and Slurm, so three at
+# a time fill 2 cores (BENCHMARKS.md has the times); TEST_WORKERS=1 runs them one at a time.
+TEST_WORKERS ?= 3
 test: $(STAMP) chromium postgres slurm
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 

@@ -196,7 +196,10 @@ def test_3_deliveries_survive_a_restart(two):
     receiver = _Receiver(port=port)
     try:
         two.start(args=("--webhook-allow", "127.0.0.1/32"))
-        deadline = time.monotonic() + 60
+        # a delivery claimed when the kill came waits for its claim's lease (timeout x 4 + 30 s) to run out
+        from evalstop_trl.service.webhooks import WebhookPolicy
+
+        deadline = time.monotonic() + WebhookPolicy().timeout_s * 4 + 30 + 30
         while not receiver.received and time.monotonic() < deadline:
             time.sleep(0.2)
         assert receiver.received and receiver.received[0][0]["job_id"] == "later"
