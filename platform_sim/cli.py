@@ -95,7 +95,7 @@ def _cmd_run_salted(args: argparse.Namespace) -> int:
         print(f"\nplatform-sim run: the sealed overlay failed: {exc}", file=sys.stderr)  # after the progress bar
         return 1
     print(run_table(res.result))
-    _print_trace(cfg, args, None)
+    trace = _print_trace(cfg, args, None)
     dropped = "dropped its capabilities" if res.hardened else "could not drop its capabilities"
     mode = f"sealed ({res.overlay} in its own process, which {dropped})" if res.sealed else "in-process"
     print(f"{mode}; salt {hex(res.salt)} (reproduce with --salt {hex(res.salt)})")
@@ -103,7 +103,7 @@ def _cmd_run_salted(args: argparse.Namespace) -> int:
     if args.write_trace:  # only now: a trace holds the truth
         write_trace(generate_workload(cfg, args.seed_start, res.salt), args.write_trace)
         print(f"wrote the workload of seed {args.seed_start} to {args.write_trace}", file=sys.stderr)
-    _write_outputs(args, res.result, res.to_json())
+    _write_outputs(args, res.result, res.to_json(), trace)
     return 0
 
 
@@ -128,28 +128,38 @@ def _cmd_run(args: argparse.Namespace) -> int:
     res = run_seeds(cfg, args.seeds, args.workers, progress=not args.quiet, workload=workload,
                     seed_start=args.seed_start)
     print(run_table(res))
-    _print_trace(cfg, args, workload)
+    trace = _print_trace(cfg, args, workload)
     print(f"({time.perf_counter() - t0:.1f} s)")
-    _write_outputs(args, res, res.to_json())
+    _write_outputs(args, res, res.to_json(), trace)
     return 0
 
 
-def _print_trace(cfg, args: argparse.Namespace, workload) -> None:
-    """The trace window a run's jobs came from (the same for every seed), after its table."""
+def _print_trace(cfg, args: argparse.Namespace, workload) -> dict | None:
+    """The trace window a run's jobs came from (the same for every seed), after its table; returned
+    as data for ``--json`` (its jobs, the rows skipped and the jobs dropped by reason), None without
+    a trace source."""
     if workload is None and cfg.workload.source.kind == "trace":
         from .report import trace_lines
         from .workload import generate_workload
 
-        print("\n".join(trace_lines(generate_workload(cfg, args.seed_start))))
+        wl = generate_workload(cfg, args.seed_start)
+        print("\n".join(trace_lines(wl)))
+        return {"jobs": len(wl.jobs), **wl.source.to_dict()}
+    return None
 
 
-def _write_outputs(args: argparse.Namespace, result, json_text: str) -> None:
-    """``--plot`` and ``--json`` of ``platform-sim run``, salted or not."""
+def _write_outputs(args: argparse.Namespace, result, json_text: str, trace: dict | None = None) -> None:
+    """``--plot`` and ``--json`` of ``platform-sim run``, salted or not (``trace``: the window, as
+    the JSON's ``trace``)."""
     if args.plot:
         from .plots import plot_run
 
         print(f"wrote {plot_run(result, args.plot)}")
     if args.json:
+        if trace is not None:
+            import json
+
+            json_text = json.dumps({**json.loads(json_text), "trace": trace}, indent=1, allow_nan=False)
         Path(args.json).write_text(json_text)
         print(f"wrote {args.json}")
 

@@ -272,6 +272,11 @@ class TraceWindow:
     recorded_load: float
     time_scale: float
 
+    def to_dict(self) -> dict:
+        """Plain data (``skipped`` and ``dropped`` as ``{reason: count}``), as ``run --json`` writes it."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "skipped": dict(self.skipped), "dropped": dict(self.dropped)}
+
 
 def _offered(gpus: np.ndarray, durations: np.ndarray, arrivals: np.ndarray, total_gpus: float) -> float:
     """Exclusive GPU-seconds over (GPUs x the arrivals' span): the load the synthetic workload's rate sets

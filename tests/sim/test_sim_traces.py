@@ -237,11 +237,18 @@ def test_cli_run_describe_and_errors(capsys, tmp_path):
     assert main(["describe", *sets]) == 0
     out = capsys.readouterr().out
     assert "trace helios" in out and "| trace | all | 200 (100%) |" in out and "| synthetic | all | 200 (100%) |" in out
-    assert main(["run", "--seeds", "2", "--quiet", "--workers", "1", *sets]) == 0
+    assert main(["run", "--seeds", "2", "--quiet", "--workers", "1", *sets, "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
     assert "detection over watched jobs" in out and "trace helios" in out and "dropped in the window" in out
-    assert main(["run", "--seeds", "1", "--quiet", "--sealed", "--workers", "1", *sets]) == 0
+    trace = json.loads((tmp_path / "r.json").read_text())["trace"]  # the window's counts, as printed
+    assert trace["format"] == "helios" and trace["path"] == path and trace["jobs"] == 200, trace
+    assert set(trace) >= {"rows", "skipped", "dropped", "recorded_load", "time_scale"}
+    printed = out.split("dropped in the window: ")[1].splitlines()[0]
+    assert printed == (", ".join(f"{v} {k}" for k, v in trace["dropped"].items()) or "none"), (printed, trace)
+    assert main(["run", "--seeds", "1", "--quiet", "--sealed", "--workers", "1", *sets,
+                 "--json", str(tmp_path / "s.json")]) == 0
     assert "sealed" in capsys.readouterr().out
+    assert json.loads((tmp_path / "s.json").read_text())["trace"]["dropped"] == trace["dropped"]
     assert main(["run", "--quiet", *sets[:-1], f"workload.source.path={tmp_path / 'x.csv'}"]) == 2
     assert "workload.source: trace file" in capsys.readouterr().err
     assert main(["run", "--quiet", *sets, "--set", "workload.n_jobs=100000"]) == 2
