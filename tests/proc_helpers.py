@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +30,38 @@ def rss_kib(pid: int) -> int:
 def threads(pid: int) -> int:
     """The number of threads of process ``pid``."""
     return _status_field(pid, "Threads")
+
+
+def until(check, timeout: float = 20.0, every: float = 0.05) -> bool:
+    """Poll ``check`` until it is true or ``timeout`` seconds have passed; its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(every)
+    return bool(check())
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped runs nothing; the state follows the name's last ")")."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def kill_marked(mark: str) -> None:
+    """SIGKILL every process whose command line contains ``mark`` (a test daemon's folder: what it
+    started and left behind, never anything else on the machine)."""
+    needle = mark.encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "cmdline").read_bytes():
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from evalstop_trl.clients.local import free_loopback_port
+from tests.proc_helpers import kill_marked
 
 
 class RayHead:
@@ -81,12 +82,5 @@ class RayHead:
             except ProcessLookupError:
                 pass
             self.proc.wait(10)
-        mark = str(self.root).encode()
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if mark in (entry / "cmdline").read_bytes():
-                        os.kill(int(entry.name), signal.SIGKILL)
-                except OSError:
-                    pass
+        kill_marked(str(self.root))  # what left the group or outlived the daemons
         shutil.rmtree(self.root, ignore_errors=True)

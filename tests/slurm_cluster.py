@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from evalstop_trl.clients.local import free_loopback_port
+from tests.proc_helpers import kill_marked
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
@@ -112,12 +113,5 @@ class SlurmCluster:
                 os.kill(int((self.root / f"{name}.pid").read_text().split()[0]), signal.SIGKILL)
             except (OSError, ValueError):
                 pass
-        mark = str(self.root).encode()
-        for entry in Path("/proc").iterdir():  # a job's processes that outlived the daemons
-            if entry.name.isdigit():
-                try:
-                    if mark in (entry / "cmdline").read_bytes():
-                        os.kill(int(entry.name), signal.SIGKILL)
-                except OSError:
-                    pass
+        kill_marked(str(self.root))  # what left the group or outlived the daemons
         shutil.rmtree(self.root, ignore_errors=True)

@@ -9,7 +9,7 @@ import stat
 import sys
 from pathlib import Path
 
-__all__ = ["EXIT_BAD_INPUT", "CLIError", "add_job_flags", "add_token_flags", "job_policy", "read_token"]
+__all__ = ["EXIT_BAD_INPUT", "CLIError", "add_job_flags", "add_token_flags", "after_dashes", "job_policy", "read_token"]
 
 EXIT_BAD_INPUT = 2
 _MAX_TOKEN = 4096
@@ -43,6 +43,15 @@ def add_job_flags(parser: argparse.ArgumentParser, grace: str) -> None:
                         help="exit status when EvalStop stopped the job (default 0)")
     parser.add_argument("--lease-s", type=float, default=300.0, help="the coordinator's lease (evalstop serve "
                         "--lease-s): a heartbeat every lease/4 s, at most 60 s; 0 = none (default 300)")
+
+
+def after_dashes(argv: list[str], what: str, example: str) -> list[str]:
+    """The command written after ``--`` (argparse's REMAINDER keeps the ``--``); CLIError naming
+    ``what`` is missing, with ``example``, when there is none."""
+    command = list(argv[1:] if argv and argv[0] == "--" else argv)
+    if not command:
+        raise CLIError(f"no {what}: write it after '--', e.g. {example}")
+    return command
 
 
 def job_policy(args: argparse.Namespace) -> dict | None:

@@ -18,7 +18,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from .common import CLIError, add_job_flags, add_token_flags, job_policy, read_token
+from .common import CLIError, add_job_flags, add_token_flags, after_dashes, job_policy, read_token
 
 __all__ = ["add_remote_commands"]
 
@@ -94,11 +94,7 @@ def _cmd_ray_submit(args: argparse.Namespace) -> int:
     from ..launcher import log_text
     from ..launcher.ray_jobs import connect, submit
 
-    entrypoint = list(args.entrypoint)
-    if entrypoint and entrypoint[0] == "--":
-        entrypoint = entrypoint[1:]
-    if not entrypoint:
-        raise CLIError("no entrypoint: write it after '--', e.g. evalstop ray submit --job-id j1 -- python train.py")
+    entrypoint = after_dashes(args.entrypoint, "entrypoint", "evalstop ray submit --job-id j1 -- python train.py")
     runtime_env = _runtime_env(args.runtime_env_json)
     url, token = _coordinator(args, "evalstop ray submit")
     ray = _connect(connect, args.address)

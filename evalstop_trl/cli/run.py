@@ -22,7 +22,7 @@ import os
 import re
 import sys
 
-from .common import CLIError, add_job_flags, add_token_flags, job_policy, read_token
+from .common import CLIError, add_job_flags, add_token_flags, after_dashes, job_policy, read_token
 
 __all__ = ["add_run_command"]
 
@@ -45,11 +45,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from ..launcher import Launcher, heartbeat_interval, log_text
     from ..launcher.metrics import MetricFrom
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise CLIError("no command: write it after '--', e.g. evalstop run -- python train.py")
+    command = after_dashes(args.argv, "command", "evalstop run -- python train.py")
     policy = job_policy(args)
     metric_from = None
     if args.metric_from or args.metric:
@@ -143,5 +139,5 @@ def add_run_command(sub: argparse._SubParsersAction) -> None:
                    "the stop is delivered as without it (SIGTERM after --grace-s, then SIGKILL)")
     p.add_argument("--metric", metavar="KEY", help="with --metric-from: the JSON key or TensorBoard tag of the "
                    "world-feedback score (e.g. val-core/openai/gsm8k/reward/mean@1)")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    p.add_argument("argv", metavar="command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=_cmd_run)

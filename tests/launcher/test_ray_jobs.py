@@ -19,6 +19,7 @@ import pytest
 
 from evalstop_trl.clients.http import EvalStopClient
 from evalstop_trl.launcher.remote import ACK_WINDOW_S
+from tests.proc_helpers import alive
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("ray.job_submission", reason="Ray Jobs needs pip install 'evalstop[ray]'")
@@ -58,13 +59,6 @@ def _evalstop(head, server, token: str, *args: str, timeout: float = 120) -> sub
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def test_a_loop_that_ignores_sigterm_is_stopped_through_ray_and_nothing_survives(head, two, tmp_path):
     two.start()
     pid_file = tmp_path / "pid"
@@ -74,7 +68,7 @@ def test_a_loop_that_ignores_sigterm_is_stopped_through_ray_and_nothing_survives
     assert done.returncode == 0, done.stderr  # EvalStop stopped it
     assert "Ray job stubborn ended (stopped)" in done.stderr, done.stderr
     pid = int(pid_file.read_text())
-    assert not _alive(pid)
+    assert not alive(pid)
     with EvalStopClient(two.url, two.alice) as c:
         audit = c.audit("stubborn")
         assert c.status("stubborn").status == "stopped"

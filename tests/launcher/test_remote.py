@@ -177,3 +177,4 @@ def test_bad_input_to_the_watchers_is_one_clear_line(argv, message, capsys, monk
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"evalstop {argv[0]}: error: "), err

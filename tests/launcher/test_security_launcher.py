@@ -23,6 +23,7 @@ import pytest
 
 from evalstop_trl.clients.http import EvalStopClient
 from evalstop_trl.clients.local import free_loopback_port
+from tests.proc_helpers import alive, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"),
                                                    reason="process trees are read from /proc")]
@@ -31,15 +32,6 @@ PY = sys.executable
 
 
 # ------------------------------------------------------------------ helpers
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting to be reaped runs nothing)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
-
-
 def _wait_for(path: Path, count: int = 1, timeout: float = 30.0) -> list[int]:
     """The pids written to ``path`` (one a line), once there are ``count``."""
     deadline = time.monotonic() + timeout
@@ -50,15 +42,6 @@ def _wait_for(path: Path, count: int = 1, timeout: float = 30.0) -> list[int]:
                 return pids
         time.sleep(0.05)
     raise AssertionError(f"{path} never listed {count} pid(s)")
-
-
-def _until(check, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
 
 
 class Launch:
@@ -83,7 +66,7 @@ class Launch:
             self.proc.kill()
             self.proc.wait(timeout=10)
         for pid in self.pids:
-            if _alive(pid):
+            if alive(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
@@ -126,7 +109,7 @@ def test_17_2_an_unreachable_coordinator_never_ends_the_supervision(tmp_path, la
     assert launch.wait() == 0, launch.stderr
     assert done.read_text() == "ran to its end"  # fail-open: the child ran to its end
     assert "Traceback" not in launch.stderr
-    assert not _alive(launch.pids[0])
+    assert not alive(launch.pids[0])
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM])
@@ -153,7 +136,7 @@ def test_17_2_signals_reach_the_child_and_the_launcher_outlives_it(tmp_path, lau
     launch.proc.send_signal(sig)
     assert launch.wait(timeout=30) == 10, launch.stderr  # the child's own status
     assert got.read_text() == sig.name
-    assert not _alive(launch.pids[0])
+    assert not alive(launch.pids[0])
 
 
 GARBAGE = {
@@ -226,7 +209,7 @@ def test_17_2_malformed_answers_never_end_the_supervision(tmp_path, launches, ga
 # ------------------------------------------------------------------ 17.3: escalation reaches every descendant
 def _stop_when_registered(url: str, token: str, job: str) -> None:
     with EvalStopClient(url, token) as c:
-        assert _until(lambda: any(v.job_id == job for v in c.list_jobs()))
+        assert until(lambda: any(v.job_id == job for v in c.list_jobs()))
         c.stop(job, "stopped by hand for the test")
 
 
@@ -276,8 +259,8 @@ def test_17_3_a_stop_reaches_every_descendant(coordinator, tmp_path, launches, t
     child, grandchild = launch.pids
     _stop_when_registered(server.url, token, "tree")
     assert launch.wait(timeout=60) == 0, launch.stderr  # stopped by EvalStop
-    assert not _alive(child)
-    assert not _alive(grandchild), f"{tree}: pid {grandchild} survived the stop"
+    assert not alive(child)
+    assert not alive(grandchild), f"{tree}: pid {grandchild} survived the stop"
     with EvalStopClient(server.url, token) as c:
         audit = c.audit("tree")
         assert c.status("tree").status == "stopped"
@@ -298,7 +281,7 @@ def test_17_3_a_child_that_backgrounds_a_process_and_exits_0_leaves_nothing_behi
     launches.append(launch)
     launch.pids = _wait_for(marker, 2)
     assert launch.wait(timeout=60) == 0, launch.stderr
-    assert not _alive(launch.pids[1]), "the backgrounded sleep escaped"
+    assert not alive(launch.pids[1]), "the backgrounded sleep escaped"
     with EvalStopClient(server.url, token) as c:
         audit = c.audit("bg")
         assert c.status("bg").status == "finished"
@@ -326,7 +309,7 @@ def test_17_3_what_ignores_sigterm_after_the_child_exits_is_killed(coordinator, 
     launches.append(launch)
     launch.pids = _wait_for(marker, 2)
     assert launch.wait(timeout=60) == 0, launch.stderr
-    assert not _alive(launch.pids[1])
+    assert not alive(launch.pids[1])
     with EvalStopClient(server.url, token) as c:
         kinds = [a.kind.value for a in c.audit("left")]
     assert kinds == ["launcher_sigterm", "launcher_sigkill", "launcher_exit"]
@@ -345,7 +328,7 @@ def test_17_9_tenant_text_in_the_launcher_log_is_escaped(coordinator, tmp_path, 
     launches.append(launch)
     launch.pids = _wait_for(marker)
     with EvalStopClient(server.url, token) as c:
-        assert _until(lambda: any(v.job_id == "forge" for v in c.list_jobs()))
+        assert until(lambda: any(v.job_id == "forge" for v in c.list_jobs()))
         c.stop("forge", "bye\nERROR evalstop: forged line")
     assert launch.wait(timeout=60) == 0, launch.stderr
     lines = launch.stderr.splitlines()

@@ -16,6 +16,7 @@ import pytest
 
 from evalstop_trl.clients.http import EvalStopClient
 from evalstop_trl.launcher.remote import ACK_WINDOW_S
+from tests.proc_helpers import alive, until
 from tests.slurm_cluster import SlurmCluster, missing
 
 pytestmark = [pytest.mark.slow,
@@ -42,33 +43,16 @@ def _watch(slurm, server, token: str, job_id: str, slurm_job: str) -> subprocess
     return subprocess.Popen(cmd, env={**slurm.env(), "EVALSTOP_TOKEN": token}, stderr=subprocess.PIPE, text=True)
 
 
-def _until(check, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return check()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def test_a_batch_job_that_ignores_sigterm_is_cancelled_through_slurm(slurm, two):
     two.start()
     pid_file = slurm.work / "stubborn.pid"
     job = slurm.sbatch(STUBBORN.format(pid=pid_file), name="stubborn")
-    assert _until(lambda: slurm.state(job) == "RUNNING" and pid_file.exists())
+    assert until(lambda: slurm.state(job) == "RUNNING" and pid_file.exists())
     pid = int(pid_file.read_text())
     watcher = _watch(slurm, two, two.alice, "hacked", job)
     try:
         with EvalStopClient(two.url, two.alice) as c:
-            assert _until(lambda: any(v.job_id == "hacked" for v in c.list_jobs()))
+            assert until(lambda: any(v.job_id == "hacked" for v in c.list_jobs()))
             for i, s in enumerate([0.2, 0.5, 0.4, 0.3]):
                 decision = c.report("hacked", i, eval_score=s)
             assert decision.action.value == "stop"
@@ -79,7 +63,7 @@ def test_a_batch_job_that_ignores_sigterm_is_cancelled_through_slurm(slurm, two)
     finally:
         watcher.kill()
     assert watcher.returncode == 0, err
-    assert slurm.state(job) == "CANCELLED" and not _alive(pid), (slurm.state(job), err)
+    assert slurm.state(job) == "CANCELLED" and not alive(pid), (slurm.state(job), err)
     kinds = [a.kind.value for a in audit]
     assert kinds == ["stop", "launcher_sigterm", "launcher_sigkill", "launcher_exit"], (kinds, err)
     assert f"scancel --signal=TERM --full {job}" in audit[1].reason and f"scancel {job}" in audit[2].reason
@@ -90,11 +74,11 @@ def test_a_batch_job_that_ignores_sigterm_is_cancelled_through_slurm(slurm, two)
 def test_another_users_slurm_job_is_refused_even_by_root(slurm, two):
     two.start()
     job = slurm.sbatch("#!/bin/bash\nwhile true; do sleep 0.5; done\n", user="nobody", name="nobodys")
-    assert _until(lambda: slurm.state(job) == "RUNNING")
+    assert until(lambda: slurm.state(job) == "RUNNING")
     with EvalStopClient(two.url, two.bob) as c:
         watcher = _watch(slurm, two, two.bob, "bobs", job)
         try:
-            assert _until(lambda: any(v.job_id == "bobs" for v in c.list_jobs()))
+            assert until(lambda: any(v.job_id == "bobs" for v in c.list_jobs()))
             c.stop("bobs", "bob stops his job")
             _, err = watcher.communicate(timeout=60)
         finally:
