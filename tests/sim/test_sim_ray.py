@@ -24,6 +24,8 @@ from tests.proc_helpers import local_ray
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = load_config().replace(**{"workload.n_jobs": 20})
+#: a mixed cluster of three GPU types (pools, per-pool speeds; Gavel solves its LP there)
+MIXED = load_config(ROOT / "configs" / "sim" / "sia_3type.yaml").replace(**{"workload.n_jobs": 20})
 SWEEP = ("noise.sigma", [0.02, 0.08])
 
 
@@ -38,6 +40,7 @@ def canonical(obj) -> str:
 def local():
     """The default backend: local worker processes (computed before Ray starts: no fork under Ray)."""
     return {"reproduce": canonical(reproduce(CFG, 2, workers=2, progress=False)),
+            "mixed": canonical(reproduce(MIXED, 2, workers=2, progress=False)),
             "sweep": canonical(sweep(CFG, *SWEEP, seeds=2, workers=2))}
 
 
@@ -82,7 +85,8 @@ def ray_calls(monkeypatch):
 def test_reproduce_on_ray_equals_local_processes(local, ray_instance, ray_calls):
     assert ray_instance.is_initialized()
     assert canonical(reproduce(CFG, 2, progress=False, ray="local")) == local["reproduce"]
-    assert ray_calls == [("_reproduce_seed", 2, "local")]
+    assert canonical(reproduce(MIXED, 2, progress=False, ray="local")) == local["mixed"]  # pools and speeds too
+    assert ray_calls == [("_reproduce_seed", 2, "local")] * 2
 
 
 def test_sweep_cli_on_ray_equals_local_processes(local, ray_instance, ray_calls, tmp_path, capsys):
