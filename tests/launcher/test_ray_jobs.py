@@ -91,9 +91,14 @@ def test_a_hacked_grpo_job_on_ray_stops_itself_and_the_watcher_sends_nothing(hea
                      entry, timeout=300)
     assert done.returncode == 0, done.stderr + head.client().get_job_logs("grpo")[-3000:]
     with EvalStopClient(two.url, two.alice) as c:
-        view, audit = c.status("grpo"), c.audit("grpo")
+        view, audit, reports = c.status("grpo"), c.audit("grpo"), c.reports("grpo")
     kinds = [a.kind.value for a in audit]
     assert view.status == "stopped" and view.decision.action.value == "stop", view
+    # where the composition matrix's rows stop: decline (k=2) on the scores the coordinator recorded
+    from tests.test_composition import replay
+
+    stop_step, best_step, _, _ = replay([(r.step, r.eval_score) for r in reports if r.eval_score is not None])
+    assert (view.last_step, view.best_step) == (stop_step, best_step), (view, stop_step, best_step)
     assert "ack" in kinds and "launcher_sigterm" not in kinds and kinds[-1] == "launcher_exit", kinds
     assert view.best_checkpoint and Path(view.best_checkpoint).exists(), view
     assert view.last_step < 90, view  # stopped before its plan
