@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from typing import Any
 from .common import CLIError, add_job_flags, add_token_flags, after_dashes, job_policy, read_token
 
 __all__ = ["add_remote_commands"]
+
+_SUBMISSION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # what goes into Ray's /api/jobs/{id} (no '/', no '..')
 
 _EPILOG = """{stop}
 
@@ -114,10 +117,13 @@ def _cmd_ray_submit(args: argparse.Namespace) -> int:
 def _cmd_ray_watch(args: argparse.Namespace) -> int:
     from ..launcher.ray_jobs import RayJob, connect
 
+    submission_id = args.ray_job or args.job_id
+    if not _SUBMISSION_ID.fullmatch(submission_id):
+        raise CLIError(f"--ray-job must be a Ray submission id (letters, digits, '_', '-', '.', ':', at most 128), "
+                       f"got {submission_id[:60]!r}")
     _coordinator(args, "evalstop ray watch")
     ray = _connect(connect, args.address)
-    return _watch(args, "evalstop ray watch", lambda client, link, tenant: RayJob(ray, args.ray_job or args.job_id),
-                  attach=True)
+    return _watch(args, "evalstop ray watch", lambda client, link, tenant: RayJob(ray, submission_id), attach=True)
 
 
 def _cmd_slurm_watch(args: argparse.Namespace) -> int:

@@ -165,6 +165,7 @@ def test_a_job_that_ends_by_itself_settles_its_evalstop_job(state, exit_status, 
     (["ray", "watch", "--job-id", "x", "--url", "http://127.0.0.1:9", "--address", "http://127.0.0.1:9"],
      "cannot reach the Ray cluster at http://127.0.0.1:9"),
     (["slurm", "watch", "--job-id", "x", "--slurm-job", "12;rm"], "a Slurm job id is digits"),
+    (["ray", "watch", "--job-id", "x", "--ray-job", "../version"], "--ray-job must be a Ray submission id"),
     (["slurm", "watch", "--job-id", "bad id", "--slurm-job", "12", "--url", "http://127.0.0.1:9"], "--job-id"),
     (["slurm", "watch", "--job-id", "x", "--slurm-job", "12", "--grace-s", "-1"], "--grace-s must be in [0, 86400]"),
 ])
