@@ -422,3 +422,25 @@ def test_rounds_no_longer_than_a_restart_are_refused_not_run_forever():
     wl = workload(job(0, 1, 0, 1), job(1, 1, 0, 1))
     with pytest.raises(ValueError, match=r"round_s \(360 s\) must be longer than workload.restart_overhead_s \(600 s\)"):
         run(wl, cfg, "gavel")
+
+
+def test_the_collector_is_paused_for_the_run_and_its_result_then_restored():
+    import gc
+
+    cfg = small_config()
+    wl = generate_workload(cfg, 0)
+    seen = []
+
+    class Spy(Simulation):
+        def _result(self):
+            seen.append(gc.isenabled())  # the result's records are built with the collector paused too
+            return super()._result()
+
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            Spy(wl, cfg, build_scheduler(cfg, "fifo"), build_overlay(cfg, wl, "evalstop")).run()
+            assert gc.isenabled() is enabled  # restored as it was
+        finally:
+            gc.enable()
+    assert seen == [False, False]
