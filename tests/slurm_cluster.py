@@ -22,7 +22,7 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 
 def missing() -> str | None:
     """Why no cluster can start here (None: it can)."""
-    for name in (*DAEMONS, "sbatch", "scancel", "scontrol"):
+    for name in (*DAEMONS, "sbatch", "scancel", "scontrol", "squeue"):
         if shutil.which(name) is None and not Path(f"/usr/sbin/{name}").exists():
             return f"{name} is not installed: apt-get install -y slurmctld slurmd slurm-client munge (make test does)"
     if os.geteuid() != 0:
@@ -93,8 +93,9 @@ class SlurmCluster:
         return done.stdout.strip().split(";")[0]
 
     def state(self, job: str) -> str:
-        out = subprocess.run(["scontrol", "show", "job", "-o", job], env=self.env(), capture_output=True, text=True)
-        return next((f.split("=", 1)[1] for f in out.stdout.split() if f.startswith("JobState=")), "")
+        out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], env=self.env(), capture_output=True,
+                             text=True)
+        return out.stdout.strip()
 
     def stop(self) -> None:
         jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env(), capture_output=True, text=True).stdout.split()

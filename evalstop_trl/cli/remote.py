@@ -23,7 +23,7 @@ from .common import CLIError, add_job_flags, add_token_flags, after_dashes, job_
 
 __all__ = ["add_remote_commands"]
 
-_SUBMISSION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # what goes into Ray's /api/jobs/{id} (no '/', no '..')
+_SUBMISSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")  # goes into Ray's /api/jobs/{id}: no '/', '.', '..'
 
 _EPILOG = """{stop}
 
@@ -31,7 +31,8 @@ exit status:
   0 (or --stopped-exit-code N)  EvalStop stopped the job
   0 / 1                         the job succeeded / failed or was stopped outside EvalStop
   2                             bad input, a refused registration, or a stop refused (not this
-                                {owner}'s job: nothing was sent)"""
+                                {owner}'s job: nothing was sent)
+  3                             the stop was asked for and the job still ran after its grace"""
 
 
 def _watch(args: argparse.Namespace, who: str, make: Callable[[Any, Any, str | None], Any], *, attach: bool) -> int:
@@ -57,9 +58,9 @@ def _watch(args: argparse.Namespace, who: str, make: Callable[[Any, Any, str | N
         raise CLIError(str(exc)) from None
     try:
         link = JobLink(client, args.job_id, job_type=args.job_type, planned_steps=args.planned_steps,
-                       policy=policy, who=who)
+                       policy=policy, who=who, next_run=not attach)
         try:
-            confirmed = link.register(next_run=not attach)
+            confirmed = link.register()
         except EvalStopError as exc:
             raise CLIError(f"cannot register job {log_text(args.job_id)}: {log_text(exc)}") from None
         tenant = _tenant(client)
@@ -102,24 +103,47 @@ def _cmd_ray_submit(args: argparse.Namespace) -> int:
     url, token = _coordinator(args, "evalstop ray submit")
     ray = _connect(connect, args.address)
 
+    taken = _ray_job_exists(ray, args.job_id)
+    if taken:
+        raise CLIError(f"Ray job {args.job_id} exists already ({taken}): pass another --job-id, or follow it with "
+                       f"evalstop ray watch --job-id {args.job_id}")
+
     def make(client: Any, link: Any, tenant: str | None) -> Any:
         try:
             return submit(ray, link.job_id, tenant or "", entrypoint, url=url, grace_s=args.grace_s,
                           token=token if args.export_token else None, runtime_env=runtime_env)
         except (ValueError, RuntimeError) as exc:
-            why = f"Ray refused job {log_text(link.job_id)}: {log_text(exc, 500)}"
-            link.settle(1, why)  # registered, never started: not left to its lease
+            why = f"Ray refused job {log_text(link.job_id)}: {_last_line(exc)}"
+            if link.fresh:  # registered by this command and never started: failed, not left to its lease
+                link.settle(1, why)
             raise CLIError(why) from None
 
     return _watch(args, "evalstop ray submit", make, attach=False)
 
 
+def _ray_job_exists(ray: Any, submission_id: str) -> str:
+    """The state of Ray job ``submission_id`` ("" when there is none, or it cannot be told)."""
+    try:
+        return str(getattr(ray.get_job_status(submission_id), "value", "")) or "known"
+    except Exception:  # noqa: BLE001 - Ray's 404 (and an answer that cannot be told): submit decides
+        return ""
+
+
+def _last_line(exc: BaseException) -> str:
+    """An error's last non-empty line (Ray puts the server's traceback in its message), fit for one line."""
+    from ..launcher import log_text
+
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    return log_text(lines[-1] if lines else type(exc).__name__, 300)
+
+
 def _cmd_ray_watch(args: argparse.Namespace) -> int:
     from ..launcher.ray_jobs import RayJob, connect
 
-    submission_id = args.ray_job or args.job_id
+    submission_id = args.job_id if args.ray_job is None else args.ray_job
     if not _SUBMISSION_ID.fullmatch(submission_id):
-        raise CLIError(f"--ray-job must be a Ray submission id (letters, digits, '_', '-', '.', ':', at most 128), "
+        raise CLIError(f"--ray-job must be a Ray submission id (a letter or digit, then letters, digits, '_', '-', "
+                       "'.', ':'; at most 128), "
                        f"got {submission_id[:60]!r}")
     _coordinator(args, "evalstop ray watch")
     ray = _connect(connect, args.address)
@@ -200,7 +224,7 @@ def add_remote_commands(sub: argparse._SubParsersAction) -> None:
                                                                            metavar="ACTION")
     p = slurm.add_parser("watch", help="watch a Slurm job and stop it (as its own user) when EvalStop does",
                          description="Register the EvalStop job, send its heartbeats and follow the Slurm job "
-                         "(scontrol show job); on a stop, scancel --signal=TERM --full, then scancel --grace-s "
+                         "(squeue); on a stop, scancel --signal=TERM --full, then scancel --grace-s "
                          "later. Only the job's own user may: run it as that user, outside the job (inside a batch "
                          "script, run the training under evalstop run instead: scancel --full signals every process "
                          "of the job).")

@@ -111,6 +111,12 @@ class Transport:
         for u in urls:
             if not isinstance(u, str) or not u.startswith(("http://", "https://")):
                 raise ValueError(f"url must start with http:// or https://, but got {u!r}.")
+            try:
+                parsed = httpx.URL(u)
+            except (httpx.InvalidURL, ValueError) as exc:
+                raise ValueError(f"url {u!r} is not a valid URL ({exc}); write it as http://HOST:PORT") from None
+            if not parsed.host or not 0 < (parsed.port or 80) < 65536:
+                raise ValueError(f"url {u!r} needs a host and a port in [1, 65535]; write it as http://HOST:PORT")
         if not token:
             raise ValueError("token is empty; create one with 'evalstop tenants add NAME'.")
         self.urls = urls

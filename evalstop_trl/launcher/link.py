@@ -36,10 +36,11 @@ class JobLink:
 
     def __init__(self, client: EvalStopAPI, job_id: str, *, job_type: str | None = None,
                  planned_steps: int | None = None, policy: Mapping[str, Any] | None = None,
-                 who: str = "evalstop run") -> None:
-        self.client, self.job_id, self.who = client, job_id, who
+                 who: str = "evalstop run", next_run: bool = True) -> None:
+        self.client, self.job_id, self.who, self.next_run = client, job_id, who, next_run
         self.job_type, self.planned_steps = job_type, planned_steps
         self.policy = dict(policy) if policy else None
+        self.fresh = False  # the confirmed registration made the job (pending, no report yet), not an attach
 
     def register_once(self) -> object:
         """One registration (the coordinator's answer, or None while an earlier one waits in the
@@ -49,18 +50,26 @@ class JobLink:
         return self.client.register_job(self.job_id, self.job_type, planned_steps=self.planned_steps,
                                         policy=self.policy)
 
-    def register(self, tries: int = 4, next_run: bool = True) -> bool:
+    def register_deferred(self) -> JobView | None:
+        """One registration for the watch to retry after an outage: the view of the job this launch
+        runs as (an ended job makes it the next run, as :meth:`register` does: its stop is never
+        taken for this launch's), or None (unconfirmed: asked again)."""
+        view = checked_view(self.register_once())
+        if view is not None and self.next_run and JobStatus(view.status).terminal:
+            return self._next_run(view)
+        if view is not None:
+            self.fresh = view.status == JobStatus.PENDING.value and not view.n_reports
+        return view
+
+    def register(self, tries: int = 4) -> bool:
         """Register the job; True once the coordinator confirmed it. A refusal raises; no answer (the
         client kept it in its outbox) or a malformed one is retried a few times, then left to the
-        watch, and the job starts anyway (fail-open). ``next_run``: a job that has ended makes this
-        launch its next run (``NAME-2``); without it (a watcher attaching to a job that runs already)
-        the job stays itself, and a stop it has is delivered at once."""
+        watch (:meth:`register_deferred`), and the job starts anyway (fail-open). With ``next_run``
+        a job that has ended makes this launch its next run (``NAME-2``); without it (a watcher
+        attaching to a job that runs already) the job stays itself, and a stop it has is delivered."""
         for attempt in range(tries):
             try:
-                view = checked_view(self.register_once())
-                if view is not None:
-                    if next_run and JobStatus(view.status).terminal:
-                        return self._next_run(view)
+                if self.register_deferred() is not None:
                     return True
                 why = "no answer"
             except EvalStopError:
@@ -73,20 +82,21 @@ class JobLink:
                     log_text(self.job_id), why)
         return False
 
-    def _next_run(self, ended: JobView, most: int = 1000) -> bool:
+    def _next_run(self, ended: JobView, most: int = 1000) -> JobView | None:
         """The job this launch attached to has ended (a stop, an end, a failure): this launch is a new
         run, ``NAME-2`` (or the first free ``NAME-k``), as the callback names a rerun; its stop is
-        never taken for the earlier run's."""
+        never taken for the earlier run's. Its view, or None (unconfirmed)."""
         base = self.job_id
         for k in range(2, most + 2):
             self.job_id = f"{base}-{k}"
             view = checked_view(self.register_once())
             if view is None:
-                return False  # unconfirmed: the watch registers it
+                return None  # unconfirmed: asked again, for this name
             if not JobStatus(view.status).terminal and not view.n_reports:
                 log.warning("%s: job %s has ended (%s); this run is job %s", self.who, log_text(base),
                             log_text(ended.status), log_text(self.job_id))
-                return True
+                self.fresh = view.status == JobStatus.PENDING.value
+                return view
         raise EvalStopError(f"job {base!r} has {most} ended runs; pass another --job-id")
 
     def status(self) -> JobView | None:

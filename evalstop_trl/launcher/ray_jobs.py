@@ -68,14 +68,14 @@ class RayJob:
 
     def refusal(self, job_id: str, tenant: str) -> str | None:
         metadata = dict(self._info().metadata or {})
-        if metadata.get("evalstop_job_id") != job_id:
-            return (f"its metadata names EvalStop job {metadata.get('evalstop_job_id')!r}, not {job_id!r} "
-                    "(submit it with evalstop ray submit, or with that metadata)")
-        if self.submitted is not None:
+        if self.submitted is not None:  # this watcher's own submission (its job id may have become NAME-2 since)
             if metadata != self.submitted:
                 return "its metadata is no longer what this watcher submitted (the submission id was reused)"
             return None
-        if metadata.get("tenant") != tenant:
+        if metadata.get("evalstop_job_id") != job_id:
+            return (f"its metadata names EvalStop job {metadata.get('evalstop_job_id')!r}, not {job_id!r} "
+                    "(submit it with evalstop ray submit, or with that metadata)")
+        if not tenant or metadata.get("tenant") != tenant:
             return f"its metadata names tenant {metadata.get('tenant')!r}, and this token speaks for {tenant!r}"
         return None
 

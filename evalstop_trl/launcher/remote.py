@@ -17,7 +17,8 @@ The service still signals nothing. A watcher holds the tenant's token and, for o
    succeeded, failed when it failed, left to its lease when something else stopped or removed it.
 
 Exit status: 0 (or ``stopped_exit_code``) when EvalStop stopped the job; 0 when it succeeded; 1 when it
-failed or was stopped outside EvalStop; 2 when a stop was refused (not this tenant's or user's job).
+failed or was stopped outside EvalStop; 2 when a stop was refused (not this tenant's or user's job);
+3 when the backend still reported the job running after the stop requests and their grace.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ _TICK_S, _STOPPING_TICK_S = 1.0, 0.25  # how often the remote job's state is rea
 _SETTLE_S = 10.0  # after the forced stop: how long to wait for the backend to report the end
 _RETRY_S = 2.0  # a stop request that failed (the backend did not answer) is sent again after this
 EXIT_REFUSED = 2
+EXIT_STILL_RUNNING = 3  # the stop was asked for and the backend still reports the job running
 
 
 class RemoteRefused(Exception):
@@ -130,12 +132,12 @@ class RemoteWatcher:
         self.confirmed, self.tenant, self.poll_s, self.heartbeat_s = confirmed, tenant, poll_s, heartbeat_s
         self.stopped_exit_code, self.ack_window_s, self.clock = stopped_exit_code, ack_window_s, clock
         self._sent: list[str] = []
-        self._unreadable = 0
+        self._unreadable = self._troubles = 0
 
     def run(self) -> RemoteResult:
         """Watch until the remote job ends (or a stop is refused)."""
         watch = JobWatch(self.client, self.link.job_id, poll_s=self.poll_s, heartbeat_s=self.heartbeat_s,
-                         register=None if self.confirmed else self.link.register_once, clock=self.clock).start()
+                         register=None if self.confirmed else self.link.register_deferred, clock=self.clock).start()
         try:
             return self._loop(watch)
         finally:
@@ -178,7 +180,7 @@ class RemoteWatcher:
                 else:
                     log.error("%s: %s still %s %g s after its stop was asked for; giving up on it", self.link.who,
                               self.remote.label, last.state.value, now - seen_at)
-                    return self._finish(last, True)
+                    return self._finish(last, True, gave_up=True)
             time.sleep(_STOPPING_TICK_S if seen_at is not None else _TICK_S)
 
     def _status(self, last: RemoteStatus) -> RemoteStatus:
@@ -198,13 +200,23 @@ class RemoteWatcher:
         when that cannot be told now (the token's tenant or the job's owner could not be read: logged,
         asked again after ``_RETRY_S``)."""
         try:
-            if self.tenant is None:
-                self.tenant = self.client.summary().tenant
-            return self.remote.refusal(self.link.job_id, self.tenant) or ""
+            if not self.tenant:
+                self.tenant = self.client.summary().tenant or None
+                if self.tenant is None:
+                    raise LookupError("the coordinator names no tenant for this token")
+            refused = self.remote.refusal(self.link.job_id, self.tenant) or ""
         except Exception as exc:  # noqa: BLE001 - asked again: an owner not read is never taken as ours
-            log.warning("%s: cannot check who owns %s (%s: %s); asking again", self.link.who, self.remote.label,
-                        type(exc).__name__, log_text(exc, 300))
+            self._trouble("cannot check who owns", exc)
             return None
+        self._troubles = 0
+        return refused
+
+    def _trouble(self, what: str, exc: BaseException) -> None:
+        """A failed call to the coordinator or the backend while stopping: logged once per outage."""
+        if self._troubles == 0:
+            log.warning("%s: %s %s (%s: %s); asking again every %g s", self.link.who, what, self.remote.label,
+                        type(exc).__name__, log_text(exc, 300), _RETRY_S)
+        self._troubles += 1
 
     def _refuse(self, why: str, last: RemoteStatus) -> RemoteResult:
         reason = f"stop not delivered to {self.remote.label}: {why}"
@@ -220,19 +232,23 @@ class RemoteWatcher:
         except RemoteRefused as exc:
             return str(exc)
         except Exception as exc:  # noqa: BLE001 - the backend is down: said, and retried
-            log.error("%s: could not stop %s (%s: %s); retrying", self.link.who, self.remote.label,
-                      type(exc).__name__, log_text(exc, 300))
+            self._trouble("could not stop", exc)
             return None
+        self._troubles = 0
         self._sent.append(stage)
         log.warning("%s: %s", self.link.who, log_text(asked, 2000))
         self.link.event(f"launcher_{stage}", asked)
         return None
 
-    def _finish(self, final: RemoteStatus, stopped: bool) -> RemoteResult:
+    def _finish(self, final: RemoteStatus, stopped: bool, gave_up: bool = False) -> RemoteResult:
         reason = f"{self.remote.label} ended: {final.state.value}" + (f" ({final.detail})" if final.detail else "")
         view = self.link.status() if not stopped else None
         stopped = stopped or (view is not None and view.status == "stopped")
-        if stopped:
+        if gave_up:
+            status = EXIT_STILL_RUNNING
+            reason = (f"{self.remote.label} still {final.state.value} after its stop was asked for "
+                      f"({', '.join(self._sent)}): the watcher gave up on it")
+        elif stopped:
             status = self.stopped_exit_code
         elif final.state is RemoteState.SUCCEEDED:
             status = 0

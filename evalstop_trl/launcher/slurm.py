@@ -1,8 +1,10 @@
 """Slurm: stop a batch job through Slurm itself, as the job's own user (no extra to install: Slurm's
-``scontrol`` and ``scancel`` must be on PATH).
+``squeue`` and ``scancel`` must be on PATH).
 
-:class:`SlurmJob` is the watcher's view of one job (:mod:`.remote`). Its state comes from ``scontrol
-show job -o ID``; a stop is ``scancel --signal=TERM --full ID`` (without ``--full`` the batch script
+:class:`SlurmJob` is the watcher's view of one job (:mod:`.remote`). Its owner and state come from
+``squeue -h -t all -j ID -o %U|%T|%r`` (numeric uid, state, reason: fields the job's own text cannot
+forge, as a ``--comment`` or ``--job-name`` holding ``UserId=root(0)`` forges ``scontrol``'s
+``Key=Value`` lines); a stop is ``scancel --signal=TERM --full ID`` (without ``--full`` the batch script
 itself is not signalled, only its steps), then ``scancel ID`` ``grace_s`` later (Slurm then sends
 SIGTERM and, ``KillWait`` seconds later, SIGKILL to every process of the job). Slurm lets only the
 job's owner (or an operator) cancel it, and the watcher asks only for jobs of its own user: run as
@@ -29,9 +31,15 @@ STATES: Mapping[str, RemoteState] = {
     "TIMEOUT": RemoteState.FAILED, "NODE_FAIL": RemoteState.FAILED, "BOOT_FAIL": RemoteState.FAILED,
     "DEADLINE": RemoteState.FAILED, "OUT_OF_MEMORY": RemoteState.FAILED,
 }
-_FIELD = re.compile(r"(\w+)=(\S*)")
 _ID = re.compile(r"[0-9]+(_[0-9]+)?")  # a job id, or an array task's JOB_TASK
 _TIMEOUT_S = 30.0
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name}({uid})"
+    except KeyError:
+        return str(uid)
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
@@ -48,30 +56,36 @@ class SlurmJob:
             raise ValueError(f"a Slurm job id is digits (an array task: JOB_TASK), but got {slurm_job!r}")
         self.slurm_job, self.label = slurm_job, f"Slurm job {slurm_job}"
 
-    def fields(self) -> dict[str, str]:
-        """``scontrol show job -o``'s ``Key=Value`` fields ({} once Slurm no longer knows the job)."""
-        done = _run("scontrol", "show", "job", "-o", self.slurm_job)
+    def query(self) -> tuple[int, str, str] | None:
+        """(owner's uid, state, reason) from ``squeue`` (None once Slurm no longer knows the job)."""
+        done = _run("squeue", "-h", "-t", "all", "-j", self.slurm_job, "-o", "%U|%T|%r")
         if done.returncode != 0:
             if "Invalid job id" in done.stderr:
-                return {}
-            raise OSError(f"scontrol show job {self.slurm_job} failed: {done.stderr.strip()[:300]}")
-        return dict(_FIELD.findall(done.stdout.splitlines()[0] if done.stdout else ""))
+                return None
+            raise OSError(f"squeue -j {self.slurm_job} failed: {done.stderr.strip()[:300]}")
+        lines = done.stdout.splitlines()
+        if not lines:
+            return None
+        uid, state, reason = (lines[0].split("|", 2) + ["", ""])[:3]
+        if not uid.isdigit():
+            raise OSError(f"squeue -j {self.slurm_job} answered {lines[0][:100]!r}, not UID|STATE|REASON")
+        return int(uid), state, reason
 
     def status(self) -> RemoteStatus:
-        f = self.fields()
-        if not f:
+        got = self.query()
+        if got is None:
             return RemoteStatus(RemoteState.GONE, "no longer known to Slurm")
-        state = f.get("JobState", "")
-        detail = f"{state} (exit code {f.get('ExitCode', '?')}, reason {f.get('Reason', 'None')})"
-        return RemoteStatus(STATES.get(state, RemoteState.RUNNING), detail)
+        _, state, reason = got
+        return RemoteStatus(STATES.get(state, RemoteState.RUNNING), f"{state} (reason {reason or 'None'})")
 
     def refusal(self, job_id: str, tenant: str) -> str | None:
-        owner = self.fields().get("UserId", "")
-        uid = re.search(r"\((\d+)\)", owner)
+        got = self.query()
+        if got is None:
+            return "Slurm no longer knows it"
         me = os.getuid()
-        if uid is None or int(uid.group(1)) != me:
-            return (f"it belongs to user {owner or '?'}, and this watcher runs as {pwd.getpwuid(me).pw_name}({me}): "
-                    "run it as the job's own user")
+        if got[0] != me:
+            return (f"it belongs to user {_user(got[0])}, and this watcher runs as {_user(me)}: run it as the "
+                    "job's own user")
         return None
 
     def _scancel(self, *flags: str) -> None:

@@ -164,7 +164,7 @@ class Launcher:
             for sig in self._pending:
                 enforcer.forward(sig)
             watch = JobWatch(self.client, self.job_id, poll_s=self.poll_s, heartbeat_s=self.heartbeat_s,
-                             register=None if confirmed else self.link.register_once, clock=self.clock).start()
+                             register=None if confirmed else self.link.register_deferred, clock=self.clock).start()
             try:
                 stop_seen, left, survivors = self._supervise(enforcer, watch)
             except Exception:  # noqa: BLE001 - whatever breaks here, the launcher outlives its child

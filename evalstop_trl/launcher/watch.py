@@ -70,7 +70,8 @@ class JobWatch:
         job_id: the job.
         register: a registration the coordinator has not confirmed yet (it was kept in the client's
             outbox, or the answer was malformed): called again with backoff until it answers a job view
-            or refuses (the job then exists in some form).
+            or refuses (the job then exists in some form); the view's job is the one watched from then
+            on (an ended job's next run).
         poll_s: longest long poll.
         heartbeat_s: seconds between heartbeats (None: none).
         clock: monotonic seconds.
@@ -132,6 +133,8 @@ class JobWatch:
         if view is None:
             self._failures += 1
             return False
+        if isinstance(view, JobView) and view.job_id != self.job_id:
+            self.job_id = view.job_id  # the job had ended: this launch is its next run (JobLink.register_deferred)
         self._register = None
         return True
 

@@ -129,9 +129,11 @@ def test_another_tenants_ray_job_is_refused_and_keeps_running(head, two, tmp_pat
     assert [a.kind.value for a in audit][-1] == "launcher_exit" and "stop not delivered" in audit[-1].reason
     assert "launcher_sigterm" not in [a.kind.value for a in audit]
     assert str(ray.get_job_status("shared").value) == "RUNNING"  # alice's job was not touched
-    # a submission id that is taken: refused by Ray, and the job registered for it is failed, not left running
-    taken = _evalstop(head, two, two.alice, "ray", "submit", "--job-id", "shared", "--", "true")
-    assert taken.returncode == 2 and "Ray refused job shared" in taken.stderr, taken.stderr
+    # a submission id that is taken: refused before anything is registered (alice's running job keeps its state)
     with EvalStopClient(two.url, two.alice) as c:
-        assert c.status("shared").status == "failed"
+        c.register_job("shared")
+        taken = _evalstop(head, two, two.alice, "ray", "submit", "--job-id", "shared", "--", "true")
+        assert taken.returncode == 2 and "Ray job shared exists already (RUNNING)" in taken.stderr, taken.stderr
+        assert len(taken.stderr.strip().splitlines()) == 1, taken.stderr  # one line, no server traceback
+        assert c.status("shared").status == "pending" and [a.kind.value for a in c.audit("shared")] == []
     ray.stop_job("shared")

@@ -15,6 +15,7 @@ from evalstop_trl.core.memory_store import MemoryStore
 from evalstop_trl.launcher import remote
 from evalstop_trl.launcher.link import JobLink
 from evalstop_trl.launcher.remote import RemoteRefused, RemoteState, RemoteStatus, RemoteWatcher
+from tests.proc_helpers import until
 
 
 @pytest.fixture(autouse=True)
@@ -64,8 +65,8 @@ class Scripted:
         return self._ask("kill")
 
 
-def _watch(job: Scripted, grace_s: float = 0.2, **kw):
-    client = EmbeddedClient(Coordinator(MemoryStore()))
+def _watch(job: Scripted, grace_s: float = 0.2, client=None, **kw):
+    client = client or EmbeddedClient(Coordinator(MemoryStore()))
     link = JobLink(client, "j", who="test")
     assert link.register()
     watcher = RemoteWatcher(client, link, job, grace_s=grace_s, heartbeat_s=None, ack_window_s=0.2, poll_s=0.2, **kw)
@@ -166,6 +167,12 @@ def test_a_job_that_ends_by_itself_settles_its_evalstop_job(state, exit_status, 
      "cannot reach the Ray cluster at http://127.0.0.1:9"),
     (["slurm", "watch", "--job-id", "x", "--slurm-job", "12;rm"], "a Slurm job id is digits"),
     (["ray", "watch", "--job-id", "x", "--ray-job", "../version"], "--ray-job must be a Ray submission id"),
+    (["ray", "watch", "--job-id", "x", "--ray-job", "."], "--ray-job must be a Ray submission id"),
+    (["ray", "watch", "--job-id", "x", "--ray-job", ".."], "--ray-job must be a Ray submission id"),
+    (["ray", "watch", "--job-id", "x", "--ray-job", ""], "--ray-job must be a Ray submission id"),
+    (["slurm", "watch", "--job-id", "x", "--slurm-job", "12", "--url", "http://[::1"], "is not a valid URL"),
+    (["slurm", "watch", "--job-id", "x", "--slurm-job", "12", "--url", "http://127.0.0.1:99999"],
+     "a port in [1, 65535]"),
     (["slurm", "watch", "--job-id", "bad id", "--slurm-job", "12", "--url", "http://127.0.0.1:9"], "--job-id"),
     (["slurm", "watch", "--job-id", "x", "--slurm-job", "12", "--grace-s", "-1"], "--grace-s must be in [0, 86400]"),
 ])
@@ -179,3 +186,47 @@ def test_bad_input_to_the_watchers_is_one_clear_line(argv, message, capsys, monk
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"evalstop {argv[0]}: error: "), err
+
+
+def test_a_stop_that_never_takes_gives_up_with_exit_3(monkeypatch):
+    monkeypatch.setattr(remote, "_SETTLE_S", 0.2)
+    job = Scripted(escalates=True, ends_on="nothing")
+    client, thread, out = _watch(job)
+    client.stop("j")
+    thread.join(10)
+    assert out["result"].exit_status == 3 and job.asked == ["terminate"]
+    assert "the watcher gave up on it" in client.audit("j")[-1].reason
+
+
+def test_an_outage_while_stopping_is_logged_once(caplog):
+    job = Scripted()
+    job.owner_errors = 10**6  # the owner cannot be read, ever
+    client, thread, out = _watch(job)
+    with caplog.at_level("WARNING", logger="evalstop.launcher"):
+        client.stop("j")
+        time.sleep(1.0)  # about 15 retries
+    assert job.asked == [] and thread.is_alive()  # nothing sent while the owner is unknown
+    assert sum("cannot check who owns" in r.getMessage() for r in caplog.records) == 1
+    job.owner_errors = 0
+    thread.join(10)
+    assert job.asked == ["terminate", "kill"]
+
+
+def test_a_registration_deferred_by_an_outage_never_takes_an_ended_runs_stop():
+    from evalstop_trl.launcher.watch import JobWatch
+
+    client = EmbeddedClient(Coordinator(MemoryStore()))
+    client.register_job("rr")
+    client.stop("rr", "the earlier run")
+    link = JobLink(client, "rr", who="test")
+    watch = JobWatch(client, "rr", poll_s=0.1, heartbeat_s=None, register=link.register_deferred).start()
+    try:
+        assert until(lambda: watch.job_id == "rr-2", 5)  # the next run, as a confirmed registration names it
+        time.sleep(0.3)
+        assert link.job_id == "rr-2" and not watch.state.stopped
+        client.stop("rr-2")
+        assert until(lambda: watch.state.stopped, 5)
+    finally:
+        watch.close()
+    attach = JobLink(client, "rr", who="test", next_run=False)
+    assert attach.register() and attach.job_id == "rr"  # a watcher attaching keeps the job (and its stop)

@@ -73,7 +73,10 @@ def test_a_batch_job_that_ignores_sigterm_is_cancelled_through_slurm(slurm, two)
 
 def test_another_users_slurm_job_is_refused_even_by_root(slurm, two):
     two.start()
-    job = slurm.sbatch("#!/bin/bash\nwhile true; do sleep 0.5; done\n", user="nobody", name="nobodys")
+    # its own text claims root's: a comment and a job name that forge scontrol's Key=Value fields
+    job = slurm.sbatch('#!/bin/bash\n#SBATCH --comment="x UserId=root(0) JobState=RUNNING"\n'
+                       '#SBATCH --job-name="a UserId=root(0)"\nwhile true; do sleep 0.5; done\n',
+                       user="nobody", name="nobodys")
     assert until(lambda: slurm.state(job) == "RUNNING")
     with EvalStopClient(two.url, two.bob) as c:
         watcher = _watch(slurm, two, two.bob, "bobs", job)
