@@ -171,6 +171,8 @@ class FamilyConfig:
     drop_depth: Range
     osc_amplitude: Range
     osc_cycles: Range
+    kl_p_peak: Range
+    kl_exponent: Range
 
 
 @dataclass(frozen=True)
@@ -465,7 +467,7 @@ def _validate_source(src: SourceConfig, w: WorkloadConfig) -> None:
 
 
 #: names of the hacked-curve families (``platform_sim.curves.Family``; this module imports nothing)
-HACKED_FAMILIES = ("gao", "late_onset", "shallow", "plateau_then_drop", "oscillating")
+HACKED_FAMILIES = ("gao", "late_onset", "shallow", "plateau_then_drop", "oscillating", "gao_kl")
 
 
 def _validate_families(f: FamilyConfig) -> None:
@@ -483,6 +485,9 @@ def _validate_families(f: FamilyConfig) -> None:
     _check(f.drop_depth[0] >= 0, f"{key}.drop_depth", "must be >= 0")
     _check(f.osc_amplitude[0] >= 0, f"{key}.osc_amplitude", "must be >= 0")
     _check(f.osc_cycles[0] >= 0, f"{key}.osc_cycles", "must be >= 0")
+    _check(0 < f.kl_p_peak[0] and f.kl_p_peak[1] < 1, f"{key}.kl_p_peak", "must lie in (0, 1)")
+    _check(0 < f.kl_exponent[0] and f.kl_exponent[1] <= 2, f"{key}.kl_exponent",
+           "must lie in (0, 2] (1: the KL grows linearly with progress)")
 
 
 def _merge(base: dict, over: Mapping) -> dict:

@@ -23,6 +23,13 @@ one of the :class:`Family` shapes below, chosen per job with the shares of
     Gao plus a slow oscillation of the *true* gold, ``+ A H sin(2 pi c p + phi)``,
     A ~ ``osc_amplitude``, c ~ ``osc_cycles`` cycles over training, phi ~ U(0, 2 pi): local peaks
     that are not the hack.
+``gao_kl``
+    Gao et al.'s form in its own variable (Gao, Schulman and Hilton, "Scaling Laws for Reward Model
+    Overoptimization", ICML 2023, arXiv:2210.10760: the gold of an RL policy is ``d (alpha - beta ln d)`` in ``d = sqrt(KL(pi || pi_init))``, which is ``H f(d / d*)``
+    with its peak at d*), with the KL growing as a power of progress, ``KL ~ p^gamma``, gamma ~
+    ``kl_exponent`` (1: linear; below 1: slower, as a KL penalty makes it): ``H f((p / p_peak)^(gamma
+    / 2))``, p_peak ~ ``kl_p_peak``. Against progress the rise is steep and the decline after the peak
+    slow (the square root): less post-peak evidence per eval than ``gao``, where x is progress itself.
 
 A healthy run with a *transient dip* (:func:`transient_dip`, used by the curve-level sweep,
 :mod:`platform_sim.sweep`) is a healthy curve minus ``d H exp(-((p - c) / w)^2 / 2)``: the gold
@@ -40,7 +47,7 @@ from enum import Enum
 
 import numpy as np
 
-__all__ = ["CurveKind", "FAMILIES", "Family", "PEAK_GRID", "family_gold", "gao", "gold", "peak_of", "transient_dip"]
+__all__ = ["CurveKind", "FAMILIES", "Family", "PEAK_GRID", "family_gold", "gao", "gold", "kl_x", "peak_of", "transient_dip"]
 
 PEAK_GRID = 2001
 
@@ -59,6 +66,7 @@ class Family(str, Enum):
     SHALLOW = "shallow"
     PLATEAU_THEN_DROP = "plateau_then_drop"
     OSCILLATING = "oscillating"
+    GAO_KL = "gao_kl"
 
 
 FAMILIES = tuple(f.value for f in Family)
@@ -72,11 +80,16 @@ def gao(x: np.ndarray | float) -> np.ndarray:
     return np.where(x > 0, out, 0.0)
 
 
+def kl_x(x: np.ndarray | float, gamma: np.ndarray | float) -> np.ndarray:
+    """``d / d*`` of a run whose KL grows as ``p^gamma``, from ``x = p / p_peak``: ``x^(gamma / 2)``."""
+    return np.power(np.maximum(np.asarray(x, dtype=float), 0.0), np.asarray(gamma, dtype=float) / 2.0)
+
+
 def family_gold(family: Family | str, height: np.ndarray | float, shape: np.ndarray | float,
                 extra: tuple | np.ndarray, p: np.ndarray | float) -> np.ndarray:
     """Gold of a hacked-family curve. ``shape`` is p_peak (tau for ``plateau_then_drop``); ``extra``
     holds the family's other parameters (broadcast against ``p``):
-    late_onset (s,), shallow (d,), plateau_then_drop (p_d, D), oscillating (A, c, phi)."""
+    late_onset (s,), shallow (d,), plateau_then_drop (p_d, D), oscillating (A, c, phi), gao_kl (gamma,)."""
     family = Family(family)
     p = np.asarray(p, dtype=float)
     h = np.asarray(height, dtype=float)
@@ -89,6 +102,8 @@ def family_gold(family: Family | str, height: np.ndarray | float, shape: np.ndar
         return h * gao(x)
     if family is Family.LATE_ONSET:
         return h * np.where(x > 1.0, gao(np.maximum(x, 1.0) ** extra[0]), gao(x))
+    if family is Family.GAO_KL:
+        return h * gao(kl_x(x, extra[0]))
     if family is Family.SHALLOW:
         return h * np.where(x > 1.0, 1.0 - extra[0] * (1.0 - gao(x)), gao(x))
     amp, cycles, phase = extra[0], extra[1], extra[2]

@@ -19,10 +19,19 @@ healthy curves stopped at all (``stop_rate_healthy``, definition A), each with a
 interval, and curve-level retention = sum over hacked curves of the progress saved (1 - stop
 progress) / the oracle's (1 - true peak progress), with a 95% bootstrap interval over curves.
 
-Families: the five hacked families of :class:`~platform_sim.curves.Family` (each cell's hacked
+Families: the hacked families of :class:`~platform_sim.curves.Family` (each cell's hacked
 curves are all of that family) and ``healthy_dip`` (hacked curves are Gao's; every healthy curve
-has a transient dip, :func:`~platform_sim.curves.transient_dip`). Noise kinds: ``gaussian``,
-``student_t`` (heavy tails, unit variance) and ``ar1`` (autocorrelated, unit marginal variance).
+has a transient dip, :func:`~platform_sim.curves.transient_dip`). In a ``gao_kl`` cell every curve
+has Gao's form in d = sqrt(KL) (:func:`~platform_sim.curves.kl_x`), the healthy ones too, their
+peak past the end (p_peak ~ ``kl_healthy_p_peak``). Noise kinds: ``gaussian``, ``student_t``
+(heavy tails, unit variance) and ``ar1`` (autocorrelated, unit marginal variance) add ``sigma``
+times a standardised draw to the gold; ``examples`` and ``win_rate`` make each eval a mean over
+``examples`` example scores on the same examples at every eval
+(:func:`~platform_sim.workload.per_example_scores`): gold + example effect + Gaussian noise that
+gives the mean ``sigma`` (``examples``), or passes with probability sigmoid(link_scale (gold -
+link_mid) + effect) (``win_rate``, binomial: ``sigma`` is not used, its cells show 0). Their evals
+carry ``eval_n`` and the paired noise level; a detector spec with ``evidence: false`` is not given
+them (it reads the mean alone).
 
 Random streams are paired: the curves of a cell depend on (seed, family, evals) only, the noise draw
 on (seed, family, evals, noise kind) only, scaled by sigma; so every sigma, scale and detector sees
@@ -42,15 +51,20 @@ import yaml
 
 from evalstop_trl.core.detectors import Action, Detector, Observation, create_detector
 
-from .config import CurveConfig, SimConfig, load_config
-from .curves import FAMILIES, PEAK_GRID, family_gold, gao, transient_dip
+from .config import CurveConfig, PerExampleConfig, SimConfig, load_config
+from .curves import PEAK_GRID, family_gold, gao, kl_x, transient_dip
+from .workload import per_example_scores
 
-__all__ = ["CellResult", "DetectorSpec", "HEALTHY_DIP", "NOISE_KINDS", "Population", "SweepPlan", "draw_noise", "draw_population",
+__all__ = ["CellResult", "DetectorSpec", "GAO_KL", "HEALTHY_DIP", "NOISE_KINDS", "Population", "SweepPlan", "draw_noise", "draw_population",
            "load_plan", "run_detector", "score_cell", "sweep_cells", "wilson"]
 
 HEALTHY_DIP = "healthy_dip"
-SWEEP_FAMILIES = FAMILIES + (HEALTHY_DIP,)
-NOISE_KINDS = ("gaussian", "student_t", "ar1")
+GAO_KL = "gao_kl"
+#: each family's index keys its random stream: append only (a test ties the set to the curve families)
+SWEEP_FAMILIES = ("gao", "late_onset", "shallow", "plateau_then_drop", "oscillating", HEALTHY_DIP, GAO_KL)
+#: each kind's index keys its noise stream: append only
+NOISE_KINDS = ("gaussian", "student_t", "ar1", "examples", "win_rate")
+EXAMPLE_NOISES = {"examples": "gaussian", "win_rate": "binary"}  # noise kind -> per-example score kind
 STEP = 100  # training steps between evals (the detectors' x axis; every rule is invariant to it)
 MAX_CURVES = 100_000
 MAX_EVALS = 1000
@@ -58,11 +72,13 @@ MAX_EVALS = 1000
 
 @dataclass(frozen=True)
 class DetectorSpec:
-    """One detector of the plan: a label for tables, a registered name and frozen parameters."""
+    """One detector of the plan: a label for tables, a registered name and frozen parameters.
+    ``evidence``: given each eval's ``eval_n`` and paired noise where the noise kind has them."""
 
     label: str
     name: str
     params: Mapping[str, Any] = field(default_factory=dict)
+    evidence: bool = True
 
     def build(self) -> Detector:
         return create_detector(self.name, **dict(self.params))
@@ -85,6 +101,8 @@ class SweepPlan:
     dip_depth: tuple[float, float] = (0.10, 0.30)
     dip_centre: tuple[float, float] = (0.30, 0.70)
     dip_width: tuple[float, float] = (0.04, 0.08)
+    kl_healthy_p_peak: tuple[float, float] = (1.0, 3.0)
+    examples: int = 250
     base_config: str | None = None
 
     def __post_init__(self) -> None:
@@ -101,14 +119,23 @@ class SweepPlan:
         need(1 <= self.curves_per_cell <= MAX_CURVES, f"curves_per_cell must lie in [1, {MAX_CURVES}], got {self.curves_per_cell}")
         need(self.t_df > 2, f"t_df must be > 2 (finite variance), got {self.t_df}")
         need(-1 < self.ar_rho < 1, f"ar_rho must lie in (-1, 1), got {self.ar_rho}")
+        need(1 <= self.kl_healthy_p_peak[0] <= self.kl_healthy_p_peak[1],
+             f"kl_healthy_p_peak must be a range (lo, hi) with 1 <= lo <= hi (a healthy run peaks past the end), "
+             f"got {self.kl_healthy_p_peak}")
+        need(2 <= self.examples <= 10_000, f"examples must lie in [2, 10000], got {self.examples}")
         labels = [d.label for d in self.detectors]
         need(len(set(labels)) == len(labels) and labels, f"detector labels must be unique and non-empty, got {labels}")
         for d in self.detectors:
             d.build()  # unknown names and bad parameters fail here, before any work
 
+    def sigmas_of(self, noise: str) -> tuple[float, ...]:
+        """The sigmas a noise kind is run at (``win_rate``'s noise is the sampling of its examples: 0 only)."""
+        return (0.0,) if noise == "win_rate" else self.sigmas
+
     @property
     def n_cells(self) -> int:
-        return len(self.sigmas) * len(self.evals) * len(self.scales) * len(self.families) * len(self.noises)
+        per_noise = sum(len(self.sigmas_of(n)) for n in self.noises)
+        return per_noise * len(self.evals) * len(self.scales) * len(self.families)
 
     def sim_config(self) -> SimConfig:
         return load_config(self.base_config)
@@ -124,9 +151,10 @@ def load_plan(path: str | Path, **overrides: Any) -> SweepPlan:
     unknown = set(raw) - known - {"description", "tuned_on", "frozen_at"}
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(known))}")
-    dets = tuple(DetectorSpec(str(d["label"]), str(d["name"]), dict(d.get("params") or {})) for d in raw.pop("detectors"))
+    dets = tuple(DetectorSpec(str(d["label"]), str(d["name"]), dict(d.get("params") or {}), bool(d.get("evidence", True)))
+                 for d in raw.pop("detectors"))
     raw = {k: v for k, v in raw.items() if k in known}
-    for key in ("sigmas", "evals", "families", "noises", "dip_depth", "dip_centre", "dip_width"):
+    for key in ("sigmas", "evals", "families", "noises", "dip_depth", "dip_centre", "dip_width", "kl_healthy_p_peak"):
         if key in raw:
             raw[key] = tuple(raw[key])
     raw["scales"] = tuple((float(a), float(b)) for a, b in raw["scales"])
@@ -148,32 +176,39 @@ def _lerp(r: tuple[float, float], x: np.ndarray) -> np.ndarray:
 
 
 def draw_population(curves: CurveConfig, family: str, n: int, m: int, rng: np.random.Generator,
-                    dip: tuple[tuple[float, float], ...] = ((0.10, 0.30), (0.30, 0.70), (0.04, 0.08))) -> Population:
+                    dip: tuple[tuple[float, float], ...] = ((0.10, 0.30), (0.30, 0.70), (0.04, 0.08)),
+                    kl_healthy_p_peak: tuple[float, float] = (1.0, 3.0)) -> Population:
     """``n`` RLHF-job curves of the simulator's distribution (hack fraction, rising / plateau
     healthy runs), every hacked-form curve of ``family`` (Gao's for ``healthy_dip``, whose healthy
-    curves get a transient dip of depth, centre and width drawn from ``dip``)."""
+    curves get a transient dip of depth, centre and width drawn from ``dip``). For ``gao_kl`` every
+    healthy curve is rising in the same form, its peak at p_peak ~ ``kl_healthy_p_peak`` (past the end)."""
     u = rng.random((n, 8))
     hacked_form = u[:, 0] < curves.hack_fraction
-    rising = ~hacked_form & (u[:, 1] < curves.rising_share)
+    kl = family == GAO_KL
+    rising = ~hacked_form & ((u[:, 1] < curves.rising_share) | kl)
     plateau = ~hacked_form & ~rising
     fc = curves.hacked_families
     fam = "gao" if family == HEALTHY_DIP else family
-    hack_shape = {"late_onset": fc.late_p_peak, "plateau_then_drop": curves.plateau_tau}.get(fam, curves.hacked_p_peak)
+    hack_shape = {"late_onset": fc.late_p_peak, "plateau_then_drop": curves.plateau_tau,
+                  GAO_KL: fc.kl_p_peak}.get(fam, curves.hacked_p_peak)
+    rise_shape = kl_healthy_p_peak if kl else curves.rising_p_peak
     shape = np.where(hacked_form, _lerp(hack_shape, u[:, 2]),
-                     np.where(rising, _lerp(curves.rising_p_peak, u[:, 2]), _lerp(curves.plateau_tau, u[:, 2])))
+                     np.where(rising, _lerp(rise_shape, u[:, 2]), _lerp(curves.plateau_tau, u[:, 2])))
+    gamma = _lerp(fc.kl_exponent, u[:, 4]) if kl else np.full(n, 2.0)  # gamma 2: x itself (plain Gao)
     height = np.where(hacked_form, _lerp(curves.hacked_height, u[:, 3]), _lerp(curves.plateau_height, u[:, 3]))
-    height = np.where(rising, _lerp(curves.rising_final_gain, u[:, 3]) / gao(1.0 / shape), height)
+    height = np.where(rising, _lerp(curves.rising_final_gain, u[:, 3]) / gao(kl_x(1.0 / shape, gamma)), height)
     extra = {"late_onset": (_lerp(fc.late_sharpness, u[:, 4]),),
              "shallow": (_lerp(fc.shallow_depth, u[:, 4]),),
              "plateau_then_drop": (_lerp(fc.drop_at, u[:, 4]), _lerp(fc.drop_depth, u[:, 5])),
              "oscillating": (_lerp(fc.osc_amplitude, u[:, 4]), _lerp(fc.osc_cycles, u[:, 5]), 2 * math.pi * u[:, 6]),
+             GAO_KL: (gamma,),
              }.get(fam, ())
     dips = (_lerp(dip[0], u[:, 5]), _lerp(dip[1], u[:, 6]), _lerp(dip[2], u[:, 7])) if family == HEALTHY_DIP else None
 
     def truth(p: np.ndarray) -> np.ndarray:
         x = p[None, :] / shape[:, None]
-        g = np.where(plateau[:, None], height[:, None] * (1.0 - np.exp(-x)), height[:, None] * gao(x))
-        if fam != "gao" and hacked_form.any():
+        g = np.where(plateau[:, None], height[:, None] * (1.0 - np.exp(-x)), height[:, None] * gao(kl_x(x, gamma[:, None])))
+        if fam not in ("gao", GAO_KL) and hacked_form.any():
             g[hacked_form] = family_gold(fam, height[hacked_form, None], shape[hacked_form, None],
                                          tuple(e[hacked_form, None] for e in extra), p[None, :])
         if dips is not None:
@@ -192,7 +227,7 @@ def draw_population(curves: CurveConfig, family: str, n: int, m: int, rng: np.ra
 
 
 def draw_noise(kind: str, n: int, m: int, rng: np.random.Generator, t_df: float = 4.0, ar_rho: float = 0.5) -> np.ndarray:
-    """(n, m) standardised eval noise (unit variance) of ``kind`` (as :mod:`platform_sim.workload`)."""
+    """(n, m) standardised eval noise (unit variance) of an additive ``kind`` (as :mod:`platform_sim.workload`)."""
     if kind == "student_t":
         return rng.standard_t(t_df, size=(n, m)) * math.sqrt((t_df - 2) / t_df)
     z = rng.standard_normal((n, m))
@@ -201,23 +236,28 @@ def draw_noise(kind: str, n: int, m: int, rng: np.random.Generator, t_df: float 
         for i in range(1, m):
             z[:, i] = ar_rho * z[:, i - 1] + scale * z[:, i]
     elif kind != "gaussian":
-        raise ValueError(f"noise kind must be one of {', '.join(NOISE_KINDS)}, but got {kind!r}.")
+        raise ValueError(f"an additive noise kind must be one of gaussian, student_t, ar1, but got {kind!r}.")
     return z
 
 
-def run_detector(proto: Detector, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def run_detector(proto: Detector, scores: np.ndarray, eval_noise: np.ndarray | None = None,
+                 eval_n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Feed each row of ``scores`` (n, m) to ``proto`` from its start state, eval by eval; return each
-    curve's stop index (-1: never stopped) and the index of its delivered (best) eval at the stop."""
+    curve's stop index (-1: never stopped) and the index of its delivered (best) eval at the stop.
+    ``eval_noise`` (n, m; NaN: none) and ``eval_n``: the per-example evidence of each eval."""
     n, m = scores.shape
     stop = np.full(n, -1, dtype=int)
     best = np.full(n, -1, dtype=int)
     steps = [(i + 1) * STEP for i in range(m)]
     progress = [(i + 1) / m for i in range(m)]
     start, decide = proto.start(), proto.decide
-    for j, row in enumerate(scores.tolist()):
+    noise_rows = [[None] * m] * n if eval_noise is None else \
+        [[None if v != v else v for v in row] for row in eval_noise.tolist()]  # NaN: no level
+    for j, (row, levels) in enumerate(zip(scores.tolist(), noise_rows, strict=True)):
         state = start
         for i, y in enumerate(row):
-            state, d = decide(state, Observation("sweep", steps[i], y, None, None, "rlhf", progress[i]))
+            state, d = decide(state, Observation("sweep", steps[i], y, None, None, "rlhf", progress[i],
+                                                 eval_n if levels[i] is not None else None, levels[i]))
             if d.action is Action.STOP:
                 stop[j], best[j] = i, d.best_step // STEP - 1
                 break
@@ -309,25 +349,38 @@ def _cell_rng(seed: int, *key: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, *key]))
 
 
+def _observed(plan: SweepPlan, pe: PerExampleConfig, noise: str, pop: Population, z: np.ndarray | None, sigma: float,
+              key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray | None]:
+    """A cell's observed scores and, for the per-example kinds, their paired noise levels. The
+    per-example draws use the same stream at every sigma (the same effects and standardised noise)."""
+    if noise not in EXAMPLE_NOISES:
+        return pop.gold + sigma * z, None
+    pe = PerExampleConfig(plan.examples, EXAMPLE_NOISES[noise], "fixed", pe.example_sd, pe.link_mid, pe.link_scale)
+    return per_example_scores(pe, sigma, pop.gold, _cell_rng(plan.seed, *key))
+
+
 def sweep_cells(plan: SweepPlan) -> Iterator[CellResult]:
     """Every (family, evals, noise, sigma, scale) cell x every detector of ``plan``, lazily (one
     population and one noise draw per (family, evals) and (family, evals, noise))."""
     cfg = plan.sim_config()
     margin = cfg.metrics.harmful_margin
-    protos = [(d.label, d.build()) for d in plan.detectors]
+    protos = [(d.label, d.build(), d.evidence) for d in plan.detectors]
     dip = (plan.dip_depth, plan.dip_centre, plan.dip_width)
     for family in plan.families:
         f_key = SWEEP_FAMILIES.index(family)
         for m in plan.evals:
-            pop = draw_population(cfg.curves, family, plan.curves_per_cell, m, _cell_rng(plan.seed, f_key, m), dip)
+            pop = draw_population(cfg.curves, family, plan.curves_per_cell, m, _cell_rng(plan.seed, f_key, m), dip,
+                                  plan.kl_healthy_p_peak)
             for noise in plan.noises:
-                z = draw_noise(noise, plan.curves_per_cell, m, _cell_rng(plan.seed, f_key, m, 1 + NOISE_KINDS.index(noise)),
-                               plan.t_df, plan.ar_rho)
-                for sigma in plan.sigmas:
-                    observed = pop.gold + sigma * z
+                key = (f_key, m, 1 + NOISE_KINDS.index(noise))
+                z = None if noise in EXAMPLE_NOISES else \
+                    draw_noise(noise, plan.curves_per_cell, m, _cell_rng(plan.seed, *key), plan.t_df, plan.ar_rho)
+                for sigma in plan.sigmas_of(noise):
+                    observed, levels = _observed(plan, cfg.noise.per_example, noise, pop, z, sigma, key)
                     for scale, offset in plan.scales:
                         scores = scale * observed + offset
-                        for label, proto in protos:
-                            stop, best = run_detector(proto, scores)
+                        scaled = None if levels is None else scale * levels
+                        for label, proto, evidence in protos:
+                            stop, best = run_detector(proto, scores, scaled if evidence else None, plan.examples)
                             yield CellResult(detector=label, family=family, noise=noise, sigma=sigma, evals=m,
                                              scale=scale, offset=offset, **score_cell(pop, stop, best, margin))

@@ -36,8 +36,8 @@ import numpy as np
 from .config import SimConfig
 from .curves import FAMILIES, CurveKind, Family, family_gold, gao, gold, peak_of
 
-__all__ = ["SALT_BITS", "JobSpec", "JobTruth", "TraceWindow", "Workload", "generate_workload", "read_trace", "secret_salt",
-           "write_trace"]
+__all__ = ["SALT_BITS", "JobSpec", "JobTruth", "TraceWindow", "Workload", "generate_workload", "per_example_scores",
+           "read_trace", "secret_salt", "write_trace"]
 
 #: bits of a :func:`secret_salt`: far beyond any search over candidate salts
 SALT_BITS = 128
@@ -176,6 +176,7 @@ def generate_workload(cfg: SimConfig, seed: int, salt: int | None = None) -> Wor
     height = np.where(rising_form, lerp(cv.rising_final_gain, u[:, 3]) / gao(1.0 / shape), height)
     family, extra = _families(cfg, hacked_form, u, v, lerp)
     shape = np.where(family == _LATE, lerp(cv.hacked_families.late_p_peak, u[:, 2]), shape)
+    shape = np.where(family == _KL, lerp(cv.hacked_families.kl_p_peak, u[:, 2]), shape)
     shape = np.where(family == _DROP, lerp(cv.plateau_tau, u[:, 2]), shape)
     x = p[None, :] / shape[:, None]
     g = np.where(plateau_form[:, None], height[:, None] * (1.0 - np.exp(-x)), height[:, None] * gao(x))
@@ -187,7 +188,7 @@ def generate_workload(cfg: SimConfig, seed: int, salt: int | None = None) -> Wor
     tau_l = lerp(cfg.loss.tau, u[:, 5])
     pe = cfg.noise.per_example
     if pe.n:
-        observed, paired = _per_example(pe, cfg.noise.sigma, g, s_examples)
+        observed, paired = per_example_scores(pe, cfg.noise.sigma, g, s_examples)
         scores, eval_noise = observed.tolist(), paired.tolist()
     else:
         scores, eval_noise = (g + noise).tolist(), None
@@ -366,7 +367,7 @@ def _trace_types(cfg: SimConfig, trace_types, pick: np.ndarray, gpus: np.ndarray
     return out
 
 
-def _per_example(pe, sigma: float, g: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def per_example_scores(pe, sigma: float, g: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(scores, paired noise levels) of evals that are means over ``pe.n`` examples, for the gold
     ``g`` (jobs x evals) at the eval points (:class:`~platform_sim.config.PerExampleConfig`). Each
     level is sd(d) / sqrt(2 n) over the per-example differences from the eval before (as
@@ -396,8 +397,8 @@ def _per_example(pe, sigma: float, g: np.ndarray, rng: np.random.Generator) -> t
     return scores, noise
 
 
-_GAO, _LATE, _SHALLOW, _DROP, _OSC = (FAMILIES.index(f.value) for f in Family)
-_N_EXTRA = {"gao": 0, "late_onset": 1, "shallow": 1, "plateau_then_drop": 2, "oscillating": 3}
+_GAO, _LATE, _SHALLOW, _DROP, _OSC, _KL = (FAMILIES.index(f.value) for f in Family)
+_N_EXTRA = {"gao": 0, "late_onset": 1, "shallow": 1, "plateau_then_drop": 2, "oscillating": 3, "gao_kl": 1}
 
 
 def _families(cfg: SimConfig, hacked_form: np.ndarray, u: np.ndarray, v: np.ndarray, lerp
@@ -409,9 +410,9 @@ def _families(cfg: SimConfig, hacked_form: np.ndarray, u: np.ndarray, v: np.ndar
     pick = np.minimum(np.searchsorted(np.cumsum(shares), v[:, 0] * shares.sum(), side="right"), len(FAMILIES) - 1)
     family = np.where(hacked_form, pick, _GAO)
     zero = np.zeros(len(family))
-    e0 = np.select([family == _LATE, family == _SHALLOW, family == _DROP, family == _OSC],
+    e0 = np.select([family == _LATE, family == _SHALLOW, family == _DROP, family == _OSC, family == _KL],
                    [lerp(fc.late_sharpness, v[:, 1]), lerp(fc.shallow_depth, v[:, 1]), lerp(fc.drop_at, v[:, 1]),
-                    lerp(fc.osc_amplitude, v[:, 1])], zero)
+                    lerp(fc.osc_amplitude, v[:, 1]), lerp(fc.kl_exponent, v[:, 1])], zero)
     e1 = np.select([family == _DROP, family == _OSC], [lerp(fc.drop_depth, v[:, 2]), lerp(fc.osc_cycles, v[:, 2])],
                    zero)
     e2 = np.where(family == _OSC, 2.0 * math.pi * v[:, 3], zero)

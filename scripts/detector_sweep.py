@@ -13,7 +13,12 @@ The plan (grid, frozen detector parameters, seed, curves per cell) is
 3. units: per detector, the largest change of precision / recall between score units over all cells
    (0 for a scale-free rule);
 4. the recommended detector's precision / recall / retention per family at sigma 0.04 and 0.12 with
-   95% Wilson intervals (``--json`` holds every cell with every interval).
+   95% Wilson intervals (``--json`` holds every cell with every interval);
+5. with ``--cells-table``: every detector's cells in the simulator's units at ``--cells-evals`` evals
+   per job (default 10), one row per noise kind and sigma, with intervals (the Gao-form plan,
+   ``configs/sweep/preregistered-gao-kl.yaml``, is read this way).
+
+``win_rate`` cells have no sigma (their noise is the prompts' sampling): they show sigma 0.
 """
 
 from __future__ import annotations
@@ -48,16 +53,35 @@ def pass_grid(cells: list[CellResult], plan, label: str) -> dict[tuple[float, in
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+def sigmas_run(plan) -> list[float]:
+    """Every sigma some noise kind of ``plan`` is run at (0 for ``win_rate``), ascending."""
+    return sorted({s for n in plan.noises for s in plan.sigmas_of(n)})
+
+
+def cells_table(cells: list[CellResult], plan, evals: int) -> None:
+    print(f"\n## 5. Every detector, simulator units, {evals} evals per job\n")
+    print("| detector | noise | sigma | precision (B) [95% CI] | recall [95% CI] | healthy stopped | "
+          "retention [95% CI] |")
+    print("|---|---|---|---|---|---|---|")
+    for c in cells:
+        if c.scale == 1.0 and c.offset == 0.0 and c.evals == evals:
+            pci, rci = wilson(c.tp, c.tp + c.harmful), wilson(c.tp, c.hacked)
+            print(f"| {c.detector} | {c.noise} | {c.sigma:g} | {_pct(c.precision)} [{_pct(pci[0])}, {_pct(pci[1])}] | "
+                  f"{_pct(c.recall)} [{_pct(rci[0])}, {_pct(rci[1])}] | {_pct(c.stop_rate_healthy)} | "
+                  f"{_pct(c.retention)} [{_pct(c.retention_ci[0])}, {_pct(c.retention_ci[1])}] |")
+
+
 def print_tables(cells: list[CellResult], plan) -> dict:
     labels = [d.label for d in plan.detectors]
+    sigmas = sigmas_run(plan)
     summary: dict = {"pass_grid": {}, "region_gaussian_unit": {}, "units_max_change": {}}
     print("\n## 1. Cells with P and R >= 95% (of families x noise kinds x score units)\n")
     print("| detector | sigma | " + " | ".join(f"{m} evals" for m in plan.evals) + " |")
     print("|---|---|" + "---|" * len(plan.evals))
     for label in labels:
         grid = pass_grid(cells, plan, label)
-        summary["pass_grid"][label] = {f"{s}/{m}": grid[(s, m)] for s in plan.sigmas for m in plan.evals}
-        for s in plan.sigmas:
+        summary["pass_grid"][label] = {f"{s}/{m}": grid[(s, m)] for s in sigmas for m in plan.evals}
+        for s in sigmas:
             print(f"| {label} | {s} | " + " | ".join(f"{grid[(s, m)][0]}/{grid[(s, m)][1]}" for m in plan.evals) + " |")
     print("\n## 2. Gaussian noise, simulator units: families passing (P and R >= 95%)\n")
     fams = plan.families
@@ -122,13 +146,14 @@ def plot(summary: dict, plan, path: str) -> None:
         ax.axis("off")
     for ax, label in zip(axes[:len(labels)], labels, strict=True):
         g = summary["pass_grid"][label]
-        share = np.array([[g[f"{s}/{m}"][0] / g[f"{s}/{m}"][1] for m in plan.evals] for s in plan.sigmas])
+        sigmas = sigmas_run(plan)
+        share = np.array([[g[f"{s}/{m}"][0] / g[f"{s}/{m}"][1] for m in plan.evals] for s in sigmas])
         ax.imshow(share, vmin=0, vmax=1, cmap="RdYlGn", origin="lower", aspect="auto")
-        for i in range(len(plan.sigmas)):
+        for i in range(len(sigmas)):
             for j in range(len(plan.evals)):
                 ax.text(j, i, f"{100 * share[i, j]:.0f}", ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(plan.evals)), [str(m) for m in plan.evals])
-        ax.set_yticks(range(len(plan.sigmas)), [str(s) for s in plan.sigmas])
+        ax.set_yticks(range(len(sigmas)), [str(s) for s in sigmas])
         ax.set_title(label, fontsize=8)
         ax.set_xlabel("evals per job", fontsize=7)
         ax.set_ylabel("eval noise sigma", fontsize=7)
@@ -144,12 +169,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--curves", type=int, help="override curves per cell (not the pre-registered run)")
     ap.add_argument("--json")
     ap.add_argument("--png")
+    ap.add_argument("--cells-table", action="store_true", help="print table 5 (every detector's cells)")
+    ap.add_argument("--cells-evals", type=int, default=10, help="table 5's evals per job (default 10)")
     args = ap.parse_args(argv)
     plan = load_plan(args.plan, curves_per_cell=args.curves)
     t0 = time.perf_counter()
     cells = list(tqdm(sweep_cells(plan), total=plan.n_cells * len(plan.detectors), desc="sweep", mininterval=5))
     elapsed = time.perf_counter() - t0
     summary = print_tables(cells, plan)
+    if args.cells_table:
+        cells_table(cells, plan, args.cells_evals)
     n_curves = plan.n_cells // len(plan.scales) * plan.curves_per_cell
     print(f"\n{plan.n_cells} cells x {len(plan.detectors)} detectors, {plan.curves_per_cell} curves per cell "
           f"({n_curves} distinct noisy curves, each seen in {len(plan.scales)} units), seed {plan.seed}: {elapsed:.0f} s")

@@ -1,6 +1,7 @@
 """Tune the scale-free detectors' parameters on tuning seeds only (< 1000), and log every candidate.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/tune_detectors.py --log configs/sweep/tuning-log.jsonl
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/tune_detectors.py --population gao_kl --curves 1000
 
 The tuning population is the curve-level sweep's (:mod:`platform_sim.sweep`) at scale 1, Gaussian
 noise, ``--seed`` (default 7; seeds >= 1000 are refused: they are kept for evaluation, and the
@@ -17,6 +18,14 @@ Selection rule (fixed before looking at any evaluation seed), per detector:
 keep their earlier window / z / drift / threshold and search only ``noise_rel`` (their relative
 noise prior). Each candidate is one JSON line appended to the log: its parameters, the number of passing
 cells, its precision / recall / retention at sigma 0.04 x 10 evals, and whether it was chosen.
+
+``--population gao_kl`` (issue 28; log ``configs/sweep/tuning-log-gao-kl.jsonl``) tunes for Gao et
+al.'s form in d = sqrt(KL) (family ``gao_kl``, healthy runs in the same form) scored as a win rate over
+250 prompts (noise ``win_rate``: binomial, the paired noise level given to the detector), 10 evals
+per job, ``--curves`` curves. Every score-reading rule searches its threshold and its window (k and
+the noise multiple for ``decline``). Selection rule (fixed before any evaluation seed), per detector:
+among the candidates whose precision (B) is >= 0.95, the highest retention (the issue's target: >= 95%
+precision with >= 40% of the post-peak compute saved); if none, the highest precision.
 """
 
 from __future__ import annotations
@@ -44,25 +53,81 @@ CANDIDATES: dict[str, list[dict]] = {
     "cusum": [dict(noise_rel=r) for r in (0.05, 0.1, 0.2)],
 }
 
+#: ``--population gao_kl``: each score-reading rule's threshold x window
+GAO_KL_CANDIDATES: dict[str, list[dict]] = {
+    "sequential": [dict(z=z, span=sp) for z, sp in itertools.product((0.0, 0.25, 0.5, 0.75, 1.0), (0.1, 0.15, 0.25, 0.35))],
+    "drop": [dict(z=z, window=w) for z, w in itertools.product((0.8, 1.1, 1.4, 2.0, 2.8), (2, 3, 4))],
+    "trend": [dict(z=z, window=w) for z, w in itertools.product((0.8, 1.1, 1.5, 2.0, 2.8), (3, 4, 5))],
+    "cusum": [dict(threshold=t, drift=d) for t, d in itertools.product((2.0, 2.75, 3.5, 4.5, 6.0), (0.25, 0.5, 1.0))],
+    "decline": [dict(k=k, noise_z=z) for k, z in itertools.product((1, 2, 3), (0.0, 0.25, 0.5, 1.0))],
+}
 
-def tuning_plan(detectors: tuple[DetectorSpec, ...], seed: int, curves: int) -> SweepPlan:
+
+def _check_seed(seed: int) -> None:
     if not 0 <= seed <= MAX_TUNING_SEED:
         raise ValueError(f"tuning seeds must lie in [0, {MAX_TUNING_SEED}] (>= 1000 are kept for evaluation), "
                          f"but got seed={seed}.")
+
+
+def tuning_plan(detectors: tuple[DetectorSpec, ...], seed: int, curves: int) -> SweepPlan:
+    _check_seed(seed)
     return SweepPlan(sigmas=(0.04, 0.08, 0.12, 0.20), evals=(5, 10, 20, 40), scales=((1.0, 0.0),),
                      families=("gao", "late_onset", "shallow", "healthy_dip"), noises=("gaussian",),
                      detectors=detectors, curves_per_cell=curves, seed=seed)
+
+
+def gao_kl_plan(detectors: tuple[DetectorSpec, ...], seed: int, curves: int) -> SweepPlan:
+    """The ``gao_kl`` tuning population: one cell (win rate over 250 prompts, 10 evals)."""
+    _check_seed(seed)
+    return SweepPlan(sigmas=(0.0,), evals=(10,), scales=((1.0, 0.0),), families=("gao_kl",), noises=("win_rate",),
+                     detectors=detectors, curves_per_cell=curves, seed=seed, examples=250)
+
+
+def gao_kl_choice(rows: list[tuple[DetectorSpec, dict]]) -> DetectorSpec:
+    """The ``gao_kl`` rule: precision (B) >= 0.95, then the highest retention (else the highest precision)."""
+    ok = [r for r in rows if (r[1]["precision"] or 0) >= 0.95]
+    if ok:
+        return max(ok, key=lambda r: r[1]["retention"] or 0)[0]
+    return max(rows, key=lambda r: r[1]["precision"] or 0)[0]
+
+
+def tune_gao_kl(names: list[str], seed: int, curves: int, log_path: str) -> None:
+    specs = tuple(DetectorSpec(f"{name}#{i}", name, params)
+                  for name in names for i, params in enumerate(GAO_KL_CANDIDATES[name]))
+    plan = gao_kl_plan(specs, seed, curves)
+    stats = {}
+    for cell in tqdm(sweep_cells(plan), total=plan.n_cells * len(specs), desc="tuning gao_kl", mininterval=2):
+        stats[cell.detector] = {"precision": cell.precision, "recall": cell.recall, "retention": cell.retention,
+                                "stop_rate_healthy": cell.stop_rate_healthy}
+    with open(log_path, "a") as log:
+        for name in names:
+            rows = [(s, stats[s.label]) for s in specs if s.name == name]
+            chosen = gao_kl_choice(rows)
+            for s, st in rows:
+                log.write(json.dumps({"detector": name, "params": s.params, "seed": seed, "curves_per_cell": curves,
+                                      "population": "gao_kl, win_rate n=250, 10 evals", **st,
+                                      "chosen": s is chosen}) + "\n")
+            print(f"{name}: chosen {chosen.params}: {stats[chosen.label]}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--curves", type=int, default=200, help="curves per cell (default 200)")
-    ap.add_argument("--detectors", default=",".join(CANDIDATES))
-    ap.add_argument("--log", default="configs/sweep/tuning-log.jsonl")
+    ap.add_argument("--detectors", help="comma-separated (default: every detector the population tunes)")
+    ap.add_argument("--population", choices=("mixed", "gao_kl"), default="mixed",
+                    help="mixed: the simulator's families, Gaussian noise (default); gao_kl: see above")
+    ap.add_argument("--log", help="default configs/sweep/tuning-log.jsonl (gao_kl: tuning-log-gao-kl.jsonl)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    names = args.detectors.split(",")
+    if args.population == "gao_kl":
+        names = args.detectors.split(",") if args.detectors else list(GAO_KL_CANDIDATES)
+        _check_seed(args.seed)
+        tune_gao_kl(names, args.seed, args.curves, args.log or "configs/sweep/tuning-log-gao-kl.jsonl")
+        print(f"gao_kl, {args.curves} curves, seed {args.seed}: {time.perf_counter() - t0:.0f} s")
+        return 0
+    names = args.detectors.split(",") if args.detectors else list(CANDIDATES)
+    args.log = args.log or "configs/sweep/tuning-log.jsonl"
     specs = tuple(DetectorSpec(f"{name}#{i}", name, params) for name in names for i, params in enumerate(CANDIDATES[name]))
     plan = tuning_plan(specs, args.seed, args.curves)
     stats = {s.label: {"passing_cells": 0, "cells": 0, "at_004_10": None} for s in specs}

@@ -26,7 +26,7 @@ def test_default_config_is_the_spec():
     # every overlay watches the RLHF jobs (the decision is justified in rlhf_heavy.yaml and the README)
     assert {cfg.overlay.block(o)["job_types"] for o in ("evalstop", "stop_at", "loss_plateau")} == {"rlhf"}
     assert cfg.curves.hacked_families.shares == {"gao": 1.0, "late_onset": 0.0, "shallow": 0.0,
-                                                 "plateau_then_drop": 0.0, "oscillating": 0.0}
+                                                 "plateau_then_drop": 0.0, "oscillating": 0.0, "gao_kl": 0.0}
     assert sum(t.share for t in cfg.workload.types.values()) == pytest.approx(1.0)
     assert cfg.workload.types["rlhf_ppo"].gpus == {8: 0.6, 16: 0.3, 32: 0.1}
 
@@ -67,6 +67,8 @@ def test_default_config_is_the_spec():
         ("curves: {hacked_families: {late_p_peak: [0.6, 1.2]}}", "curves.hacked_families.late_p_peak must lie in (0, 1)"),
         ("curves: {hacked_families: {late_sharpness: [0.5, 2]}}", "curves.hacked_families.late_sharpness must be >= 1"),
         ("curves: {hacked_families: {shallow_depth: [0.1, 2]}}", "curves.hacked_families.shallow_depth must lie in [0, 1]"),
+        ("curves: {hacked_families: {kl_p_peak: [0.0, 0.5]}}", "curves.hacked_families.kl_p_peak must lie in (0, 1)"),
+        ("curves: {hacked_families: {kl_exponent: [0.5, 3]}}", "curves.hacked_families.kl_exponent must lie in (0, 2]"),
         ("curves: {hacked_families: {wobble: 1}}", "unknown key curves.hacked_families.wobble; valid keys here: shares"),
         ("overlay: {stop_at: {fraction: 1.5}}", "overlay.stop_at: fraction must be"),
         ("overlay: {loss_plateau: {job_types: some}}", "overlay.loss_plateau: job_types must be 'all' or 'rlhf'"),

@@ -90,6 +90,7 @@ def only(family: str) -> dict[str, float]:
         ("shallow", (0.25,), [(0.25, float(gao(0.5))), (1.0, 1 - 0.25 * (1 - float(gao(2.0))))]),
         ("plateau_then_drop", (0.6, 0.5), [(0.6, 1 - np.exp(-6)), (1.0, 1 - np.exp(-10) - 0.5)]),
         ("oscillating", (0.1, 2.0, 0.0), [(0.5, 1.0 + 0.1 * np.sin(2 * np.pi)), (0.125, float(gao(0.25)) + 0.1)]),
+        ("gao_kl", (1.0,), [(0.5, 1.0), (1.0, float(gao(np.sqrt(2.0)))), (0.125, float(gao(0.5)))]),
     ],
 )
 def test_family_curves_hand_computed(family, extra, checks):
@@ -121,6 +122,8 @@ def test_each_family_is_selectable_and_labelled_from_its_noiseless_curve(family)
         assert t.hacked == (np.argmax(g) < len(g) - 1 and g.max() - g[-1] >= cfg.curves.label_min_drop)
         if family == "late_onset":
             assert fc.late_p_peak[0] <= t.shape <= fc.late_p_peak[1] and fc.late_sharpness[0] <= t.extra[0] <= fc.late_sharpness[1]
+        if family == "gao_kl":
+            assert fc.kl_p_peak[0] <= t.shape <= fc.kl_p_peak[1] and fc.kl_exponent[0] <= t.extra[0] <= fc.kl_exponent[1]
         if family == "plateau_then_drop":
             assert fc.drop_at[0] <= t.extra[0] <= fc.drop_at[1] and fc.drop_depth[0] <= t.extra[1] <= fc.drop_depth[1]
         # the observed scores are the curve plus the same noise draws as under the Gao default
@@ -141,10 +144,10 @@ def test_late_onset_peaks_late_and_shallow_drops_less():
 
 
 def test_trace_round_trip_with_families(tmp_path):
-    shares = {"gao": 0.2, "late_onset": 0.2, "shallow": 0.2, "plateau_then_drop": 0.2, "oscillating": 0.2}
-    cfg = load_config().replace(**{"workload.n_jobs": 60, "curves.hacked_families.shares": shares})
+    shares = {f: 1 / len(FAMILIES) for f in FAMILIES}
+    cfg = load_config().replace(**{"workload.n_jobs": 80, "curves.hacked_families.shares": shares})
     wl = generate_workload(cfg, 4)
-    assert len({t.family for t in wl.truths}) == 5
+    assert len({t.family for t in wl.truths}) == len(FAMILIES)
     write_trace(wl, tmp_path / "jobs.csv")
     assert read_trace(tmp_path / "jobs.csv") == wl
 
@@ -228,11 +231,11 @@ def test_the_simulators_paired_noise_is_the_callbacks():
     """One formula: the workload's vectorised levels equal core.examples.paired_noise on the same
     per-example scores (drawn again from the same generator, in the same order)."""
     from evalstop_trl.core.examples import paired_noise
-    from platform_sim.workload import _per_example
+    from platform_sim.workload import per_example_scores
 
     pe = load_config().replace(**{"noise.per_example.n": 6}).noise.per_example
     g = np.array([[0.2, 0.4, 0.5], [0.9, 0.8, 0.6]])
-    scores, noise = _per_example(pe, 0.04, g, np.random.default_rng(9))
+    scores, noise = per_example_scores(pe, 0.04, g, np.random.default_rng(9))
     rng = np.random.default_rng(9)
     effects = rng.standard_normal((2, 6)) * pe.example_sd
     x = [g[:, i:i + 1] + effects + rng.standard_normal((2, 6)) * (0.04 * math.sqrt(6)) for i in range(3)]

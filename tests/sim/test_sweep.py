@@ -135,7 +135,7 @@ def test_noise_has_unit_variance(kind):
 
 
 def test_unknown_noise_kind_raises():
-    with pytest.raises(ValueError, match="noise kind must be one of gaussian, student_t, ar1"):
+    with pytest.raises(ValueError, match="additive noise kind must be one of gaussian, student_t, ar1"):
         draw_noise("cauchy", 2, 2, np.random.default_rng(0))
 
 
@@ -190,3 +190,131 @@ def test_the_sweep_script_writes_tables_json_and_figure(tmp_path, capsys):
     assert png.stat().st_size > 10_000
     text = capsys.readouterr().out
     assert "## 1. Cells with P and R >= 95%" in text and "## 3. Units" in text
+
+
+# ------------------------------------------------------------------ the Gao-form family (issue 28 item 3)
+KL_PLAN = ROOT / "configs" / "sweep" / "preregistered-gao-kl.yaml"
+KL_LOG = ROOT / "configs" / "sweep" / "tuning-log-gao-kl.jsonl"
+
+
+def test_gao_kl_is_gaos_rl_form_in_the_square_root_of_the_kl():
+    """gold = d (alpha - beta ln d), d = sqrt(KL), KL = d*^2 (p / p_peak)^gamma: written out from
+    Gao et al.'s formula, not from the implementation's f(x)."""
+    from platform_sim.curves import family_gold
+
+    beta, d_star, p_peak, gamma = 0.4, 3.0, 0.35, 0.7
+    alpha = beta * (1 + math.log(d_star))  # the peak of d (alpha - beta ln d) is at d*
+    p = np.linspace(0.01, 1.0, 50)
+    d = np.sqrt(d_star**2 * (p / p_peak) ** gamma)
+    want = d * (alpha - beta * np.log(d))
+    got = family_gold("gao_kl", beta * d_star, p_peak, (gamma,), p)  # its height H = R(d*) = beta d*
+    assert got == pytest.approx(want, rel=1e-12)
+    assert p[np.argmax(got)] == pytest.approx(p_peak, abs=0.02)
+
+
+def test_the_family_lists_tie_to_the_curve_families():
+    from platform_sim.curves import FAMILIES
+    from platform_sim.sweep import EXAMPLE_NOISES, HEALTHY_DIP, NOISE_KINDS, SWEEP_FAMILIES
+
+    assert set(SWEEP_FAMILIES) == set(FAMILIES) | {HEALTHY_DIP} and len(set(SWEEP_FAMILIES)) == len(SWEEP_FAMILIES)
+    assert SWEEP_FAMILIES[:6] == ("gao", "late_onset", "shallow", "plateau_then_drop", "oscillating", HEALTHY_DIP)
+    assert NOISE_KINDS[:3] == ("gaussian", "student_t", "ar1") and set(EXAMPLE_NOISES) <= set(NOISE_KINDS)
+
+
+def test_a_gao_kl_cell_has_every_curve_in_the_form_healthy_ones_peaking_past_the_end():
+    cfg = load_config()
+    pop = draw_population(cfg.curves, "gao_kl", 2000, 10, np.random.default_rng(4), kl_healthy_p_peak=(1.2, 2.0))
+    lo, hi = cfg.curves.hacked_families.kl_p_peak
+    assert np.all((pop.peak[pop.hacked] >= lo - 1e-3) & (pop.peak[pop.hacked] <= hi + 1e-3))
+    rising = ~pop.hacked & (pop.peak == 1.0)
+    assert rising.mean() > 0.4 and np.all(np.diff(pop.gold[rising], axis=1) > 0)  # no plateau runs: all rise
+    # the slow decline: a hacked form peaking late may fall by less than the label's margin (then healthy)
+    assert 0.1 < pop.hacked.mean() < cfg.curves.hack_fraction
+
+
+def _kl_plan(**kw) -> SweepPlan:
+    base = dict(sigmas=(0.04,), evals=(10,), scales=((1.0, 0.0), (10.0, 50.0)), families=("gao_kl",),
+                noises=("win_rate", "examples"), curves_per_cell=60, seed=20000,
+                detectors=(DetectorSpec("seq", "sequential"), DetectorSpec("seq plain", "sequential", evidence=False),
+                           DetectorSpec("decline", "decline"), DetectorSpec("decline plain", "decline", evidence=False)))
+    return SweepPlan(**{**base, **kw})
+
+
+def test_per_example_cells_give_the_detectors_the_paired_noise_in_every_unit():
+    plan = _kl_plan()
+    assert plan.n_cells == 2 * 2  # win_rate once (no sigma), examples at the one sigma; two units each
+    cells = list(sweep_cells(plan))
+    assert {c.sigma for c in cells if c.noise == "win_rate"} == {0.0}
+    key = lambda c: (c.tp, c.harmful, c.healthy_stopped, c.retention)  # noqa: E731
+    for label in ("seq", "seq plain", "decline", "decline plain"):
+        for noise in ("win_rate", "examples"):
+            a, b = (c for c in cells if c.detector == label and c.noise == noise)
+            assert key(a) == key(b), (label, noise)  # the level is scaled with the scores
+    by = {(c.detector, c.noise, c.scale): c for c in cells}
+    # the level changes decisions: decline counts only falls beyond it, so it stops far fewer healthy runs
+    for noise in ("win_rate", "examples"):
+        with_level, plain = by[("decline", noise, 1.0)], by[("decline plain", noise, 1.0)]
+        assert with_level.healthy_stopped < plain.healthy_stopped / 2
+
+
+def test_per_example_cells_are_paired_across_sigmas():
+    cells = list(sweep_cells(_kl_plan(sigmas=(0.0, 0.04), noises=("examples",), scales=((1.0, 0.0),),
+                                      detectors=(DetectorSpec("seq", "sequential"),))))
+    quiet, noisy = cells
+    assert quiet.sigma == 0.0 and noisy.sigma == 0.04 and quiet.hacked == noisy.hacked
+    assert quiet.tp >= noisy.tp - 3 and quiet.harmful <= noisy.harmful + 3
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"kl_healthy_p_peak": (0.8, 2.0)}, "kl_healthy_p_peak must be a range"),
+    ({"examples": 1}, r"examples must lie in \[2, 10000\]"),
+])
+def test_a_bad_gao_kl_plan_is_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
+        _kl_plan(**bad)
+
+
+def test_the_gao_kl_plan_is_preregistered_with_the_logged_tuning():
+    plan = load_plan(KL_PLAN)
+    assert plan.seed >= 20000 and plan.seed != load_plan(PLAN).seed and plan.families == ("gao_kl",)
+    assert "win_rate" in plan.noises and plan.examples == 250 and 10 in plan.evals
+    rows = [json.loads(line) for line in KL_LOG.read_text().splitlines() if line.strip()]
+    assert rows and all(r["seed"] < 1000 for r in rows)
+    chosen = {r["detector"]: r["params"] for r in rows if r["chosen"]}
+    tuned = {d.name: dict(d.params) for d in plan.detectors if d.label.endswith(", tuned")}
+    assert tuned == chosen
+    from evalstop_trl.core.detectors import detector_params
+
+    for d in plan.detectors:  # the others froze the registry's defaults
+        if not d.label.endswith(", tuned"):
+            assert d.params == {} and detector_params(d.name), d.label
+    # the rule: precision >= 0.95, then retention (recomputed from the log)
+    for name, params in chosen.items():
+        mine = [r for r in rows if r["detector"] == name]
+        ok = [r for r in mine if (r["precision"] or 0) >= 0.95]
+        want = max(ok, key=lambda r: r["retention"] or 0) if ok else max(mine, key=lambda r: r["precision"] or 0)
+        assert want["params"] == params, name
+
+
+def test_the_gao_kl_tuning_refuses_evaluation_seeds():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tune_detectors", ROOT / "scripts" / "tune_detectors.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(ValueError, match=r"tuning seeds must lie in \[0, 999\]"):
+        mod.gao_kl_plan((DetectorSpec("d", "decline"),), 20002, 10)
+
+
+def test_the_sweep_script_prints_every_detectors_cells(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("detector_sweep", ROOT / "scripts" / "detector_sweep.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "kl.json"
+    assert mod.main(["--plan", str(KL_PLAN), "--curves", "6", "--cells-table", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "| win_rate | 0 |" in line]
+    assert len(rows) == len(load_plan(KL_PLAN).detectors)  # one win-rate row per detector at 10 evals
+    assert len(json.loads(out.read_text())["cells"]) == load_plan(KL_PLAN).n_cells * len(rows)
