@@ -414,7 +414,8 @@ class DeclineDetector(Detector):
         delta = self.min_delta
         if obs.eval_noise is not None:
             delta = max(delta, self.noise_z * _SQRT2 * obs.eval_noise)
-        if run and is_decline(score, run[-1][1], self.direction, delta):
+        if run and is_decline(score, run[-1][1], self.direction, self.min_delta) and self._beyond_noise(
+                score, run[-1][1], obs.eval_noise):
             count, run = count + 1, _push(run, (obs.step, score), self.k + 1)
         else:
             count, run = 0, ((obs.step, score),)
@@ -430,6 +431,15 @@ class DeclineDetector(Detector):
             said = self._said[count] = (f"{count} consecutive {'decline' if self._max else 'rise'}(s) of {self.k}",
                                         MappingProxyType({"declines": count}))
         return (count, run), Decision(Action.CONTINUE, said[0], best_step, best_score, said[1])
+
+
+    def _beyond_noise(self, score: float, previous: float, noise: float | None) -> bool:
+        """A fall larger than ``noise_z`` standard errors of a difference; a tie (up to rounding: win
+        rates on a k/n grid land exactly on it) is within the noise, in every unit (:func:`exceeds`)."""
+        if not noise:
+            return True
+        fall = previous - score if self._max else score - previous
+        return exceeds(fall / (_SQRT2 * noise), self.noise_z)
 
 
 class PatienceDetector(Detector):

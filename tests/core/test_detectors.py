@@ -586,6 +586,33 @@ def test_win_rates_on_a_k_over_n_grid_decide_the_same_in_any_units():
                 assert _stops(name, {}, series, a, b) == base, (name, series, a, b)
 
 
+def test_a_decline_exactly_at_the_paired_noise_is_a_tie_in_every_unit():
+    """Win rates over 250 prompts: 6 prompts lose and 3 win between two evals, so the fall (3/250) is
+    exactly sqrt(2) * the paired noise level ((a - b)^2 = a + b); rounding puts it on either side of
+    the threshold depending on the units. A tie is within the noise: no decline, in every unit."""
+    from evalstop_trl.core.examples import paired_noise
+
+    before = {i: float(i < 125) for i in range(250)}
+    after = dict(before)
+    for i in range(6):
+        after[i] = 0.0  # six wins lost
+    for i in range(125, 128):
+        after[i] = 1.0  # three gained
+    noise = paired_noise(before, after)
+    mean_before, mean_after = sum(before.values()) / 250, sum(after.values()) / 250
+    assert (mean_before - mean_after) == pytest.approx(math.sqrt(2) * noise, rel=1e-12)
+    for a, b in ((1.0, 0.0), (0.03, 0.0), (7.0, -3.0), (100.0, -50.0), (10.0, 50.0)):  # in the middle three the
+        # rounding put the fall above the threshold before ties were kept apart
+        det = create_detector("decline", k=1)
+        det.observe(Observation("j", 10, a * mean_before + b, eval_n=250))
+        d = det.observe(Observation("j", 20, a * mean_after + b, eval_n=250, eval_noise=a * noise))
+        assert d.action is Action.CONTINUE, (a, b)
+        d = det.observe(Observation("j", 30, a * (mean_after - 0.01) + b, eval_n=250, eval_noise=a * noise))
+        assert d.action is Action.CONTINUE, (a, b)  # 0.01 < sqrt(2) * noise: within the noise
+        d = det.observe(Observation("j", 40, a * (mean_after - 0.05) + b, eval_n=250, eval_noise=a * noise))
+        assert d.action is Action.STOP, (a, b)  # 0.04 beyond it
+
+
 def test_an_absolute_noise_prior_is_not_scale_free():
     """The documented exception: an explicit noise_prior is in score units."""
     changed = sum(_stops("trend", {"noise_prior": 0.09}, s, 1.0, 0.0) != _stops("trend", {"noise_prior": 0.09}, s, 0.1, 0.0)
