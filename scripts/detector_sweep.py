@@ -16,7 +16,9 @@ The plan (grid, frozen detector parameters, seed, curves per cell) is
    95% Wilson intervals (``--json`` holds every cell with every interval);
 5. with ``--cells-table``: every detector's cells in the simulator's units at ``--cells-evals`` evals
    per job (default 10), one row per noise kind and sigma, with intervals (the Gao-form plan,
-   ``configs/sweep/preregistered-gao-kl.yaml``, is read this way).
+   ``configs/sweep/preregistered-gao-kl.yaml``, is read this way), and 6.: per detector over every
+   cell in those units, how many keep precision (B) >= 95%, the lowest precision, and how many also
+   save >= 40% of the post-peak compute (issue 28's target).
 
 ``win_rate`` cells have no sigma (their noise is the prompts' sampling): they show sigma 0.
 """
@@ -69,6 +71,20 @@ def cells_table(cells: list[CellResult], plan, evals: int) -> None:
             print(f"| {c.detector} | {c.noise} | {c.sigma:g} | {_pct(c.precision)} [{_pct(pci[0])}, {_pct(pci[1])}] | "
                   f"{_pct(c.recall)} [{_pct(rci[0])}, {_pct(rci[1])}] | {_pct(c.stop_rate_healthy)} | "
                   f"{_pct(c.retention)} [{_pct(c.retention_ci[0])}, {_pct(c.retention_ci[1])}] |")
+
+
+def robustness_table(cells: list[CellResult], plan, precision: float = 0.95, saved: float = 0.40) -> None:
+    print("\n## 6. Every detector over every cell in the simulator's units\n")
+    print(f"| detector | cells with precision >= {precision:.0%} | lowest precision (cell) | "
+          f"cells with precision >= {precision:.0%} and retention >= {saved:.0%} |")
+    print("|---|---|---|---|")
+    for label in [d.label for d in plan.detectors]:
+        mine = [c for c in cells if c.detector == label and c.scale == 1.0 and c.offset == 0.0]
+        ok = [c for c in mine if c.precision is not None and c.precision >= precision]
+        worst = min((c for c in mine if c.precision is not None), key=lambda c: c.precision, default=None)
+        where = "n/a" if worst is None else f"{_pct(worst.precision)} ({worst.noise}, sigma {worst.sigma:g}, {worst.evals} evals)"
+        print(f"| {label} | {len(ok)} of {len(mine)} | {where} | "
+              f"{sum(1 for c in ok if (c.retention or 0) >= saved)} |")
 
 
 def print_tables(cells: list[CellResult], plan) -> dict:
@@ -153,7 +169,7 @@ def plot(summary: dict, plan, path: str) -> None:
             for j in range(len(plan.evals)):
                 ax.text(j, i, f"{100 * share[i, j]:.0f}", ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(plan.evals)), [str(m) for m in plan.evals])
-        ax.set_yticks(range(len(sigmas)), [str(s) for s in sigmas])
+        ax.set_yticks(range(len(sigmas)), ["win rate" if s == 0 and "win_rate" in plan.noises else str(s) for s in sigmas])
         ax.set_title(label, fontsize=8)
         ax.set_xlabel("evals per job", fontsize=7)
         ax.set_ylabel("eval noise sigma", fontsize=7)
@@ -179,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = print_tables(cells, plan)
     if args.cells_table:
         cells_table(cells, plan, args.cells_evals)
+        robustness_table(cells, plan)
     n_curves = plan.n_cells // len(plan.scales) * plan.curves_per_cell
     print(f"\n{plan.n_cells} cells x {len(plan.detectors)} detectors, {plan.curves_per_cell} curves per cell "
           f"({n_curves} distinct noisy curves, each seen in {len(plan.scales)} units), seed {plan.seed}: {elapsed:.0f} s")
