@@ -303,7 +303,7 @@ def test_the_gao_kl_tuning_refuses_evaluation_seeds():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     with pytest.raises(ValueError, match=r"tuning seeds must lie in \[0, 999\]"):
-        mod.gao_kl_plan((DetectorSpec("d", "decline"),), 20002, 10)
+        mod.cell_plan(mod.CELL_TUNINGS["gao_kl"], (DetectorSpec("d", "decline"),), 20002, 10)
 
 
 def test_the_sweep_script_prints_every_detectors_cells(tmp_path, capsys):
