@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from evalstop_trl.analysis import intervals  # noqa: E402
 from evalstop_trl.analysis.replay import Curve, replay_curve  # noqa: E402
+from evalstop_trl.core.examples import EVIDENCE_NAMES  # noqa: E402
 
 TRACES = ROOT / "configs" / "traces"
 MAX_STEPS = 300
@@ -61,7 +62,7 @@ FEEDBACK_PROMPTS, FEEDBACK_SAMPLES, FEEDBACK_SEED = 8, 4, 777
 GOLD_PROMPTS, GOLD_SEED = 256, 4242
 FIELDS = ("step", "world_feedback", "gold", "proxy_reward", "train_loss")
 #: with per-example world feedback, each line also has the eval's n and paired noise (core/examples.py)
-EVIDENCE_FIELDS = ("eval_n", "eval_noise")
+EVIDENCE_FIELDS = EVIDENCE_NAMES  # the names the replay and calibrate readers look for
 
 
 def trace_line(row: dict[str, Any]) -> str:

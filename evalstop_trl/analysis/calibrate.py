@@ -448,6 +448,10 @@ def calibrate(runs: Sequence[RunHistory], direction: Direction, label_direction:
     if n_hacked in (0, len(runs)):
         notes.append(f"{'no' if n_hacked == 0 else 'every'} run is labelled hacked: "
                      f"{'recall and lag' if n_hacked == 0 else 'FPR'} cannot be estimated")
+    with_evidence = sum(1 for r in runs if any(n is not None or noise is not None for n, noise in r.evidence))
+    if with_evidence:
+        notes.append(f"{with_evidence} of {len(runs)} runs log per-example evidence (eval_n, eval_noise): every "
+                     "rule is replayed with it, as the callback reports it")
     held_out = [dataclasses.replace(t.held_out, policy=t.final) for t in tuned]  # recommended: the all-runs value
     rec = recommend(held_out, runs, n_hacked, min_precision, direction, held_out=True)
     return Calibration(runs[0].scores.metric, label_metric, direction, label_direction, margin, min_precision,

@@ -42,7 +42,17 @@ from typing import Any
 import yaml
 
 from ..core.detectors import MAX_STEP
-from .replay import _NOT_METRICS, _NOT_SCORES, Curve, _parse_csv, _parse_json, _parse_jsonl
+from .replay import (
+    _NOT_METRICS,
+    _NOT_SCORES,
+    Curve,
+    _parse_csv,
+    _parse_json,
+    _parse_jsonl,
+    evidence_keys,
+    evidence_of,
+    is_evidence,
+)
 
 __all__ = ["READERS", "HistoryError", "RawHistory", "Reader", "RunHistory", "Series", "TENSORBOARD_PIP",
            "choose_metric", "find_runs", "load_histories", "read_run", "select"]
@@ -94,11 +104,12 @@ class RunHistory:
     losses: tuple[float | None, ...]
     planned_steps: int
     note: str = ""  # what the reader chose about this run (said in calibrate's notes)
+    evidence: tuple[tuple[int | None, float | None], ...] = ()  # per eval (n, paired noise), if logged
 
     def curve(self) -> Curve:
         """The detector's input, as ``evalstop replay`` builds it."""
         return Curve(self.scores.metric, self.scores.steps, self.scores.values, self.losses, self.planned_steps,
-                     f"{self.format} {self.source}")
+                     f"{self.format} {self.source}", self.evidence)
 
 
 @dataclass(frozen=True)
@@ -474,7 +485,8 @@ def choose_metric(raw: RawHistory) -> str:
     """The default metric: the only series, else ``evalstop/score`` (``train/evalstop/score`` in a
     TensorBoard log, where transformers prefixes the training logs), else the only eval metric
     (``eval_*`` or ``eval/*``, throughput keys excluded); else a HistoryError listing them."""
-    names = [n for n in raw.metrics() if n not in _LOSS_SERIES] or raw.metrics()
+    watchable = [n for n in raw.metrics() if not is_evidence(n)]
+    names = [n for n in watchable if n not in _LOSS_SERIES] or watchable
     if len(names) == 1:
         return names[0]
     for own in ("evalstop/score", "train/evalstop/score"):  # what EvalStopCallback saw
@@ -525,13 +537,23 @@ def _losses_at(raw: RawHistory, steps: tuple[int, ...]) -> tuple[float | None, .
     return tuple(out)
 
 
+def _evidence_at(raw: RawHistory, series: Series) -> tuple[tuple[int | None, float | None], ...]:
+    """Each eval's logged (n, paired noise) (:func:`~.replay.evidence_keys`); () when none is logged."""
+    n_key, noise_key = evidence_keys(series.metric)
+    ns, noises = raw.series.get(n_key) or {}, raw.series.get(noise_key) or {}
+    if not ns and not noises:
+        return ()
+    return tuple(evidence_of(raw.source, s, ns.get(s), noises.get(s)) for s in series.steps)
+
+
 def select(raw: RawHistory, metric: str | None = None, label_metric: str | None = None) -> RunHistory:
     """The run's detector series (``metric``, or :func:`choose_metric`) and label series (``label_metric``)."""
     scores = _series(raw, metric or choose_metric(raw), "metric")
     label = _series(raw, label_metric, "label metric") if label_metric else None
     last = max(max(points) for points in raw.series.values() if points)
     planned = raw.planned_steps or max(last, 1)
-    return RunHistory(raw.name, raw.source, raw.format, scores, label, _losses_at(raw, scores.steps), planned)
+    return RunHistory(raw.name, raw.source, raw.format, scores, label, _losses_at(raw, scores.steps), planned,
+                      evidence=_evidence_at(raw, scores))
 
 
 def load_histories(paths: Sequence[str | Path], metric: str | None = None, label_metric: str | None = None,

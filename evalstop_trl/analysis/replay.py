@@ -22,10 +22,26 @@ from pathlib import Path
 from typing import Any
 
 from ..core.detectors import Action, Decision, Observation, create_detector
+from ..core.examples import EVIDENCE_NAMES, evidence_keys
 
 __all__ = ["Curve", "ReplayError", "ReplayResult", "load_curve", "replay_curve"]
 
 _NOT_METRICS = {"step", "epoch", "total_flos", "global_step"}
+
+
+def is_evidence(key: str) -> bool:
+    """Whether a logged key is an eval's evidence, not a metric to watch."""
+    return key.rpartition("/")[2] in EVIDENCE_NAMES  # the logged names: core.examples.evidence_keys
+
+
+def evidence_of(where: str, step: int, n: Any, noise: Any) -> tuple[int | None, float | None]:
+    """One eval's logged evidence, checked: ``n`` a whole number >= 1, ``noise`` finite and >= 0
+    (None: not logged). Raises :class:`ReplayError` saying which value is wrong."""
+    if n is not None and not (_is_number(n) and float(n).is_integer() and n >= 1):
+        raise ReplayError(f"{where}: eval_n at step {step} is {n!r}; the number of examples must be a whole number >= 1")
+    if noise is not None and not (_is_number(noise) and math.isfinite(noise) and noise >= 0):
+        raise ReplayError(f"{where}: eval_noise at step {step} is {noise!r}; a noise level must be finite and >= 0")
+    return (None if n is None else int(n)), (None if noise is None else float(noise))
 _NOT_SCORES = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_model_preparation_time"}
 _LOSS_KEYS = ("train_loss", "loss")
 
@@ -190,7 +206,7 @@ def _choose_metric(path: Path, rows: list[dict[str, Any]]) -> str:
     keys: list[str] = []
     for row in rows:
         for k, v in row.items():
-            if k not in keys and k not in _NOT_METRICS and _is_number(v):
+            if k not in keys and k not in _NOT_METRICS and not is_evidence(k) and _is_number(v):
                 keys.append(k)
     if len(keys) == 1:
         return keys[0]
@@ -231,6 +247,8 @@ def load_curve(path: str | Path, metric: str | None = None) -> Curve:
         )
     points: dict[int, float] = {}
     loss_at: dict[int, float] = {}
+    evidence: dict[int, tuple[int | None, float | None]] = {}
+    n_key, noise_key = evidence_keys(metric)
     for i, row in enumerate(rows):
         for key in _LOSS_KEYS:
             if _is_number(row.get(key)) and math.isfinite(row[key]) and "step" in row:
@@ -247,6 +265,8 @@ def load_curve(path: str | Path, metric: str | None = None) -> Curve:
         if step in points and points[step] != float(value):
             raise ReplayError(f"{path}: step {step} has two different values of {metric}: {points[step]} and {value}")
         points[step] = float(value)
+        if row.get(n_key) is not None or row.get(noise_key) is not None:
+            evidence[step] = evidence_of(str(path), step, row.get(n_key), row.get(noise_key))
     if not points:
         raise ReplayError(f"{path}: no entry has a value for {metric!r}")
     steps = tuple(sorted(points))
@@ -258,7 +278,8 @@ def load_curve(path: str | Path, metric: str | None = None) -> Curve:
             last = loss_at[loss_steps[j]]
             j += 1
         losses.append(last)
-    return Curve(metric, steps, tuple(points[s] for s in steps), tuple(losses), planned, fmt)
+    recorded = tuple(evidence.get(s, (None, None)) for s in steps) if evidence else ()
+    return Curve(metric, steps, tuple(points[s] for s in steps), tuple(losses), planned, fmt, recorded)
 
 
 def replay_curve(

@@ -35,7 +35,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-__all__ = ["MAX_KEPT_EXAMPLES", "ExampleEval", "is_per_example", "paired_noise", "per_example", "summarize"]
+__all__ = ["EVIDENCE_NAMES", "MAX_KEPT_EXAMPLES", "ExampleEval", "evidence_keys", "is_per_example", "paired_noise",
+           "per_example", "summarize"]
 
 #: The most per-example scores one eval may return: they are kept until the next eval (about
 #: 100 bytes each), so the training side's memory stays bounded. Report a sample or the mean beyond.
@@ -91,6 +92,20 @@ def per_example(value: Any) -> dict[Hashable, float]:
                              f"characters, or int), but got the key {key!r:.80}.")
         out[key] = _score(key, v)
     return out
+
+
+#: the names an eval's per-example evidence is logged under beside its score: EvalStopCallback logs
+#: ``evalstop/eval_n`` and ``evalstop/eval_noise`` beside ``evalstop/score`` (a TensorBoard log
+#: prefixes the three alike); a recorder of its own (scripts/real_traces.py) writes ``eval_n`` and
+#: ``eval_noise`` beside its score. ``evalstop replay`` and ``calibrate`` read them back.
+EVIDENCE_NAMES = ("eval_n", "eval_noise")
+
+
+def evidence_keys(metric: str) -> tuple[str, str]:
+    """The (n, noise) keys of ``metric``'s logged evidence (see :data:`EVIDENCE_NAMES`)."""
+    head, sep, _ = metric.rpartition("evalstop/")
+    n_name, noise_name = EVIDENCE_NAMES
+    return f"{head}{sep}{n_name}", f"{head}{sep}{noise_name}"
 
 
 def paired_noise(previous: Mapping[Hashable, float], current: Mapping[Hashable, float]) -> float | None:

@@ -486,7 +486,7 @@ class EvalStopCallback(TrainerCallback):
         if message is not None:
             s.adopt(message)
             stop = message.stop
-        metrics = s.eval_metrics(ev.score, stop)
+        metrics = s.eval_metrics(ev.score, stop, ev.n, ev.noise)
         if logs is not None:
             logs.update(metrics)
         state.log_history.append({**metrics, "step": ev.step})

@@ -42,6 +42,7 @@ from typing import Any
 
 from ..core.detectors import DETECTORS, Action, Decision, Detector, Observation, is_better
 from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound
+from ..core.examples import evidence_keys
 from ..core.job import SHADOW_REASON, shadowed
 from ..core.labels import check_hparams, check_tags
 from ..core.records import Report
@@ -533,14 +534,19 @@ class EvalStopSession:
                     self.best_step, self.best_score, self.best_checkpoint)
 
     # ------------------------------------------------------------------ what the trainer logs
-    def eval_metrics(self, score: float | None, stop: bool) -> dict[str, float]:
+    def eval_metrics(self, score: float | None, stop: bool, eval_n: int | None = None,
+                     eval_noise: float | None = None) -> dict[str, float]:
         """The ``evalstop/*`` metrics of an eval (absent values left out); ``evalstop/eval_failures`` counts
-        the failed evals of this process so far."""
+        the failed evals of this process so far. A per-example eval adds its ``evalstop/eval_n`` and
+        ``evalstop/eval_noise``: ``evalstop calibrate`` and ``evalstop replay`` read them from the
+        trainer's logs and replay the rules with the same evidence."""
         evidence = self.decision.evidence if self.decision is not None else {}
+        n_key, noise_key = evidence_keys("evalstop/score")
         metrics = {"evalstop/score": score, "evalstop/best_score": self.best_score,
                    "evalstop/declines": evidence.get("declines", evidence.get("stale")), "evalstop/stop": int(stop),
                    "evalstop/eval_failures": self.evals.total,
-                   "evalstop/would_stop": None if self.shadow.step is None else 1}
+                   "evalstop/would_stop": None if self.shadow.step is None else 1,
+                   n_key: eval_n if score is not None else None, noise_key: eval_noise if score is not None else None}
         return {k: v for k, v in metrics.items() if v is not None}
 
     def log_eval(self, step: int, score: float | None) -> None:

@@ -4,6 +4,7 @@ an MLflow file-store folder; the real CLI in a subprocess."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -345,6 +346,23 @@ def test_calibrate_tunes_on_the_shipped_real_traces_and_recommends_from_held_out
         assert lows[rec["policy"]["label"]] >= 0.9
     bad = cli(str(ROOT / "configs" / "traces"), "--metric", "world_feedback", "--folds", "1")
     assert bad.returncode == 2 and "folds must be an integer in [2, 100], but got 1" in bad.stderr
+
+
+def test_calibrate_replays_the_logged_per_example_evidence_of_real_runs():
+    """The 80 judge runs that recorded per-example world feedback (configs/traces/judge-per-example):
+    calibrate reads each eval's eval_n and paired noise and replays every rule with them, as the
+    callback decides; the same runs without the evidence give the paper's rule far more stops."""
+    from evalstop_trl.analysis.calibrate import calibrate
+
+    runs = load_histories([str(ROOT / "configs" / "traces" / "judge-per-example")], "world_feedback", "gold")
+    assert len(runs) == 80 and all(len(r.evidence) == len(r.scores.steps) for r in runs)
+    assert all(r.evidence[0][1] is None and r.evidence[1][1] > 0 for r in runs)  # the first eval has no pair
+    with_ev = calibrate(runs, Direction.MAX, folds=5)
+    bare = calibrate([dataclasses.replace(r, evidence=()) for r in runs], Direction.MAX, folds=5)
+    stops = lambda cal: {s.policy.label: s.stops for s in cal.scores}  # noqa: E731
+    assert stops(with_ev)["decline k=2"] < stops(bare)["decline k=2"] / 4
+    assert any("80 of 80 runs log per-example evidence" in n for n in with_ev.notes)
+    assert not any("per-example evidence" in n for n in bare.notes)
 
 
 def test_the_table_and_the_printed_policy(team, team_result):

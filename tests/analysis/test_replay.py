@@ -159,3 +159,44 @@ def test_any_detector_parameter_through_param(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["stop_step"] == 3
     assert main(["replay", str(p), "--param", "k"]) == 2
     assert "--param must look like NAME=VALUE" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ per-example evidence in the logs (issue 28)
+def _state_with_evidence(tmp_path, noise: float | None = 0.002, n: object = 250):
+    rows = [{"step": 10 * (i + 1), "evalstop/score": y, "evalstop/eval_n": n,
+             **({} if i == 0 or noise is None else {"evalstop/eval_noise": noise})}
+            for i, y in enumerate([0.60, 0.70, 0.69, 0.68])]
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"log_history": rows}))
+    return path
+
+
+def test_the_logged_paired_noise_is_replayed_with_the_scores(tmp_path, capsys):
+    """Two falls of 0.01 each: the paper's rule stops on them; with a logged paired noise of 0.02 they
+    are within the noise and it does not (the callback would have decided the same)."""
+    plain = load_curve(_state_with_evidence(tmp_path, noise=None))
+    assert plain.evidence == ((250, None),) * 4 and replay_curve(plain).stopped
+    noisy = load_curve(_state_with_evidence(tmp_path, noise=0.02))
+    assert noisy.metric == "evalstop/score" and noisy.evidence[1] == (250, 0.02)
+    assert not replay_curve(noisy).stopped
+    small = load_curve(_state_with_evidence(tmp_path, noise=0.001))
+    assert replay_curve(small).stopped  # falls of 0.01 are beyond a noise of 0.001
+
+
+@pytest.mark.parametrize("n, noise, message", [
+    (0, 0.01, "eval_n at step 10 is 0; the number of examples must be a whole number >= 1"),
+    (2.5, 0.01, "eval_n at step 10 is 2.5"),
+    (250, -1.0, "eval_noise at step 20 is -1.0; a noise level must be finite and >= 0"),
+    (250, "high", "eval_noise at step 20 is 'high'"),
+])
+def test_bad_logged_evidence_is_an_error_naming_the_value(tmp_path, n, noise, message):
+    with pytest.raises(ReplayError, match=message):
+        load_curve(_state_with_evidence(tmp_path, noise=noise, n=n))
+
+
+def test_the_evidence_is_not_a_metric_to_watch(tmp_path):
+    path = tmp_path / "run.jsonl"
+    path.write_text("\n".join(json.dumps({"step": s, "eval_reward": 0.5, "eval_n": 64, "eval_noise": 0.01})
+                              for s in (10, 20)))
+    curve = load_curve(path)
+    assert curve.metric == "eval_reward" and curve.evidence == ((64, 0.01), (64, 0.01))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -100,6 +101,7 @@ def test_a_real_run_with_per_example_world_feedback(where, server, tmp_path):
     noise level; the run stops on a decline larger than that noise, and its best reloads."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from evalstop_trl.analysis.replay import load_curve, replay_curve
     from evalstop_trl.clients.http import EvalStopClient
 
     kwargs = {}
@@ -123,6 +125,13 @@ def test_a_real_run_with_per_example_world_feedback(where, server, tmp_path):
     assert reports[0].eval_noise is None and all(r.eval_noise > 0 for r in reports[1:])
     assert job.decision.evidence["noise"] == reports[-1].eval_noise
     assert job.decision.evidence["needed"] == pytest.approx(2 ** 0.5 * reports[-1].eval_noise)
+    # the trainer's own logs carry the evidence: evalstop replay reads it back and decides as the service did
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": run.log_history}))
+    curve = load_curve(tmp_path / "trainer_state.json")
+    assert curve.metric == "evalstop/score" and [n for n, _ in curve.evidence] == [32] * len(reports)
+    assert curve.evidence[0][1] is None
+    assert [noise for _, noise in curve.evidence[1:]] == pytest.approx([r.eval_noise for r in reports[1:]], rel=1e-12)
+    assert replay_curve(curve, planned_steps=300).stop_step == reports[-1].step
     best = AutoModelForCausalLM.from_pretrained(run.best_checkpoint)
     tok = AutoTokenizer.from_pretrained(run.best_checkpoint)
     assert GoldEval(PRESETS["hacked"])(best, tok) == pytest.approx(run.best_score, abs=1e-5)

@@ -159,6 +159,20 @@ def test_eval_metrics_for_the_trainers_logs():
                                                 "evalstop/stop": 1, "evalstop/eval_failures": 1}
 
 
+def test_a_per_example_evals_evidence_is_logged_under_the_names_the_readers_look_for():
+    """evalstop calibrate / replay read evalstop/eval_n and evalstop/eval_noise back from the trainer's
+    logs (one home for the names: core.examples.evidence_keys)."""
+    from evalstop_trl.core.examples import evidence_keys
+
+    session = _session()
+    session.report(10, 0.5, eval_n=250)
+    n_key, noise_key = evidence_keys("evalstop/score")
+    logged = session.eval_metrics(0.5, False, 250, 0.012)
+    assert (logged[n_key], logged[noise_key]) == (250, 0.012) and n_key == "evalstop/eval_n"
+    assert noise_key not in session.eval_metrics(0.5, False, 250, None)  # the first eval has no pair
+    assert n_key not in session.eval_metrics(None, False, 250, 0.01)  # a failed eval logs no evidence
+
+
 def test_finish_marks_the_job_finished_unless_it_was_stopped():
     coord = Coordinator()
     session = _session(coord, "ok")
