@@ -398,8 +398,9 @@ class Coordinator:
         if checkpoint is not None:
             check_checkpoint(checkpoint)
         slot = self.jobs.get(tenant, job_id)
-        rep = Report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock(), eval_n=eval_n,
-                     eval_noise=eval_noise)
+        # built with the job's plan as read now (the core re-stamps it if an amendment lands first)
+        rep = Report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock(), slot.head.record.planned_steps,
+                     eval_n, eval_noise)
         last = slot.head.last
         if last is None or step > last.step:  # a new report (a retry is answered whatever the quota)
             limit = self._report_limits.get(tenant)
