@@ -49,6 +49,7 @@ from .replay import (
     _parse_csv,
     _parse_json,
     _parse_jsonl,
+    _short,
     evidence_keys,
     evidence_of,
     is_evidence,
@@ -200,12 +201,6 @@ def _from_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str,
             elif value is not None:
                 not_numbers.setdefault(str(key), f"{_short(value)} at step {int(step)}")
     return series, not_numbers
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    """``repr(value)``, cut to ``limit`` characters (a message must not carry a caller's megabytes)."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else f"an integer of {len(str(abs(value)))} digits"
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _under(folder: Path, pattern: Callable[[Path], bool]) -> list[Path]:
@@ -543,7 +538,10 @@ def _evidence_at(raw: RawHistory, series: Series) -> tuple[tuple[int | None, flo
     ns, noises = raw.series.get(n_key) or {}, raw.series.get(noise_key) or {}
     if not ns and not noises:
         return ()
-    return tuple(evidence_of(raw.source, s, ns.get(s), noises.get(s)) for s in series.steps)
+    try:
+        return tuple(evidence_of(raw.source, s, ns.get(s), noises.get(s)) for s in series.steps)
+    except ValueError as exc:  # the run is refused like any unreadable run: one line, the others read
+        raise HistoryError(str(exc)) from None
 
 
 def select(raw: RawHistory, metric: str | None = None, label_metric: str | None = None) -> RunHistory:

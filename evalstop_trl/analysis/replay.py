@@ -17,11 +17,12 @@ import csv
 import io
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.detectors import Action, Decision, Observation, create_detector
+from ..core.detectors import MAX_EXAMPLES, Action, Decision, Observation, create_detector
 from ..core.examples import EVIDENCE_NAMES, evidence_keys
 
 __all__ = ["Curve", "ReplayError", "ReplayResult", "load_curve", "replay_curve"]
@@ -34,14 +35,27 @@ def is_evidence(key: str) -> bool:
     return key.rpartition("/")[2] in EVIDENCE_NAMES  # the logged names: core.examples.evidence_keys
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a message must not carry a caller's megabytes; an
+    integer too long to print is described by its size)."""
+    if isinstance(value, int) and abs(value) >= 10 ** 30:
+        return f"an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def evidence_of(where: str, step: int, n: Any, noise: Any) -> tuple[int | None, float | None]:
-    """One eval's logged evidence, checked: ``n`` a whole number >= 1, ``noise`` finite and >= 0
-    (None: not logged). Raises :class:`ReplayError` saying which value is wrong."""
-    if n is not None and not (_is_number(n) and float(n).is_integer() and n >= 1):
-        raise ReplayError(f"{where}: eval_n at step {step} is {n!r}; the number of examples must be a whole number >= 1")
-    if noise is not None and not (_is_number(noise) and math.isfinite(noise) and noise >= 0):
-        raise ReplayError(f"{where}: eval_noise at step {step} is {noise!r}; a noise level must be finite and >= 0")
+    """One eval's logged evidence, checked: ``n`` a whole number in [1, MAX_EXAMPLES], ``noise``
+    finite and >= 0 (None: not logged). Raises :class:`ReplayError` saying which value is wrong."""
+    if n is not None and not (type(n) in (int, float) and 1 <= n <= MAX_EXAMPLES and float(n).is_integer()):
+        raise ReplayError(f"{where}: eval_n at step {step} is {_short(n)}; the number of examples must be a whole "
+                          f"number from 1 to {MAX_EXAMPLES}")
+    if noise is not None and not (type(noise) in (int, float) and 0 <= noise <= sys.float_info.max):
+        raise ReplayError(f"{where}: eval_noise at step {step} is {_short(noise)}; a noise level must be finite "
+                          "and >= 0")
     return (None if n is None else int(n)), (None if noise is None else float(noise))
+
+
 _NOT_SCORES = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_model_preparation_time"}
 _LOSS_KEYS = ("train_loss", "loss")
 

@@ -365,6 +365,18 @@ def test_calibrate_replays_the_logged_per_example_evidence_of_real_runs():
     assert not any("per-example evidence" in n for n in bare.notes)
 
 
+def test_a_run_with_bad_logged_evidence_is_refused_in_one_line_and_the_others_are_read(tmp_path):
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    rows = lambda n: "\n".join(json.dumps({"step": s, "eval_reward": 0.1 * s, "eval_n": n, "eval_noise": 0.01})  # noqa: E731
+                                for s in range(1, 6))
+    good.write_text(rows(64))
+    bad.write_text(rows(0.5))
+    errors = []
+    runs = load_histories([str(tmp_path)], "eval_reward", on_error=errors.append)
+    assert [r.name for r in runs] == ["good"] and runs[0].evidence == ((64, 0.01),) * 5
+    assert len(errors) == 1 and "bad.jsonl: eval_n at step 1 is 0.5" in str(errors[0])
+
+
 def test_the_table_and_the_printed_policy(team, team_result):
     folder, _ = team
     out = cli(folder, "--label-metric", "gold")

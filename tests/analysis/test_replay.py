@@ -184,10 +184,14 @@ def test_the_logged_paired_noise_is_replayed_with_the_scores(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("n, noise, message", [
-    (0, 0.01, "eval_n at step 10 is 0; the number of examples must be a whole number >= 1"),
+    (0, 0.01, "eval_n at step 10 is 0; the number of examples must be a whole number from 1 to 1000000000"),
     (2.5, 0.01, "eval_n at step 10 is 2.5"),
     (250, -1.0, "eval_noise at step 20 is -1.0; a noise level must be finite and >= 0"),
     (250, "high", "eval_noise at step 20 is 'high'"),
+    (True, 0.01, "eval_n at step 10 is True"),
+    (10**12, 0.01, "eval_n at step 10 is 1000000000000; the number of examples must be a whole number from 1 to"),
+    (250, float("inf"), "eval_noise at step 20 is inf"),
+    (250, 10**400, "eval_noise at step 20 is an integer of about 401 digits"),
 ])
 def test_bad_logged_evidence_is_an_error_naming_the_value(tmp_path, n, noise, message):
     with pytest.raises(ReplayError, match=message):
