@@ -80,6 +80,11 @@ class DetectorSpec:
     params: Mapping[str, Any] = field(default_factory=dict)
     evidence: bool = True
 
+    def __post_init__(self) -> None:
+        if type(self.evidence) is not bool:
+            raise ValueError(f"sweep plan: detector {self.label!r}: evidence must be true or false, got "
+                             f"{self.evidence!r}")
+
     def build(self) -> Detector:
         return create_detector(self.name, **dict(self.params))
 
@@ -119,10 +124,11 @@ class SweepPlan:
         need(1 <= self.curves_per_cell <= MAX_CURVES, f"curves_per_cell must lie in [1, {MAX_CURVES}], got {self.curves_per_cell}")
         need(self.t_df > 2, f"t_df must be > 2 (finite variance), got {self.t_df}")
         need(-1 < self.ar_rho < 1, f"ar_rho must lie in (-1, 1), got {self.ar_rho}")
-        need(1 <= self.kl_healthy_p_peak[0] <= self.kl_healthy_p_peak[1],
+        need(len(self.kl_healthy_p_peak) == 2 and 1 <= self.kl_healthy_p_peak[0] <= self.kl_healthy_p_peak[1],
              f"kl_healthy_p_peak must be a range (lo, hi) with 1 <= lo <= hi (a healthy run peaks past the end), "
              f"got {self.kl_healthy_p_peak}")
-        need(2 <= self.examples <= 10_000, f"examples must lie in [2, 10000], got {self.examples}")
+        need(type(self.examples) is int and 2 <= self.examples <= 10_000,
+             f"examples must be an integer in [2, 10000], got {self.examples!r}")
         labels = [d.label for d in self.detectors]
         need(len(set(labels)) == len(labels) and labels, f"detector labels must be unique and non-empty, got {labels}")
         for d in self.detectors:
@@ -151,11 +157,13 @@ def load_plan(path: str | Path, **overrides: Any) -> SweepPlan:
     unknown = set(raw) - known - {"description", "tuned_on", "frozen_at"}
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(known))}")
-    dets = tuple(DetectorSpec(str(d["label"]), str(d["name"]), dict(d.get("params") or {}), bool(d.get("evidence", True)))
+    dets = tuple(DetectorSpec(str(d["label"]), str(d["name"]), dict(d.get("params") or {}), d.get("evidence", True))
                  for d in raw.pop("detectors"))
     raw = {k: v for k, v in raw.items() if k in known}
     for key in ("sigmas", "evals", "families", "noises", "dip_depth", "dip_centre", "dip_width", "kl_healthy_p_peak"):
         if key in raw:
+            if not isinstance(raw[key], list):
+                raise ValueError(f"{path}: {key} must be a list, got {raw[key]!r}")
             raw[key] = tuple(raw[key])
     raw["scales"] = tuple((float(a), float(b)) for a, b in raw["scales"])
     return SweepPlan(detectors=dets, **raw)

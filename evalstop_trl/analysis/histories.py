@@ -534,8 +534,13 @@ def _losses_at(raw: RawHistory, steps: tuple[int, ...]) -> tuple[float | None, .
 
 def _evidence_at(raw: RawHistory, series: Series) -> tuple[tuple[int | None, float | None], ...]:
     """Each eval's logged (n, paired noise) (:func:`~.replay.evidence_keys`); () when none is logged."""
-    n_key, noise_key = evidence_keys(series.metric)
-    ns, noises = raw.series.get(n_key) or {}, raw.series.get(noise_key) or {}
+    keys = evidence_keys(series.metric)
+    if keys is None:
+        return ()
+    for key in keys:
+        if key in raw.not_numbers:  # as a metric's: not dropped silently (the eval would lose its evidence)
+            raise HistoryError(f"{raw.source}: {key} has a value that is not a number: {raw.not_numbers[key]}")
+    ns, noises = raw.series.get(keys[0]) or {}, raw.series.get(keys[1]) or {}
     if not ns and not noises:
         return ()
     try:

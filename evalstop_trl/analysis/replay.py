@@ -142,6 +142,8 @@ def _parse_json(path: Path, text: str) -> tuple[list[dict[str, Any]], str, int |
         raise ReplayError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
         raise ReplayError(f"{path}: JSON nested too deeply to be a training log") from None
+    except ValueError as exc:  # an integer literal over Python's digit limit (4,300 digits)
+        raise ReplayError(f"{path}: a number too long to read ({exc})") from None
     if isinstance(data, dict) and isinstance(data.get("log_history"), list):
         rows = data["log_history"]
         planned = data.get("max_steps")
@@ -171,6 +173,8 @@ def _parse_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
             raise ReplayError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
         except RecursionError:
             raise ReplayError(f"{path}:{lineno}: JSON nested too deeply to be a log line") from None
+        except ValueError as exc:  # an integer literal over Python's digit limit (4,300 digits)
+            raise ReplayError(f"{path}:{lineno}: a number too long to read ({exc})") from None
         if not isinstance(row, dict):
             raise ReplayError(f"{path}:{lineno}: expected a JSON object with 'step', got {type(row).__name__}")
         rows.append(row)
@@ -262,7 +266,7 @@ def load_curve(path: str | Path, metric: str | None = None) -> Curve:
     points: dict[int, float] = {}
     loss_at: dict[int, float] = {}
     evidence: dict[int, tuple[int | None, float | None]] = {}
-    n_key, noise_key = evidence_keys(metric)
+    n_key, noise_key = evidence_keys(metric) or (None, None)
     for i, row in enumerate(rows):
         for key in _LOSS_KEYS:
             if _is_number(row.get(key)) and math.isfinite(row[key]) and "step" in row:
@@ -279,7 +283,7 @@ def load_curve(path: str | Path, metric: str | None = None) -> Curve:
         if step in points and points[step] != float(value):
             raise ReplayError(f"{path}: step {step} has two different values of {metric}: {points[step]} and {value}")
         points[step] = float(value)
-        if row.get(n_key) is not None or row.get(noise_key) is not None:
+        if n_key is not None and (row.get(n_key) is not None or row.get(noise_key) is not None):
             evidence[step] = evidence_of(str(path), step, row.get(n_key), row.get(noise_key))
     if not points:
         raise ReplayError(f"{path}: no entry has a value for {metric!r}")

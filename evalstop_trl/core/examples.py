@@ -101,9 +101,13 @@ def per_example(value: Any) -> dict[Hashable, float]:
 EVIDENCE_NAMES = ("eval_n", "eval_noise")
 
 
-def evidence_keys(metric: str) -> tuple[str, str]:
-    """The (n, noise) keys of ``metric``'s logged evidence (see :data:`EVIDENCE_NAMES`)."""
+def evidence_keys(metric: str) -> tuple[str, str] | None:
+    """The (n, noise) keys of ``metric``'s logged evidence (see :data:`EVIDENCE_NAMES`); None for a
+    transformers eval metric (``eval_*``, ``eval/*``), whose trainer would log a ``compute_metrics``
+    result named ``n`` or ``noise`` under those very names."""
     head, sep, _ = metric.rpartition("evalstop/")
+    if not sep and metric.startswith(("eval_", "eval/")):
+        return None
     n_name, noise_name = EVIDENCE_NAMES
     return f"{head}{sep}{n_name}", f"{head}{sep}{noise_name}"
 

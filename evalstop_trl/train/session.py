@@ -42,7 +42,7 @@ from typing import Any
 
 from ..core.detectors import DETECTORS, Action, Decision, Detector, Observation, is_better
 from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound
-from ..core.examples import evidence_keys
+from ..core.examples import EVIDENCE_NAMES, evidence_keys
 from ..core.job import SHADOW_REASON, shadowed
 from ..core.labels import check_hparams, check_tags
 from ..core.records import Report
@@ -541,7 +541,7 @@ class EvalStopSession:
         ``evalstop/eval_noise``: ``evalstop calibrate`` and ``evalstop replay`` read them from the
         trainer's logs and replay the rules with the same evidence."""
         evidence = self.decision.evidence if self.decision is not None else {}
-        n_key, noise_key = evidence_keys("evalstop/score")
+        n_key, noise_key = evidence_keys("evalstop/score") or EVIDENCE_NAMES  # (never None for evalstop/score)
         metrics = {"evalstop/score": score, "evalstop/best_score": self.best_score,
                    "evalstop/declines": evidence.get("declines", evidence.get("stale")), "evalstop/stop": int(stop),
                    "evalstop/eval_failures": self.evals.total,

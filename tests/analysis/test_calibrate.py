@@ -365,16 +365,22 @@ def test_calibrate_replays_the_logged_per_example_evidence_of_real_runs():
     assert not any("per-example evidence" in n for n in bare.notes)
 
 
-def test_a_run_with_bad_logged_evidence_is_refused_in_one_line_and_the_others_are_read(tmp_path):
+@pytest.mark.parametrize("bad_n, message", [
+    ("0.5", "eval_n at step 1 is 0.5"),
+    ("true", "eval_n has a value that is not a number: True at step 1"),
+    ('"250"', "eval_n has a value that is not a number: '250' at step 1"),
+    ("1" + "0" * 400, "eval_n has a value that is not a number"),
+])
+def test_a_run_with_bad_logged_evidence_is_refused_in_one_line_and_the_others_are_read(tmp_path, bad_n, message):
     good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
-    rows = lambda n: "\n".join(json.dumps({"step": s, "eval_reward": 0.1 * s, "eval_n": n, "eval_noise": 0.01})  # noqa: E731
+    rows = lambda n: "\n".join(f'{{"step": {s}, "world_feedback": {0.1 * s}, "eval_n": {n}, "eval_noise": 0.01}}'  # noqa: E731
                                 for s in range(1, 6))
     good.write_text(rows(64))
-    bad.write_text(rows(0.5))
+    bad.write_text(rows(bad_n))
     errors = []
-    runs = load_histories([str(tmp_path)], "eval_reward", on_error=errors.append)
+    runs = load_histories([str(tmp_path)], "world_feedback", on_error=errors.append)
     assert [r.name for r in runs] == ["good"] and runs[0].evidence == ((64, 0.01),) * 5
-    assert len(errors) == 1 and "bad.jsonl: eval_n at step 1 is 0.5" in str(errors[0])
+    assert len(errors) == 1 and "bad.jsonl" in str(errors[0]) and message in str(errors[0]), errors
 
 
 def test_the_table_and_the_printed_policy(team, team_result):

@@ -200,7 +200,28 @@ def test_bad_logged_evidence_is_an_error_naming_the_value(tmp_path, n, noise, me
 
 def test_the_evidence_is_not_a_metric_to_watch(tmp_path):
     path = tmp_path / "run.jsonl"
-    path.write_text("\n".join(json.dumps({"step": s, "eval_reward": 0.5, "eval_n": 64, "eval_noise": 0.01})
+    path.write_text("\n".join(json.dumps({"step": s, "world_feedback": 0.5, "eval_n": 64, "eval_noise": 0.01})
                               for s in (10, 20)))
     curve = load_curve(path)
-    assert curve.metric == "eval_reward" and curve.evidence == ((64, 0.01), (64, 0.01))
+    assert curve.metric == "world_feedback" and curve.evidence == ((64, 0.01), (64, 0.01))
+
+
+def test_a_transformers_eval_metric_takes_no_bare_evidence(tmp_path):
+    """compute_metrics returning {"accuracy", "n", "noise"} logs eval_accuracy, eval_n, eval_noise:
+    those are the user's metrics, not the paired noise of eval_accuracy."""
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"log_history": [{"step": s, "eval_accuracy": 0.5, "eval_n": 64, "eval_noise": 3.0}
+                                                for s in (10, 20)]}))
+    curve = load_curve(path)
+    assert curve.metric == "eval_accuracy" and curve.evidence == ()
+
+
+def test_an_integer_too_long_to_read_names_the_file(tmp_path):
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"step": 1, "world_feedback": ' + "9" * 5001 + "}\n")
+    with pytest.raises(ReplayError, match=r"run.jsonl:1: a number too long to read"):
+        load_curve(path)
+    state = tmp_path / "trainer_state.json"
+    state.write_text('{"log_history": [{"step": 1, "eval_loss": ' + "9" * 5001 + "}]}")
+    with pytest.raises(ReplayError, match=r"trainer_state.json: a number too long to read"):
+        load_curve(state)

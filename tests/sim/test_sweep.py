@@ -258,16 +258,25 @@ def test_per_example_cells_give_the_detectors_the_paired_noise_in_every_unit():
 
 
 def test_per_example_cells_are_paired_across_sigmas():
-    cells = list(sweep_cells(_kl_plan(sigmas=(0.0, 0.04), noises=("examples",), scales=((1.0, 0.0),),
-                                      detectors=(DetectorSpec("seq", "sequential"),))))
-    quiet, noisy = cells
-    assert quiet.sigma == 0.0 and noisy.sigma == 0.04 and quiet.hacked == noisy.hacked
-    assert quiet.tp >= noisy.tp - 3 and quiet.harmful <= noisy.harmful + 3
+    """The same examples and standardised draws at every sigma: a mean over Gaussian example scores
+    moves linearly with sigma (unpaired streams would not)."""
+    from platform_sim.sweep import _observed
+
+    plan = _kl_plan(noises=("examples",), curves_per_cell=30)
+    cfg = plan.sim_config()
+    pop = draw_population(cfg.curves, "gao_kl", 30, 10, np.random.default_rng(5))
+    key = (6, 10, 4)
+    at = {sigma: _observed(plan, cfg.noise.per_example, "examples", pop, None, sigma, key) for sigma in (0.0, 0.04, 0.08)}
+    one, two = at[0.04][0] - at[0.0][0], at[0.08][0] - at[0.0][0]
+    assert np.abs(one).max() > 1e-3 and two == pytest.approx(2 * one, rel=1e-9, abs=1e-12)
+    assert at[0.08][1][:, 1:] == pytest.approx(2 * at[0.04][1][:, 1:], rel=1e-9)  # the paired level too
 
 
 @pytest.mark.parametrize("bad, message", [
     ({"kl_healthy_p_peak": (0.8, 2.0)}, "kl_healthy_p_peak must be a range"),
-    ({"examples": 1}, r"examples must lie in \[2, 10000\]"),
+    ({"kl_healthy_p_peak": (1.5,)}, "kl_healthy_p_peak must be a range"),
+    ({"examples": 1}, r"examples must be an integer in \[2, 10000\]"),
+    ({"examples": 250.5}, r"examples must be an integer in \[2, 10000\], got 250.5"),
 ])
 def test_a_bad_gao_kl_plan_is_refused(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -276,6 +285,17 @@ def test_a_bad_gao_kl_plan_is_refused(bad, message):
 
 RETENTION_PLAN = ROOT / "configs" / "sweep" / "preregistered-retention.yaml"
 RETENTION_LOG = ROOT / "configs" / "sweep" / "tuning-log-retention.jsonl"
+
+
+def test_a_detector_specs_evidence_must_be_a_bool(tmp_path):
+    with pytest.raises(ValueError, match="evidence must be true or false, got 'false'"):
+        DetectorSpec("s", "sequential", evidence="false")
+    raw = yaml.safe_load(KL_PLAN.read_text())
+    raw["detectors"][0]["evidence"] = "no"
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match="evidence must be true or false"):
+        load_plan(path)
 
 
 @pytest.mark.parametrize("plan_path, log, floor", [(KL_PLAN, KL_LOG, 0.95), (RETENTION_PLAN, RETENTION_LOG, 0.98)])
