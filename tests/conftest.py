@@ -83,6 +83,9 @@ def postgres_cluster():
 def pg_dsn(postgres_cluster, request):
     """A fresh, empty database on the session's PostgreSQL cluster."""
     import re
+    import uuid
 
-    name = "t_" + re.sub(r"[^a-z0-9]", "_", request.node.name.lower())[:40] + f"_{id(request) % 100000}"
+    # unique per call: the names of parametrized cases share their first 40 characters, and id(request)
+    # (used before) repeats once a finished test's request object is freed (a DuplicateDatabase in CI)
+    name = "t_" + re.sub(r"[^a-z0-9]", "_", request.node.name.lower())[:40] + f"_{uuid.uuid4().hex[:12]}"
     return postgres_cluster.create_database(name)
