@@ -25,8 +25,9 @@ one of the :class:`Family` shapes below, chosen per job with the shares of
     that are not the hack.
 ``gao_kl``
     Gao et al.'s form in its own variable (Gao, Schulman and Hilton, "Scaling Laws for Reward Model
-    Overoptimization", ICML 2023, arXiv:2210.10760: the gold of an RL policy is ``d (alpha - beta ln d)`` in ``d = sqrt(KL(pi || pi_init))``, which is ``H f(d / d*)``
-    with its peak at d*), with the KL growing as a power of progress, ``KL ~ p^gamma``, gamma ~
+    Overoptimization", ICML 2023, arXiv:2210.10760: the gold of an RL policy is
+    ``d (alpha - beta ln d)`` in ``d = sqrt(KL(pi || pi_init))``, which is ``H f(d / d*)`` with its
+    peak at d*), with the KL growing as a power of progress, ``KL ~ p^gamma``, gamma ~
     ``kl_exponent`` (1: linear; below 1: slower, as a KL penalty makes it): ``H f((p / p_peak)^(gamma
     / 2))``, p_peak ~ ``kl_p_peak``. Against progress the rise is steep and the decline after the peak
     slow (the square root): less post-peak evidence per eval than ``gao``, where x is progress itself.

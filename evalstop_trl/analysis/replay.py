@@ -28,6 +28,8 @@ from ..core.examples import EVIDENCE_NAMES, evidence_keys
 __all__ = ["Curve", "ReplayError", "ReplayResult", "load_curve", "replay_curve"]
 
 _NOT_METRICS = {"step", "epoch", "total_flos", "global_step"}
+_NOT_SCORES = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_model_preparation_time"}
+_LOSS_KEYS = ("train_loss", "loss")
 
 
 def is_evidence(key: str) -> bool:
@@ -54,10 +56,6 @@ def evidence_of(where: str, step: int, n: Any, noise: Any) -> tuple[int | None, 
         raise ReplayError(f"{where}: eval_noise at step {step} is {_short(noise)}; a noise level must be finite "
                           "and >= 0")
     return (None if n is None else int(n)), (None if noise is None else float(noise))
-
-
-_NOT_SCORES = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_model_preparation_time"}
-_LOSS_KEYS = ("train_loss", "loss")
 
 
 class ReplayError(ValueError):

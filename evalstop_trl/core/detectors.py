@@ -432,7 +432,6 @@ class DeclineDetector(Detector):
                                         MappingProxyType({"declines": count}))
         return (count, run), Decision(Action.CONTINUE, said[0], best_step, best_score, said[1])
 
-
     def _beyond_noise(self, score: float, previous: float, noise: float | None) -> bool:
         """A fall larger than ``noise_z`` standard errors of a difference; a tie (up to rounding: win
         rates on a k/n grid land exactly on it) is within the noise, in every unit (:func:`exceeds`)."""

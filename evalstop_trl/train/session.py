@@ -42,12 +42,15 @@ from typing import Any
 
 from ..core.detectors import DETECTORS, Action, Decision, Detector, Observation, is_better
 from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound
-from ..core.examples import EVIDENCE_NAMES, evidence_keys
+from ..core.examples import evidence_keys
 from ..core.job import SHADOW_REASON, shadowed
 from ..core.labels import check_hparams, check_tags
 from ..core.records import Report
 from .ranks import RankMessage
 from .scores import finite, to_number
+
+#: where a per-example eval's evidence is logged beside evalstop/score (the readers look there)
+_N_KEY, _NOISE_KEY = evidence_keys("evalstop/score") or ()
 
 __all__ = ["DEFAULT_HEARTBEAT_S", "EvalFailures", "EvalStopSession", "Heartbeat", "SessionConfig", "infer_direction",
            "LOSS_KEYS", "REWARD_KEYS"]
@@ -541,12 +544,11 @@ class EvalStopSession:
         ``evalstop/eval_noise``: ``evalstop calibrate`` and ``evalstop replay`` read them from the
         trainer's logs and replay the rules with the same evidence."""
         evidence = self.decision.evidence if self.decision is not None else {}
-        n_key, noise_key = evidence_keys("evalstop/score") or EVIDENCE_NAMES  # (never None for evalstop/score)
         metrics = {"evalstop/score": score, "evalstop/best_score": self.best_score,
                    "evalstop/declines": evidence.get("declines", evidence.get("stale")), "evalstop/stop": int(stop),
                    "evalstop/eval_failures": self.evals.total,
                    "evalstop/would_stop": None if self.shadow.step is None else 1,
-                   n_key: eval_n if score is not None else None, noise_key: eval_noise if score is not None else None}
+                   _N_KEY: eval_n if score is not None else None, _NOISE_KEY: eval_noise if score is not None else None}
         return {k: v for k, v in metrics.items() if v is not None}
 
     def log_eval(self, step: int, score: float | None) -> None:
