@@ -164,9 +164,10 @@ def run_backend(db: str, replicas: int, args: argparse.Namespace) -> dict:
     """Start ``replicas`` servers over ``db``, run the saturation and the paced stream, stop them."""
     # one tenant sends the whole stream: lift its report-rate quota (1,000/s by default) out of the way,
     # this measures the server, not the quota (tests/service/test_security.py tests the quota)
-    # every job connects from 127.0.0.1 at once, as through a proxy: the per-address guards are the proxy's
+    # every job connects from 127.0.0.1 at once, as through a proxy: the per-address guards are the proxy's;
+    # one tenant holds every job's keep-alive connection: its connection budget (64 by default) is lifted too
     lifted = ("--report-rate", "1000000", "--report-burst", "1000000", "--max-active-jobs", "100000",
-              "--unauth-connections-per-ip", "0", "--unauth-rate-per-ip", "0")
+              "--unauth-connections-per-ip", "0", "--unauth-rate-per-ip", "0", "--max-connections-per-tenant", "0")
     servers = [LocalServer(db, tenants=("load",) if i == 0 else (), args=lifted) for i in range(replicas)]
     try:
         for server in servers:

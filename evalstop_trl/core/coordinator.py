@@ -373,7 +373,8 @@ class Coordinator:
                 self._settle(ticket, tenant, job_id)
             return out
 
-        out = self._retrying(attempt)
+        # a store of one coordinator never refuses a report's write as stale: no retry loop to set up
+        out = self._retrying(attempt) if self.jobs.shared else attempt()
         if out.stopped:
             self._notify(out.state.record, out.decision)
         return out.decision

@@ -1,15 +1,17 @@
 """Stop detectors: pure decision logic over a job's observations.
 
-A detector sees one :class:`Observation` at a time (the information boundary: job type, step,
-progress, eval score, train loss, proxy reward; never hidden labels or true durations) and returns
-a :class:`Decision` that says what to do and why.
+A detector sees one observation at a time (:class:`Observed`, the information boundary: step,
+progress, eval score, train loss, proxy reward and the eval's evidence; never hidden labels or true
+durations) and returns a :class:`Decision` that says what to do and why. Callers build an
+:class:`Observation`; the coordinator hands over the report it stores (checked once on arrival).
 
 Missing and non-finite values (the documented policy):
 
 * ``eval_score=None`` means "no world-feedback eval at this step" (a training-log only report). It
   neither counts as a decline nor resets the decline counter, and never becomes the best score.
-* NaN or infinite numbers are rejected when the :class:`Observation` is built (``ValueError``), so
-  they are refused at every API boundary (HTTP 422, CLI exit 2) and never reach a detector.
+* NaN or infinite numbers are rejected when an :class:`Observation` is built (``ValueError``) and
+  when a report arrives (``records.check_report``), so they are refused at every API boundary (HTTP
+  422, CLI exit 2) and never reach a detector.
 * Once a detector says STOP, it keeps saying STOP (the same decision) for every later observation.
 
 Per-example evidence (optional): ``eval_n`` is the number of examples the eval score is a mean of,
@@ -58,7 +60,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from .registry import Registry
 
@@ -73,6 +75,7 @@ __all__ = [
     "LossPlateauDetector",
     "NeverDetector",
     "Observation",
+    "Observed",
     "PatienceDetector",
     "RelativeNoiseLevel",
     "SequentialDetector",
@@ -176,6 +179,28 @@ class Observation(_ObservationFields):
             check_evidence(eval_score, eval_n, eval_noise)
         return tuple.__new__(cls, (job_id, step, eval_score, train_loss, proxy_reward, job_type, progress, eval_n,
                                    eval_noise))
+
+
+class Observed(Protocol):
+    """What a detector reads of one report: an :class:`Observation`, or the coordinator's stored
+    :class:`~evalstop_trl.core.records.Report` (checked once on arrival; its ``progress`` comes
+    from the job's plan). The job's id and type are not part of it: a job's policy, and so its
+    detector, is chosen per job at registration."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def eval_score(self) -> float | None: ...
+    @property
+    def train_loss(self) -> float | None: ...
+    @property
+    def proxy_reward(self) -> float | None: ...
+    @property
+    def progress(self) -> float | None: ...
+    @property
+    def eval_n(self) -> int | None: ...
+    @property
+    def eval_noise(self) -> float | None: ...
 
 
 def check_evidence(eval_score: Any, eval_n: Any, eval_noise: Any) -> None:
@@ -289,7 +314,7 @@ class Detector(ABC):
         """The state of a job with no observation yet."""
         return DetectorState(rule=self._start())
 
-    def decide(self, state: DetectorState, obs: Observation) -> tuple[DetectorState, Decision]:
+    def decide(self, state: DetectorState, obs: Observed) -> tuple[DetectorState, Decision]:
         """The state after ``obs`` and the decision: a pure function of ``state`` and ``obs``."""
         if state.stopped is not None:
             return state, state.stopped
@@ -311,7 +336,7 @@ class Detector(ABC):
         return ()
 
     @abstractmethod
-    def _decide(self, rule: Any, obs: Observation, best_step: int | None,
+    def _decide(self, rule: Any, obs: Observed, best_step: int | None,
                 best_score: float | None) -> tuple[Any, Decision]:
         """The rule itself: its next state and the decision; the best-so-far is already updated."""
 
@@ -323,7 +348,7 @@ class Detector(ABC):
             self._state = self.start()
         return self._state
 
-    def observe(self, obs: Observation) -> Decision:
+    def observe(self, obs: Observed) -> Decision:
         """Take the next observation of the series this detector follows; the decision after it."""
         self._state, decision = self.decide(self.state, obs)
         return decision
@@ -406,7 +431,7 @@ class DeclineDetector(Detector):
     def _start(self) -> tuple[int, tuple[tuple[int, float], ...]]:
         return 0, ()
 
-    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+    def _decide(self, rule: Any, obs: Observed, best_step: int | None, best_score: float | None) -> Any:
         count, run = rule
         score = obs.eval_score
         if score is None:
@@ -457,7 +482,7 @@ class PatienceDetector(Detector):
     def _start(self) -> tuple[int, float | None]:
         return 0, None
 
-    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+    def _decide(self, rule: Any, obs: Observed, best_step: int | None, best_score: float | None) -> Any:
         count, reference = rule
         score = obs.eval_score
         if score is None:
@@ -489,7 +514,7 @@ class StopAtDetector(Detector):
         if self.fraction == 0:
             raise ValueError("fraction must be in (0, 1], but got fraction=0.")
 
-    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+    def _decide(self, rule: Any, obs: Observed, best_step: int | None, best_score: float | None) -> Any:
         if obs.progress is None:
             return rule, _continue("progress unknown (no planned_steps): stop_at never stops this job", best_step,
                                    best_score)
@@ -532,7 +557,7 @@ class LossPlateauDetector(Detector):
         self.window = _check_int("window", window, 1, MAX_WINDOW)
         self.tolerance = _check_number("tolerance", tolerance, -MAX_DELTA, MAX_DELTA)
 
-    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+    def _decide(self, rule: Any, obs: Observed, best_step: int | None, best_score: float | None) -> Any:
         if obs.train_loss is None:
             return rule, _continue("no train loss in this report", best_step, best_score)
         losses = _push(rule, obs.train_loss, self.window + 1)
@@ -702,7 +727,7 @@ class _NoisyDetector(Detector):
         return y if -SATURATION <= y <= SATURATION else math.copysign(SATURATION, y)
 
     @staticmethod
-    def _level(noise: NoiseLevel | RelativeNoiseLevel, obs: Observation) -> tuple[float, float]:
+    def _level(noise: NoiseLevel | RelativeNoiseLevel, obs: Observed) -> tuple[float, float]:
         """(sigma, dof): the eval's own paired noise level when it carries one (with ``eval_n - 1``
         degrees of freedom), else the job's estimate. A supplied level is floored at a millionth of
         the estimate, which keeps every statistic finite."""
@@ -735,7 +760,7 @@ class DropDetector(_NoisyDetector):
     def _start(self) -> Any:
         return self.noise, (), (), None
 
-    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+    def _decide(self, rule: Any, obs: Observed, best_step: int | None, best_score: float | None) -> Any:
         if obs.eval_score is None:
             return rule, _continue("no eval score in this report", best_step, best_score)
         noise, now, before, ref = rule
@@ -785,7 +810,7 @@ class TrendDetector(_NoisyDetector):
     def _start(self) -> Any:
         return self.noise, ()
 
-    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+    def _decide(self, rule: Any, obs: Observed, best_step: int | None, best_score: float | None) -> Any:
         if obs.eval_score is None:
             return rule, _continue("no eval score in this report", best_step, best_score)
         noise, recent = rule
@@ -860,7 +885,7 @@ class CusumDetector(_NoisyDetector):
     def _start(self) -> Any:
         return self.noise, (), None, 0.0
 
-    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+    def _decide(self, rule: Any, obs: Observed, best_step: int | None, best_score: float | None) -> Any:
         if obs.eval_score is None:
             return rule, _continue("no eval score in this report", best_step, best_score)
         noise, recent, ref, total = rule
@@ -982,7 +1007,7 @@ class SequentialDetector(Detector):
             best = m if best is None or m > best else best
         return best
 
-    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+    def _decide(self, rule: Any, obs: Observed, best_step: int | None, best_score: float | None) -> Any:
         if obs.eval_score is None:
             return rule, _continue("no eval score in this report", best_step, best_score)
         recent, diffs, low, high, best, kept, looks = rule
@@ -1045,7 +1070,7 @@ class NeverDetector(Detector):
     name = "never"
     tuning = MappingProxyType({})
 
-    def _decide(self, rule: Any, obs: Observation, best_step: int | None, best_score: float | None) -> Any:
+    def _decide(self, rule: Any, obs: Observed, best_step: int | None, best_score: float | None) -> Any:
         return rule, _continue("never stops", best_step, best_score)
 
 

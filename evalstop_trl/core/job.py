@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from .codec import to_wire
-from .detectors import Action, Decision, Detector, DetectorState, Observation
+from .detectors import Action, Decision, Detector, DetectorState
 from .errors import Conflict, QuotaExceeded
 from .records import (
     AuditKind,
@@ -40,6 +40,7 @@ from .records import (
     Policy,
     PolicyMode,
     Report,
+    check_report,
 )
 
 _GENERIC_TYPES = frozenset({JobType.RLHF, JobType.OTHER})
@@ -106,12 +107,6 @@ class JobState(NamedTuple):
             last_seen=self.last_seen, ended_at=r.stopped_at if r.stopped_at is not None else r.finished_at,
             would_stop=self.would_stop, would_stop_step=self.would_stop_step, tags=r.tags, hparams=r.hparams,
         )
-
-    def observation(self, rep: Report) -> Observation:
-        planned = self.record.planned_steps
-        return Observation(self.record.job_id, rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward,
-                           self.record.job_type.value, rep.step / planned if planned else None, rep.eval_n,
-                           rep.eval_noise)
 
 
 class Commit(NamedTuple):
@@ -249,7 +244,7 @@ def _observe(state: JobState, cmd: Observe) -> Step:
     detector = state.detector
     if rep.planned_steps != record.planned_steps:  # stored with the plan it is decided under (see replay)
         rep = rep._replace(planned_steps=record.planned_steps)
-    memory, decision = detector.decide(state.memory, state.observation(rep))
+    memory, decision = detector.decide(state.memory, rep)  # the report is the observation (checked on arrival)
     status = record.status
     new_record, audit, deliveries, stopped = record, (), (), False
     would_stop, would_stop_step = state.would_stop, state.would_stop_step
@@ -492,14 +487,14 @@ def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**
     first = last = None
     n = 0
     best_checkpoint = decision = would_stop = would_stop_step = None
-    planned, job_id, job_type = record.planned_steps, record.job_id, record.job_type.value
+    planned = record.planned_steps
     shadow = record.policy.mode is PolicyMode.SHADOW
     for rep in reports:
-        plan = planned if rep.planned_steps is None else rep.planned_steps  # None: stored before plans were kept
-        memory, decision = detector.decide(memory, Observation(job_id, rep.step, rep.eval_score, rep.train_loss,
-                                                               rep.proxy_reward, job_type,
-                                                               rep.step / plan if plan else None, rep.eval_n,
-                                                               rep.eval_noise))
+        # what a file holds is checked as on arrival (a bad row: InvalidInput, a ValueError)
+        check_report(rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward, rep.eval_n, rep.eval_noise)
+        if rep.planned_steps is None:  # stored before plans were kept: decided under the job's plan
+            rep = rep._replace(planned_steps=planned)
+        memory, decision = detector.decide(memory, rep)
         if shadow and decision.action is Action.STOP:
             memory = detector.resume(memory)
             if would_stop is None:

@@ -344,7 +344,10 @@ class Registration:
 
 class Report(NamedTuple):
     """One stored report of a job (one step). A NamedTuple: one is built per report, on the
-    coordinator's hot path (keyword construction works as for the other records)."""
+    coordinator's hot path (keyword construction works as for the other records).
+
+    It is also what the job's detector observes (a :class:`~evalstop_trl.core.detectors.Observed`):
+    its numbers were checked once on arrival (:func:`check_report`), so no second record is built."""
 
     step: int
     eval_score: float | None = None
@@ -355,6 +358,12 @@ class Report(NamedTuple):
     planned_steps: int | None = None  # the job's plan when it was decided (a later amendment changes not it)
     eval_n: int | None = None  # per-example evidence: the eval's number of examples
     eval_noise: float | None = None  # and its paired noise level (core/examples.py)
+
+    @property
+    def progress(self) -> float | None:
+        """step / planned steps (None when the plan is unknown): what a detector reads of the plan."""
+        planned = self.planned_steps
+        return self.step / planned if planned else None
 
     def payload(self) -> tuple:
         """What identifies the report's content (idempotency compares this, not the arrival time)."""
