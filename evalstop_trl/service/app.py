@@ -25,21 +25,21 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import FastAPI, Header, Request
+from fastapi import FastAPI, Header
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from ..core.coordinator import Coordinator
 from ..core.detectors import Decision
-from ..core.errors import EvalStopError, QuotaExceeded, Unauthorized
+from ..core.errors import EvalStopError, Unauthorized
 from ..core.records import JobRecord
 from ..core.store import StoreError
 from .dashboard import mount_dashboard
 from .liveness import LeaseSweeper
 from .metrics import Metrics, reclaimed_seconds
 from .middleware import Guard, PerAddress
-from .routes import Handlers, mount_routes
+from .routes import HOT_ROUTES, Handlers, HotRoutes, error_response, mount_routes, validation_response
 from .webhooks import WebhookPolicy, WebhookSender
 
 __all__ = ["MAX_BODY_BYTES", "READY_PROBE_S", "ServiceSettings", "StoreProbe", "create_app"]
@@ -62,6 +62,8 @@ class ServiceSettings:
     body_timeout_s: float = 10.0  # for a whole request body, from its head
     per_address: PerAddress = PerAddress()  # unauthenticated requests per client address
     run_webhooks: bool = True
+    #: routes answered before FastAPI's router (``routes.HotRoutes``); () sends every route through it
+    hot_routes: tuple[str, ...] = HOT_ROUTES
 
 
 class StoreProbe:
@@ -107,31 +109,15 @@ def _log_safe(text: str) -> str:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(EvalStopError)
-    async def _evalstop_error(request: Request, exc: EvalStopError):
-        headers = None
-        if isinstance(exc, Unauthorized):
-            headers = {"WWW-Authenticate": "Bearer"}
-        elif isinstance(exc, QuotaExceeded) and exc.retry_after is not None:
-            headers = {"Retry-After": str(max(1, int(exc.retry_after + 0.999)))}
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
+    async def _error(request, exc):  # a coroutine: Starlette runs a plain handler in the thread pool
+        return error_response(exc)
 
-    @app.exception_handler(StoreError)
-    async def _store_error(request: Request, exc: StoreError):
-        log.error("store error: %s", exc)
-        return JSONResponse({"detail": "the coordinator could not store this; retry later"}, status_code=503)
+    async def _validation_error(request, exc):
+        return validation_response(exc)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError):
-        parts = []
-        for e in exc.errors():
-            if e.get("type") == "json_invalid":
-                parts.append(f"body is not valid JSON ({e.get('ctx', {}).get('error', 'decode error')})")
-                continue
-            loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-            msg = e.get("msg", "invalid").removeprefix("Value error, ")
-            parts.append(f"{loc}: {msg}")
-        return JSONResponse({"detail": "; ".join(parts)}, status_code=422)
+    app.add_exception_handler(EvalStopError, _error)
+    app.add_exception_handler(StoreError, _error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
 
 
 def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None) -> FastAPI:
@@ -170,6 +156,9 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
 
     app = FastAPI(title="EvalStop coordinator", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Stops reward-hacked RLHF jobs after consecutive declines of their world-feedback eval.")
+    handlers = Handlers(coordinator, metrics)
+    if settings.hot_routes:  # inside the Guard (added first): it answers authenticated requests only
+        app.add_middleware(HotRoutes, handlers=handlers, names=settings.hot_routes)
     app.add_middleware(Guard, tenants=lambda: coordinator.tenants, limit=settings.max_body_bytes,
                        body_timeout_s=settings.body_timeout_s, per_address=settings.per_address)
     store_probe = StoreProbe(lambda: coordinator.store.probe())
@@ -209,6 +198,6 @@ def create_app(coordinator: Coordinator, settings: ServiceSettings | None = None
                                "'Authorization: Bearer <token>' (or --metrics-public to publish it)")
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    mount_routes(app, Handlers(coordinator, metrics))
+    mount_routes(app, handlers)
     mount_dashboard(app)
     return app

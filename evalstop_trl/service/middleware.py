@@ -34,7 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import compile_path
 
+from ..core.api import ROUTES
 from ..core.buckets import TokenBuckets
 from ..core.errors import EvalStopError, Unauthorized
 from ..core.tenants import Tenants
@@ -76,8 +78,12 @@ def address_key(host: str | None) -> str:
     return str(ipaddress.ip_network(f"{addr}/64", strict=False)) if addr.version == 6 else str(addr)
 
 
+_REPORT = ROUTES["report"]
+_REPORT_PATH = compile_path(_REPORT.path)[0]  # the row's path, matched as Starlette's router matches it
+
+
 def _is_report(method: str, path: str) -> bool:
-    return method == "POST" and path.startswith("/v1/jobs/") and path.endswith("/reports")
+    return method == _REPORT.method and _REPORT_PATH.match(path) is not None
 
 
 class Guard:

@@ -6,6 +6,12 @@ gets its request schema (:data:`SCHEMAS`) and its handler (the :class:`Handlers`
 name, a few lines calling the :class:`~evalstop_trl.core.coordinator.Coordinator`), and
 :func:`mount_routes` registers them all on the FastAPI app.
 
+Hot routes: :data:`HOT_ROUTES` (what a training loop sends every few seconds) are answered by
+:class:`HotRoutes` before FastAPI's router, from the same row, body model and handler: FastAPI's
+routing, dependency solving and body parsing were half of a report's server CPU
+(``scripts/load_test.py``). A request the body model refuses goes the ordinary way, so its error is
+FastAPI's, word for word.
+
 Nothing that touches the store runs on the event loop: a plain handler runs in the thread pool
 (its answer is encoded there too); the two coroutine handlers (``report``, whose durable write is
 awaited, and the ``wait_decision`` long poll) hand every coordinator call to the thread pool.
@@ -26,6 +32,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import threading
 import time
 import typing
@@ -34,16 +41,18 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any, NamedTuple
 
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
+from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
 from ..core.api import EVALS_PAGE, ROUTES, Route
 from ..core.coordinator import Coordinator, WouldBlock
 from ..core.detectors import Decision
-from ..core.errors import QuotaExceeded, Unauthorized
+from ..core.errors import EvalStopError, QuotaExceeded, Unauthorized
 from ..core.export import export_format
 from ..core.records import MAX_STEP, AuditKind, JobView
 from ..core.requests import (
@@ -61,7 +70,8 @@ from .metrics import Metrics
 from .runs import ExportQuery, RunsExportQuery, RunsQuery, Stream, StreamAnswer, job_query
 from .schemas import AuditQuery, JobsQuery, ReportsQuery, WaitQuery
 
-__all__ = ["EVAL_CALLS_PER_TENANT", "QUERIES", "READS_PER_TENANT", "Answer", "Handlers", "TenantGate", "body_model",
+__all__ = ["EVAL_CALLS_PER_TENANT", "HOT_ROUTES", "QUERIES", "READS_PER_TENANT", "Answer", "Handlers", "HotRoutes",
+           "TenantGate", "body_model", "error_response", "validation_response",
            "mount_routes"]
 
 READS_PER_TENANT = 2  # expensive reads of one tenant served at once
@@ -364,6 +374,14 @@ def _run(route: Route, handler: Callable[..., Any], tenant: str, args: dict[str,
     return _respond(route, handler(tenant, **args))
 
 
+async def _answer(route: Route, handler: Callable[..., Any], is_async: bool, tenant: str,
+                  args: dict[str, Any]) -> Response:
+    """Run a route's handler (a plain one in the thread pool, where its answer is encoded too)."""
+    if is_async:
+        return _respond(route, await handler(tenant, **args))
+    return await run_in_threadpool(_run, route, handler, tenant, args)
+
+
 def _endpoint(route: Route, handler: Callable[..., Any]) -> Callable[..., Any]:
     """A FastAPI endpoint for ``route``: its signature declares the path arguments, the query model
     and the body model derived from the request record (so FastAPI parses them and documents them
@@ -379,9 +397,7 @@ def _endpoint(route: Route, handler: Callable[..., Any]) -> Callable[..., Any]:
         if record is not None:
             given = args.pop("body", None)
             args["request"] = record(**(dict(given) if given is not None else {}))
-        if is_async:
-            return _respond(route, await handler(tenant, **args))
-        return await run_in_threadpool(_run, route, handler, tenant, args)
+        return await _answer(route, handler, is_async, tenant, args)
 
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [inspect.Parameter("request", kw, annotation=Request)]
@@ -404,3 +420,108 @@ def mount_routes(app: FastAPI, handlers: Handlers) -> None:
         app.add_api_route(route.path, _endpoint(route, handlers.handler(route.name)), methods=[route.method],
                           status_code=route.status, name=route.name, responses=responses,
                           response_class=Response)
+
+
+# ----------------------------------------------------------------------------- errors
+log = logging.getLogger("evalstop")
+
+
+def error_response(exc: EvalStopError | StoreError) -> JSONResponse:
+    """The answer to a core or store error, on every route: the error's status and its sentence
+    (``WWW-Authenticate`` with a 401, ``Retry-After`` with a quota that says when); a store error is
+    a 503 that names nothing of the store (it is logged)."""
+    if isinstance(exc, StoreError):
+        log.error("store error: %s", exc)
+        return JSONResponse({"detail": "the coordinator could not store this; retry later"}, status_code=503)
+    headers = None
+    if isinstance(exc, Unauthorized):
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif isinstance(exc, QuotaExceeded) and exc.retry_after is not None:
+        headers = {"Retry-After": str(max(1, int(exc.retry_after + 0.999)))}
+    return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
+
+
+def validation_response(exc: RequestValidationError) -> JSONResponse:
+    """A 422 naming each refused field in one line (``step: Input should be a valid integer``)."""
+    parts = []
+    for e in exc.errors():
+        if e.get("type") == "json_invalid":
+            parts.append(f"body is not valid JSON ({e.get('ctx', {}).get('error', 'decode error')})")
+            continue
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        msg = e.get("msg", "invalid").removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")
+    return JSONResponse({"detail": "; ".join(parts)}, status_code=422)
+
+
+# ----------------------------------------------------------------------------- hot routes
+#: The routes :class:`HotRoutes` answers before FastAPI's router: what every training loop sends.
+HOT_ROUTES = ("report", "heartbeat")
+
+
+class _Hot(NamedTuple):
+    route: Route
+    pattern: Any  # the path's compiled pattern (Starlette's, as its router compiles it)
+    convertors: Mapping[str, Any]
+    body: type[BaseModel]
+    handler: Callable[..., Any]
+    is_async: bool
+
+
+class HotRoutes:
+    """ASGI middleware, inside the :class:`~.middleware.Guard`: answers the rows of ``names`` (each
+    with a body record and no query) from the route table, without FastAPI's router.
+
+    Only a request the Guard authenticated, with a JSON body (``Content-Type: application/json``)
+    that the row's body model takes, is answered here: the path is matched as Starlette matches it,
+    the body parsed as FastAPI parses it (``json.loads``, then the model, strictly), the handler and
+    the answer's encoding are :func:`mount_routes`' own, and core or store errors are answered by
+    :func:`error_response`. Anything else goes on to the app, which answers as for any route."""
+
+    def __init__(self, app, handlers: Handlers, names: tuple[str, ...] = HOT_ROUTES) -> None:
+        self.app = app
+        self._hot: dict[str, list[_Hot]] = {}
+        for name in names:
+            route = ROUTES[name]
+            if route.request is None or name in QUERIES or route.text:
+                raise ValueError(f"route {name!r} cannot be hot: a hot route takes a body record and no query")
+            pattern, _, convertors = compile_path(route.path)
+            handler = handlers.handler(name)
+            self._hot.setdefault(route.method, []).append(
+                _Hot(route, pattern, convertors, body_model(route.request), handler,
+                     inspect.iscoroutinefunction(handler)))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for hot in self._hot.get(scope["method"], ()):
+                match = hot.pattern.match(scope["path"])
+                if match is not None:
+                    return await self._serve(hot, match.groupdict(), scope, receive, send)
+        await self.app(scope, receive, send)
+
+    async def _serve(self, hot: _Hot, path_args: dict[str, str], scope: Scope, receive: Receive, send: Send) -> None:
+        tenant = scope.get("state", {}).get("tenant")
+        content_type = next((v for k, v in scope["headers"] if k == b"content-type"), None)  # the first, as Starlette
+        if tenant is None or content_type != b"application/json":
+            return await self.app(scope, receive, send)
+        message = await receive()  # the Guard hands the whole body over in one message
+        given = False
+
+        async def again() -> Any:  # the same body once more, for the app
+            nonlocal given
+            if not given:
+                given = True
+                return message
+            return await receive()
+
+        try:
+            fields = hot.body.model_validate(json.loads(message.get("body", b"")))
+        except (ValueError, ValidationError):  # not JSON, or refused: the app's own 422
+            return await self.app(scope, again, send)
+        args: dict[str, Any] = {k: hot.convertors[k].convert(v) for k, v in path_args.items()}
+        args["request"] = hot.route.request(**dict(fields))
+        try:
+            response = await _answer(hot.route, hot.handler, hot.is_async, tenant, args)
+        except (EvalStopError, StoreError) as exc:
+            response = error_response(exc)
+        await response(scope, again, send)
