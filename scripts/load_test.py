@@ -160,7 +160,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_backend(db: str, replicas: int, args: argparse.Namespace) -> dict:
+def cluster_cpu_seconds(data_dir: Path) -> float:
+    """User + system CPU time so far of a PostgreSQL cluster: its postmaster and every process it
+    started (backends, WAL writer, checkpointer), found by parent pid in /proc. A backend that ended
+    takes its time with it, so the servers keep their connections open across a measurement."""
+    postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
+    total = cpu_seconds(postmaster)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[1]) == postmaster:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def run_backend(db: str, replicas: int, args: argparse.Namespace, cluster_data: Path | None = None) -> dict:
     """Start ``replicas`` servers over ``db``, run the saturation and the paced stream, stop them."""
     # one tenant sends the whole stream: lift its report-rate quota (1,000/s by default) out of the way,
     # this measures the server, not the quota (tests/service/test_security.py tests the quota)
@@ -174,11 +190,14 @@ def run_backend(db: str, replicas: int, args: argparse.Namespace) -> dict:
             server.start(timeout_s=60)
         token, ports = servers[0].tokens["load"], [server.port for server in servers]
         cpu0 = sum(cpu_seconds(server.proc.pid) for server in servers)
+        db0 = cluster_cpu_seconds(cluster_data) if cluster_data is not None else 0.0
         ours = asyncio.run(evalstop_stream("127.0.0.1", ports, token, args.jobs, args.reports,
                                            time.monotonic() + args.max_seconds))
         # the servers' CPU (all replicas) per report at saturation: the load-robust cost of a report
-        ours["server_cpu_ms_per_report"] = 1000 * (sum(cpu_seconds(s.proc.pid) for s in servers) - cpu0) / max(
-            1, ours["reports"] + args.jobs)
+        requests = max(1, ours["reports"] + args.jobs)
+        ours["server_cpu_ms_per_report"] = 1000 * (sum(cpu_seconds(s.proc.pid) for s in servers) - cpu0) / requests
+        if cluster_data is not None:  # and PostgreSQL's own, for the same requests
+            ours["database_cpu_ms_per_report"] = 1000 * (cluster_cpu_seconds(cluster_data) - db0) / requests
         paced = asyncio.run(evalstop_stream("127.0.0.1", ports, token, args.jobs, args.reports,
                                             time.monotonic() + args.max_seconds, args.interval, "paced"))
     finally:
@@ -222,7 +241,8 @@ def main() -> int:
                 db = cluster.create_database(f"load_{backend}")
             replicas = 2 if backend == "pg2" else 1
             print(f"{backend}: {replicas} replica(s) over {db.split('@')[-1]}", file=sys.stderr, flush=True)
-            results[backend] = run_backend(db, replicas, args)
+            results[backend] = run_backend(db, replicas, args, None if cluster is None or backend == "sqlite"
+                                           else cluster.data)
     finally:
         if cluster is not None:
             cluster.stop()
@@ -249,8 +269,12 @@ def main() -> int:
               f"{r['p99_ms']:>8.1f}{r['errors']:>7}")
     for backend in ("sqlite", "pg1", "pg2"):
         if backend in results:
-            print(f"server CPU per report at saturation, {backend}: "
-                  f"{results[backend]['evalstop']['server_cpu_ms_per_report']:.3f} ms (target on SQLite: <= 0.3)")
+            r = results[backend]["evalstop"]
+            own = r.get("database_cpu_ms_per_report")
+            database = "" if own is None else (f" + PostgreSQL's own {own:.3f} ms = {r['server_cpu_ms_per_report'] + own:.3f}"
+                                               " ms (target with replicas: <= 0.6)")
+            print(f"server CPU per report at saturation, {backend}: {r['server_cpu_ms_per_report']:.3f} ms"
+                  f"{database}{' (target on SQLite: <= 0.3)' if backend == 'sqlite' else ''}")
     if "ratio" in results:
         print(f"saturation throughput, evalstop / optuna: {results['ratio']:.1f}x")
     if args.json:

@@ -31,12 +31,16 @@ from .records import Quotas, TenantRecord, check_name
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["Tenants", "hash_token", "new_token"]
+__all__ = ["AUTH_TTL_S", "REFRESH_GRACE_S", "Tenants", "hash_token", "new_token"]
 
 _QUOTA_TTL_S = 5.0  # how long a tenant's quotas are cached (another process may change them)
 #: how long a token that authenticated is trusted without reading the store again: a revocation or
 #: rotation by another process (`evalstop tenants revoke`) takes effect within this; in process, at once
 AUTH_TTL_S = 1.0
+#: Once a cached token (or a tenant's quotas) is due for a store read, one caller reads; the others,
+#: for at most this long past the due time, take the cached answer meanwhile (the service's in-flight
+#: requests would otherwise all read the store at the same moment, once a second)
+REFRESH_GRACE_S = 1.0
 
 
 def hash_token(token: str) -> str:
@@ -62,6 +66,7 @@ class Tenants:
         self.default_quotas = default_quotas or Quotas()
         self._quota_cache: dict[str, tuple[float, Quotas]] = {}
         self._auth_cache: dict[str, tuple[float, str]] = {}  # token hash -> (checked at, tenant); valid tokens only
+        self._refreshing: set[tuple[str, str]] = set()  # ("token", hash) or ("quotas", tenant): a read under way
 
     def add(self, name: str) -> str:
         """Create a tenant and return its new token (shown once; only its hash is stored)."""
@@ -75,7 +80,13 @@ class Tenants:
         """Return the tenant owning ``token`` or raise :class:`Unauthorized` (naming no tenant)."""
         if not token:
             raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-        t = self.store.tenant_by_hash(hash_token(token))
+        token_hash = hash_token(token)
+        try:
+            t = self.store.tenant_by_hash(token_hash)
+        finally:
+            self._refreshing.discard(("token", token_hash))
+        if t is None or t.revoked:  # refused: no cached answer of it may outlive this read
+            self._auth_cache.pop(token_hash, None)
         if t is None:
             raise Unauthorized("unknown token: create one with 'evalstop tenants add NAME'")
         if t.revoked:
@@ -85,17 +96,33 @@ class Tenants:
 
     def cached(self, token: str | None) -> tuple[str, Quotas] | None:
         """``(tenant, quotas)`` of a token that authenticated less than :data:`AUTH_TTL_S` ago with its
-        quotas cached too, else None (then :meth:`authenticate` reads the store): no store read, so
-        the service may call this on its event loop."""
+        quotas cached too, else None: then the caller reads the store (:meth:`authenticate`, then
+        :meth:`quotas`). No store read, so the service may call this on its event loop.
+
+        Past its time a cached answer is refreshed by one caller: the first to ask gets None, and
+        until its read lands (for at most :data:`REFRESH_GRACE_S` more) the others get the cached
+        answer. A revocation by another process thus takes effect within ``AUTH_TTL_S`` plus one
+        store read."""
         if not token:
             return None
-        hit = self._auth_cache.get(hash_token(token))
-        if hit is None or time.monotonic() - hit[0] >= AUTH_TTL_S:
+        token_hash = hash_token(token)
+        hit = self._auth_cache.get(token_hash)
+        if hit is None or not self._fresh(("token", token_hash), time.monotonic() - hit[0], AUTH_TTL_S):
             return None
         quotas = self._quota_cache.get(hit[1])
-        if quotas is None or self.clock() - quotas[0] >= _QUOTA_TTL_S:
+        if quotas is None or not self._fresh(("quotas", hit[1]), self.clock() - quotas[0], _QUOTA_TTL_S):
             return None
         return hit[1], quotas[1]
+
+    def _fresh(self, key: tuple[str, str], age: float, ttl: float) -> bool:
+        """Whether a cached answer of this ``age`` may be used; False makes the caller the one to read
+        the store (:meth:`authenticate` and :meth:`quotas` clear the mark once they have read)."""
+        if age < ttl:
+            return True
+        if key in self._refreshing:
+            return age < ttl + REFRESH_GRACE_S  # another caller's read is under way
+        self._refreshing.add(key)
+        return False
 
     def get(self, name: str) -> TenantRecord:
         t = self.store.tenant(name)
@@ -142,7 +169,10 @@ class Tenants:
         hit = self._quota_cache.get(name)
         if hit is not None and now - hit[0] < _QUOTA_TTL_S:
             return hit[1]
-        t = self.store.tenant(name)
+        try:
+            t = self.store.tenant(name)
+        finally:
+            self._refreshing.discard(("quotas", name))
         quotas = self.default_quotas.with_overrides(t.quotas if t is not None else None)
         self._quota_cache[name] = (now, quotas)
         return quotas

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from evalstop_trl import Conflict, InvalidInput, MemoryStore, NotFound, SQLiteStore
@@ -63,3 +65,59 @@ def test_a_token_is_trusted_from_memory_briefly_and_a_revocation_in_process_ends
     with pytest.raises(Unauthorized, match="revoked"):
         c.tenants.authenticate(token)
     assert module.AUTH_TTL_S <= 1.0  # another process's revocation takes effect within a second
+
+
+def test_a_due_token_is_read_again_by_one_caller_while_the_others_take_the_cached_answer(monkeypatch):
+    """The service's in-flight requests must not all read the store once a token's second is up:
+    the first caller past the due time reads, the others take the cached answer until that read
+    lands (for at most REFRESH_GRACE_S), and a revocation by another process still ends the token."""
+    from evalstop_trl.core import tenants as module
+    from evalstop_trl.stores.memory import MemoryStore
+
+    now = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
+    store = MemoryStore()
+    reads = []
+    real = store.tenant_by_hash
+    store.tenant_by_hash = lambda h: reads.append(h) or real(h)
+    t = module.Tenants(store, clock=lambda: now[0])
+    token = t.add("acme")
+    assert t.authenticate(token) == "acme" and len(reads) == 1
+    t.quotas("acme")
+    now[0] += module.AUTH_TTL_S  # due
+    assert t.cached(token) is None  # this caller reads the store ...
+    assert [t.cached(token)[0] for _ in range(50)] == ["acme"] * 50  # ... the others do not meanwhile
+    assert len(reads) == 1
+    now[0] += module.REFRESH_GRACE_S  # the read never landed: no answer is trusted past the grace
+    assert t.cached(token) is None
+    assert t.authenticate(token) == "acme" and len(reads) == 2  # it lands: fresh again, nobody waits
+    assert t.cached(token)[0] == "acme"
+    # another process revokes the token: refused once it is due and read again
+    store.update_tenant(dataclasses.replace(store.tenant("acme"), revoked=True))
+    assert t.cached(token)[0] == "acme"  # within AUTH_TTL_S the memory still trusts it
+    now[0] += module.AUTH_TTL_S
+    assert t.cached(token) is None
+    with pytest.raises(Unauthorized, match="revoked"):
+        t.authenticate(token)
+    assert t.cached(token) is None and t.cached(token) is None  # and it stays refused: no stale answer
+
+
+def test_due_quotas_are_read_again_by_one_caller():
+    from evalstop_trl.core import tenants as module
+    from evalstop_trl.stores.memory import MemoryStore
+
+    now = [0.0]
+    store = MemoryStore()
+    reads = []
+    real = store.tenant
+    store.tenant = lambda name: reads.append(name) or real(name)
+    t = module.Tenants(store, clock=lambda: now[0])
+    token = t.add("acme")
+    t.authenticate(token)
+    t.quotas("acme")
+    n = len(reads)
+    now[0] += module._QUOTA_TTL_S
+    assert t.cached(token) is None  # due: this caller reads the quotas
+    assert t.cached(token) is not None and len(reads) == n  # the others take the cached ones meanwhile
+    t.quotas("acme")
+    assert len(reads) == n + 1
