@@ -189,6 +189,9 @@ class Coordinator:
         self.lease_s = lease_s
         self.clock = clock
         self.default_policy = default_policy or Policy()
+        # a detector is its parameters only (what it remembers of a job is the job's own state): the
+        # jobs registered under the default policy share one, built once
+        self._default_detector = self.default_policy.build()
         self.tenants = Tenants(store, clock, quotas)
         repository = ReplicatedJobs if store.shared else JobCache
         self.jobs = repository(store, lambda t: self.tenants.quotas(t).max_reports_per_job, clock)
@@ -346,7 +349,8 @@ class Coordinator:
             self._report_limits[tenant] = quotas.max_reports_per_tenant
             _check_job_quotas(jobs, tenant, quotas)
             record = JobRecord.new(tenant, reg, self.clock())
-            state = JobState.new(record, quotas.max_reports_per_job)._replace(version=1)
+            detector = self._default_detector if reg.policy is self.default_policy else None
+            state = JobState.new(record, quotas.max_reports_per_job, detector)._replace(version=1)
             # a shared store checks the quotas again inside the insert's transaction (replicas race)
             ticket = self.store.register(record, JobLimits(quotas.max_jobs, quotas.max_active_jobs))
             slot = jobs.insert(state, committed=False)
