@@ -67,19 +67,23 @@ def test_a_token_is_trusted_from_memory_briefly_and_a_revocation_in_process_ends
     assert module.AUTH_TTL_S <= 1.0  # another process's revocation takes effect within a second
 
 
+def _count_reads(store, method: str) -> list:
+    """The arguments of every call of ``store.<method>`` from now on (the store still answers)."""
+    reads, real = [], getattr(store, method)
+    setattr(store, method, lambda key: reads.append(key) or real(key))
+    return reads
+
+
 def test_a_due_token_is_read_again_by_one_caller_while_the_others_take_the_cached_answer(monkeypatch):
     """The service's in-flight requests must not all read the store once a token's second is up:
     the first caller past the due time reads, the others take the cached answer until that read
     lands (for at most REFRESH_GRACE_S), and a revocation by another process still ends the token."""
     from evalstop_trl.core import tenants as module
-    from evalstop_trl.stores.memory import MemoryStore
 
     now = [1000.0]
     monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
     store = MemoryStore()
-    reads = []
-    real = store.tenant_by_hash
-    store.tenant_by_hash = lambda h: reads.append(h) or real(h)
+    reads = _count_reads(store, "tenant_by_hash")
     t = module.Tenants(store, clock=lambda: now[0])
     token = t.add("acme")
     assert t.authenticate(token) == "acme" and len(reads) == 1
@@ -104,13 +108,10 @@ def test_a_due_token_is_read_again_by_one_caller_while_the_others_take_the_cache
 
 def test_due_quotas_are_read_again_by_one_caller():
     from evalstop_trl.core import tenants as module
-    from evalstop_trl.stores.memory import MemoryStore
 
     now = [0.0]
     store = MemoryStore()
-    reads = []
-    real = store.tenant
-    store.tenant = lambda name: reads.append(name) or real(name)
+    reads = _count_reads(store, "tenant")
     t = module.Tenants(store, clock=lambda: now[0])
     token = t.add("acme")
     t.authenticate(token)
