@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -67,6 +68,8 @@ class Tenants:
         self._quota_cache: dict[str, tuple[float, Quotas]] = {}
         self._auth_cache: dict[str, tuple[float, str]] = {}  # token hash -> (checked at, tenant); valid tokens only
         self._refreshing: set[tuple[str, str]] = set()  # ("token", hash) or ("quotas", tenant): a read under way
+        self._refused: dict[str, float] = {}  # hash of a once-valid token -> when it was last refused
+        self._cleared_at = -math.inf  # when this process last revoked or rotated a token (monotonic)
 
     def add(self, name: str) -> str:
         """Create a tenant and return its new token (shown once; only its hash is stored)."""
@@ -81,17 +84,21 @@ class Tenants:
         if not token:
             raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
         token_hash = hash_token(token)
+        started = time.monotonic()  # the answer is as fresh as the read's start
         try:
             t = self.store.tenant_by_hash(token_hash)
         finally:
             self._refreshing.discard(("token", token_hash))
         if t is None or t.revoked:  # refused: no cached answer of it may outlive this read
-            self._auth_cache.pop(token_hash, None)
+            if self._auth_cache.pop(token_hash, None) is not None:  # only tokens once valid: bounded
+                self._refused[token_hash] = time.monotonic()
         if t is None:
             raise Unauthorized("unknown token: create one with 'evalstop tenants add NAME'")
         if t.revoked:
             raise Unauthorized("this token was revoked; ask the operator for a new one ('evalstop tenants rotate')")
-        self._auth_cache[t.token_hash] = (time.monotonic(), t.name)
+        refused = max(self._refused.get(token_hash, self._cleared_at), self._cleared_at)
+        if refused < started:  # not a read that began before a refusal (or a revocation here) and ended after
+            self._auth_cache[t.token_hash] = (started, t.name)
         return t.name
 
     def cached(self, token: str | None) -> tuple[str, Quotas] | None:
@@ -116,7 +123,8 @@ class Tenants:
 
     def _fresh(self, key: tuple[str, str], age: float, ttl: float) -> bool:
         """Whether a cached answer of this ``age`` may be used; False makes the caller the one to read
-        the store (:meth:`authenticate` and :meth:`quotas` clear the mark once they have read)."""
+        the store (:meth:`authenticate` and :meth:`quotas` clear the mark once they have read). Past
+        ``ttl + REFRESH_GRACE_S`` an answer is never used, whatever the marks say."""
         if age < ttl:
             return True
         if key in self._refreshing:
@@ -140,6 +148,7 @@ class Tenants:
             raise NotFound(f"no tenant named {name!r}")
         self._quota_cache.pop(name, None)
         self._auth_cache.clear()  # a revoked or rotated token is refused at once in this process
+        self._cleared_at = time.monotonic()
         return new
 
     def revoke(self, name: str) -> None:

@@ -43,7 +43,7 @@ from typing import Annotated, Any, NamedTuple
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 from starlette.routing import compile_path
@@ -516,7 +516,7 @@ class HotRoutes:
 
         try:
             fields = hot.body.model_validate(json.loads(message.get("body", b"")))
-        except (ValueError, ValidationError):  # not JSON, or refused: the app's own 422
+        except (ValueError, RecursionError):  # not JSON (or nested past the parser), refused: the app's own answer
             return await self.app(scope, again, send)
         args: dict[str, Any] = {k: hot.convertors[k].convert(v) for k, v in path_args.items()}
         args["request"] = hot.route.request(**dict(fields))

@@ -122,3 +122,42 @@ def test_due_quotas_are_read_again_by_one_caller():
     assert t.cached(token) is not None and len(reads) == n  # the others take the cached ones meanwhile
     t.quotas("acme")
     assert len(reads) == n + 1
+
+
+def test_a_read_that_began_before_a_refusal_does_not_put_the_token_back():
+    """Two requests of one token: the first's store read is slow and answers as before a revocation
+    by another process; the second's read sees the revocation and refuses. The first read landing
+    afterwards must not make the memory trust the token again."""
+    import threading
+
+    from evalstop_trl.core import tenants as module
+
+    store = MemoryStore()
+    t = module.Tenants(store)
+    token = t.add("acme")
+    assert t.authenticate(token) == "acme"
+    t.quotas("acme")  # cached too: only the token decides what cached() answers
+    before = store.tenant("acme")  # what the slow read will answer
+    store.update_tenant(dataclasses.replace(before, revoked=True))  # another process revokes
+    release, started = threading.Event(), threading.Event()
+    real = store.tenant_by_hash
+
+    def slow_then_real(h):
+        if not started.is_set():
+            started.set()
+            release.wait(5)
+            return before
+        return real(h)
+
+    store.tenant_by_hash = slow_then_real
+    slow = threading.Thread(target=t.authenticate, args=(token,))
+    slow.start()
+    started.wait(5)
+    with pytest.raises(Unauthorized, match="revoked"):
+        t.authenticate(token)
+    release.set()
+    slow.join(5)
+    assert t.cached(token) is None and t.cached(token) is None
+    with pytest.raises(Unauthorized, match="revoked"):
+        t.authenticate(token)
+

@@ -42,6 +42,8 @@ _SEQUENCE = [
     ("POST", "/v1/jobs/j/reports", "null", "application/json"),
     ("POST", "/v1/jobs/j/reports", "{not json", "application/json"),
     ("POST", "/v1/jobs/j/reports", "", "application/json"),
+    ("POST", "/v1/jobs/j/reports", "[" * 1000 + "]" * 1000, "application/json"),  # past the parser's depth: 400
+    ("POST", "/v1/jobs/j/heartbeat", "[" * 1000 + "]" * 1000, "application/json"),
     ("POST", "/v1/jobs/j/reports", '{"step": 40, "eval_score": NaN}', "application/json"),
     ("POST", "/v1/jobs/j/reports", json.dumps({"step": -1}), "application/json"),
     ("POST", "/v1/jobs/nobody/reports", json.dumps({"step": 1, "eval_score": 0.5}), "application/json"),  # 404
@@ -87,7 +89,7 @@ def test_hot_routes_answer_exactly_as_the_router(tmp_path):
     assert answers["hot"] == answers["router"]
     statuses = [row[2] for row in answers["hot"][:-1]]
     # the sequence meets every outcome it is meant to: answers, conflicts, refusals, not found, a quota
-    assert {200, 201, 404, 405, 409, 422, 429} <= set(statuses), statuses
+    assert {200, 201, 400, 404, 405, 409, 422, 429} <= set(statuses), statuses
     assert answers["hot"][-1][1] == 401
 
 
@@ -131,6 +133,7 @@ def test_a_well_formed_report_is_answered_here_anything_else_goes_on_with_its_bo
     status, _ = _call(app, "/v1/jobs/j/heartbeat", b"{}")
     assert status == 200 and down.calls == []
     for body, content_type, tenant in ((b"{not json", b"application/json", "t"),
+                                       (b"[" * 1000 + b"]" * 1000, b"application/json", "t"),
                                        (b'{"step": "1"}', b"application/json", "t"),
                                        (b'{"step": 2}', b"text/plain", "t"),
                                        (b'{"step": 2}', None, "t"),
