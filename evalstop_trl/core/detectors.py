@@ -515,14 +515,15 @@ class StopAtDetector(Detector):
             raise ValueError("fraction must be in (0, 1], but got fraction=0.")
 
     def _decide(self, rule: Any, obs: Observed, best_step: int | None, best_score: float | None) -> Any:
-        if obs.progress is None:
+        progress = obs.progress  # read once: a stored report computes it from its plan
+        if progress is None:
             return rule, _continue("progress unknown (no planned_steps): stop_at never stops this job", best_step,
                                    best_score)
-        if obs.progress >= self.fraction:
-            return rule, _stop(f"progress {obs.progress:.2f} reached {self.fraction:.2f} at step {obs.step}",
-                               best_step, best_score, progress=obs.progress, fraction=self.fraction)
-        return rule, _continue(f"progress {obs.progress:.2f} < {self.fraction:.2f}", best_step, best_score,
-                               progress=obs.progress)
+        if progress >= self.fraction:
+            return rule, _stop(f"progress {progress:.2f} reached {self.fraction:.2f} at step {obs.step}",
+                               best_step, best_score, progress=progress, fraction=self.fraction)
+        return rule, _continue(f"progress {progress:.2f} < {self.fraction:.2f}", best_step, best_score,
+                               progress=progress)
 
 
 #: Where the noise-robust rules saturate a score, and ``loss_plateau`` a relative improvement: far

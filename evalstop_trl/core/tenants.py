@@ -96,8 +96,7 @@ class Tenants:
             raise Unauthorized("unknown token: create one with 'evalstop tenants add NAME'")
         if t.revoked:
             raise Unauthorized("this token was revoked; ask the operator for a new one ('evalstop tenants rotate')")
-        refused = max(self._refused.get(token_hash, self._cleared_at), self._cleared_at)
-        if refused < started:  # not a read that began before a refusal (or a revocation here) and ended after
+        if max(self._refused.get(token_hash, -math.inf), self._cleared_at) < started:  # not a read that began before a refusal (or a revocation here) and ended after
             self._auth_cache[t.token_hash] = (started, t.name)
         return t.name
 
