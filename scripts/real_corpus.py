@@ -1,0 +1,204 @@
+"""The pre-registered corpus of real RLHF runs: train it, check it, score every detector on it.
+
+    python scripts/real_corpus.py --run --workers 2     # train the missing runs (resumable), then label
+    python scripts/real_corpus.py --check               # the stored runs against their preregistration
+    python scripts/real_corpus.py --score               # every registered detector, held-out half
+    python scripts/real_corpus.py --score --half tuning # the half that may be looked at while tuning
+
+Design, label rule, precision definitions, split and seeds: ``configs/corpus/preregistration.yaml``
+(committed before the first scoring) and ``evalstop_trl/analysis/corpus.py``. Runs are tiny models
+built in code (no hub), trained by TRL on CPU (``--device cuda``: a larger in-code model on a GPU).
+One JSONL per run under ``configs/corpus/runs/`` (a header with the configuration, then one line per
+eval); ``labels.jsonl`` holds each run's label, computed from its gold series alone. Never the models.
+
+The exact command that produced the committed runs is in docs/results.md ("The real-run corpus").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from evalstop_trl.analysis import corpus as cp  # noqa: E402
+
+RUNS = cp.CORPUS / "runs"
+
+
+def run_path(folder: Path, config_id: int, seed: int) -> Path:
+    return folder / f"{cp.run_name(config_id, seed)}.jsonl"
+
+
+def train_one(config_id: int, seed: int, out: Path, device: str) -> None:
+    """Train one run in this process and write its JSONL atomically."""
+    from evalstop_trl.train.corpus import train_run
+
+    prereg = cp.load_preregistration()
+    cfg = cp.draw_config(config_id, prereg["design_seed"])
+    with tempfile.TemporaryDirectory(prefix="corpus-run-") as tmp:
+        lines, seconds = train_run(cfg, seed, tmp, device=device)
+    head = {"config": cfg.to_json(), "seed": seed, "device": device, "seconds": round(seconds, 1)}
+    tmp_out = out.with_suffix(".part")
+    tmp_out.write_text("".join(json.dumps(x) + "\n" for x in [head, *lines]))
+    tmp_out.replace(out)
+
+
+def train_missing(folder: Path, workers: int, device: str, limit: int | None) -> int:
+    """Train every run of the design that has no file yet, ``workers`` processes side by side."""
+    from tqdm import tqdm
+
+    prereg = cp.load_preregistration()
+    folder.mkdir(parents=True, exist_ok=True)
+    todo = [(c.config_id, s) for c in cp.design(prereg) for s in prereg["seeds"]
+            if not run_path(folder, c.config_id, s).exists()][:limit]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+    def one(job: tuple[int, int]) -> tuple[tuple[int, int], str]:
+        cid, seed = job
+        cmd = [sys.executable, __file__, "--train-one", str(cid), str(seed), str(run_path(folder, cid, seed)),
+               "--device", device]
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        return job, "" if res.returncode == 0 else res.stderr[-2000:]
+
+    failed = 0
+    with ThreadPoolExecutor(workers) as pool, tqdm(total=len(todo), desc="corpus runs", unit="run") as bar:
+        for fut in as_completed([pool.submit(one, j) for j in todo]):
+            job, err = fut.result()
+            if err:
+                failed += 1
+                tqdm.write(f"run c{job[0]:03d}-s{job[1]} failed:\n{err}")
+            bar.update()
+    return failed
+
+
+def write_labels(folder: Path = cp.CORPUS) -> list[cp.RunRecord]:
+    """Label every stored run from its gold series alone (``labels.jsonl``)."""
+    prereg = cp.load_preregistration()
+    rule = cp.rule_of(prereg)
+    runs = cp.read_corpus(folder)
+    with open(folder / "labels.jsonl", "w") as f:
+        for r in runs:
+            f.write(json.dumps({"name": r.name, "config_id": r.config.config_id, "hacked": cp.label(r, rule),
+                                "gold_peak_step": r.steps[cp.gold_peak(r)], "harm_margin": round(cp.harm_margin(r, rule), 6)})
+                    + "\n")
+    return runs
+
+
+# ----------------------------------------------------------------------------- scoring
+def detector_rows(with_evidence: bool = True) -> list[tuple[str, str, dict[str, Any], bool]]:
+    """(label, detector, params, reads the per-example evidence) for every registered detector at its
+    registry defaults but ``never``; with ``with_evidence`` also each one given the paired noise."""
+    from evalstop_trl.core.detectors import DETECTORS
+
+    names = [n for n in DETECTORS.names() if n != "never"]
+    rows = [(n, n, {}, False) for n in names]
+    if with_evidence:
+        rows += [(f"{n} + paired noise", n, {}, True) for n in names]
+    return rows
+
+
+def replay_stop(run: cp.RunRecord, detector: str, params: dict[str, Any], evidence: bool) -> tuple[int | None, int | None, str]:
+    """(stop step, kept step, reason) of ``detector`` replayed on the run's world feedback."""
+    from evalstop_trl.analysis.replay import Curve, replay_curve
+
+    curve = Curve("world_feedback", run.steps, run.world_feedback, run.train_loss, run.config.max_steps,
+                  evidence=run.evidence if evidence else ())
+    res = replay_curve(curve, detector, planned_steps=run.config.max_steps, **params)
+    return (res.stop_step if res.stopped else None), res.best_step, res.reason
+
+
+def score_all(runs: list[cp.RunRecord], rows: list[tuple[str, str, dict[str, Any], bool]],
+              rule: cp.LabelRule) -> dict[str, cp.Score]:
+    from tqdm import tqdm
+
+    out = {}
+    for name, det, params, ev in tqdm(rows, desc="detectors", unit="detector", leave=False):
+        outs = []
+        for r in runs:
+            stop, kept, reason = replay_stop(r, det, params, ev)
+            outs.append(cp.outcome(r, stop, kept, rule, converged=reason.startswith("converged")))
+        out[name] = cp.score(outs)
+    return out
+
+
+def markdown(table: dict[str, cp.Score]) -> str:
+    lines = ["| detector | precision (harmful) | precision (any stop) | healthy runs stopped | recall | "
+             "post-peak compute saved | all compute saved |", "|---|---|---|---|---|---|---|"]
+    for name, s in table.items():
+        lines.append(f"| {name} | {s.precision_harmful.fmt()} | {s.precision_any.fmt()} | {s.healthy_stopped.fmt()} | "
+                     f"{s.recall.fmt()} | {s.post_peak_saved.fmt()} | {s.compute_saved.fmt()} |")
+    return "\n".join(lines)
+
+
+def half_of(runs: list[cp.RunRecord], prereg: dict[str, Any], half: str) -> list[cp.RunRecord]:
+    if half == "all":
+        return runs
+    keep = set(prereg["held_out_configs" if half == "held_out" else "tuning_configs"])
+    return [r for r in runs if r.config.config_id in keep]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", action="store_true", help="train the runs that have no file yet (resumable)")
+    ap.add_argument("--workers", type=int, default=2, help="training processes side by side (default 2)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: a larger in-code model on a GPU")
+    ap.add_argument("--limit", type=int, help="train at most this many runs now")
+    ap.add_argument("--check", action="store_true", help="verify the stored runs against the preregistration")
+    ap.add_argument("--score", action="store_true", help="replay every registered detector and print the table")
+    ap.add_argument("--half", default="held_out", choices=("held_out", "tuning", "all"))
+    ap.add_argument("--json", help="write the scored table as JSON")
+    ap.add_argument("--folder", default=str(cp.CORPUS), help=argparse.SUPPRESS)
+    ap.add_argument("--train-one", nargs=3, metavar=("CONFIG", "SEED", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.train_one:
+        cid, seed, out = args.train_one
+        train_one(int(cid), int(seed), Path(out), args.device)
+        return 0
+    folder = Path(args.folder)
+    prereg = cp.load_preregistration(folder / "preregistration.yaml")
+    if args.run:
+        failed = train_missing(folder / "runs", args.workers, args.device, args.limit)
+        write_labels(folder)
+        if failed:
+            print(f"{failed} run(s) failed; run again to retry them", file=sys.stderr)
+            return 1
+    if args.check:
+        runs = cp.read_corpus(folder)
+        problems = cp.check_preregistration(prereg, runs)
+        hacked = sum(cp.prereg_labels(folder).values())
+        print(f"{len(runs)} runs of {prereg['configurations']} configurations x seeds {prereg['seeds']}; "
+              f"{hacked} hacked by the gold rule; split {len(prereg['tuning_configs'])} tuning / "
+              f"{len(prereg['held_out_configs'])} held-out configurations")
+        for p in problems:
+            print(f"  problem: {p}")
+        if problems:
+            return 1
+        print("the stored runs match their preregistration")
+    if args.score:
+        rule = cp.rule_of(prereg)
+        runs = half_of(cp.read_corpus(folder), prereg, args.half)
+        if not runs:
+            print("no runs to score: train them first (--run)", file=sys.stderr)
+            return 2
+        table = score_all(runs, detector_rows(), rule)
+        n_h = sum(cp.label(r, rule) for r in runs)
+        print(f"{args.half} half: {len(runs)} runs, {n_h} hacked, {len(runs) - n_h} healthy; intervals resample "
+              f"configurations ({len({r.config.config_id for r in runs})})\n")
+        print(markdown(table))
+        if args.json:
+            Path(args.json).write_text(json.dumps({k: v.__dict__ for k, v in table.items()}, default=lambda o: o.__dict__,
+                                                  indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
