@@ -42,18 +42,8 @@ from typing import Any
 import yaml
 
 from ..core.detectors import MAX_STEP
-from .replay import (
-    _NOT_METRICS,
-    _NOT_SCORES,
-    Curve,
-    _parse_csv,
-    _parse_json,
-    _parse_jsonl,
-    _short,
-    evidence_keys,
-    evidence_of,
-    is_evidence,
-)
+from . import logs
+from .replay import _NOT_METRICS, _NOT_SCORES, Curve, _short, evidence_keys, evidence_of, is_evidence
 
 __all__ = ["READERS", "HistoryError", "RawHistory", "Reader", "RunHistory", "Series", "TENSORBOARD_PIP",
            "choose_metric", "find_runs", "load_histories", "read_run", "select"]
@@ -151,11 +141,13 @@ def _plain(path: Path) -> Path:
 
 
 def _text(path: Path, limit: int = MAX_FILE_BYTES) -> str:
+    """A small regular file's text (meta.yaml, a tag); a named pipe, a device or a file over ``limit``
+    is refused before it is opened."""
     try:
-        size = _plain(path).stat().st_size
-        if size > limit:
-            raise HistoryError(f"{path}: {size} bytes, over the {limit >> 20} MiB calibrate reads in a log file")
+        logs.check_regular(_plain(path), limit)
         return path.read_text(encoding="utf-8")
+    except logs.LogError as exc:
+        raise HistoryError(str(exc)) from None
     except UnicodeDecodeError:
         raise HistoryError(f"{path}: not a UTF-8 text file") from None
     except OSError as exc:
@@ -215,7 +207,35 @@ def _series_of(path: Path, rows: Iterable[Mapping[str, Any]], planned: int | Non
 
 # ----------------------------------------------------------------------------- trainer_state.json
 def _ts_accepts(path: Path) -> bool:
-    return path.is_file() and path.suffix.lower() == ".json"
+    return path.is_file() and path.suffix.lower() == ".json" and not _is_wandb_json(path)
+
+
+def _head(path: Path) -> str:
+    """The first non-blank line of a regular file (at most 4 KiB), '' for anything else."""
+    try:
+        logs.check_regular(path)
+        with open(path, "rb") as f:
+            for raw in iter(lambda: f.readline(4096), b""):
+                if raw.strip():
+                    return raw.decode("utf-8", "replace")
+    except (OSError, logs.LogError):
+        pass
+    return ""
+
+
+def _is_wandb_json(path: Path) -> bool:
+    """A .json file holding a JSON list (W&B's exported history), not an object (a trainer_state.json)."""
+    return path.is_file() and path.suffix.lower() == ".json" and _head(path).lstrip().startswith("[")
+
+
+def _is_console_log(path: Path) -> bool:
+    """A .log / .txt / .out file with verl console lines among its first lines."""
+    if not (path.is_file() and path.suffix.lower() in logs.FORMATS["verl_console"].suffixes):
+        return False
+    try:
+        return any(logs.console_record(line) for line in logs._first_lines(path))
+    except (OSError, logs.LogError):
+        return False
 
 
 def _ts_find(folder: Path) -> list[Found]:
@@ -239,14 +259,12 @@ def _latest_states(found: list[Found]) -> list[Found]:
 
 
 def _ts_read(found: Found) -> RawHistory:
-    path = found.files[0]
+    path = _plain(found.files[0])
     try:
-        rows, fmt, planned = _parse_json(path, _text(path))
-    except HistoryError:
-        raise
-    except ValueError as exc:  # replay's messages name the file already
+        rows, planned = logs.trainer_state(path)
+        return RawHistory(_run_name(found), str(path), "trainer_state", *_series_of(path, rows, planned))
+    except logs.LogError as exc:  # the shared parser's messages name the file already
         raise HistoryError(str(exc)) from None
-    return RawHistory(_run_name(found), str(path), fmt, *_series_of(path, rows, planned))
 
 
 # ----------------------------------------------------------------------------- JSONL and CSV
@@ -254,16 +272,15 @@ def _suffix_in(*suffixes: str) -> Callable[[Path], bool]:
     return lambda p: p.is_file() and p.suffix.lower() in suffixes
 
 
-def _rows_reader(name: str, parse: Callable[[Path, str], list[dict[str, Any]]]) -> Callable[[Found], RawHistory]:
+def _rows_reader(name: str) -> Callable[[Found], RawHistory]:
+    """A reader of the shared parser ``logs.FORMATS[name]``: rows streamed into series, one at a time."""
+
     def read(found: Found) -> RawHistory:
-        path = found.files[0]
+        path = _plain(found.files[0])
         try:
-            rows = parse(path, _text(path))
-        except HistoryError:
-            raise
-        except ValueError as exc:
+            series, not_numbers = _from_rows(path, logs.FORMATS[name].rows(path))
+        except logs.LogError as exc:
             raise HistoryError(str(exc)) from None
-        series, not_numbers = _from_rows(path, rows)
         return RawHistory(_run_name(found), str(path), name, series, None, MappingProxyType(not_numbers))
 
     return read
@@ -356,6 +373,8 @@ def _mlflow_read(found: Found) -> RawHistory | None:
         meta = yaml.load(_text(meta_path, MAX_META_BYTES), Loader=_NoAliases) or {}
     except yaml.YAMLError as exc:
         raise HistoryError(f"{meta_path}: invalid YAML ({exc})") from None
+    except RecursionError:  # a few KB of nested brackets: not MLflow's meta.yaml
+        raise HistoryError(f"{meta_path}: YAML nested too deeply to be MLflow's run meta.yaml") from None
     if not isinstance(meta, dict):
         raise HistoryError(f"{meta_path}: expected a mapping (MLflow's run meta.yaml)")
     if meta.get("lifecycle_stage") == "deleted":
@@ -368,7 +387,11 @@ def _mlflow_read(found: Found) -> RawHistory | None:
     for file in _under(metrics_dir, lambda p: True):
         key = file.relative_to(metrics_dir).as_posix()
         points = series.setdefault(key, {})
-        for lineno, line in enumerate(_text(file).splitlines(), 1):
+        try:
+            lines = list(logs._lines(_plain(file)))
+        except logs.LogError as exc:
+            raise HistoryError(str(exc)) from None
+        for lineno, line in lines:
             parts = line.split()
             if not parts:
                 continue
@@ -388,10 +411,15 @@ def _mlflow_read(found: Found) -> RawHistory | None:
 
 READERS: Mapping[str, Reader] = MappingProxyType({r.name: r for r in (
     Reader("trainer_state", "trainer_state.json (transformers log_history)", _ts_accepts, _ts_find, _ts_read),
-    Reader("jsonl", "*.jsonl / *.ndjson (step + metrics per line)", _suffix_in(".jsonl", ".ndjson"),
-           _files_finder("jsonl", _suffix_in(".jsonl", ".ndjson")), _rows_reader("jsonl", _parse_jsonl)),
-    Reader("csv", "*.csv / *.tsv (a step column + metric columns)", _suffix_in(".csv", ".tsv"),
-           _files_finder("csv", _suffix_in(".csv", ".tsv")), _rows_reader("csv", _parse_csv)),
+    Reader("jsonl", logs.FORMATS["jsonl"].description, _suffix_in(".jsonl", ".ndjson"),
+           _files_finder("jsonl", _suffix_in(".jsonl", ".ndjson")), _rows_reader("jsonl")),
+    Reader("csv", logs.FORMATS["csv"].description, _suffix_in(".csv", ".tsv"),
+           _files_finder("csv", _suffix_in(".csv", ".tsv")), _rows_reader("csv")),
+    Reader("wandb_json", logs.FORMATS["wandb_json"].description, _is_wandb_json,
+           _files_finder("wandb_json", lambda p: p.name != "trainer_state.json" and _is_wandb_json(p)),
+           _rows_reader("wandb_json")),
+    Reader("verl_console", logs.FORMATS["verl_console"].description, _is_console_log,
+           _files_finder("verl_console", _is_console_log), _rows_reader("verl_console")),
     Reader("tensorboard", "TensorBoard event files (*tfevents*)", _is_event_file, _tb_find, _tb_read),
     Reader("mlflow", "MLflow run folders (mlruns/<experiment>/<run>/ with meta.yaml and metrics/)",
            _is_mlflow_run, _mlflow_find, _mlflow_read),
@@ -420,10 +448,13 @@ def _formats() -> str:
 
 
 # ----------------------------------------------------------------------------- discovery
-def find_runs(paths: Sequence[str | Path]) -> list[Found]:
-    """Every run under ``paths`` (files, folders searched recursively, globs), each once, in order."""
+def find_runs(paths: Sequence[str | Path], fmt: str | None = None) -> list[Found]:
+    """Every run under ``paths`` (files, folders searched recursively, globs), each once, in order;
+    ``fmt``: only runs of that reader (a name of :data:`READERS`)."""
     if not paths:
         raise HistoryError("no path given")
+    if fmt is not None and fmt not in READERS:
+        raise HistoryError(f"unknown --format {fmt!r}; formats: {', '.join(READERS)}")
     found: list[Found] = []
     for raw in paths:
         text = str(raw)
@@ -431,14 +462,22 @@ def find_runs(paths: Sequence[str | Path]) -> list[Found]:
         if not matches:
             raise HistoryError(f"{text}: the pattern matches no file or folder")
         for match in matches:
-            found += _find_one(Path(match))
+            found += _find_one(Path(match), fmt)
     unique = list({(f.reader, f.path): f for f in found}.values())
     return _latest_states(unique)  # checkpoint copies named one by one (a glob) count once too
 
 
-def _find_one(path: Path) -> list[Found]:
+def _find_one(path: Path, fmt: str | None = None) -> list[Found]:
     if not path.exists():
         raise HistoryError(f"{path}: no such file or folder")
+    if fmt is not None:
+        reader = READERS[fmt]
+        runs = [Found(fmt, path, (path,))] if path.is_file() else reader.find(path)
+        if not runs:
+            raise HistoryError(f"{path}: no {reader.description} found here")
+        return runs
+    if not path.is_dir() and not path.is_file():
+        raise HistoryError(f"{path}: not a regular file (a named pipe or a device); copy the log to a file first")
     if path.is_file():
         reader = next((r for r in READERS.values() if r.accepts(path)), None)
         if reader is None:
@@ -561,7 +600,7 @@ def select(raw: RawHistory, metric: str | None = None, label_metric: str | None 
 
 def load_histories(paths: Sequence[str | Path], metric: str | None = None, label_metric: str | None = None,
                    progress: Callable[[list[Found]], Iterable[Found]] = iter,
-                   on_error: Callable[[HistoryError], None] | None = None) -> list[RunHistory]:
+                   on_error: Callable[[HistoryError], None] | None = None, fmt: str | None = None) -> list[RunHistory]:
     """Find, read and select every run under ``paths``. Without ``metric`` every run must default to
     the same one. Deleted MLflow runs are left out.
 
@@ -569,7 +608,7 @@ def load_histories(paths: Sequence[str | Path], metric: str | None = None, label
     still read; None: the first one raises. Either way, no run read at all raises.
     """
     runs, errors = [], []
-    for found in progress(find_runs(paths)):
+    for found in progress(find_runs(paths, fmt)):
         try:
             raw = read_run(found)
             if raw is None:

@@ -1,11 +1,10 @@
 """Replay a recorded eval curve through a detector: what would EvalStop have done?
 
-Reads three formats:
-
-* a transformers ``trainer_state.json`` (its ``log_history``; entries without the metric, such as
-  training-loss logs, are skipped; ``max_steps`` gives the planned steps);
-* a CSV file with a ``step`` column and one or more score columns (empty cells are missing values);
-* a JSONL file of objects with ``step`` and the score.
+Reads every format of :mod:`.logs` (trainer_state.json, JSONL from verl's file logger or W&B, verl's
+console log, CSV including W&B's export, a W&B JSON history) and TensorBoard event files, with the
+same parsers as ``evalstop calibrate`` and ``evalstop run --metric-from``. In a trainer_state.json,
+entries without the metric (training-loss logs) are skipped and ``max_steps`` gives the planned
+steps; in a CSV, empty cells are missing values.
 
 The metric defaults to the only numeric column besides ``step`` (and ``epoch``), else the first
 ``eval_*`` key (throughput keys such as ``eval_runtime`` excluded). Points are taken in step order.
@@ -13,8 +12,6 @@ The metric defaults to the only numeric column besides ``step`` (and ``epoch``),
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import sys
@@ -95,123 +92,43 @@ class ReplayResult:
         }
 
 
-def _read_rows(path: Path) -> tuple[list[dict[str, Any]], str, int | None]:
-    """Return (rows, format name, planned steps)."""
-    if not path.exists():
-        raise ReplayError(f"{path}: no such file")
+def _read_rows(path: Path, fmt: str | None = None) -> tuple[list[dict[str, Any]], str, int | None]:
+    """Return (rows, format name, planned steps), read by the shared parsers of :mod:`.logs`."""
+    from . import logs
+
+    if path.is_dir() and fmt in (None, "tensorboard") and not (path / "trainer_state.json").exists():
+        return _tensorboard_rows(path)
     if path.is_dir():
         candidate = path / "trainer_state.json"
         if candidate.exists():
-            return _read_rows(candidate)
-        raise ReplayError(f"{path} is a folder without a trainer_state.json; pass a file")
+            return _read_rows(candidate, fmt)
+        raise ReplayError(f"{path} is a folder without a trainer_state.json or TensorBoard event files; pass a file")
+    if fmt == "tensorboard" or (fmt is None and ".tfevents." in path.name):
+        return _tensorboard_rows(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ReplayError(f"{path}: not a text file (expected trainer_state.json, CSV or JSONL)") from None
-    suffix = path.suffix.lower()
-    if suffix == ".json":
-        return _parse_json(path, text)
-    if suffix in (".jsonl", ".ndjson"):
-        return _parse_jsonl(path, text), "jsonl", None
-    if suffix in (".csv", ".tsv"):
-        return _parse_csv(path, text), "csv", None
-    # unknown extension: sniff
-    stripped = text.lstrip()
-    if stripped.startswith("{") or stripped.startswith("["):
-        try:
-            return _parse_json(path, text)
-        except ReplayError:
-            try:
-                return _parse_jsonl(path, text), "jsonl", None
-            except ReplayError:
-                pass
-    elif stripped and "step" in stripped.splitlines()[0]:
-        return _parse_csv(path, text), "csv", None
-    raise ReplayError(
-        f"{path}: unknown format; expected a trainer_state.json (with log_history), a CSV with a "
-        f"'step' column or a JSONL file of objects with 'step'"
-    )
+        rows, name, planned = logs.read_rows(path, fmt)
+        return list(rows), name, planned
+    except logs.LogError as exc:
+        raise ReplayError(str(exc)) from None
 
 
-def _parse_json(path: Path, text: str) -> tuple[list[dict[str, Any]], str, int | None]:
+def _tensorboard_rows(path: Path) -> tuple[list[dict[str, Any]], str, int | None]:
+    """TensorBoard event files (a file, or every one under a folder) as rows, by the calibrate reader."""
+    from .histories import Found, HistoryError, read_run
+
+    files = (path,) if path.is_file() else tuple(sorted(p for p in path.rglob("*") if ".tfevents." in p.name
+                                                        and p.is_file()))
+    if not files:
+        raise ReplayError(f"{path}: no TensorBoard event files (*tfevents*) here")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ReplayError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
-    except RecursionError:
-        raise ReplayError(f"{path}: JSON nested too deeply to be a training log") from None
-    except ValueError as exc:  # an integer literal over Python's digit limit (4,300 digits)
-        raise ReplayError(f"{path}: a number too long to read ({exc})") from None
-    if isinstance(data, dict) and isinstance(data.get("log_history"), list):
-        rows = data["log_history"]
-        planned = data.get("max_steps")
-        planned = planned if isinstance(planned, int) and not isinstance(planned, bool) and planned > 0 else None
-        fmt = "trainer_state"
-    elif isinstance(data, list):
-        rows, planned, fmt = data, None, "json"
-    else:
-        raise ReplayError(
-            f"{path}: a JSON file must be a transformers trainer_state.json with a 'log_history' list "
-            f"(or a list of objects with 'step')"
-        )
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise ReplayError(f"{path}: entry {i} of the log is {type(row).__name__}, expected an object")
-    return rows, fmt, planned
-
-
-def _parse_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ReplayError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-        except RecursionError:
-            raise ReplayError(f"{path}:{lineno}: JSON nested too deeply to be a log line") from None
-        except ValueError as exc:  # an integer literal over Python's digit limit (4,300 digits)
-            raise ReplayError(f"{path}:{lineno}: a number too long to read ({exc})") from None
-        if not isinstance(row, dict):
-            raise ReplayError(f"{path}:{lineno}: expected a JSON object with 'step', got {type(row).__name__}")
-        rows.append(row)
-    return rows
-
-
-def _parse_csv(path: Path, text: str) -> list[dict[str, Any]]:
-    try:
-        return _csv_rows(path, text)
-    except csv.Error as exc:  # e.g. a field over csv's size limit (128 KiB): not a log of numbers
-        raise ReplayError(f"{path}: not a readable CSV file ({exc})") from None
-
-
-def _csv_rows(path: Path, text: str) -> list[dict[str, Any]]:
-    dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
-    reader = csv.DictReader(io.StringIO(text), dialect=dialect)
-    if not reader.fieldnames:
-        raise ReplayError(f"{path}: empty CSV file")
-    fields = [f.strip() for f in reader.fieldnames]
-    if "step" not in fields:
-        raise ReplayError(f"{path}: the CSV has no 'step' column (columns: {', '.join(fields)})")
-    rows = []
-    for row in reader:
-        clean = {}
-        for k, v in row.items():
-            if k is None:
-                raise ReplayError(f"{path}:{reader.line_num}: more values than columns")
-            v = (v or "").strip()
-            if v != "":
-                clean[k.strip()] = _csv_value(v)
-        rows.append(clean)
-    return rows
-
-
-def _csv_value(v: str) -> Any:
-    try:
-        return float(v) if any(c in v.lower() for c in ".en") else int(v)
-    except ValueError:
-        return v
+        raw = read_run(Found("tensorboard", path, files))
+    except HistoryError as exc:
+        raise ReplayError(str(exc)) from None
+    by_step: dict[int, dict[str, Any]] = {}
+    for key, points in raw.series.items():
+        for step, value in points.items():
+            by_step.setdefault(step, {"step": step})[key] = value
+    return [by_step[s] for s in sorted(by_step)], "tensorboard", None
 
 
 def _is_number(v: Any) -> bool:
@@ -250,10 +167,11 @@ def _step_of(path: Path, row: dict[str, Any], i: int) -> int:
     raise ReplayError(f"{path}: entry {i + 1} has step {step!r}; steps must be non-negative integers")
 
 
-def load_curve(path: str | Path, metric: str | None = None) -> Curve:
-    """Read ``path`` and return the curve of ``metric`` (chosen as documented when None)."""
+def load_curve(path: str | Path, metric: str | None = None, fmt: str | None = None) -> Curve:
+    """Read ``path`` (its format detected, or ``fmt``: a name of :data:`.logs.FORMATS` or
+    ``tensorboard``) and return the curve of ``metric`` (chosen as documented when None)."""
     path = Path(path)
-    rows, fmt, planned = _read_rows(path)
+    rows, fmt, planned = _read_rows(path, fmt)
     if metric is None:
         metric = _choose_metric(path, rows)
     elif not any(metric in row for row in rows):

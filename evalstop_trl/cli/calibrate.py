@@ -22,14 +22,17 @@ def add_calibrate_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "calibrate",
         help="replay every detector on your finished runs and recommend a policy",
-        description="Read finished runs (trainer_state.json, JSONL, CSV, TensorBoard event files, MLflow file-store "
-        "runs; files, folders searched recursively, or globs), label each run hacked or healthy from its full "
+        description="Read finished runs (trainer_state.json, JSONL from verl's file logger or W&B, CSV such as W&B's "
+        "export, a W&B JSON history, verl's console log, TensorBoard event files, MLflow file-store runs; files, folders searched recursively, or globs), label each run hacked or healthy from its full "
         "curve, replay every registered detector, and print precision, recall, FPR, lag and savings with 95% "
         "intervals and the recommended policy.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="a run file, a folder of runs, or a glob")
     p.add_argument("--metric", help="the detector's series (default: the only metric, else evalstop/score, else "
                    "the only eval_* or eval/* one)")
+    p.add_argument("--format", dest="fmt", metavar="FORMAT",
+                   help="read only runs of this format (trainer_state, jsonl, csv, wandb_json, verl_console, "
+                   "tensorboard, mlflow; default: every format, detected)")
     p.add_argument("--label-metric", dest="label_metric", help="label each run from this series instead (e.g. a "
                    "larger gold eval): non-circular, preferred")
     p.add_argument("--direction", choices=("max", "min"), help="max: higher is better (default: min for loss-like "
@@ -70,7 +73,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise CLIError(f"--min-precision must be in [0, 1), got {args.min_precision}")
     try:
         runs = load_histories(args.paths, args.metric, args.label_metric, progress=_progress("reading"),
-                              on_error=lambda exc: print(f"evalstop calibrate: skipped {exc}", file=sys.stderr))
+                              on_error=lambda exc: print(f"evalstop calibrate: skipped {exc}", file=sys.stderr), fmt=args.fmt)
         metric = runs[0].scores.metric
         direction = Direction(args.direction or infer_direction(metric))
         label_direction = Direction(args.label_direction or (infer_direction(args.label_metric) if args.label_metric

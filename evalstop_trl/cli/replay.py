@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from ..analysis.logs import FORMATS as LOG_FORMATS
 from ..core.detectors import DEFAULT_DETECTOR, DETECTORS, RECOMMENDED_DETECTOR
 from .common import CLIError
 
@@ -16,14 +17,18 @@ def add_replay_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "replay",
         help="what a detector would have done on a recorded eval curve",
-        description="Replay a trainer_state.json, CSV (step + score columns) or JSONL curve, or a job of an "
+        description="Replay a training log (a trainer_state.json, a JSONL from verl's file logger or W&B, verl's "
+        "console log, a CSV such as W&B's export, a W&B JSON history, TensorBoard event files), or a job of an "
         "embedded coordinator's evalstop.db, through a detector and print whether and where it stops.",
     )
-    p.add_argument("file", help="trainer_state.json, .csv, .jsonl, or an evalstop.db (SQLite store)")
+    p.add_argument("file", help="a log file (trainer_state.json, .jsonl, .csv, .json, a verl console .log), a "
+                   "TensorBoard folder, or an evalstop.db (SQLite store)")
     p.add_argument("--job", help="evalstop.db: the job to replay (default: the tenant's only job)")
     p.add_argument("--tenant", default="local", help="evalstop.db: the jobs' tenant (default: local, the "
                    "embedded coordinator's)")
     p.add_argument("--metric", help="score column or key (default: the only numeric one, else the first eval_*)")
+    p.add_argument("--format", dest="fmt", choices=(*LOG_FORMATS, "tensorboard"),
+                   help="the log's format (default: detected from the file)")
     p.add_argument("--detector", default=DEFAULT_DETECTOR,
                    help=f"one of {', '.join(DETECTORS.names())} (default {DEFAULT_DETECTOR}; recommended for new "
                         f"users: {RECOMMENDED_DETECTOR})")
@@ -57,7 +62,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.planned_steps is not None and args.planned_steps < 1:
         raise CLIError(f"--planned-steps must be a positive number of steps, got {args.planned_steps}")
     try:
-        curve = _store_curve(args) if _is_sqlite(args.file) else load_curve(args.file, args.metric)
+        curve = _store_curve(args) if _is_sqlite(args.file) else load_curve(args.file, args.metric, args.fmt)
         result = replay_curve(curve, args.detector, planned_steps=args.planned_steps, **params)
     except ReplayError as exc:
         raise CLIError(str(exc)) from None

@@ -31,6 +31,8 @@ _EPILOG = """exit status:
                                 retries failed jobs does not rerun it)
   the command's own status      otherwise; 128 + N when a signal N ended it
   2                             bad input, a refused registration, or a command that cannot start
+  3                             the command succeeded but --metric never appeared in its --metric-from log
+                                (the keys the log has are printed)
 
 Descendants of the command (a setsid'd or backgrounded process included) are the launcher's: it
 signals all of them on a stop, terminates those still running when the command exits, and exits
@@ -133,10 +135,11 @@ def add_run_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job-id", help="the job (default: $EVALSTOP_JOB_ID, else the command's script name and a "
                    "random suffix, printed)")
     add_job_flags(p, grace="seconds to acknowledge a stop, and between SIGTERM and SIGKILL")
-    p.add_argument("--metric-from", metavar="jsonl:PATH|tensorboard:DIR",
+    p.add_argument("--metric-from", metavar="jsonl:PATH|verl_console:PATH|tensorboard:DIR",
                    help="report the job's evals from the logs CMD writes: a JSONL file (verl's file logger "
-                   "{step, data: {...}}, or {step, KEY: value} lines) or TensorBoard event files under DIR; "
-                   "the stop is delivered as without it (SIGTERM after --grace-s, then SIGKILL)")
+                   "{step, data: {...}}, W&B's history, or {step, KEY: value} lines), verl's console output in a "
+                   "file (step:N - key:value - ...), or TensorBoard event files under DIR; the stop is delivered as "
+                   "without it (SIGTERM after --grace-s, then SIGKILL)")
     p.add_argument("--metric", metavar="KEY", help="with --metric-from: the JSON key or TensorBoard tag of the "
                    "world-feedback score (e.g. val-core/openai/gsm8k/reward/mean@1)")
     p.add_argument("argv", metavar="command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")

@@ -1,22 +1,29 @@
 """World feedback read from the logs a command writes, for trainers that cannot take a callback.
 
-``evalstop run --metric-from jsonl:PATH --metric KEY -- CMD`` (or ``tensorboard:DIR --metric TAG``):
-the launcher follows what the command writes and reports each new value of the metric as the job's
-eval at its step; the coordinator decides as for any job, and the launcher delivers a stop as it
-always does (SIGTERM after ``--grace-s``, then SIGKILL).
+``evalstop run --metric-from KIND:PATH --metric KEY -- CMD``: the launcher follows what the command
+writes and reports each new value of the metric as the job's eval at its step; the coordinator
+decides as for any job, and the launcher delivers a stop as it always does (SIGTERM after
+``--grace-s``, then SIGKILL). The records are parsed by the same code as ``evalstop replay`` and
+``evalstop calibrate`` (:mod:`evalstop_trl.analysis.logs`).
 
 * ``jsonl``: one JSON object per line, either verl's file logger (``trainer.logger=[..., 'file']``,
   ``verl/utils/tracking.py``: ``{"step": N, "elapsed_seconds": ..., "data": {KEY: value, ...}}`` at
-  ``$VERL_FILE_LOGGER_PATH``; its validation metrics are ``val-core/<source>/<metric>/...``) or plain
-  ``{"step": N, KEY: value}``. Lines without the key are skipped; a partial last line waits for its
-  end; a line over :data:`MAX_LINE` bytes is skipped; a file replaced or truncated (rotation) is read
-  again from its start, steps already reported skipped.
+  ``$VERL_FILE_LOGGER_PATH``; its validation metrics are ``val-core/<source>/<metric>/...``), W&B's
+  ``wandb-history.jsonl`` (``_step``), or plain ``{"step": N, KEY: value}``.
+* ``verl_console``: verl's console output redirected to a file (``step:N - key:value - ...``).
 * ``tensorboard``: the event files under DIR (any writer: torch's ``SummaryWriter``, TF2, OpenRLHF's
   and torchtune's TensorBoard loggers), new files and new events as they appear; the scalar of TAG.
 
-Steps must increase: a step at or before the last one reported is skipped (a resumed run rewrites
-some). Memory stays bounded: one read of at most :data:`READ_CHUNK` bytes per poll, the position in
-each file, no history.
+Lines without the key are skipped; a partial last line waits for its end; a line over
+:data:`MAX_LINE` bytes is skipped; a file replaced or truncated (rotation) is read again from its
+start, steps already reported skipped; a path that is not a regular file (a named pipe) is never
+opened (it would block the launcher), and said once. Steps must increase: a step at or before the
+last one reported is skipped (a resumed run rewrites some); a step outside 0..``MAX_STEP`` is said
+and skipped, never taken as the last one. A report the coordinator cannot take now (unreachable, a
+429) is tried again at the next poll, in order; one it refuses for good (an invalid value) is said
+and dropped. A metric the log does not have is said early with the keys it has, and ``evalstop run``
+exits non-zero when the metric never appeared. Memory stays bounded: one read of at most
+:data:`READ_CHUNK` bytes per poll, the position in each file, at most :data:`MAX_KEYS` key names.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import json
 import logging
 import math
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -32,24 +40,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..analysis.logs import console_record, json_record
 from ..clients.api import EvalStopAPI
 from ..core.browse import finite_float
+from ..core.detectors import MAX_STEP
+from ..core.errors import InvalidInput, NotFound, Unauthorized
 from .watch import log_text
 
-__all__ = ["KINDS", "MAX_LINE", "READ_CHUNK", "JsonlTail", "MetricFrom", "MetricReporter", "TensorBoardTail"]
+__all__ = ["KINDS", "MAX_KEYS", "MAX_LINE", "MAX_PENDING", "READ_CHUNK", "ConsoleTail", "JsonlTail", "MetricFrom",
+           "MetricReporter", "TensorBoardTail"]
 
 log = logging.getLogger("evalstop.launcher")
 
 MAX_LINE = 1 << 20  # bytes: a longer line is not a metrics record
 READ_CHUNK = 4 << 20  # bytes read at most per poll
 MAX_EVENT_FILES = 1000
+MAX_KEYS = 200  # key names remembered for the "metric not found" message
+MAX_PENDING = 10_000  # points waiting for the coordinator; the oldest are dropped beyond (said)
+#: records seen without the metric before the launcher says, once, which keys the log has
+MISSING_AFTER = 3
 Point = tuple[int, "float | None"]
 
 
 @dataclass(frozen=True)
 class MetricFrom:
-    """Where the metric comes from: ``kind`` (``jsonl`` or ``tensorboard``), ``path`` and the ``key``
-    (a JSON key, or a TensorBoard tag)."""
+    """Where the metric comes from: ``kind`` (a name of :data:`KINDS`), ``path`` and the ``key`` (a
+    JSON key, a console key, or a TensorBoard tag)."""
 
     kind: str
     path: Path
@@ -57,26 +73,43 @@ class MetricFrom:
 
     @classmethod
     def parse(cls, spec: str, key: str | None) -> MetricFrom:
-        """``jsonl:PATH`` or ``tensorboard:DIR`` with ``--metric KEY``.
+        """``jsonl:PATH``, ``verl_console:PATH`` or ``tensorboard:DIR`` with ``--metric KEY``.
 
         Raises:
             ValueError: an unknown kind, no path or no key (the message shows the form).
         """
         kind, sep, path = spec.partition(":")
         if not sep or kind not in KINDS or not path:
-            raise ValueError(f"--metric-from must be jsonl:PATH or tensorboard:DIR, but got {spec!r}")
+            raise ValueError(f"--metric-from must be {', '.join(k + ':PATH' for k in KINDS)}, but got {spec!r}")
         if not key:
             raise ValueError("--metric-from needs --metric KEY: the JSON key (e.g. verl's "
                              "val-core/openai/gsm8k/reward/mean@1) or the TensorBoard tag to read")
         return cls(kind, Path(path), key)
 
-    def open(self) -> JsonlTail | TensorBoardTail:
+    def open(self) -> LineTail | TensorBoardTail:
         """A follower of this source."""
         return KINDS[self.kind](self.path, self.key)
 
 
-class JsonlTail:
-    """Follows a JSONL file: :meth:`poll` returns the (step, value) points of the lines written since."""
+class _Keys:
+    """What a follower saw: records with a step, and (a bounded set of) their key names."""
+
+    def __init__(self) -> None:
+        self.records, self.names = 0, set()
+
+    def saw(self, keys: Any) -> None:
+        self.records += 1
+        for k in keys:
+            if len(self.names) >= MAX_KEYS:
+                break
+            self.names.add(str(k))
+
+
+class LineTail:
+    """Follows a text file of one record per line: :meth:`poll` returns the (step, value) points of
+    the lines written since. ``record(line)`` parses one line (``(raw step, values)`` or None)."""
+
+    kind = ""
 
     def __init__(self, path: Path, key: str) -> None:
         self.path, self.key = Path(path), key
@@ -84,12 +117,23 @@ class JsonlTail:
         self._inode: tuple[int, int] | None = None
         self._partial = b""
         self._skipping = False  # inside a line over MAX_LINE: drop up to its end
+        self._said_irregular = False
         self.exists = False
+        self.seen = _Keys()
+
+    def record(self, line: bytes) -> tuple[Any, dict[str, Any]] | None:
+        raise NotImplementedError
 
     def poll(self) -> list[Point]:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
+            return []
+        if not stat.S_ISREG(st.st_mode):  # a named pipe would block open() until a writer came, forever
+            if not self._said_irregular:
+                self._said_irregular = True
+                log.warning("evalstop run: %s is not a regular file (a named pipe or a device): not read; log to "
+                            "a file", log_text(str(self.path)))
             return []
         self.exists = True
         inode = (st.st_dev, st.st_ino)
@@ -112,22 +156,44 @@ class JsonlTail:
     def _point(self, line: bytes) -> Point | None:
         if len(line) > MAX_LINE or not line.strip():
             return None
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
+        rec = self.record(line)
+        if rec is None:
             return None
-        if not isinstance(obj, dict):
+        step, values = rec
+        self.seen.saw(values)
+        if self.key not in values:
             return None
-        record = obj["data"] if isinstance(obj.get("data"), dict) else obj  # verl's file logger, or plain
-        step = obj.get("step")
-        if self.key not in record or isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+            log.warning("evalstop run: %s has step %s for %s; steps must be integers from 0 to %d: skipped",
+                        log_text(str(self.path)), log_text(repr(step), 40), log_text(self.key), MAX_STEP)
             return None
-        return step, finite_float(record[self.key])  # NaN, inf, a string: a failed eval (missing)
+        return step, finite_float(values[self.key])  # NaN, inf, a string: a failed eval (missing)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class JsonlTail(LineTail):
+    """Follows a JSONL file (verl's file logger, W&B's history, plain ``{step, KEY}`` lines)."""
+
+    kind = "jsonl"
+
+    def record(self, line: bytes) -> tuple[Any, dict[str, Any]] | None:
+        try:
+            return json_record(json.loads(line))
+        except (ValueError, RecursionError):
+            return None
+
+
+class ConsoleTail(LineTail):
+    """Follows verl's console output written to a file (``step:N - key:value - ...`` lines)."""
+
+    kind = "verl_console"
+
+    def record(self, line: bytes) -> tuple[Any, dict[str, Any]] | None:
+        return console_record(line.decode("utf-8", "replace"))
 
 
 class TensorBoardTail:
@@ -137,6 +203,7 @@ class TensorBoardTail:
         self.path, self.key = Path(path), tag
         self._loaders: dict[Path, Any] = {}
         self.exists = False
+        self.seen = _Keys()
 
     def poll(self) -> list[Point]:
         try:
@@ -158,8 +225,13 @@ class TensorBoardTail:
         for file, loader in self._loaders.items():
             try:
                 for event in loader.Load():  # the events written since the last call
+                    if event.summary.value:
+                        self.seen.saw(v.tag for v in event.summary.value)
                     for value in event.summary.value:
-                        if value.tag == self.key:
+                        if value.tag == self.key and not 0 <= event.step <= MAX_STEP:
+                            log.warning("evalstop run: %s: step %d of %s is outside 0..%d: skipped", log_text(str(file)),
+                                        event.step, log_text(self.key), MAX_STEP)
+                        elif value.tag == self.key:
                             scalar = tb_scalar(value, tensor_util)
                             points.append((int(event.step), None if scalar is None or not math.isfinite(scalar)
                                            else scalar))
@@ -171,14 +243,15 @@ class TensorBoardTail:
         self._loaders.clear()
 
 
-KINDS: dict[str, Callable[[Path, str], JsonlTail | TensorBoardTail]] = {"jsonl": JsonlTail,
-                                                                        "tensorboard": TensorBoardTail}
+KINDS: dict[str, Callable[[Path, str], LineTail | TensorBoardTail]] = {
+    "jsonl": JsonlTail, "verl_console": ConsoleTail, "tensorboard": TensorBoardTail}
 
 
 class MetricReporter:
     """A daemon thread that polls a source every ``poll_s`` and reports each new point as the job's
     eval (fail-open: an error is logged, the command is never touched). A source that does not
-    exist after ``missing_warn_s`` is said once at WARNING, with what to check."""
+    exist after ``missing_warn_s`` is said once at WARNING, with what to check; so is a metric the
+    log does not have, with the keys it has (:attr:`missing_metric` tells the CLI at the end)."""
 
     def __init__(self, source: MetricFrom, client: EvalStopAPI, job_id: str, *, poll_s: float = 1.0,
                  missing_warn_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
@@ -186,6 +259,8 @@ class MetricReporter:
         self.poll_s, self.missing_warn_s, self.clock = poll_s, missing_warn_s, clock
         self.last_step: int | None = None
         self.reported = 0
+        self.pending: list[Point] = []  # read, not yet taken by the coordinator (in step order)
+        self._said_missing = False
         self._tail = source.open()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="evalstop-metrics", daemon=True)
@@ -194,22 +269,64 @@ class MetricReporter:
         self._thread.start()
         return self
 
+    @property
+    def missing_metric(self) -> str | None:
+        """When the log had records but never the metric: a message naming the keys it has; else None."""
+        seen = self._tail.seen
+        if self.reported or self.pending or self.last_step is not None or seen.records == 0:
+            return None
+        keys = ", ".join(sorted(seen.names)[:40]) + (", ..." if len(seen.names) > 40 else "")
+        return (f"--metric {self.source.key!r} is not in {self.source.kind}:{self.source.path} "
+                f"({seen.records} records read); its keys: {keys}")
+
+    @property
+    def never_reported(self) -> str | None:
+        """When no eval of the metric was ever read: why (the keys the log has, or no record read); else None."""
+        if self.reported or self.pending or self.last_step is not None:
+            return None
+        if self._tail.seen.records:
+            return self.missing_metric
+        return (f"no record was read from {self.source.kind}:{self.source.path} (does the command write there, "
+                "in that format?)")
+
     def poll_once(self) -> int:
-        """Read and report what is new; returns how many points were reported."""
-        n = 0
+        """Read what is new and report what is pending, in order; returns how many points were taken."""
         for step, value in self._tail.poll():
-            if self.last_step is not None and step <= self.last_step:
+            newest = self.pending[-1][0] if self.pending else self.last_step
+            if newest is not None and step <= newest:
                 continue
-            self.last_step = step
+            self.pending.append((step, value))
+        if len(self.pending) > MAX_PENDING:
+            log.warning("evalstop run: %d evals wait for the coordinator; the oldest %d are dropped", len(self.pending),
+                        len(self.pending) - MAX_PENDING)
+            del self.pending[:-MAX_PENDING]
+        n = 0
+        while self.pending:
+            step, value = self.pending[0]
             try:
                 self.client.report(self.job_id, step, eval_score=value)
-            except Exception as exc:  # noqa: BLE001 - the command goes on; the outbox keeps what it can
-                log.warning("evalstop run: could not report step %d of %s: %s", step, log_text(self.job_id),
+            except (InvalidInput, NotFound, Unauthorized) as exc:  # refused for good: say it, go on
+                log.warning("evalstop run: the coordinator refused step %d of %s: %s", step, log_text(self.job_id),
                             log_text(exc, 300))
-                continue
-            n += 1
+            except Exception as exc:  # noqa: BLE001 - unreachable or busy: kept, tried again at the next poll
+                log.warning("evalstop run: could not report step %d of %s (tried again at the next poll): %s", step,
+                            log_text(self.job_id), log_text(exc, 300))
+                break
+            else:
+                n += 1
+            self.pending.pop(0)
+            self.last_step = step
         self.reported += n
+        self._say_missing()
         return n
+
+    def _say_missing(self) -> None:
+        if self._said_missing or self._tail.seen.records < MISSING_AFTER:
+            return
+        message = self.missing_metric
+        if message:
+            self._said_missing = True
+            log.warning("evalstop run: %s", log_text(message, 2000))
 
     def _loop(self) -> None:
         started, warned = self.clock(), False

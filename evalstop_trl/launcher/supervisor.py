@@ -59,6 +59,8 @@ log = logging.getLogger("evalstop.launcher")
 FORWARDED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGHUP", "SIGINT", "SIGTERM", "SIGQUIT", "SIGUSR1",
                                                         "SIGUSR2") if hasattr(signal, n))
 _TICK_S = 0.1
+#: ``evalstop run``'s exit status when the command succeeded but ``--metric`` never appeared in its logs
+METRIC_NEVER_SEEN_EXIT = 3
 _SCAN_IDLE_S = 2.0  # while the child runs and no stop is being delivered: how often to walk /proc
 _KILL_SETTLE_S = 10.0  # after SIGKILL: how long to wait for the job's processes to vanish
 
@@ -131,6 +133,7 @@ class Launcher:
         self.link = JobLink(client, job_id, job_type=job_type, planned_steps=planned_steps, policy=policy)
         self.poll_s, self.heartbeat_s, self.stopped_exit_code, self.clock = poll_s, heartbeat_s, stopped_exit_code, clock
         self.metric_from = metric_from
+        self._metric_never: str | None = None  # why --metric was never read, once the command ended
         self._enforcer: Enforcer | None = None
         self._pending: list[int] = []  # signals received before the child started
         self._sent: list[str] = []
@@ -177,6 +180,7 @@ class Launcher:
                 signal.signal(s, handler)
             if reporter is not None:
                 reporter.close()
+                self._metric_never = reporter.never_reported
             if watch is not None:
                 watch.close(timeout=0.5)
             if was_subreaper is False:
@@ -271,6 +275,11 @@ class Launcher:
         view = self.link.status()
         stopped = stop_seen or (view is not None and view.status == JobStatus.STOPPED.value)
         reason = f"the job's command {_how(returncode)}"
+        never = self._metric_never
+        if never and not stopped:  # nothing was watched: not a finished job, and not a success
+            log.error("evalstop run: %s; the job was never watched", log_text(never, 2000))
+            reason += f"; {never}"
+            status = status or METRIC_NEVER_SEEN_EXIT
         if left:
             reason += f"; it left {len(left)} process(es) running, terminated by the launcher: {', '.join(left[:8])}"
         if survivors:

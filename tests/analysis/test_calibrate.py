@@ -458,7 +458,7 @@ def test_unreadable_unknown_and_missing_files(tmp_path, capsys):
     (bad_mlflow / "metrics" / "eval_reward").write_text("1700000000 0.5 10\nthree fields expected\n")
     cases = [
         (bad_json, f"{bad_json}: invalid JSON"),
-        (binary, f"{binary}: not a UTF-8 text file"),
+        (binary, f"{binary}:1: not UTF-8 text"),
         (garbage, f"{garbage}: no TensorBoard event could be read"),
         (unknown, f"{unknown}: unknown format; calibrate reads: trainer_state.json"),
         (tmp_path / "nope", f"{tmp_path / 'nope'}: no such file or folder"),
@@ -593,7 +593,7 @@ def test_calibrate_survives_hostile_files_one_line_each_and_reads_the_rest(tmp_p
     skipped = [line for line in out.stderr.splitlines() if line.startswith("evalstop calibrate: skipped ")]
     for name, why in (("meta.yaml", "aliases"), ("deep.jsonl", "nested too deeply"), ("wide.csv", "not a readable CSV"),
                       ("huge-step.jsonl", "steps must be integers"), ("out.csv", "symbolic link"),
-                      ("big.jsonl", "MiB calibrate reads")):
+                      ("big.jsonl", "MiB read in a log file")):
         assert any(name in line and why in line for line in skipped), (name, out.stderr[-3000:])
     assert all(len(line) < 400 for line in skipped) and "Traceback" not in out.stderr
     # every file refused: one error, naming the first

@@ -62,7 +62,7 @@ def test_a_jsonl_follower_reads_verl_and_plain_lines_partial_lines_and_rotation(
 
 
 def test_metric_from_says_what_is_wrong():
-    with pytest.raises(ValueError, match="jsonl:PATH or tensorboard:DIR"):
+    with pytest.raises(ValueError, match="jsonl:PATH, verl_console:PATH, tensorboard:PATH"):
         MetricFrom.parse("csv:x.csv", "k")
     with pytest.raises(ValueError, match="needs --metric KEY"):
         MetricFrom.parse("jsonl:x.jsonl", None)
@@ -81,7 +81,26 @@ VERL_CHILD = textwrap.dedent("""
             data = {"actor/pg_loss": 1.0 / step, "critic/score/mean": 0.01 * step}  # the proxy keeps rising
             if str(step) in curve:
                 data[sys.argv[3]] = curve[str(step)]
+            if step == 2 and len(sys.argv) > 4:  # one out-of-range step before the evals
+                f.write(json.dumps({"step": 2 ** 60, "data": {sys.argv[3]: 0.99}}) + "\\n")
             f.write(json.dumps({"step": step, "elapsed_seconds": 0.05 * step, "data": data}) + "\\n")
+            f.flush()
+    open(sys.argv[1] + ".done", "w").close()
+""")
+
+#: verl's console logger (``LocalLogger``, ``concat_dict_to_str``): ``step:N - key:value - ...`` behind
+#: a Ray worker's prefix, values printed by ``pprint`` (numpy 2 floats as ``np.float64(...)``)
+CONSOLE_CHILD = textwrap.dedent("""
+    import json, sys, time
+    curve = json.loads(sys.argv[2])
+    with open(sys.argv[1], "a") as f:
+        f.write("(TaskRunner pid=4242) Using LocalLogger is deprecated.\\n")
+        for step in range(1, 121):
+            time.sleep(0.05)
+            parts = [f"step:{step}", f"actor/pg_loss:np.float64({1.0 / step})", f"critic/score/mean:{0.01 * step}"]
+            if str(step) in curve:
+                parts.append(f"{sys.argv[3]}:{curve[str(step)]}")
+            f.write("(TaskRunner pid=4242) " + " - ".join(parts) + "\\n")
             f.flush()
     open(sys.argv[1] + ".done", "w").close()
 """)
@@ -101,21 +120,33 @@ TB_CHILD = textwrap.dedent("""
 """)
 
 
+CHILDREN = {"jsonl": (VERL_CHILD, "metrics.jsonl", KEY), "verl_console": (CONSOLE_CHILD, "verl.log", KEY),
+            "tensorboard": (TB_CHILD, "tb", "eval/gsm8k_pass1"), "jsonl-huge-step": (VERL_CHILD, "metrics.jsonl", KEY)}
+
+
+def _launch(kind: str, tmp_path: Path, metric: str | None = None, target: Path | None = None, *extra: str):
+    code, name, key = CHILDREN[kind]
+    child = tmp_path / "child.py"
+    child.write_text(code)
+    target = target or tmp_path / name
+    return subprocess.run(
+        [sys.executable, "-m", "evalstop_trl", "run", "--db", str(tmp_path / "evalstop.db"), "--job-id", f"logs-{kind}",
+         "--grace-s", "0.5", "--metric-from", f"{kind.removesuffix('-huge-step')}:{target}", "--metric", metric or key,
+         "--", sys.executable, str(child), str(target), json.dumps({str(k): v for k, v in CURVE.items()}), key, *extra],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["jsonl", "tensorboard"])
+@pytest.mark.parametrize("kind", ["jsonl", "verl_console", "tensorboard", "jsonl-huge-step"])
 def test_the_launcher_stops_a_child_whose_logs_show_the_decline(kind, tmp_path):
+    """Every --metric-from format, by a real child writing it as its stack does; ``jsonl-huge-step``: one
+    line with step 2**60 before the evals is skipped and silences nothing (it did: every later step was
+    'at or before' it, and the job ran to its end)."""
     if kind == "tensorboard":
         pytest.importorskip("tensorboard")
-    child = tmp_path / "child.py"
-    child.write_text(VERL_CHILD if kind == "jsonl" else TB_CHILD)
-    target = tmp_path / ("metrics.jsonl" if kind == "jsonl" else "tb")
-    metric = KEY if kind == "jsonl" else "eval/gsm8k_pass1"
+    target = tmp_path / CHILDREN[kind][1]
     db = tmp_path / "evalstop.db"
-    out = subprocess.run(
-        [sys.executable, "-m", "evalstop_trl", "run", "--db", str(db), "--job-id", f"logs-{kind}", "--grace-s", "0.5",
-         "--metric-from", f"{kind}:{target}", "--metric", metric, "--",
-         sys.executable, str(child), str(target), json.dumps({str(k): v for k, v in CURVE.items()}), metric],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = _launch(kind, tmp_path, None, None, *(["huge"] if kind.endswith("huge-step") else []))
     assert out.returncode == 0, out.stderr[-3000:]  # 0: EvalStop stopped it
     assert not Path(f"{target}.done").exists()  # the child never reached its last step
     coord = Coordinator(SQLiteStore(db))
@@ -133,3 +164,58 @@ def test_the_launcher_stops_a_child_whose_logs_show_the_decline(kind, tmp_path):
     assert job.best_step == 20 and "launcher_sigterm" in audit  # stopped by its launcher, at the eval of `stop`
     assert audit.count("stop") == 1
     assert [a.evidence["step"] for a in records if a.kind.value == "stop"] == [stop]  # where the callback would
+
+
+@pytest.mark.slow
+def test_a_misspelt_metric_is_said_early_with_the_keys_and_the_run_exits_3(tmp_path):
+    out = _launch("jsonl", tmp_path, "val-core/openai/gsm8k/reward/mean@l")  # l for 1
+    assert out.returncode == 3, out.stderr[-3000:]
+    assert "is not in jsonl:" in out.stderr and KEY in out.stderr and "critic/score/mean" in out.stderr
+    coord = Coordinator(SQLiteStore(tmp_path / "evalstop.db"))
+    try:
+        job = coord.status("local", "logs-jsonl")
+    finally:
+        coord.close()
+    assert job.status == "failed"  # not 'finished': nothing was watched
+
+
+@pytest.mark.slow
+def test_a_named_pipe_as_the_watched_path_never_hangs_the_launcher(tmp_path):
+    fifo = tmp_path / "metrics.jsonl"
+    os.mkfifo(fifo)
+    child = tmp_path / "quick.py"
+    child.write_text("import time; time.sleep(1.5)\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "evalstop_trl", "run", "--db", str(tmp_path / "e.db"), "--job-id", "fifo",
+         "--metric-from", f"jsonl:{fifo}", "--metric", KEY, "--", sys.executable, str(child)],
+        capture_output=True, text=True, timeout=90, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "not a regular file" in out.stderr, out.stderr[-3000:]
+    assert out.returncode == 3  # the command ended; the metric never came
+
+
+class _FlakyClient:
+    """A coordinator that is unreachable for its first ``down`` reports, then takes them (logic only)."""
+
+    def __init__(self, down: int) -> None:
+        self.down, self.got = down, []
+
+    def report(self, job_id, step, eval_score=None):
+        if self.down:
+            self.down -= 1
+            raise ConnectionError("coordinator unreachable")
+        self.got.append((step, eval_score))
+
+
+def test_a_report_the_coordinator_could_not_take_is_tried_again_in_order(tmp_path):
+    from evalstop_trl.launcher.metrics import MetricReporter
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "data": {KEY: v}}) + "\n" for s, v in [(5, 0.3), (10, 0.4)]))
+    client = _FlakyClient(down=2)
+    rep = MetricReporter(MetricFrom("jsonl", path, KEY), client, "j")
+    assert rep.poll_once() == 0 and rep.pending == [(5, 0.3), (10, 0.4)]  # nothing lost
+    assert rep.poll_once() == 0
+    with path.open("a") as f:
+        f.write(json.dumps({"step": 15, "data": {KEY: 0.5}}) + "\n")
+    assert rep.poll_once() == 3 and client.got == [(5, 0.3), (10, 0.4), (15, 0.5)]
+    rep.close()

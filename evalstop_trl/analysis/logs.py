@@ -1,0 +1,353 @@
+"""The logs real training stacks write: one parser per format, shared by ``evalstop replay``,
+``evalstop calibrate`` and ``evalstop run --metric-from``.
+
+Formats (:data:`FORMATS`, by name; detected from the file, or named with ``--format``):
+
+* ``trainer_state``: a transformers/TRL ``trainer_state.json`` (``log_history``; ``max_steps`` gives
+  the planned steps).
+* ``jsonl``: one JSON object per line: verl's file logger (``verl/utils/tracking.py``, backend
+  ``file``: ``{"step": N, "data": {KEY: value, ...}}``), W&B's ``wandb-history.jsonl`` (``_step``),
+  or plain ``{"step": N, KEY: value}``.
+* ``verl_console``: verl's console logger (``trainer.logger=['console']``, ``LocalLogger``):
+  ``step:N - key:value - key:value`` lines (values printed by ``pprint``, so ``np.float64(0.5)`` too),
+  possibly behind a prefix (a Ray worker's ``(TaskRunner pid=...)``, a logging format). Other lines
+  are skipped.
+* ``csv``: a CSV/TSV with a step column (``step``, ``_step``, ``Step``, ``global_step``), e.g. W&B's
+  exported run history or panel export (``Step,<run> - <metric>,<run> - <metric>__MIN,...``: the
+  ``<run> - `` prefix is dropped when one run is in the file, ``__MIN`` / ``__MAX`` columns skipped).
+* ``wandb_json``: a JSON list of history rows (``run.history().to_json(orient='records')`` or
+  ``[row for row in run.scan_history()]``), steps in ``_step`` (or ``step``).
+* ``tensorboard``: TensorBoard event files (TRL, OpenRLHF); read by ``analysis.histories``.
+
+Reading is bounded and streaming: a file that is not a regular file (a named pipe, a device) is
+refused before it is opened, a file over :data:`MAX_FILE_BYTES` is refused, lines are read one at a
+time (a line over :data:`MAX_LINE` is an error), and steps are checked as integers from 0 to
+``MAX_STEP`` before any float conversion (``10**400`` is an error, not an OverflowError).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.detectors import MAX_STEP
+
+__all__ = ["FORMATS", "LogError", "LogFormat", "MAX_FILE_BYTES", "MAX_LINE", "STEP_KEYS", "check_regular",
+           "console_record", "detect", "json_record", "read_rows"]
+
+MAX_FILE_BYTES = 256 << 20  # a run's eval curve is kilobytes; a bigger file is not a training log
+MAX_LINE = 1 << 20  # bytes: a longer line is not a metrics record
+#: Where each stack puts the step of a history row (the first present wins).
+STEP_KEYS = ("step", "_step", "global_step", "Step", "trainer/global_step")
+_WANDB_SUFFIXES = ("__MIN", "__MAX")
+_CONSOLE = re.compile(r"(?:^|\s)step:(\d+)((?: - [^\s:][^:]*:[^ ]+)*)")
+_CONSOLE_VALUE = re.compile(r"^(?:np\.)?(?:float\d*|int\d*)?\(?([-+0-9.eEinfa]+)\)?$")
+
+
+class LogError(ValueError):
+    """A log that cannot be read; the message names the file and says what is wrong."""
+
+
+def short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters; an integer too long to print described by its size."""
+    if isinstance(value, int) and abs(value) >= 10 ** 30:
+        return f"an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_regular(path: Path, limit: int = MAX_FILE_BYTES) -> int:
+    """The size of ``path`` if it is a regular file within ``limit`` bytes, else a LogError (a named
+    pipe or a device would block or never end; it is refused before it is opened)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise LogError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise LogError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise LogError(f"{path}: a folder; pass a log file (or a folder to evalstop calibrate)")
+    if not stat.S_ISREG(st.st_mode):
+        raise LogError(f"{path}: not a regular file (a named pipe or a device); copy the log to a file first")
+    if st.st_size > limit:
+        raise LogError(f"{path}: {st.st_size} bytes, over the {limit >> 20} MiB read in a log file")
+    return st.st_size
+
+
+def _lines(path: Path, limit: int = MAX_FILE_BYTES) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a regular UTF-8 file, one line at a time."""
+    check_regular(path, limit)
+    try:
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(iter(lambda: f.readline(MAX_LINE + 1), b""), 1):
+                if len(raw) > MAX_LINE:
+                    raise LogError(f"{path}:{lineno}: a line over {MAX_LINE} bytes is not a log record")
+                try:
+                    yield lineno, raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise LogError(f"{path}:{lineno}: not UTF-8 text") from None
+    except OSError as exc:
+        raise LogError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def step_of(where: str, row: Mapping[str, Any]) -> int | None:
+    """The row's step (the first of :data:`STEP_KEYS` present), checked; None when it has none."""
+    for key in STEP_KEYS:
+        if key in row and row[key] is not None:
+            step = row[key]
+            if isinstance(step, float) and step.is_integer():
+                step = int(step)
+            if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+                raise LogError(f"{where}: step {short(step)}; steps must be integers from 0 to {MAX_STEP}")
+            return step
+    return None
+
+
+# ----------------------------------------------------------------------------- records
+def json_record(obj: Any) -> tuple[Any, dict[str, Any]] | None:
+    """(raw step, metrics) of one JSON log object: verl's ``{"step", "data": {...}}``, W&B's ``_step``
+    rows, or plain ``{"step", KEY: ...}``; None for anything else. The step is not checked here."""
+    if not isinstance(obj, dict):
+        return None
+    data = obj["data"] if isinstance(obj.get("data"), dict) else obj
+    step = next((obj[k] for k in STEP_KEYS if obj.get(k) is not None), None)
+    if step is None:
+        return None
+    return step, {k: v for k, v in data.items() if k not in STEP_KEYS}
+
+
+def console_record(line: str) -> tuple[int, dict[str, Any]] | None:
+    """(step, metrics) of one verl console line (``step:N - key:value - ...``), else None.
+
+    >>> console_record("(TaskRunner pid=9) step:140 - val-core/gsm8k/reward/mean@1:0.531 - actor/kl:np.float64(0.02)")
+    (140, {'val-core/gsm8k/reward/mean@1': 0.531, 'actor/kl': 0.02})
+    """
+    m = _CONSOLE.search(line)
+    if m is None:
+        return None
+    values: dict[str, Any] = {}
+    for part in m.group(2).split(" - ")[1:]:
+        key, _, text = part.rpartition(":")
+        v = _CONSOLE_VALUE.match(text.strip())
+        try:
+            values[key] = float(v.group(1)) if v else text
+        except ValueError:
+            values[key] = text
+    return int(m.group(1)), values
+
+
+# ----------------------------------------------------------------------------- formats
+@dataclass(frozen=True)
+class LogFormat:
+    """One format: its name, what it is, how to recognise it, how to read its rows.
+
+    ``rows(path)`` yields ``{"step": int, KEY: value, ...}`` dicts one at a time; ``planned(path)``
+    gives the planned steps where the format records them."""
+
+    name: str
+    description: str
+    suffixes: tuple[str, ...]
+    sniff: Callable[[str], bool]  # the file's first non-empty line
+    rows: Callable[[Path], Iterator[dict[str, Any]]]
+
+
+def _row(where: str, raw_step: Any, values: dict[str, Any]) -> dict[str, Any]:
+    step = step_of(where, {"step": raw_step})
+    return {**values, "step": step}
+
+
+def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
+    for lineno, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LogError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise LogError(f"{path}:{lineno}: JSON nested too deeply to be a log line") from None
+        except ValueError as exc:  # an integer literal over Python's digit limit
+            raise LogError(f"{path}:{lineno}: a number too long to read ({exc})") from None
+        if not isinstance(obj, dict):
+            raise LogError(f"{path}:{lineno}: expected a JSON object with 'step', got {type(obj).__name__}")
+        rec = json_record(obj)
+        if rec is not None:
+            yield _row(f"{path}:{lineno}", *rec)
+
+
+def _console_rows(path: Path) -> Iterator[dict[str, Any]]:
+    for lineno, line in _lines(path):
+        rec = console_record(line)
+        if rec is not None:
+            yield _row(f"{path}:{lineno}", *rec)
+
+
+def _csv_value(v: str) -> Any:
+    try:
+        return float(v) if any(c in v.lower() for c in ".en") else int(v)
+    except ValueError:
+        return v
+
+
+def _csv_rows(path: Path) -> Iterator[dict[str, Any]]:
+    dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
+    lines = (line for _, line in _lines(path))
+    try:
+        reader = csv.DictReader(lines, dialect=dialect)
+        if not reader.fieldnames:
+            raise LogError(f"{path}: empty CSV file")
+        fields = [f.strip() for f in reader.fieldnames]
+        step_key = next((k for k in STEP_KEYS if k in fields), None)
+        if step_key is None:
+            raise LogError(f"{path}: the CSV has no step column ({' or '.join(STEP_KEYS)}); columns: {', '.join(fields)}")
+        names = _wandb_names([f for f in fields if f != step_key])
+        for row in reader:
+            clean: dict[str, Any] = {}
+            for k, v in row.items():
+                if k is None:
+                    raise LogError(f"{path}:{reader.line_num}: more values than columns")
+                k = k.strip()
+                v = (v or "").strip()
+                if v == "" or (k != step_key and k not in names):
+                    continue
+                clean["step" if k == step_key else names[k]] = _csv_value(v)
+            if clean.get("step") is not None:
+                yield _row(f"{path}:{reader.line_num}", clean.pop("step"), clean)
+    except csv.Error as exc:  # e.g. a field over csv's size limit: not a log of numbers
+        raise LogError(f"{path}: not a readable CSV file ({exc})") from None
+
+
+def _wandb_names(columns: list[str]) -> dict[str, str]:
+    """Column -> metric: W&B's ``<run> - <metric>`` prefix dropped when every column has the same one,
+    its ``__MIN`` / ``__MAX`` band columns left out."""
+    kept = [c for c in columns if not c.endswith(_WANDB_SUFFIXES)]
+    prefixes = {c.split(" - ", 1)[0] for c in kept if " - " in c}
+    if len(prefixes) == 1 and all(" - " in c for c in kept):
+        return {c: c.split(" - ", 1)[1] for c in kept}
+    return {c: c for c in kept}
+
+
+def _json_document(path: Path) -> Any:
+    size = check_regular(path)
+    del size
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except UnicodeDecodeError:
+        raise LogError(f"{path}: not a UTF-8 text file") from None
+    except json.JSONDecodeError as exc:
+        raise LogError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise LogError(f"{path}: JSON nested too deeply to be a training log") from None
+    except ValueError as exc:  # an integer literal over Python's digit limit
+        raise LogError(f"{path}: a number too long to read ({exc})") from None
+
+
+def trainer_state(path: Path) -> tuple[list[dict[str, Any]], int | None]:
+    """The rows of a trainer_state.json's ``log_history`` (entries without a step skipped) and its
+    ``max_steps``."""
+    data = _json_document(path)
+    if not (isinstance(data, dict) and isinstance(data.get("log_history"), list)):
+        raise LogError(f"{path}: a trainer_state.json must be an object with a 'log_history' list")
+    planned = data.get("max_steps")
+    planned = planned if isinstance(planned, int) and not isinstance(planned, bool) and 0 < planned <= MAX_STEP else None
+    return _json_rows(path, data["log_history"], "log_history"), planned
+
+
+def _json_rows(path: Path, items: list[Any], what: str) -> list[dict[str, Any]]:
+    rows = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise LogError(f"{path}: entry {i} of the {what} is {type(item).__name__}, expected an object")
+        rec = json_record(item)
+        if rec is not None:
+            rows.append(_row(f"{path}: entry {i + 1}", *rec))
+    return rows
+
+
+def _ts_rows(path: Path) -> Iterator[dict[str, Any]]:
+    yield from trainer_state(path)[0]
+
+
+def _wandb_json_rows(path: Path) -> Iterator[dict[str, Any]]:
+    data = _json_document(path)
+    if not isinstance(data, list):
+        raise LogError(f"{path}: W&B's exported history is a JSON list of rows (with _step)")
+    yield from _json_rows(path, data, "history")
+
+
+def _sniff_json(first: str) -> bool:
+    return first.lstrip().startswith("{")
+
+
+FORMATS: Mapping[str, LogFormat] = {f.name: f for f in (
+    LogFormat("trainer_state", "trainer_state.json (transformers/TRL log_history)", (".json",),
+              lambda first: first.lstrip().startswith("{") and "log_history" in first or first.strip() == "{",
+              _ts_rows),
+    LogFormat("wandb_json", "a JSON list of W&B history rows (_step)", (".json",),
+              lambda first: first.lstrip().startswith("["), _wandb_json_rows),
+    LogFormat("jsonl", "*.jsonl / *.ndjson: verl's file logger {step, data}, W&B's wandb-history.jsonl, "
+              "or {step, KEY: value} lines", (".jsonl", ".ndjson"), _sniff_json, _jsonl_rows),
+    LogFormat("csv", "*.csv / *.tsv with a step column (W&B's export too)", (".csv", ".tsv"),
+              lambda first: any(k in first for k in STEP_KEYS) and "," in first, _csv_rows),
+    LogFormat("verl_console", "verl's console log (step:N - key:value - ...)", (".log", ".txt", ".out"),
+              lambda first: _CONSOLE.search(first) is not None, _console_rows),
+)}
+
+
+def _first_lines(path: Path, n: int = 50) -> list[str]:
+    check_regular(path)
+    out = []
+    with open(path, "rb") as f:
+        for raw in iter(lambda: f.readline(4096), b""):
+            if raw.strip():
+                out.append(raw.decode("utf-8", "replace"))
+            if len(out) >= n:
+                break
+    return out
+
+
+def detect(path: Path) -> LogFormat:
+    """The format of ``path``: a JSON document by its first character (a trainer_state object or a W&B
+    list), else by suffix, else by its first lines (a verl console log may start with other output)."""
+    first = _first_lines(path)
+    suffix = path.suffix.lower()
+    if suffix == ".json" or (first and first[0].lstrip()[:1] in "[{" and suffix not in (".jsonl", ".ndjson")):
+        head = first[0].lstrip()[:1] if first else ""
+        if head == "[":
+            return FORMATS["wandb_json"]
+        if head == "{" and (suffix == ".json" or len(first) == 1 or not first[1].lstrip().startswith("{")):
+            return FORMATS["trainer_state"]
+    for fmt in FORMATS.values():
+        if suffix in fmt.suffixes and fmt.name not in ("trainer_state", "wandb_json", "verl_console"):
+            return fmt
+    if any(_CONSOLE.search(line) for line in first):
+        return FORMATS["verl_console"]
+    if first and first[0].lstrip().startswith("{"):
+        return FORMATS["jsonl"]
+    if first and FORMATS["csv"].sniff(first[0]):
+        return FORMATS["csv"]
+    raise LogError(f"{path}: unknown format; readable formats: "
+                   + "; ".join(f.description for f in FORMATS.values()) + " (name one with --format)")
+
+
+def read_rows(path: str | Path, fmt: str | None = None) -> tuple[Iterator[dict[str, Any]], str, int | None]:
+    """(rows one at a time, the format's name, the planned steps if recorded) of one log file.
+
+    Raises:
+        LogError: an unknown ``fmt``, or a file that cannot be read (the message names it)."""
+    path = Path(path)
+    if fmt is not None and fmt not in FORMATS:
+        raise LogError(f"unknown --format {fmt!r}; formats: {', '.join(FORMATS)}")
+    chosen = FORMATS[fmt] if fmt else detect(path)
+    if chosen.name == "trainer_state":
+        rows, planned = trainer_state(path)
+        return iter(rows), chosen.name, planned
+    return chosen.rows(path), chosen.name, None
