@@ -47,6 +47,9 @@ MAX_LINE = 1 << 20  # bytes: a longer line is not a metrics record
 #: Where each stack puts the step of a history row (the first present wins).
 STEP_KEYS = ("step", "_step", "global_step", "Step", "trainer/global_step")
 _WANDB_SUFFIXES = ("__MIN", "__MAX")
+#: bookkeeping columns, not metrics: W&B's (``_runtime``, ``_timestamp``, ``_wandb``), verl's file logger's
+#: ``elapsed_seconds`` and pandas' unnamed index column of ``run.history().to_csv()``
+_SYSTEM_KEYS = frozenset({"_runtime", "_timestamp", "_wandb", "elapsed_seconds", "", "Unnamed: 0"})
 _CONSOLE = re.compile(r"(?:^|\s)step:(\d+)((?: - [^\s:][^:]*:[^ ]+)*)")
 _CONSOLE_VALUE = re.compile(r"^(?:np\.)?(?:float\d*|int\d*)?\(?([-+0-9.eEinfa]+)\)?$")
 
@@ -120,7 +123,7 @@ def json_record(obj: Any) -> tuple[Any, dict[str, Any]] | None:
     step = next((obj[k] for k in STEP_KEYS if obj.get(k) is not None), None)
     if step is None:
         return None
-    return step, {k: v for k, v in data.items() if k not in STEP_KEYS}
+    return step, {k: v for k, v in data.items() if k not in STEP_KEYS and k not in _SYSTEM_KEYS}
 
 
 def console_record(line: str) -> tuple[int, dict[str, Any]] | None:
@@ -227,7 +230,7 @@ def _csv_rows(path: Path) -> Iterator[dict[str, Any]]:
 def _wandb_names(columns: list[str]) -> dict[str, str]:
     """Column -> metric: W&B's ``<run> - <metric>`` prefix dropped when every column has the same one,
     its ``__MIN`` / ``__MAX`` band columns left out."""
-    kept = [c for c in columns if not c.endswith(_WANDB_SUFFIXES)]
+    kept = [c for c in columns if not c.endswith(_WANDB_SUFFIXES) and c not in _SYSTEM_KEYS]
     prefixes = {c.split(" - ", 1)[0] for c in kept if " - " in c}
     if len(prefixes) == 1 and all(" - " in c for c in kept):
         return {c: c.split(" - ", 1)[1] for c in kept}
