@@ -233,7 +233,7 @@ def _is_console_log(path: Path) -> bool:
     if not (path.is_file() and path.suffix.lower() in logs.FORMATS["verl_console"].suffixes):
         return False
     try:
-        return any(logs.console_record(line) for line in logs._first_lines(path))
+        return logs.has_console_line(path)
     except (OSError, logs.LogError):
         return False
 

@@ -317,6 +317,25 @@ def _first_lines(path: Path, n: int = 50) -> list[str]:
     return out
 
 
+#: how far into a file detection looks for a verl console line (a run prints its whole config, model
+#: cards and warnings first: the verl maintainers' example logs have their first step past 100 KB)
+SNIFF_BYTES = 8 << 20
+
+
+def has_console_line(path: Path) -> bool:
+    """Whether a verl console line (``step:N - key:value``) is among the first :data:`SNIFF_BYTES` of ``path``."""
+    check_regular(path)
+    read = 0
+    with open(path, "rb") as f:
+        for raw in iter(lambda: f.readline(MAX_LINE), b""):
+            read += len(raw)
+            if b"step:" in raw and console_record(raw.decode("utf-8", "replace")):
+                return True
+            if read > SNIFF_BYTES:
+                break
+    return False
+
+
 def detect(path: Path) -> LogFormat:
     """The format of ``path``: a JSON document by its first character (a trainer_state object or a W&B
     list), else by suffix, else by its first lines (a verl console log may start with other output)."""
@@ -331,7 +350,8 @@ def detect(path: Path) -> LogFormat:
     for fmt in FORMATS.values():
         if suffix in fmt.suffixes and fmt.name not in ("trainer_state", "wandb_json", "verl_console"):
             return fmt
-    if any(_CONSOLE.search(line) for line in first):
+    if any(_CONSOLE.search(line) for line in first) or (suffix in FORMATS["verl_console"].suffixes
+                                                         and has_console_line(path)):
         return FORMATS["verl_console"]
     if first and first[0].lstrip().startswith("{"):
         return FORMATS["jsonl"]

@@ -32,8 +32,11 @@ CURVE = [(10 * (i + 1), v) for i, v in enumerate([0.30, 0.41, 0.50, 0.49, 0.48, 
 
 
 def verl_console(path: Path) -> Path:
-    """As verl's LocalLogger prints (numpy floats through pprint, a Ray actor's prefix, other output between)."""
-    lines = ["(TaskRunner pid=811) Training from scratch", "Initial validation metrics: {'val-core/x': 0.1}"]
+    """As verl's LocalLogger prints (numpy floats through pprint, a Ray actor's prefix, other output between),
+    after the run's config dump (the maintainers' example logs print ~100 KB before their first step)."""
+    lines = ["2024-12-10 06:50:29,276\tINFO worker.py:1752 -- Started a local Ray instance."]
+    lines += [f"(main_task pid=811) {{'actor_rollout_ref': {{'actor': {{'clip_ratio': 0.2, 'field_{i}': {i}}}}}," for i in range(3000)]
+    lines += ["(TaskRunner pid=811) Training from scratch", "Initial validation metrics: {'val-core/x': 0.1}"]
     for step, v in CURVE:
         for s in range(step - 9, step + 1):
             data = {"actor/pg_loss": np.float64(1.0 / s), "critic/score/mean": np.float64(0.01 * s)}
