@@ -4,7 +4,10 @@
     python tests/composition_job.py --out DIR --mode callable|metric|external [--max-steps 90]
         [--eval-every 10] [--job-id J] [--coordinator URL] [--resume] [--die-at STEP] [--result FILE]
 
-World feedback: ``callable`` runs the gold eval in the loop; ``metric`` reads the trainer's own
+World feedback: ``log-jsonl`` / ``log-verl`` / ``log-tb`` have no EvalStopCallback at all: the gold eval is
+written every ``eval_every`` steps to a log as verl's file logger (``--out/metrics.jsonl``), verl's console
+logger (``--out/verl.log``) or TensorBoard (``--out/tb``) write it, for ``evalstop run --metric-from``;
+``callable`` runs the gold eval in the loop; ``metric`` reads the trainer's own
 evaluation (a gold reward function of weight 0 gives ``eval_rewards/gold/mean``); ``external`` publishes
 snapshots for ``evalstop evaluate --fn evalstop_trl.train.tiny:gold_hacked`` workers. The trainer saves
 ``checkpoint-N`` every ``eval_every`` steps into ``--out`` (the embedded store is ``--out/evalstop.db``).
@@ -38,6 +41,43 @@ from evalstop_trl.train.tiny import (
 # lr 1e-3: gold peaks near step 30 and falls from 40, so eval_every=10 stops at step 50 (decline, k=2)
 PRESET = Preset("hacked", lr=1e-3)
 METRIC = "eval_rewards/gold/mean"
+
+
+#: the log-* modes: (file under --out, --metric-from kind, key) -- the key as each stack names a validation score
+LOG_MODES = {"log-jsonl": ("metrics.jsonl", "jsonl", "val-core/tiny/gold/mean@1"),
+             "log-verl": ("verl.log", "verl_console", "val/test_score/tiny"),
+             "log-tb": ("tb", "tensorboard", "eval/gold")}
+
+
+class LogWriter(TrainerCallback):
+    """Writes the gold eval every ``every`` steps the way a stack without a callback logs it."""
+
+    def __init__(self, mode: str, out: Path, every: int) -> None:
+        self.name, self.kind, self.key = LOG_MODES[mode]
+        self.path, self.every, self.gold, self.writer = out / self.name, every, GoldEval(PRESET), None
+
+    def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if state.global_step % self.every:
+            return
+        from evalstop_trl.train.evaluation import evaluate_preserving_state
+
+        step, value = state.global_step, evaluate_preserving_state(self.gold, model, processing_class)
+        with open(self.path.parent / "scores.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "score": value}) + "\n")
+        if self.kind == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = self.writer or SummaryWriter(str(self.path))
+            self.writer.add_scalar("train/loss", 1.0 / step, step)
+            self.writer.add_scalar(self.key, value, step)
+            self.writer.flush()
+            return
+        with open(self.path, "a") as f:
+            if self.kind == "jsonl":
+                f.write(json.dumps({"step": step, "elapsed_seconds": 1.0, "data": {self.key: value, "actor/kl": 0.1}})
+                        + "\n")
+            else:
+                f.write(f"(TaskRunner pid={os.getpid()}) step:{step} - actor/kl:np.float64(0.1) - {self.key}:{value:.4f}\n")
 
 
 class DieAt(TrainerCallback):
@@ -143,6 +183,8 @@ def build(a: argparse.Namespace):
         extra = dict(reward_weights=[1.0, 0.0], eval_strategy=a.eval_strategy, eval_steps=a.eval_every,
                      per_device_eval_batch_size=16)
         eval_dataset = Dataset.from_dict({"prompt": make_prompts(8, 4242)})
+    elif a.mode in LOG_MODES:
+        cb = LogWriter(a.mode, out, a.eval_every)
     else:
         cb = EvalStopCallback(external_eval=True, eval_every=a.eval_every, **kw)
     args = GRPOConfig(output_dir=str(out), learning_rate=PRESET.lr, max_steps=a.max_steps, logging_steps=5,
@@ -157,14 +199,15 @@ def build(a: argparse.Namespace):
     trainer.remove_callback(PrinterCallback)
     integration = Integration()
     handler = trainer.callback_handler.callbacks
-    handler.insert(next(i for i, c in enumerate(handler) if c is cb or isinstance(c, EvalStopCallback)), integration)
+    handler.insert(next(i for i, c in enumerate(handler) if c is cb or isinstance(c, (EvalStopCallback, LogWriter))),
+                   integration)
     return trainer, cb, integration
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--mode", choices=("callable", "metric", "external"), required=True)
+    p.add_argument("--mode", choices=("callable", "metric", "external", *LOG_MODES), required=True)
     p.add_argument("--max-steps", type=int, default=90)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--job-id")
@@ -185,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     trainer, cb, integration = build(a)
     trainer.train(resume_from_checkpoint=True if a.resume else None)
+    if a.mode in LOG_MODES:
+        Path(a.result or Path(a.out) / "result.json").write_text(json.dumps({"steps_done": trainer.state.global_step}))
+        return 0
     result = {
         "job_id": cb.job_id, "steps_done": trainer.state.global_step, "stopped_at": cb.stopped_at,
         "best_step": cb.best_step, "best_score": cb.best_score, "best_checkpoint": cb.best_checkpoint,

@@ -30,6 +30,9 @@ table equal to :data:`ROWS`:
     16   B1-run-browser              http_pg      callable  direct    fresh   (tags, hparams, browse, export)
     17   U1-user-callback-first      embedded     callable  direct    fresh   (a user callback before it runs first)
     18   P1-per-example              http_pg      callable  launcher  resume  (per-prompt scores: paired noise)
+    19   L1-metric-from-jsonl        http_sqlite  log-jsonl launcher  fresh   (no callback: verl's file logger)
+    20   L2-metric-from-verl         embedded     log-verl  launcher  fresh   (no callback: verl's console log)
+    21   L3-metric-from-tb           http_pg      log-tb    launcher  fresh   (no callback: TensorBoard)
 
 Every training row asserts: the stop step is the one ``create_detector("decline", k=2)`` gives on the
 scores the coordinator recorded (external: the decision's step, and the stop lag), the best step and
@@ -46,7 +49,11 @@ user's before ``EvalStopCallback``: it runs first at every step (the world feedb
 set at the eval's own step), the callback keeps its place and only its log forwarder goes first.
 ``P1-per-example`` (issue 28) returns the gold eval's 32 per-prompt scores: every report carries n = 32
 and a paired noise level except the first eval of each process (nothing to pair with; the resumed
-process starts afresh), and the stop is the one ``decline`` gives with that noise. External rows start their worker
+process starts afresh), and the stop is the one ``decline`` gives with that noise. ``L1``-``L3`` (a row per
+``--metric-from`` format) train with no EvalStopCallback: the job writes its gold eval to a log as verl's file
+logger, verl's console logger or TensorBoard writes it, ``evalstop run --metric-from`` reads it with the
+parsers of ``evalstop replay``, and the launcher stops the process at the eval ``decline`` stops on the
+logged scores (SIGTERM; exit 0). External rows start their worker
 before the training process. A row takes 15-40 s on 2 cores.
 """
 
@@ -157,10 +164,14 @@ ROWS = pairwise([Row(*d) for d in DEFECTS]) + [
     Row("U1-user-callback-first", "embedded", "callable", "direct", "fresh",
         "a user's callback listed before EvalStopCallback runs before it: the eval sees its step"),
     Row("P1-per-example", "http_pg", "callable", "launcher", "resume",
-        "per-example world feedback: n and the paired noise in every report, the decision uses them")]
+        "per-example world feedback: n and the paired noise in every report, the decision uses them"),
+    Row("L1-metric-from-jsonl", "http_sqlite", "log-jsonl", "launcher", "fresh", "no callback: verl's file logger"),
+    Row("L2-metric-from-verl", "embedded", "log-verl", "launcher", "fresh", "no callback: verl's console log"),
+    Row("L3-metric-from-tb", "http_pg", "log-tb", "launcher", "fresh", "no callback: TensorBoard")]
 _NOTES = {"D6": '   (no training: eval_strategy="no")', "S1": "   (shadow=True: trains to its end)",
           "B1": "   (tags, hparams, browse, export)", "U1": "   (a user callback before it runs first)",
-          "P1": "  (per-prompt scores: paired noise)"}
+          "P1": "  (per-prompt scores: paired noise)", "L1": "   (no callback: verl's file logger)",
+          "L2": "   (no callback: verl's console log)", "L3": "   (no callback: TensorBoard)"}
 
 
 def table() -> str:
@@ -311,6 +322,9 @@ def test_composition(row: Row, tmp_path, request):
         if row.name.startswith("B1"):
             _browser_row(row, t)
             return
+        if row.mode.startswith("log-"):
+            _logs_row(row, t)
+            return
         _train_row(row, t, tmp_path)
     finally:
         t.close()
@@ -388,6 +402,32 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
         assert re.search(r"EvalStop: stopping at step \d+", run.log), run.log[-3000:]
         failures = [e.get("evalstop/eval_failures") for e in run.result["evalstop_logs"] if e["step"] >= 20]
         assert failures and all(f == 1 for f in failures), run.result["evalstop_logs"]
+
+
+def _logs_row(row: Row, t: Target) -> None:
+    """A job without a callback, watched through its logs (``evalstop run --metric-from``)."""
+    from tests.composition_job import LOG_MODES
+
+    name, kind, key = LOG_MODES[row.mode]
+    job_id = f"comp-{ROWS.index(row) + 1}"
+    where = ["--url", t.url, "--lease-s", str(LEASE_S)] if t.url else ["--db", str(t.db)]
+    cmd = [sys.executable, "-m", "evalstop_trl", "run", "--job-id", job_id, "--grace-s", "2", *where,
+           "--metric-from", f"{kind}:{t.out / name}", "--metric", key, "--",
+           sys.executable, str(JOB), "--out", str(t.out), "--mode", row.mode, "--max-steps", "150", "--slow", "0.2"]
+    log = t.out.parent / "run-1.log"
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=_env(t.token), timeout=240).returncode
+    written = [json.loads(line) for line in (t.out / "scores.jsonl").read_text().splitlines()]
+    stop, best_step, best_score, _ = replay([(w["step"], w["score"]) for w in written])
+    assert stop is not None, f"decline never stops on {written}: the row shows nothing"
+    assert rc == 0, f"evalstop run exited {rc}:\n{log.read_text()[-4000:]}"  # 0: EvalStop stopped it
+    assert written[-1]["step"] < 150, f"the job ran to its end: {written}"  # a step takes 0.2 s more: 30 s to go
+    job, scores = _job_and_scores(t, job_id)
+    assert job.status == "stopped" and job.decision.stop and f"at step {stop}" in job.decision.reason, (job, stop)
+    assert [s for s, *_ in scores if s <= stop] == [w["step"] for w in written if w["step"] <= stop]
+    assert [v for s, v, *_ in scores if s <= stop] == pytest.approx([w["score"] for w in written if w["step"] <= stop],
+                                                                     abs=1e-3)  # the console log prints 4 digits
+    assert job.best_step == best_step and "launcher_sigterm" in _audit_kinds(t, job_id)
 
 
 def _job_and_scores(t: Target, job_id: str):

@@ -45,10 +45,9 @@ from ..core.detectors import MAX_STEP
 from . import logs
 from .replay import _NOT_METRICS, _NOT_SCORES, Curve, _short, evidence_keys, evidence_of, is_evidence
 
-__all__ = ["READERS", "HistoryError", "RawHistory", "Reader", "RunHistory", "Series", "TENSORBOARD_PIP",
+__all__ = ["READERS", "HistoryError", "RawHistory", "Reader", "RunHistory", "Series",
            "choose_metric", "find_runs", "load_histories", "read_run", "select"]
 
-TENSORBOARD_PIP = "pip install 'evalstop[calibrate]'  (or: pip install 'tensorboard>=2.14')"
 _LOSS_SERIES = ("train_loss", "loss", "train/loss")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -303,46 +302,13 @@ def _tb_find(folder: Path) -> list[Found]:
 
 
 def _tb_read(found: Found) -> RawHistory:
-    try:
-        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-        from tensorboard.util import tensor_util
-    except ImportError:
-        raise HistoryError(f"{found.path}: reading TensorBoard event files needs the tensorboard package; "
-                           f"run: {TENSORBOARD_PIP}") from None
-    series: dict[str, dict[int, float]] = {}
     for path in found.files:
-        events = 0
         _plain(path)
-        try:
-            for event in EventFileLoader(str(path)).Load():
-                events += 1
-                for value in event.summary.value:
-                    scalar = tb_scalar(value, tensor_util)
-                    if scalar is not None:
-                        series.setdefault(value.tag, {})[int(event.step)] = scalar
-        except OSError as exc:
-            raise HistoryError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        except Exception as exc:  # the loader's protobuf and data-loss errors
-            raise HistoryError(f"{path}: not a readable TensorBoard event file ({type(exc).__name__}: {exc})") from None
-        if events == 0:
-            raise HistoryError(f"{path}: no TensorBoard event could be read (empty, corrupt or not an event file)")
-    return RawHistory(_run_name(found), str(found.path), "tensorboard", series)
-
-
-def tb_scalar(value: Any, tensor_util: Any) -> float | None:
-    """A scalar summary value (``simple_value``, or a one-element numeric tensor), else None."""
-    kind = value.WhichOneof("value")
-    if kind == "simple_value":
-        return float(value.simple_value)
-    if kind != "tensor" or value.metadata.plugin_data.plugin_name not in ("scalars", ""):
-        return None
     try:
-        array = tensor_util.make_ndarray(value.tensor)
-    except Exception:  # strings, unsupported dtypes: not a scalar
-        return None
-    if array.size != 1 or array.dtype.kind not in "fiub":
-        return None
-    return float(array.reshape(-1)[0])
+        series = logs.tensorboard_series(found.files)
+    except logs.LogError as exc:
+        raise HistoryError(str(exc)) from None
+    return RawHistory(_run_name(found), str(found.path), "tensorboard", series)
 
 
 # ----------------------------------------------------------------------------- MLflow file store

@@ -305,6 +305,55 @@ FORMATS: Mapping[str, LogFormat] = {f.name: f for f in (
 )}
 
 
+# ----------------------------------------------------------------------------- TensorBoard
+TENSORBOARD_PIP = "pip install 'evalstop[calibrate]'  (or: pip install 'tensorboard>=2.14')"
+
+
+def tensorboard_series(files: tuple[Path, ...] | list[Path]) -> dict[str, dict[int, float]]:
+    """Every scalar of the event files of one run, ``series[tag][step] = value``, read with the
+    ``tensorboard`` package's ``EventFileLoader`` (no TensorFlow); scalars stored as ``simple_value``
+    (torch's SummaryWriter) or as a one-element tensor (TF2, ``tensorboard.summary.Writer``)."""
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        from tensorboard.util import tensor_util
+    except ImportError:
+        raise LogError(f"reading TensorBoard event files needs the tensorboard package; run: {TENSORBOARD_PIP}") from None
+    series: dict[str, dict[int, float]] = {}
+    for path in files:
+        check_regular(Path(path))
+        events = 0
+        try:
+            for event in EventFileLoader(str(path)).Load():
+                events += 1
+                for value in event.summary.value:
+                    scalar = tb_scalar(value, tensor_util)
+                    if scalar is not None and 0 <= event.step <= MAX_STEP:
+                        series.setdefault(value.tag, {})[int(event.step)] = scalar
+        except OSError as exc:
+            raise LogError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        except Exception as exc:  # the loader's protobuf and data-loss errors
+            raise LogError(f"{path}: not a readable TensorBoard event file ({type(exc).__name__}: {exc})") from None
+        if events == 0:
+            raise LogError(f"{path}: no TensorBoard event could be read (empty, corrupt or not an event file)")
+    return series
+
+
+def tb_scalar(value: Any, tensor_util: Any) -> float | None:
+    """A scalar summary value (``simple_value``, or a one-element numeric tensor), else None."""
+    kind = value.WhichOneof("value")
+    if kind == "simple_value":
+        return float(value.simple_value)
+    if kind != "tensor" or value.metadata.plugin_data.plugin_name not in ("scalars", ""):
+        return None
+    try:
+        array = tensor_util.make_ndarray(value.tensor)
+    except Exception:  # strings, unsupported dtypes: not a scalar
+        return None
+    if array.size != 1 or array.dtype.kind not in "fiub":
+        return None
+    return float(array.reshape(-1)[0])
+
+
 def _first_lines(path: Path, n: int = 50) -> list[str]:
     check_regular(path)
     out = []

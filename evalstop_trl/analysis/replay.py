@@ -114,18 +114,18 @@ def _read_rows(path: Path, fmt: str | None = None) -> tuple[list[dict[str, Any]]
 
 def _tensorboard_rows(path: Path) -> tuple[list[dict[str, Any]], str, int | None]:
     """TensorBoard event files (a file, or every one under a folder) as rows, by the calibrate reader."""
-    from .histories import Found, HistoryError, read_run
+    from . import logs
 
     files = (path,) if path.is_file() else tuple(sorted(p for p in path.rglob("*") if ".tfevents." in p.name
                                                         and p.is_file()))
     if not files:
         raise ReplayError(f"{path}: no TensorBoard event files (*tfevents*) here")
     try:
-        raw = read_run(Found("tensorboard", path, files))
-    except HistoryError as exc:
+        series = logs.tensorboard_series(files)
+    except logs.LogError as exc:
         raise ReplayError(str(exc)) from None
     by_step: dict[int, dict[str, Any]] = {}
-    for key, points in raw.series.items():
+    for key, points in series.items():
         for step, value in points.items():
             by_step.setdefault(step, {"step": step})[key] = value
     return [by_step[s] for s in sorted(by_step)], "tensorboard", None

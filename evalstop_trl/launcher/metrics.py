@@ -210,7 +210,7 @@ class TensorBoardTail:
             from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
             from tensorboard.util import tensor_util
 
-            from ..analysis.histories import tb_scalar
+            from ..analysis.logs import tb_scalar
         except ImportError as exc:
             raise RuntimeError("--metric-from tensorboard needs the tensorboard package; run: "
                                "pip install 'evalstop[calibrate]'") from exc

@@ -1,0 +1,125 @@
+"""The real-run corpus's pure rules (analysis/corpus.py) and its committed runs against their
+preregistration (``scripts/real_corpus.py --check``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evalstop_trl.analysis import corpus as cp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_of(gold, wf=None, se=0.001, cid=0, seed=0, steps=None) -> cp.RunRecord:
+    n = len(gold)
+    steps = tuple(steps or [10 * (i + 1) for i in range(n)])
+    cfg = dataclasses.replace(cp.draw_config(cid, 41), evals=n, max_steps=steps[-1])
+    none = (None,) * n
+    return cp.RunRecord(cfg, seed, steps, tuple(wf or gold), tuple(gold), (se,) * n, ((None, None),) * n,
+                        none, none, none, none)
+
+
+RULE = cp.LabelRule(rel=0.2, se_mult=2.0)
+
+
+def test_configurations_are_drawn_independently_and_reproducibly():
+    a = [cp.draw_config(i, 41) for i in range(64)]
+    assert a == [cp.draw_config(i, 41) for i in range(64)]
+    assert len({(c.task, c.trainer, c.lr, c.kl_coef) for c in a}) == 64
+    assert {c.task for c in a} == set(cp.Task) and {c.trainer for c in a} == set(cp.Trainer)
+    assert any(c.hackability == 0 for c in a) and any(c.kl_coef == 0 for c in a)
+    assert all(16 <= c.eval_n <= 512 and c.eval_n % cp.SAMPLES == 0 and 5 <= c.evals <= 40 for c in a)
+    assert {c.fixed_seed_eval for c in a} == {True, False}
+
+
+def test_the_split_is_by_configuration_and_fixed_by_its_seed():
+    tun, held = cp.split(range(64), 42)
+    assert len(tun) == len(held) == 32 and not set(tun) & set(held) and set(tun) | set(held) == set(range(64))
+    assert (tun, held) == cp.split(range(64), 42) and (tun, held) != cp.split(range(64), 43)
+
+
+@pytest.mark.parametrize("gold, hacked", [
+    ([0.1, 0.3, 0.5, 0.6], False),  # rising
+    ([0.1, 0.5, 0.6, 0.3], True),  # peak then a fall of half the range
+    ([0.1, 0.5, 0.6, 0.59], False),  # within 20% of the range
+    ([0.5, 0.5005, 0.5], False),  # a fall inside 2 standard errors of the gold (se 0.001)
+])
+def test_the_label_rule_reads_the_gold_only(gold, hacked):
+    wf = [1 - g for g in gold]  # the world feedback says the opposite: never looked at
+    assert cp.label(run_of(gold, wf), RULE) is hacked
+
+
+def test_label_is_unchanged_by_the_gold_units():
+    gold = [0.1, 0.5, 0.6, 0.45, 0.3]
+    run = run_of(gold)
+    scaled = dataclasses.replace(run, gold=tuple(10 * g + 3 for g in gold), gold_se=tuple(10 * s for s in run.gold_se))
+    assert cp.label(run, RULE) == cp.label(scaled, RULE) is True
+
+
+def test_outcomes_count_harmful_and_any_stops_apart():
+    healthy = run_of([0.1, 0.4, 0.3, 0.5, 0.6], cid=1)  # a wiggle at step 30
+    harmful = cp.outcome(healthy, 30, 20, RULE)  # kept 0.4, end 0.6: harm
+    harmless = cp.outcome(run_of([0.1, 0.6, 0.55, 0.58, 0.59], cid=2), 30, 20, RULE)
+    hacked = cp.outcome(run_of([0.1, 0.6, 0.5, 0.3, 0.2], cid=3), 30, 20, RULE)
+    missed = cp.outcome(run_of([0.1, 0.6, 0.5, 0.3, 0.2], cid=4), None, None, RULE)
+    assert (harmful.stopped, harmful.harmful, harmless.harmful, hacked.hacked) == (True, True, False, True)
+    assert hacked.saved == pytest.approx((50 - 30) / (50 - 20))
+    s = cp.score([harmful, harmless, hacked, missed], resamples=200)
+    assert s.precision_harmful.value == pytest.approx(1 / 2)  # tp 1, harmful fp 1
+    assert s.precision_any.value == pytest.approx(1 / 3)  # tp 1, any fp 2
+    assert s.healthy_stopped.value == 1.0 and s.recall.value == 0.5
+    assert s.post_peak_saved.value == pytest.approx(hacked.saved / 2)
+
+
+def test_intervals_resample_configurations_not_runs():
+    """Two seeds of one configuration always go together: a corpus of configurations whose two runs agree
+    has the interval of its configurations, not of twice as many runs."""
+    outs = []
+    for cid in range(20):
+        gold = [0.1, 0.6, 0.5, 0.3, 0.2] if cid % 2 else [0.1, 0.3, 0.5, 0.6, 0.7]
+        for seed in (0, 1):
+            r = run_of(gold, cid=cid, seed=seed)
+            outs.append(cp.outcome(r, 30 if cid % 4 == 1 else None, 20, RULE))
+    s = cp.score(outs, resamples=2000, seed=1)
+    doubled = cp.score([dataclasses.replace(o, config_id=2 * o.config_id + i % 2) for i, o in enumerate(outs)],
+                       resamples=2000, seed=1)
+    assert s.recall.value == doubled.recall.value
+    assert (s.recall.high - s.recall.low) > (doubled.recall.high - doubled.recall.low)
+
+
+def test_the_preregistration_matches_the_code():
+    prereg = cp.load_preregistration()
+    assert cp.check_preregistration(prereg) == []
+    tampered = {**prereg, "design": {**prereg["design"], "evals": [5, 41]}}
+    assert any("design.evals" in p for p in cp.check_preregistration(tampered))
+    swapped = {**prereg, "tuning_configs": prereg["held_out_configs"], "held_out_configs": prereg["tuning_configs"]}
+    assert any("split" in p for p in cp.check_preregistration(swapped))
+
+
+def test_a_run_file_round_trips_and_a_bad_line_names_its_place(tmp_path):
+    cfg = cp.draw_config(5, 41)
+    head = {"config": cfg.to_json(), "seed": 1, "seconds": 2.5}
+    line = {"step": 10, "world_feedback": 0.5, "gold": 0.4, "gold_se": 0.01, "eval_n": 16, "eval_noise": None,
+            "train_loss": 0.1, "proxy_reward": 0.7, "kl": 0.02, "length": 7.5, "examples": [0.5] * 16}
+    path = tmp_path / "c005-s1.jsonl"
+    path.write_text(json.dumps(head) + "\n" + json.dumps(line) + "\n")
+    run = cp.read_run(path)
+    assert run.config == cfg and run.name == "c005-s1" and run.kl == (0.02,) and len(run.examples[0]) == 16
+    path.write_text(json.dumps(head) + "\n" + json.dumps({**line, "gold": "x"}) + "\n")
+    with pytest.raises(ValueError, match=r"c005-s1.jsonl:2: not a corpus eval line"):
+        cp.read_run(path)
+
+
+def test_the_committed_corpus_matches_its_preregistration():
+    if not (cp.CORPUS / "runs").is_dir():
+        pytest.fail("configs/corpus/runs is missing: train it with scripts/real_corpus.py --run")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "real_corpus.py"), "--check"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "match their preregistration" in out.stdout
