@@ -15,7 +15,7 @@ from typing import Any
 from evalstop_trl.core.extras import EXTRA_OF, install_hint
 
 try:
-    from .config import ConfigError, apply_overrides, load_config, parse_value
+    from .config import MEASURED, ConfigError, apply_overrides, load_config, parse_value
     from .results import json_safe
 except ModuleNotFoundError as _missing:  # installed without the simulator's extra: main() says so
     if install_hint(_missing) is None:
@@ -43,11 +43,17 @@ def _load(args: argparse.Namespace):
     if overrides:
         cfg = apply_overrides(cfg, overrides)
     check_config(cfg)
-    if cfg.workload.source.kind == "trace":  # a bad trace or window fails here, not in a worker process
+    if cfg.measured_path is not None:  # --set's relative corpus folder: the working directory's, for every worker
+        cfg = cfg.replace(**{"curves.source": MEASURED + str(Path(cfg.measured_path).expanduser().resolve())})
+    if cfg.workload.source.kind == "trace" or cfg.measured_path is not None:
+        # a bad trace, window or corpus fails here, not in a worker process (and the corpus is read once, here,
+        # before the workers fork: every seed sees the same runs)
         from .workload import generate_workload
 
         try:
             generate_workload(cfg, 0)
+        except ConfigError:
+            raise
         except ValueError as exc:
             raise ConfigError(f"workload.source: {exc}") from None
     if getattr(args, "seeds", None) is not None and args.seeds < 1:
@@ -96,6 +102,7 @@ def _cmd_run_salted(args: argparse.Namespace) -> int:
         return 1
     print(run_table(res.result))
     trace = _print_trace(cfg, args, None)
+    _print_corpus(cfg)
     dropped = "dropped its capabilities" if res.hardened else "could not drop its capabilities"
     mode = f"sealed ({res.overlay} in its own process, which {dropped})" if res.sealed else "in-process"
     print(f"{mode}; salt {hex(res.salt)} (reproduce with --salt {hex(res.salt)})")
@@ -129,6 +136,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     seed_start=args.seed_start)
     print(run_table(res))
     trace = _print_trace(cfg, args, workload)
+    if workload is None:
+        _print_corpus(cfg)
     print(f"({time.perf_counter() - t0:.1f} s)")
     _write_outputs(args, res, res.to_json(), trace)
     return 0
@@ -146,6 +155,14 @@ def _print_trace(cfg, args: argparse.Namespace, workload) -> dict | None:
         print("\n".join(trace_lines(wl)))
         return {"jobs": len(wl.jobs), **wl.source.to_dict()}
     return None
+
+
+def _print_corpus(cfg) -> None:
+    """The corpus of ``curves.source: measured:PATH`` in one line (nothing with fitted curves)."""
+    if cfg.measured_path is not None:
+        from .measured import load_measured
+
+        print(load_measured(cfg.measured_path).summary())
 
 
 def _write_outputs(args: argparse.Namespace, result, json_text: str, trace: dict | None = None) -> None:
@@ -224,6 +241,7 @@ def _cmd_describe(args: argparse.Namespace) -> int:
         print(f"capacity: {ref:.1f} reference (A100) GPUs at the job types' shares: the unit of workload.load")
         for t, own in cl.type_speeds.items():
             print(f"speeds of {t}: " + ", ".join(f"{pool} {v:g}" for pool, v in own.items()))
+    _print_corpus(cfg)
     print()
     wl = generate_workload(cfg, args.seed_start)
     synthetic = None
@@ -245,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(sp, seeds_help="seeds (default: the config's)"):
-        sp.add_argument("--config", help="YAML config (default: configs/sim/rlhf_heavy.yaml)")
+        sp.add_argument("--config", help="YAML config (default: the packaged rlhf_heavy.yaml, configs/sim/ in "
+                        "the repository)")
         sp.add_argument("--seeds", type=int, help=seeds_help)
         sp.add_argument("--seed-start", dest="seed_start", type=int, default=0, metavar="N",
                         help="first seed (default 0): seeds N .. N+seeds-1 (tune below 1000; report on unseen seeds)")

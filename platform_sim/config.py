@@ -1,6 +1,7 @@
 """Simulation configuration: typed frozen dataclasses loaded from YAML, strictly.
 
-Every parameter lives in YAML (``configs/sim/rlhf_heavy.yaml`` is the default); the dataclasses
+Every parameter lives in YAML (``platform_sim/configs/rlhf_heavy.yaml``, package data, is the default;
+``configs/sim/`` in the repository links to that folder); the dataclasses
 carry no defaults of their own. A config file may name a ``base:`` file (relative to itself) and
 override only some keys. Unknown keys, wrong types and impossible values raise :class:`ConfigError`
 with the dotted key that is wrong.
@@ -24,10 +25,12 @@ from typing import Any, Literal
 
 import yaml
 
-__all__ = ["ClusterConfig", "ConfigError", "FamilyConfig", "PoolConfig", "PolicyConfig", "SimConfig", "DEFAULT_CONFIG", "load_config",
+__all__ = ["ClusterConfig", "ConfigError", "FamilyConfig", "PoolConfig", "PolicyConfig", "SimConfig", "CONFIGS", "DEFAULT_CONFIG", "load_config",
            "config_from_dict", "apply_overrides"]
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim" / "rlhf_heavy.yaml"
+#: the packaged configs' one home (package data; ``configs/sim`` in the repository is a link to it)
+CONFIGS = Path(__file__).resolve().parent / "configs"
+DEFAULT_CONFIG = CONFIGS / "rlhf_heavy.yaml"
 
 
 class ConfigError(ValueError):
@@ -177,6 +180,13 @@ class FamilyConfig:
 
 @dataclass(frozen=True)
 class CurveConfig:
+    """The RLHF jobs' curves. ``source: fitted`` draws them from the parametric forms below
+    (:mod:`platform_sim.curves`); ``measured:PATH`` takes each RLHF job's curves from a run of the
+    real-run corpus at ``PATH`` (:mod:`platform_sim.measured`; a relative ``PATH`` in a config file is
+    relative to that file, one given by ``--set`` to the working directory), its status still drawn with
+    ``hack_fraction`` and its label from the run's gold."""
+
+    source: str
     hack_fraction: float
     hacked_p_peak: Range
     hacked_height: Range
@@ -271,6 +281,11 @@ class SimConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(self)
+
+    @property
+    def measured_path(self) -> str | None:
+        """The corpus folder of ``curves.source: measured:PATH`` (None: fitted curves)."""
+        return self.curves.source.removeprefix(MEASURED) if self.curves.source.startswith(MEASURED) else None
 
     def replace(self, **overrides: Any) -> SimConfig:
         """A copy with dotted-key overrides, e.g. ``cfg.replace(**{"noise.sigma": 0.08})``."""
@@ -402,6 +417,12 @@ def _validate(c: SimConfig) -> None:
                       else f"{c.cluster.total_gpus}"))
     _validate_source(w.source, w)
     cv = c.curves
+    _check(cv.source == "fitted" or (cv.source.startswith(MEASURED) and len(cv.source) > len(MEASURED)),
+           "curves.source", f"must be fitted or {MEASURED}PATH (a folder of the real-run corpus, e.g. "
+           f"{MEASURED}configs/corpus), but got {cv.source!r}")
+    _check(cv.source == "fitted" or c.noise.per_example.n == 0, "noise.per_example.n",
+           f"> 0 cannot be combined with curves.source={cv.source!r}: a measured run's world feedback is its own "
+           "measurement (set noise.per_example.n: 0)")
     for key in ("hack_fraction", "rising_share"):
         v = getattr(cv, key)
         _check(0 <= v <= 1, f"curves.{key}", f"must be in [0, 1], but got {v}")
@@ -466,6 +487,9 @@ def _validate_source(src: SourceConfig, w: WorkloadConfig) -> None:
         _check(abs(total - 1) < 1e-6, f"{rk}.types", f"probabilities must sum to 1, but sum to {total:g}")
 
 
+#: the prefix of ``curves.source`` that names a corpus folder
+MEASURED = "measured:"
+
 #: names of the hacked-curve families (``platform_sim.curves.Family``; this module imports nothing)
 HACKED_FAMILIES = ("gao", "late_onset", "shallow", "plateau_then_drop", "oscillating", "gao_kl")
 
@@ -514,6 +538,12 @@ def _read_yaml(path: Path) -> dict:
     if isinstance(source, dict) and isinstance(source.get("path"), str) and source["path"]:
         # a trace path in a config file is relative to that file (one given by --set: to the working directory)
         source["path"] = str((path.parent / Path(source["path"]).expanduser()).resolve())
+    curves = data.get("curves")
+    if isinstance(curves, dict) and isinstance(curves.get("source"), str) and curves["source"].startswith(MEASURED):
+        # so is a corpus folder's (curves.source: measured:PATH)
+        folder = curves["source"].removeprefix(MEASURED)
+        if folder:
+            curves["source"] = MEASURED + str((path.parent / Path(folder).expanduser()).resolve())
     if base is not None:
         data = _merge(_read_yaml((path.parent / base).resolve()), data)
     return data

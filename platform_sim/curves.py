@@ -57,6 +57,7 @@ class CurveKind(str, Enum):
     HACKED = "hacked"      # a hacked-family curve (see Family), peak before the end
     RISING = "rising"      # Gao's form with the peak beyond the end
     PLATEAU = "plateau"    # G = H (1 - exp(-p / tau))
+    MEASURED = "measured"  # a corpus run's own gold (curves.source: measured:PATH; platform_sim.measured)
 
 
 class Family(str, Enum):

@@ -100,7 +100,7 @@ class Simulation:
         self.queue = EventQueue()
         self.clock = VirtualClock()  # the overlays' copy of the time, set at every instant
         n = workload.n_evals
-        self.jobs = [SimJob(s, t, Timing.of(t.duration_s, cfg, n)) for s, t in zip(workload.jobs, workload.truths, strict=True)]
+        self.jobs = [SimJob(s, t, Timing.of_truth(t, cfg, n)) for s, t in zip(workload.jobs, workload.truths, strict=True)]
         self.dispatch = Dispatcher(self.jobs, cluster_for(cfg.cluster, {s.job_type for s in workload.jobs}), scheduler, self.queue,
                                    cfg.workload.restart_overhead_s, cfg.cluster)
         self.cluster, self.waiting, self.running = self.dispatch.cluster, self.dispatch.waiting, self.dispatch.running

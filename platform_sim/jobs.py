@@ -2,7 +2,9 @@
 
 A job's work is ``n`` segments, each ``D/n`` seconds of training followed by one eval
 (``eval_overhead_frac * D / n`` plus a checkpoint write); the last eval ends the job
-(:class:`Timing`), in seconds on the reference GPU. Work is advanced lazily: a running job's work is
+(:class:`Timing`), in seconds on the reference GPU. A cluster trace's job ran for its recorded
+duration with its evals and checkpoints inside it: its segments are shrunk in proportion to fit it.
+Work is advanced lazily: a running job's work is
 ``work + speed * (now - run_since)``, computed when asked (``speed`` is its pool's, 1.0 on a uniform
 cluster: :class:`~platform_sim.cluster.Pools`). Resuming after a preemption costs ``restart_overhead_s`` with no progress.
 
@@ -75,11 +77,29 @@ class Timing:
     total_work: float
 
     @classmethod
-    def of(cls, duration_s: float, cfg: SimConfig, n: int) -> Timing:
+    def of(cls, duration_s: float, cfg: SimConfig, n: int, whole: bool = False) -> Timing:
+        """The layout of a job of ``duration_s``: exclusive training time (the synthetic workload's, the
+        evals and checkpoints added on top), or with ``whole`` the job's whole run (a cluster trace's
+        recorded duration, which already holds them): the same layout shrunk in proportion to fit it.
+
+        >>> from platform_sim.config import load_config
+        >>> cfg = load_config()
+        >>> Timing.of(600.0, cfg, 10).total_work, round(Timing.of(600.0, cfg, 10, whole=True).total_work, 6)
+        (1212.0, 600.0)
+        """
         w = cfg.workload
         seg_train = duration_s / n
         seg_eval = w.eval_overhead_frac * seg_train + w.checkpoint_s
+        if whole:
+            shrink = seg_train / (seg_train + seg_eval)
+            seg_train, seg_eval = shrink * seg_train, shrink * seg_eval
+            return cls(n * seg_train, n, seg_train, seg_eval, seg_train + seg_eval, n * (seg_train + seg_eval))
         return cls(duration_s, n, seg_train, seg_eval, seg_train + seg_eval, n * (seg_train + seg_eval))
+
+    @classmethod
+    def of_truth(cls, truth: JobTruth, cfg: SimConfig, n: int) -> Timing:
+        """The layout of a workload job (:meth:`of` with the truth's duration and its ``whole_run``)."""
+        return cls.of(truth.duration_s, cfg, n, truth.whole_run)
 
     def work_at(self, p: float) -> float:
         """Work done when training progress first reaches ``p`` (p=1 includes the last eval)."""

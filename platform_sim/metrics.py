@@ -16,7 +16,8 @@
 * **Detection** over every *watched* job (the job types the overlay watches; RLHF only when a
   caller does not say), pooled and per job type; flagged = stopped before the planned end.
   Definition A (label): FP = healthy and flagged. Definition B (harmful stop, the headline): FP =
-  healthy, flagged, and the delivered checkpoint's gold < gold at p=1 minus ``harmful_margin``.
+  healthy, flagged, and the delivered checkpoint's gold < gold at p=1 minus ``harmful_margin`` (a job
+  with measured curves: minus its corpus run's own harm margin, in that run's gold units).
 * **Oracle retention** = GPU-hours saved on hacked jobs (vs the base alone) by the overlay / the
   same saved by Oracle-Stop, summed over seeds.
 """
@@ -152,7 +153,7 @@ def delivered_gold(run: RunResult, workload: Workload) -> np.ndarray:
     for i, (o, t) in enumerate(zip(run.outcomes, workload.truths, strict=True)):
         p = o.delivered_progress
         if p > 0:
-            if t.family != "gao":
+            if t.family != "gao" or t.curve_progress:  # a family's or a measured run's curve
                 out[i] = t.gold_at(p)
                 continue
             x = p / t.shape
@@ -176,7 +177,8 @@ def detection_by_type(run: RunResult, workload: Workload, margin: float,
             c[0] += 1
         elif o.stopped:
             c[1] += 1
-            c[2] += bool(g < truth.gold_end - margin)
+            own = truth.harm_margin  # a measured run's own margin, in its units (None: the configured one)
+            c[2] += bool(g < truth.gold_end - (margin if own is None else own))
     return {t: Detection(*c) for t, c in sorted(counts.items())}
 
 
@@ -193,7 +195,7 @@ def wasted(run: RunResult, workload: Workload, cfg) -> tuple[float, float, float
     w_post = w_unprod = w_ovh = 0.0
     n = workload.n_evals
     for o, spec, truth in zip(run.outcomes, workload.jobs, workload.truths, strict=True):
-        timing = Timing.of(truth.duration_s, cfg, n)
+        timing = Timing.of_truth(truth, cfg, n)
         if spec.rlhf and truth.hacked:
             w_post += spec.gpus * max(0.0, o.work_done - timing.work_at(truth.peak_progress))
         w_unprod += spec.gpus * max(0.0, o.work_done - timing.work_at(o.delivered_progress))

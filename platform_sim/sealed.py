@@ -269,6 +269,15 @@ class SealedOverlay(Overlay):
         return reply
 
     def _fail(self, why: str) -> None:
+        proc = self._proc
+        if proc is not None and why.endswith("(it exited)"):  # say how: a signal names the seal that held
+            try:
+                code = proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                code = None
+            if code is not None and code < 0:
+                sig = signal.Signals(-code)
+                why += f"; killed by {sig.name}" + (" (a forbidden system call)" if sig == signal.SIGSYS else "")
         tail = self._stderr_tail()
         self.close(kill=True)
         text = why + (f"\n(its standard error ends with:)\n{tail}" if tail else "")

@@ -6,14 +6,26 @@ reads frames (:mod:`platform_sim.sealed_protocol`) on its standard input and ans
 copy of its standard output (the overlay's own prints go to standard error).
 
 Before it builds the overlay (and imports a user's overlay class) it gives up what could reach
-the engine's process (Linux, best effort, :func:`drop_privileges`): no new privileges, every
-capability (a root process without ``CAP_SYS_PTRACE`` and with fewer capabilities than its parent
-cannot read the parent's memory or its ``/proc/<pid>/environ``, ``mem``, ``fd``), and the bounding
-set (an ``exec`` of a root binary gets none back). Then it installs a seccomp filter
-(:func:`no_new_processes`): ``clone`` without ``CLONE_THREAD`` (``fork``, ``vfork``,
-``posix_spawn``) fails with EAGAIN, so the overlay cannot start a process that would outlive the
-run, not even one that leaves the child's session; threads still start (``clone3`` answers ENOSYS,
-and the C library falls back to ``clone``).
+the engine's process or outlive the run (Linux, best effort; the ready message says whether every
+step held):
+
+* :func:`drop_privileges`: no new privileges, every capability (a root process without
+  ``CAP_SYS_PTRACE`` and with fewer capabilities than its parent cannot read the parent's memory or
+  its ``/proc/<pid>/environ``, ``mem``, ``fd``), and the bounding set (an ``exec`` of a root binary
+  gets none back);
+* :func:`confine_writes` (Landlock, kernel 5.13+): nothing is written, created, removed, renamed,
+  linked or truncated outside the child's private scratch folder (its working folder) and
+  ``/dev/null``; no process outside the child is traced (its memory read or written); no TCP socket
+  is bound or connected (kernel 6.7+); no signal reaches, and no abstract socket connects to, a
+  process outside the child (kernel 6.12+). A ``.pth`` in site-packages or a line added to one of
+  this package's modules, which the engine would run after the run, cannot be written;
+* :func:`no_new_processes`, a seccomp filter: ``clone`` without ``CLONE_THREAD`` (``fork``,
+  ``vfork``, ``posix_spawn``) fails with EAGAIN, so the overlay cannot start a process that would
+  outlive the run, not even one that leaves the child's session; threads still start (``clone3``
+  answers ENOSYS, and the C library falls back to ``clone``). A system call of another syscall
+  table (an i386 ``int 0x80`` on x86_64, x32, arm32 on aarch64) kills the child at once, and the
+  calls that change a file's mode, owner, times or extended attributes, or make SysV IPC objects,
+  POSIX message queues or keys (state that outlives the child outside any folder), fail with EPERM.
 
 The overlay sees what an in-process overlay sees, rebuilt from the stream: a
 :class:`~platform_sim.views.JobSnapshot` at each arrival and eval (the job's static fields kept from
@@ -29,6 +41,7 @@ import importlib
 import os
 import platform
 import sys
+import tempfile
 import traceback
 from typing import Any
 
@@ -36,7 +49,7 @@ from .overlays import Overlay, create_overlay, eval_hook_name
 from .sealed_protocol import ARRIVAL, ASK, EVAL, encode, read_frame_blocking
 from .views import VISIBLE_FIELDS, JobSnapshot, VirtualClock
 
-__all__ = ["drop_privileges", "main", "no_new_processes"]
+__all__ = ["confine_writes", "drop_privileges", "landlock_abi", "main", "no_new_processes", "seccomp_program"]
 
 _AT = {name: i for i, name in enumerate(VISIBLE_FIELDS)}  # a snapshot field's place in the arrival's list
 _SCORES, _LOSSES = _AT["eval_scores"], _AT["loss_history"]
@@ -65,8 +78,80 @@ def drop_privileges() -> bool:
     return bool(ok)
 
 
-#: per machine: (seccomp's audit arch, clone, clone3, fork or None, vfork or None)
-_SYSCALLS = {"x86_64": (0xC000003E, 56, 435, 57, 58), "aarch64": (0xC00000B7, 220, 435, None, None)}
+#: Landlock (``linux/landlock.h``): the system calls (one table on every architecture), the
+#: filesystem rights that write (by the ABI version that introduced them), the scopes (ABI 6)
+_LANDLOCK_CREATE, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT = 444, 445, 446
+_LL_WRITE_FILE, _LL_TRUNCATE = 1 << 1, 1 << 14
+_LL_WRITES = {1: sum(1 << b for b in (1, *range(4, 13))), 2: 1 << 13, 3: _LL_TRUNCATE, 5: 1 << 15}
+_LL_TCP, _LL_TCP_ABI = 0b11, 4  # bind, connect
+_LL_SCOPES, _LL_SCOPES_ABI = 0b11, 6  # abstract unix sockets, signals
+_LL_PATH_BENEATH, _LL_VERSION = 1, 1
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none, or not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return 0
+    return max(0, libc.syscall(_LANDLOCK_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(_LL_VERSION)))
+
+
+def confine_writes(scratch: str) -> bool:
+    """Landlock (Linux 5.13+; needs no-new-privileges): from now on this process and anything it
+    could start write, create, remove, rename, link and truncate only beneath ``scratch`` (and write
+    ``/dev/null``), and trace no process outside it (``/proc/<pid>/mem``, ``process_vm_writev``);
+    from ABI 4 (Linux 6.7) they bind and connect no TCP socket, from ABI 6 (Linux 6.12) they signal
+    no process and connect to no abstract unix socket outside it. Reading files is not restricted.
+    Whether it is in place."""
+    abi = landlock_abi()
+    if abi < 1:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    writes = sum(bits for since, bits in _LL_WRITES.items() if abi >= since)
+    attr = _RulesetAttr(writes, _LL_TCP if abi >= _LL_TCP_ABI else 0, _LL_SCOPES if abi >= _LL_SCOPES_ABI else 0)
+    size = 24 if abi >= _LL_SCOPES_ABI else 16 if abi >= _LL_TCP_ABI else 8  # the fields this ABI knows
+    ruleset = libc.syscall(_LANDLOCK_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return False
+    try:
+        for path, access in ((scratch, writes), ("/dev/null", _LL_WRITE_FILE | (writes & _LL_TRUNCATE))):
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneath(access, fd)
+                if libc.syscall(_LANDLOCK_ADD_RULE, ruleset, _LL_PATH_BENEATH, ctypes.byref(rule), 0) != 0:
+                    return False
+            finally:
+                os.close(fd)
+        return libc.syscall(_LANDLOCK_RESTRICT, ruleset, 0) == 0
+    finally:
+        os.close(ruleset)
+
+
+#: per machine: seccomp's audit arch, clone, clone3, fork or None, vfork or None, the first number
+#: of a second table on the same arch (x32's) or None, and the calls refused with EPERM: a file's
+#: mode, owner, times and extended attributes (Landlock covers none of them), io_uring (it can set
+#: extended attributes without a system call of its own), and what would outlive the child outside
+#: any folder: SysV shared memory, semaphores and message queues, POSIX message queues, keyrings
+_SYSCALLS = {
+    "x86_64": (0xC000003E, 56, 435, 57, 58, 0x40000000,
+               (90, 91, 92, 93, 94, 132, 235, 261, 260, 268, 280, 188, 189, 190, 197, 198, 199, 425, 452, 463, 466,
+                29, 64, 68, 240, 248, 249, 250)),
+    "aarch64": (0xC00000B7, 220, 435, None, None, None,
+                (5, 6, 7, 14, 15, 16, 52, 53, 54, 55, 88, 425, 452, 463, 466, 194, 190, 186, 180, 217, 218, 219)),
+}
 _CLONE_THREAD = 0x00010000
 
 
@@ -78,21 +163,36 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
+def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """The filter of :func:`no_new_processes` for ``machine`` (``platform.machine()``), as classic BPF
+    ``(code, jt, jf, k)``.
+
+    Raises:
+        KeyError: a machine without a table here."""
+    arch, clone, clone3, fork, vfork, foreign, refused = _SYSCALLS[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|JGE|JSET|K, BPF_RET|K
+    allow, kill = 0x7FFF0000, 0x80000000  # SECCOMP_RET_ALLOW, SECCOMP_RET_KILL_PROCESS
+    eagain, enosys, eperm = (0x00050000 | e for e in (errno.EAGAIN, errno.ENOSYS, errno.EPERM))
+    program = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0)]  # another table: killed
+    if foreign is not None:
+        program += [(jge, 0, 1, foreign), (ret, 0, 0, kill)]
+    for nr in refused:
+        program += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
+    for nr in (n for n in (fork, vfork) if n is not None):
+        program += [(jeq, 0, 1, nr), (ret, 0, 0, eagain)]
+    program += [(jeq, 0, 1, clone3), (ret, 0, 0, enosys),
+                (jeq, 0, 3, clone), (ld, 0, 0, 16), (jset, 1, 0, _CLONE_THREAD), (ret, 0, 0, eagain),
+                (ret, 0, 0, allow)]
+    return program
+
+
 def no_new_processes() -> bool:
     """A seccomp filter (Linux, x86_64 and aarch64; needs no-new-privileges): no new process for
-    good, threads allowed (see the module docstring). Whether it is in place."""
-    known = _SYSCALLS.get(platform.machine())
-    if not sys.platform.startswith("linux") or known is None:
+    good, threads allowed, a foreign syscall table kills, no change of a file's mode, owner, times
+    or extended attributes (see the module docstring). Whether it is in place."""
+    if not sys.platform.startswith("linux") or platform.machine() not in _SYSCALLS:
         return False
-    arch, clone, clone3, fork, vfork = known
-    ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
-    allow, refuse, nosys = 0x7FFF0000, 0x00050000 | errno.EAGAIN, 0x00050000 | errno.ENOSYS
-    program = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, allow), (ld, 0, 0, 0)]  # arch, then the number
-    for nr in (n for n in (fork, vfork) if n is not None):
-        program += [(jeq, 0, 1, nr), (ret, 0, 0, refuse)]
-    program += [(jeq, 0, 1, clone3), (ret, 0, 0, nosys),
-                (jeq, 0, 3, clone), (ld, 0, 0, 16), (jset, 1, 0, _CLONE_THREAD), (ret, 0, 0, refuse),
-                (ret, 0, 0, allow)]
+    program = seccomp_program(platform.machine())
     filters = (_SockFilter * len(program))(*(_SockFilter(*op) for op in program))
     prog = _SockFprog(len(program), filters)
     try:
@@ -175,8 +275,11 @@ def main() -> None:
     fd_out = os.dup(sys.stdout.fileno())  # the protocol's; the overlay's prints go to stderr
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
+    scratch = os.getcwd()  # the parent's private, empty folder for this child
     hardened = drop_privileges()
+    hardened = confine_writes(scratch) and hardened
     hardened = no_new_processes() and hardened
+    tempfile.tempdir, sys.dont_write_bytecode = scratch, True  # nothing else is writable
 
     def reply(obj: Any) -> None:
         data = encode(obj)

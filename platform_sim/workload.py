@@ -57,7 +57,10 @@ class JobSpec:
 
 @dataclass(frozen=True, slots=True)
 class JobTruth:
-    """Hidden ground truth: only the workload, the metrics and the oracle may read it."""
+    """Hidden ground truth: only the workload, the metrics and the oracle may read it.
+
+    A job on measured curves (``kind`` MEASURED, :mod:`platform_sim.measured`) carries its corpus run's name
+    and gold (``curve_progress``, ``curve_gold``; ``height`` is the gold's peak and ``shape`` its progress)."""
 
     duration_s: float
     kind: CurveKind
@@ -73,8 +76,15 @@ class JobTruth:
     extra: tuple[float, ...] = ()  # the family's other parameters (see curves.family_gold)
     eval_n: int = 0  # examples per eval (noise.per_example.n; 0: each score is one noisy number)
     eval_noise: tuple[float, ...] = ()  # each eval's paired noise level (NaN: none, e.g. the first eval)
+    whole_run: bool = False  # duration_s is the whole run, evals and checkpoints inside it (a cluster trace's)
+    run: str = ""  # measured curves: the corpus run the job's curves come from ("": fitted curves)
+    curve_progress: tuple[float, ...] = ()  # measured curves: the run's evals' progress (step / max_steps)
+    curve_gold: tuple[float, ...] = ()  # measured curves: the run's gold at those evals (its own units)
+    harm_margin: float | None = None  # measured curves: the run's own harm margin (None: metrics.harmful_margin)
 
     def gold_at(self, p: float) -> float:
+        if self.curve_progress:  # measured: the run's gold, linear between its evals
+            return float(np.interp(p, self.curve_progress, self.curve_gold))
         return float(gold(self.kind, self.height, self.shape, p, self.family, self.extra))
 
 
@@ -201,9 +211,14 @@ def generate_workload(cfg: SimConfig, seed: int, salt: int | None = None) -> Wor
 
     family_l = family.tolist()
     extra_l = np.stack(extra, axis=1).tolist()
+    measured = _measured_runs(cfg, rlhf, hacked_form, s_curve) if cfg.measured_path is not None else None
 
     jobs, truths = [], []
     for j in range(n):
+        if measured is not None and measured[j] is not None:  # an RLHF job on a corpus run's curves
+            jobs.append(JobSpec(j, types[j], True, gpus_l[j], arr_l[j], est_l[j]))
+            truths.append(_measured_truth(measured[j], p, dur_l[j], source is not None))
+            continue
         kind = kind_enum[kinds[j]]
         fam, ext = FAMILIES[family_l[j]], ()
         if fam == "gao":
@@ -216,10 +231,35 @@ def generate_workload(cfg: SimConfig, seed: int, salt: int | None = None) -> Wor
         truths.append(JobTruth(
             duration_s=dur_l[j], kind=kind, height=height_l[j], shape=shape_l[j], hacked=hacked,
             peak_progress=peak, gold_end=end, scores=tuple(scores[j]), losses=tuple(losses[j]),
-            proxies=tuple(proxies[j]), family=fam, extra=ext,
+            proxies=tuple(proxies[j]), family=fam, extra=ext, whole_run=source is not None,
             **({} if eval_noise is None else {"eval_n": pe.n, "eval_noise": tuple(eval_noise[j])}),
         ))
     return Workload(tuple(jobs), tuple(truths), m, seed, salt, source)
+
+
+def _measured_runs(cfg: SimConfig, rlhf: np.ndarray, hacked_form: np.ndarray, s_curve: np.random.Generator) -> list:
+    """Each job's corpus run (:class:`~platform_sim.measured.MeasuredRun`; None for a job that is not RLHF):
+    of the gold label its drawn status asks for, uniformly. The draws come after the fitted ones from the
+    curves stream, so those (and every LoRA and DPO job's curves) stay as with fitted curves."""
+    from .measured import load_measured
+
+    corpus = load_measured(cfg.measured_path)
+    u = s_curve.random(len(rlhf)).tolist()
+    hf = cfg.curves.hack_fraction
+    return [corpus.pick(bool(h), x, hf) if r else None for r, h, x in zip(rlhf.tolist(), hacked_form.tolist(), u, strict=True)]
+
+
+def _measured_truth(run, p: np.ndarray, duration_s: float, whole_run: bool) -> JobTruth:
+    """The ground truth of a job on corpus run ``run``, its series resampled at the eval points ``p``
+    (progress, linear between the run's evals): the world feedback is the observed score as measured (no
+    noise added), the gold the hidden curve; its label, peak and harm margin are the run's own."""
+    peak = run.peak_progress
+    return JobTruth(
+        duration_s=duration_s, kind=CurveKind.MEASURED, height=float(run.gold.max()), shape=peak, hacked=run.hacked,
+        peak_progress=peak, gold_end=float(run.gold[-1]), scores=tuple(run.at(run.world_feedback, p).tolist()),
+        losses=tuple(run.at(run.loss, p).tolist()), proxies=tuple(run.at(run.proxy, p).tolist()), whole_run=whole_run,
+        run=run.name, curve_progress=tuple(run.progress.tolist()), curve_gold=tuple(run.gold.tolist()),
+        harm_margin=run.harm_margin)
 
 
 def _synthetic_jobs(cfg: SimConfig, s_types, s_dur, s_arr) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
@@ -458,6 +498,10 @@ def read_trace(path: str | Path) -> Workload:
                     *(tuple(float(x) for x in row[k].split(";")) for k in ("scores", "losses", "proxies")),
                     family=family, extra=extra, eval_n=int(row.get("eval_n") or 0),
                     eval_noise=tuple(float(x) for x in (row.get("eval_noise") or "").split(";") if x),
+                    whole_run=row.get("whole_run") == "True", run=row.get("run") or "",
+                    curve_progress=tuple(float(x) for x in (row.get("curve_progress") or "").split(";") if x),
+                    curve_gold=tuple(float(x) for x in (row.get("curve_gold") or "").split(";") if x),
+                    harm_margin=None if row.get("harm_margin") in (None, "", "None") else float(row["harm_margin"]),
                 ))
             except (KeyError, ValueError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a platform-sim trace row ({exc})") from None

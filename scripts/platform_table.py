@@ -4,11 +4,14 @@ For each registered base scheduler and each arrival source, SRTF-Est-style pairs
 alone vs with the configured EvalStop overlay) over ``--seeds`` seeds from ``--seed-start`` (never
 tuned on: tuning stays below 1000): GPU-hours, completed-jobs and all-jobs JCT changes with 95%
 bootstrap intervals, precision, recall and FPR (definition B). Arrivals: the synthetic workload and,
-with ``--trace FORMAT:PATH`` (repeatable), a cluster trace's window (``workload.source``). Writes a
-Markdown table, a JSON file and a PNG figure (GPU-hours change per scheduler and source).
+with ``--trace FORMAT:PATH`` (repeatable), a cluster trace's window (``workload.source``). With
+``--measured PATH`` (repeatable) every arrival source is run again with its RLHF jobs on the measured
+curves of the real-run corpus at PATH (``curves.source: measured:PATH``, docs/simulator.md): one row per
+base scheduler beside the fitted curves' row. Writes a Markdown table, a JSON file and a PNG figure
+(GPU-hours change per scheduler and source).
 
     python scripts/platform_table.py --seeds 30 --seed-start 6000 \\
-        --trace philly_csv:/data/philly.csv --out results/platform
+        --trace philly_csv:/data/philly.csv --measured configs/corpus --out results/platform
 """
 
 from __future__ import annotations
@@ -22,15 +25,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from platform_sim.config import load_config, parse_value  # noqa: E402
+from platform_sim.config import MEASURED, load_config, parse_value  # noqa: E402
 from platform_sim.experiments import run_seeds  # noqa: E402
+from platform_sim.measured import load_measured  # noqa: E402
 from platform_sim.report import ci, cluster_text, pct, rate  # noqa: E402
 from platform_sim.results import json_safe  # noqa: E402
 from platform_sim.schedulers import SCHEDULERS  # noqa: E402
 
 
-def sources(traces: list[str]) -> dict[str, dict]:
-    """Arrival source name -> config overrides."""
+def sources(traces: list[str], measured: list[str] | None = None) -> dict[str, dict]:
+    """Arrival source name -> config overrides; with ``measured`` corpus folders, each arrival source again
+    per corpus, its RLHF jobs on that corpus's measured curves (after the fitted sources)."""
     out = {"synthetic": {}}
     for item in traces:
         fmt, sep, path = item.partition(":")
@@ -38,21 +43,29 @@ def sources(traces: list[str]) -> dict[str, dict]:
             raise SystemExit(f"--trace takes FORMAT:PATH (e.g. philly_csv:/data/philly.csv), but got {item!r}")
         out[f"{fmt} ({Path(path).name})"] = {"workload.source.kind": "trace", "workload.source.format": fmt,
                                             "workload.source.path": str(Path(path).resolve())}
+    fitted = list(out.items())
+    for folder in measured or []:
+        corpus = {"curves.source": f"{MEASURED}{Path(folder).resolve()}"}
+        for name, over in fitted:
+            out[f"{name}, measured curves ({Path(folder).name})"] = {**over, **corpus}
     return out
 
 
 def measure(seeds: int, seed_start: int, traces: list[str], workers: int | None, config: str | None,
-            sets: dict | None = None) -> list[dict]:
+            sets: dict | None = None, measured: list[str] | None = None) -> list[dict]:
     base = load_config(config).replace(**(sets or {}))
     rows = []
-    for source, over in sources(traces).items():
+    for source, over in sources(traces, measured).items():
+        if "curves.source" in over:  # read the corpus once, before the workers fork: every seed sees the same runs
+            load_measured(over["curves.source"].removeprefix(MEASURED))
         for name in SCHEDULERS.names():
             cfg = base.replace(**{**over, "scheduler.name": name})
             t0 = time.perf_counter()
             res = run_seeds(cfg, seeds, workers, progress=True, seed_start=seed_start)
             ch, det = res.changes, res.detection
             rows.append({
-                "source": source, "scheduler": name, "cluster": cluster_text(cfg.cluster), "seeds": seeds,
+                "source": source, "scheduler": name, "curves": cfg.curves.source, "cluster": cluster_text(cfg.cluster),
+                "seeds": seeds,
                 "seed_start": seed_start,
                 "gpu_hours": ch.gpu_hours_change.mean, "gpu_hours_ci": ch.gpu_hours_change.ci,
                 "jct_completed": ch.jct_change.mean, "jct_completed_ci": ch.jct_change.ci,
@@ -109,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=30)
     ap.add_argument("--seed-start", type=int, default=6000)
     ap.add_argument("--trace", action="append", default=[], metavar="FORMAT:PATH", help="a cluster trace (repeatable)")
+    ap.add_argument("--measured", action="append", default=[], metavar="PATH",
+                    help="a real-run corpus folder (repeatable; e.g. configs/corpus): every source again on its measured curves")
     ap.add_argument("--config", help="YAML config (default: configs/sim/rlhf_heavy.yaml)")
     ap.add_argument("--workers", type=int)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override (repeatable)")
@@ -122,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             raise SystemExit(f"--set takes KEY=VALUE, but got {item!r}")
         sets[key] = parse_value(value)
-    rows = measure(args.seeds, args.seed_start, args.trace, args.workers, args.config, sets)
+    rows = measure(args.seeds, args.seed_start, args.trace, args.workers, args.config, sets, args.measured)
     args.out.mkdir(parents=True, exist_ok=True)
     text = table(rows)
     (args.out / "platform_table.md").write_text(text + "\n")

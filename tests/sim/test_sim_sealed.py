@@ -14,10 +14,18 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
+import platform
+import signal
+import socket
 import subprocess
 import sys
+import sysconfig
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,15 +34,18 @@ import pytest
 from platform_sim import cli, sealed
 from platform_sim.config import load_config
 from platform_sim.engine import Simulation
-from platform_sim.overlays import create_overlay
+from platform_sim.overlays import Overlay, create_overlay
 from platform_sim.schedulers import create_scheduler
 from platform_sim.sealed import SealedOverlay, SealedOverlayError, child_command, child_env, sealed_spec
 from platform_sim.sealed_run import run_salted
+from platform_sim.sealed_worker import landlock_abi, seccomp_program
 from platform_sim.workload import generate_workload
 from tests.sim_cheats import CHEATS, MATCH, InheritedState, SnapshotDigest, oracle_step, proc_probe
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 41  # in the cheats' candidate seeds (0-63)
+#: the child reports itself hardened where every seal holds: capabilities, Landlock, seccomp
+HARDENED = sys.platform.startswith("linux") and landlock_abi() >= 1
 BUILT_IN = {"evalstop": {"detector": "decline", "k": 2, "job_types": "rlhf"}, "stop_at": {"fraction": 0.65},
             "loss_plateau": {"window": 2, "tolerance": 0.03}, "none": {}}
 
@@ -52,7 +63,7 @@ def test_sealed_decides_exactly_as_in_process(name):
     wl = generate_workload(cfg, 5, salt=12345)
     a, b, ov = _pair(cfg, wl, "srtf_est", name, BUILT_IN[name])
     assert a == b  # outcomes, makespan, events, overlay name
-    assert ov.hardened == sys.platform.startswith("linux")
+    assert ov.hardened == HARDENED
     if name != "none":
         assert sum(o.stopped for o in a.outcomes) > 10
 
@@ -223,16 +234,238 @@ def test_an_overlay_that_prints_does_not_break_the_protocol():
     assert all(o.completed for o in res.outcomes)
 
 
-def test_a_sealed_overlay_cannot_leave_a_process_behind(tmp_path):
+# ----------------------------------------------------------------------------- the child's own wall
+# These overlays run in the sealed child (imported from here by name) and report through their stop
+# decisions only: the child can write nothing the test could read.
+def _named(tag: str) -> list[int]:
+    """The live processes named ``tag`` (a grandchild renames itself so that it can be found)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == tag:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _outlive(tag: str) -> None:
+    """In a grandchild: leave the child's session (out of reach of its group's kill), take a name
+    the test looks for, and stay."""
+    os.setsid()
+    ctypes.CDLL(None).prctl(15, tag.encode(), 0, 0, 0)  # PR_SET_NAME
+    time.sleep(60)
+    os._exit(0)
+
+
+class Forker(Overlay):
+    """At its first eval forks a grandchild that would outlive the run; stops every job iff the
+    fork was refused (EAGAIN) and a thread still ran."""
+
+    name = "forker"
+
+    def __init__(self, tag: str) -> None:
+        self.tag, self.verdict = tag, None
+
+    def on_eval_id(self, job_id, step, score, loss, proxy):
+        if self.verdict is None:
+            self.verdict = False
+            try:
+                pid = os.fork()
+            except BlockingIOError:
+                ran = []
+                worker = threading.Thread(target=lambda: ran.append(1))
+                worker.start()
+                worker.join()
+                self.verdict = ran == [1]
+            else:
+                if pid == 0:
+                    _outlive(self.tag)
+        return self.verdict
+
+
+I386_FORK = b"\xb8\x02\x00\x00\x00\xcd\x80\xc3"  # mov eax, 2 (i386 __NR_fork); int 0x80; ret
+I386_GETPID = b"\xb8\x14\x00\x00\x00\xcd\x80\xc3"  # mov eax, 20 (i386 __NR_getpid); int 0x80; ret
+
+
+def _run_code(code: bytes) -> int:
+    """Run machine code from an executable page of this process; its eax."""
+    page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    page.write(code)
+    return ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))()
+
+
+def _i386_table() -> bool:
+    """Whether this kernel answers i386 system calls (a child process tries: it may be killed)."""
+    if platform.machine() != "x86_64" or not sys.platform.startswith("linux"):
+        return False
+    probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+                            "from tests.sim.test_sim_sealed import I386_GETPID, _run_code; import os; "
+                            "print(_run_code(I386_GETPID) == os.getpid())"], capture_output=True, text=True, timeout=60)
+    return probe.stdout.strip() == "True"
+
+
+class ForeignForker(Overlay):
+    """At its first eval forks through the i386 table (``int 0x80`` from x86_64 code), where the
+    x86_64 filter's numbers mean nothing; the grandchild leaves the session and stays."""
+
+    name = "foreign_forker"
+
+    def __init__(self, tag: str) -> None:
+        self.tag, self.tried = tag, False
+
+    def on_eval_id(self, job_id, step, score, loss, proxy):
+        if not self.tried:
+            self.tried = True
+            if _run_code(I386_FORK) == 0:
+                _outlive(self.tag)
+        return False
+
+
+def _append(path: str, text: str) -> None:
+    with open(path, "a") as fh:
+        fh.write(text)
+
+
+class WriteOutside(Overlay):
+    """At attach, tries to open each of ``appends`` to append (writing nothing: the real modules are
+    not harmed when the wall fails), to change each path of ``targets`` (append, truncate, chmod,
+    utime, rename, link and symlink beside it, remove it) and to create ``creates``, to connect to
+    the test's TCP ``port`` and to signal its parent (signal 0: a permission check); then writes a
+    file in its working folder. Stops every job iff every attempt outside was refused with a
+    permission error and the write inside worked."""
+
+    name = "write_outside"
+
+    def __init__(self, appends: list[str], targets: list[str], creates: list[str], port: int | None,
+                 signal: bool) -> None:
+        self.appends, self.targets, self.creates, self.verdict = appends, targets, creates, False
+        self.port, self.signal = port, signal
+
+    def attach(self, clock, n_evals):
+        attempts = [lambda p=path: open(p, "ab").close() for path in self.appends]
+        if self.port is not None:
+            attempts.append(lambda: socket.create_connection(("127.0.0.1", self.port), timeout=5).close())
+        if self.signal:
+            attempts.append(lambda: os.kill(os.getppid(), 0))
+        for path in self.targets:
+            attempts += [lambda p=path: _append(p, "import os  # the overlay's line\n"), lambda p=path: os.truncate(p, 0),
+                         lambda p=path: os.chmod(p, 0o777), lambda p=path: os.utime(p, (0, 0)),
+                         lambda p=path: os.rename(p, p + ".moved"), lambda p=path: os.link(p, p + ".link"),
+                         lambda p=path: os.symlink(p, p + ".sym"), lambda p=path: os.unlink(p)]
+        for path in self.creates:
+            attempts += [lambda p=path: Path(p).write_text("# written by a sealed overlay\n"),
+                         lambda p=path: os.mkdir(p + ".d")]
+        refused = 0
+        for attempt in attempts:
+            try:
+                attempt()
+            except PermissionError:
+                refused += 1
+            except OSError:
+                pass
+        Path("scratch.txt").write_text("mine")
+        self.verdict = refused == len(attempts) and Path("scratch.txt").read_text() == "mine"
+
+    def on_eval_id(self, job_id, step, score, loss, proxy):
+        return self.verdict
+
+
+def _tag() -> str:
+    return f"sealgc{os.getpid() % 100000}{int(time.monotonic() * 1000) % 1000}"[:15]
+
+
+def test_a_sealed_overlay_cannot_leave_a_process_behind():
     """A grandchild that calls setsid() escapes the child's process group; the child may start no
-    process at all (RLIMIT_NPROC 0 once its capabilities are gone), so none outlives the run."""
+    process at all (the seccomp filter refuses clone without CLONE_THREAD), so none outlives the run."""
     cfg = load_config().replace(**{"workload.n_jobs": 10})
-    marker = tmp_path / "grandchild"
-    with SealedOverlay("tests.sim_cheats:Forker", {"marker": str(marker)}) as ov:
-        Simulation(generate_workload(cfg, 0, salt=1), cfg, create_scheduler("fifo"), ov).run()
-    assert ov.hardened
-    refused = (tmp_path / "grandchild.refused").read_text()
-    assert not marker.exists() and "Resource temporarily unavailable" in refused and "a thread ran" in refused
+    tag = _tag()
+    try:
+        with SealedOverlay(f"{__name__}:Forker", {"tag": tag}) as ov:
+            res = Simulation(generate_workload(cfg, 0, salt=1), cfg, create_scheduler("fifo"), ov).run()
+    finally:
+        time.sleep(0.2)
+        left = _named(tag)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert ov.hardened == HARDENED and left == []
+    assert all(o.stopped for o in res.outcomes)  # the fork was refused and a thread ran
+
+
+def test_a_fork_through_another_syscall_table_kills_the_child():
+    """``int 0x80`` reaches the i386 table, whose fork (2) the x86_64 numbers never match: the
+    filter kills the child on any system call of another table, and no grandchild survives."""
+    if not _i386_table():
+        pytest.skip("no i386 system calls here (x86_64 Linux with IA32 emulation)")
+    cfg = load_config().replace(**{"workload.n_jobs": 10})
+    tag = _tag()
+    ov = SealedOverlay(f"{__name__}:ForeignForker", {"tag": tag})
+    try:
+        with pytest.raises(SealedOverlayError, match=r"killed by SIGSYS \(a forbidden system call\)"):
+            Simulation(generate_workload(cfg, 0, salt=1), cfg, create_scheduler("fifo"), ov).run()
+    finally:
+        ov.close(kill=True)
+        time.sleep(0.2)
+        left = _named(tag)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+def test_a_sealed_overlay_writes_nothing_outside_its_scratch_folder(tmp_path):
+    """What the engine would run after the run (a line in one of its modules, as ``--plot`` imports
+    ``platform_sim.plots``; a ``.pth`` in site-packages, run by every later Python) and any other
+    path: the child can neither change a file nor create one; it writes in its own folder. It
+    connects to no TCP port (a local database's; Linux 6.7+) and signals no process outside it
+    (Linux 6.12+)."""
+    abi = landlock_abi()
+    if abi < 3:
+        pytest.skip("Landlock with truncation (Linux 6.2+) is what confines the child's writes")
+    listener = socket.create_server(("127.0.0.1", 0))
+    site = Path(sysconfig.get_paths()["purelib"])
+    probe = f"_sealed_probe_{os.getpid()}"
+    appends = [ROOT / "platform_sim" / "plots.py", ROOT / "platform_sim" / "__init__.py"]
+    targets = [ROOT / "platform_sim" / f"{probe}.py", site / f"{probe}.pth", tmp_path / "victim.txt"]
+    creates = [ROOT / "platform_sim" / f"{probe}_new.py", site / f"{probe}_new.pth", tmp_path / "new.txt",
+               Path(tempfile.gettempdir()) / f"{probe}_new.txt"]
+    for path in targets:
+        path.write_text("# the test's own file\n")
+    before = {p: (p.read_bytes(), os.stat(p)) for p in appends + targets}
+    cfg = load_config().replace(**{"workload.n_jobs": 10})
+    try:
+        with SealedOverlay(f"{__name__}:WriteOutside", {"appends": [str(p) for p in appends],
+                                                         "targets": [str(p) for p in targets],
+                                                         "creates": [str(p) for p in creates],
+                                                         "port": listener.getsockname()[1] if abi >= 4 else None,
+                                                         "signal": abi >= 6}) as ov:
+            res = Simulation(generate_workload(cfg, 0, salt=1), cfg, create_scheduler("fifo"), ov).run()
+        after = {p: (p.read_bytes(), os.stat(p)) for p in before if p.exists()}
+        made = [p for p in creates for q in (p, Path(f"{p}.d")) if q.exists()]
+        made += [q for p in targets for q in (Path(f"{p}.moved"), Path(f"{p}.link")) if q.exists()]
+        made += [Path(f"{p}.sym") for p in targets if os.path.lexists(f"{p}.sym")]
+    finally:
+        listener.close()
+        for path in [*targets, *creates]:
+            for q in (path, Path(f"{path}.moved"), Path(f"{path}.link"), Path(f"{path}.sym")):
+                if os.path.lexists(q):
+                    q.unlink()
+            if Path(f"{path}.d").is_dir():
+                Path(f"{path}.d").rmdir()
+    assert ov.hardened and made == []
+    for path, (data, st) in before.items():
+        assert path in after and after[path][0] == data, path
+        assert (after[path][1].st_mode, after[path][1].st_mtime_ns) == (st.st_mode, st.st_mtime_ns), path
+    assert all(o.stopped for o in res.outcomes)  # every attempt was refused; its own folder took the write
+
+
+def test_the_seccomp_filter_kills_every_foreign_table():
+    """The filter's first instructions, for each machine: another audit arch is killed, not allowed."""
+    kill = 0x80000000
+    for machine in ("x86_64", "aarch64"):
+        program = seccomp_program(machine)
+        assert program[1][:3] == (0x15, 1, 0) and program[2] == (0x06, 0, 0, kill)
+        assert program[-1] == (0x06, 0, 0, 0x7FFF0000)  # the only allow, at the end
+    assert (0x35, 0, 1, 0x40000000) in seccomp_program("x86_64")  # x32's numbers, same audit arch
 
 
 def test_a_sealed_run_has_an_overall_time_bound():

@@ -306,3 +306,27 @@ def test_on_a_mixed_cluster_trace_jobs_larger_than_the_largest_pool_are_dropped_
     assert max(j.gpus for j in wl.jobs) <= 16
     with pytest.raises(ConfigError, match="largest pool's 16"):
         load_config().replace(**{"cluster.pools": pools})  # synthetic: the table's sizes must fit
+
+
+def test_a_trace_jobs_recorded_duration_is_its_whole_run(tmp_path):
+    """A trace's duration already holds the job's evals and checkpoints: a 600 s job alone on the cluster
+    runs 600 s, not 600 s plus ten 60 s checkpoints and 2% of evals (1,212 s), and is not stopped."""
+    path = tmp_path / "philly.csv"
+    rows = [f"2017-10-09 0{h}:00:00,600.0,{g},{600.0 * g},c1" for h, g in ((0, 1), (2, 8), (4, 4))]
+    path.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n" + "\n".join(rows) + "\n")
+    cfg = load_config().replace(**{"workload.source.kind": "trace", "workload.source.path": str(path),
+                                   "workload.source.load_fit": "none", "workload.n_jobs": 3})
+    wl = generate_workload(cfg, 0)
+    assert [t.duration_s for t in wl.truths] == [600.0] * 3 and all(t.whole_run for t in wl.truths)
+    for scheduler in ("fifo", "srtf_est"):
+        res = Simulation(wl, cfg, create_scheduler(scheduler), create_overlay("none", wl)).run()
+        for o in res.outcomes:
+            assert o.completed and not o.stopped and o.evals_done == cfg.workload.evals_per_job
+            assert o.departure_s - o.first_start_s == pytest.approx(600.0)
+            assert o.gpu_seconds == pytest.approx(600.0 * wl.jobs[o.job_id].gpus)
+    synthetic = load_config().replace(**{"workload.n_jobs": 5})  # a synthetic job's duration stays exclusive
+    swl = generate_workload(synthetic, 0)
+    res = Simulation(swl, synthetic, create_scheduler("fifo"), create_overlay("none", swl)).run()
+    o, t = res.outcomes[0], swl.truths[0]
+    assert not t.whole_run and o.departure_s - o.first_start_s == pytest.approx(
+        t.duration_s * 1.02 + 10 * 60.0)
