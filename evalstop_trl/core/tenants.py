@@ -32,7 +32,7 @@ from .records import Quotas, TenantRecord, check_name
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["AUTH_TTL_S", "REFRESH_GRACE_S", "Tenants", "hash_token", "new_token"]
+__all__ = ["AUTH_TTL_S", "LIVE_TOKENS_TTL_S", "REFRESH_GRACE_S", "Tenants", "hash_token", "new_token"]
 
 _QUOTA_TTL_S = 5.0  # how long a tenant's quotas are cached (another process may change them)
 #: how long a token that authenticated is trusted without reading the store again: a revocation or
@@ -42,6 +42,9 @@ AUTH_TTL_S = 1.0
 #: for at most this long past the due time, take the cached answer meanwhile (the service's in-flight
 #: requests would otherwise all read the store at the same moment, once a second)
 REFRESH_GRACE_S = 1.0
+#: the live tokens' hashes (:meth:`Tenants.known`) are read again at most this often: a token added or
+#: rotated by another process is known within this (plus one read) even while junk floods its address
+LIVE_TOKENS_TTL_S = 1.0
 
 
 def hash_token(token: str) -> str:
@@ -70,6 +73,9 @@ class Tenants:
         self._refreshing: set[tuple[str, str]] = set()  # ("token", hash) or ("quotas", tenant): a read under way
         self._refused: dict[str, float] = {}  # hash of a once-valid token -> when it was last refused
         self._cleared_at = -math.inf  # when this process last revoked or rotated a token (monotonic)
+        self._live: set[str] = set()  # hashes of the tokens not revoked, as of the last read_live_tokens
+        self._live_at = -math.inf  # when that read began (monotonic)
+        self._live_reading = False
 
     def add(self, name: str) -> str:
         """Create a tenant and return its new token (shown once; only its hash is stored)."""
@@ -90,6 +96,7 @@ class Tenants:
         finally:
             self._refreshing.discard(("token", token_hash))
         if t is None or t.revoked:  # refused: no cached answer of it may outlive this read
+            self._live.discard(token_hash)
             if self._auth_cache.pop(token_hash, None) is not None:  # only tokens once valid: bounded
                 self._refused[token_hash] = time.monotonic()
         if t is None:
@@ -120,6 +127,34 @@ class Tenants:
             return None
         return hit[1], quotas[1]
 
+    def known(self, token: str | None) -> bool:
+        """Whether ``token`` is live as far as this process knows without a store read: it authenticated
+        here and was not refused since, or it was live at the last :meth:`read_live_tokens`. The
+        service asks this (on its event loop) before it looks up a token from an address whose budget
+        of failed authentications is spent: a known token is looked up, junk is refused unread."""
+        if not token:
+            return False
+        token_hash = hash_token(token)
+        return token_hash in self._auth_cache or token_hash in self._live
+
+    def live_tokens_due(self) -> bool:
+        """Whether the caller should now call :meth:`read_live_tokens` (the last read is
+        :data:`LIVE_TOKENS_TTL_S` old and none is under way): True to one caller at a time, at most once
+        per :data:`LIVE_TOKENS_TTL_S` whatever the number of unknown tokens asked about."""
+        if self._live_reading or time.monotonic() - self._live_at < LIVE_TOKENS_TTL_S:
+            return False
+        self._live_reading = True
+        return True
+
+    def read_live_tokens(self) -> None:
+        """Read the hashes of every tenant's live token from the store (one read, as many rows as
+        tenants) for :meth:`known`."""
+        started = time.monotonic()
+        try:
+            self._live = {t.token_hash for t in self.store.list_tenants() if not t.revoked}
+        finally:  # a failed read is not retried sooner either
+            self._live_at, self._live_reading = started, False
+
     def _fresh(self, key: tuple[str, str], age: float, ttl: float) -> bool:
         """Whether a cached answer of this ``age`` may be used; False makes the caller the one to read
         the store (:meth:`authenticate` and :meth:`quotas` clear the mark once they have read). Past
@@ -147,6 +182,7 @@ class Tenants:
             raise NotFound(f"no tenant named {name!r}")
         self._quota_cache.pop(name, None)
         self._auth_cache.clear()  # a revoked or rotated token is refused at once in this process
+        self._live, self._live_at = set(), -math.inf
         self._cleared_at = time.monotonic()
         return new
 

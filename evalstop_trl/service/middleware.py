@@ -18,8 +18,10 @@
 * unauthenticated requests (every path off ``/v1``, and ``/v1`` requests whose token is refused) come
   out of a budget per client address (:class:`PerAddress`: ``rate`` per second, ``burst`` at once;
   IPv6 addresses by /64): beyond it 429, and an address over its budget gets 429 on ``/v1`` too,
-  before its token is looked up. Behind a reverse proxy every client shares the proxy's address: set
-  these limits at the proxy and turn them off here (rate 0).
+  before its token is looked up, unless the token is live (:meth:`Tenants.known`: a token that
+  authenticated here, or in the tenants' list read at most once a second): junk tokens cost no store
+  read, and a tenant sharing the address with them is still served. Behind a reverse proxy every client
+  shares the proxy's address: set these limits at the proxy and turn them off here (rate 0).
 
 Every refusal closes the connection (``Connection: close``): a body that was not read is not waited for.
 """
@@ -166,7 +168,9 @@ class Guard:
         if declared.isdigit() and int(declared) > self.limit:
             return await _reply(send, 413, f"request body over the {_size(self.limit)} limit")
         tenant = None
-        refusal = self._unauthenticated(scope, take=False)  # an address over its budget: no token lookup
+        refusal = self._unauthenticated(scope, take=False)  # an address over its budget: no token lookup,
+        if refusal is not None and await self._known(headers.get(b"authorization")):  # unless the token is
+            refusal = None  # live: a tenant is never refused for what others sent from its address
         if refusal is None:
             fast = self._admit_cached(headers.get(b"authorization"), method, path, scope)
             tenant, refusal = fast if fast is not None else await run_in_threadpool(
@@ -198,6 +202,23 @@ class Guard:
             await self.app(scope, replay, send)
         except EvalStopError as exc:  # raised before routing (should not happen), answered all the same
             await _reply(send, exc.status_code, str(exc))
+
+    async def _known(self, authorization: bytes | None) -> bool:
+        """Whether the token is live as far as the tenants know without a store read (:meth:`Tenants.known`);
+        an unknown one once the list of live tokens is due for its read (at most once a second, in the
+        thread pool, whatever the number of unknown tokens)."""
+        tenants, token = self.tenants(), _bearer(authorization)
+        if not token:
+            return False
+        if tenants.known(token):
+            return True
+        if not tenants.live_tokens_due():
+            return False
+        try:
+            await run_in_threadpool(tenants.read_live_tokens)
+        except Exception:  # noqa: BLE001 - the store is down: the token stays unknown (429)
+            return False
+        return tenants.known(token)
 
     async def _read_body(self, receive, send) -> bytes | None:
         """The whole body, bounded in size and in time (one deadline for all of it); None once refused."""

@@ -457,3 +457,38 @@ def test_17_6_start_up_does_not_replay_finished_jobs(tmp_path):
     lazy, eager = bench.start_up(db), bench.start_up(db, eager=True)
     print(f"start-up over 4,000 finished jobs (200,000 reports): {lazy:.2f} s lazy, {eager:.2f} s replaying all")
     assert lazy * 3 < eager, (lazy, eager)
+
+
+# ---------------------------------------------------------------- red-team pass: junk tokens from a shared address
+def test_junk_tokens_from_a_shared_address_do_not_lock_out_a_valid_token(db, servers):
+    """96 of 109 of bob's reports got 429 while junk tokens came from his address (one budget of failed
+    authentications per address): junk is still refused (429 once the address's budget is spent, before any
+    lookup), but a valid token, even one this server has never seen, is always served."""
+    alice, bob = _tenant(db, "alice"), _tenant(db, "bob")
+    srv = servers(db, "--unauth-rate-per-ip", "5", "--unauth-burst-per-ip", "10")
+    stop, junk = threading.Event(), {}
+
+    def flood(i: int) -> None:  # from 127.0.0.1, bob's address
+        n = 0
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            while not stop.is_set():
+                code = c.get("/v1/jobs", headers=bearer(f"es_junk{i}_{n}")).status_code
+                junk[code] = junk.get(code, 0) + 1
+                n += 1
+
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)  # the address's budget is spent
+        with httpx.Client(base_url=srv.url, headers=bearer(bob), timeout=10) as c:
+            assert (r := c.post("/v1/jobs", json={"job_id": "b"})).status_code == 201, r.text  # its first request
+            codes = [c.post("/v1/jobs/b/reports", json={"step": s, "train_loss": 1.0}).status_code for s in range(40)]
+        with httpx.Client(base_url=srv.url, headers=bearer(alice), timeout=10) as c:
+            assert c.get("/v1/jobs").status_code == 200
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert codes == [200] * 40, codes
+    assert junk.get(429, 0) > 5 * junk.get(401, 0) and set(junk) <= {401, 429}, junk  # junk is still refused

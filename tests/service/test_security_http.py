@@ -431,3 +431,161 @@ def test_17_9_metrics_need_the_operator_token_by_default(two):
     two.stop()
     two.start(args=("--metrics-public",))
     assert "evalstop_reports_total" in httpx.get(f"{two.url}/metrics").text
+
+
+# ---------------------------------------------------------------- red-team pass: request heads, reclaim
+def _status(answer: bytes) -> bytes:
+    return answer.split(b"\r\n", 1)[0]
+
+
+def test_a_large_request_head_is_431_or_closed_never_served(two):
+    """A 200 KB header was answered 200: a head is bounded in bytes (431, or closed mid-upload)."""
+    two.start()
+    with _connect(two.port) as s:
+        try:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 200_000 + b"\r\n\r\n")
+        except OSError:
+            pass  # closed while we sent: refused
+        answer = _answer(s)
+        assert answer == b"" or _status(answer) == b"HTTP/1.1 431 Request Header Fields Too Large", answer[:200]
+        assert _closed(s)
+    assert httpx.get(f"{two.url}/healthz", timeout=5).status_code == 200
+
+
+def test_a_request_head_with_too_many_headers_is_431(two):
+    """A head small in bytes but of a thousand headers: bounded in count (431, closed)."""
+    two.start()
+    with _connect(two.port) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"a: 1\r\n" * 1000 + b"\r\n")
+        answer = _answer(s)
+        assert _status(answer) == b"HTTP/1.1 431 Request Header Fields Too Large", answer[:200]
+        assert b"headers" in answer
+        assert _closed(s)
+    with _client("127.0.0.1") as c:  # a tenant's ordinary head is served
+        assert c.get(f"{two.url}/v1/jobs", headers={**bearer(two.alice), **{f"x-{i}": "y" * 100 for i in range(40)}}
+                     ).status_code == 200
+
+
+def test_endless_request_heads_are_cut_off_in_bounded_memory(two):
+    """Six unauthenticated connections streaming an endless header grew the server by 225 MB in 6 s: each
+    is now cut off at the head limit, and the server's memory barely moves."""
+    two.start(args=("--header-timeout-s", "60"))  # the head limit cuts them, not the deadline
+    rss0 = rss_kib(two.proc.pid)
+    sent, cut = [0] * 6, [False] * 6
+
+    def stream(i: int) -> None:
+        chunk = b"a" * 65536
+        with _connect(two.port, source=f"127.0.0.{i + 2}") as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: ")
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 4.0:
+                try:
+                    s.sendall(chunk)
+                except OSError:
+                    cut[i] = True
+                    return
+                sent[i] += len(chunk)
+            peak.append(rss_kib(two.proc.pid))
+            cut[i] = _closed(s, 0.5)
+
+    peak: list[int] = []
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    grown = (max([rss_kib(two.proc.pid), *peak]) - rss0) // 1024
+    print(f"sent {sum(sent) >> 20} MiB of head; server RSS grew by {grown} MiB; cut {cut}")
+    assert all(cut), (cut, sent)
+    assert grown < 32, f"RSS grew by {grown} MiB"
+    assert httpx.get(f"{two.url}/healthz", timeout=5).status_code == 200
+
+
+def _idle_unauthenticated(port: int, sources: list[str], per_source: int, kind: str) -> list[socket.socket]:
+    """``per_source`` unauthenticated connections from each address: after one ``GET /healthz`` each (idle
+    keep-alive), or silent (nothing sent). Those the server refuses at once are dropped."""
+    held = []
+    for source in sources:
+        for _ in range(per_source):
+            try:
+                s = _connect(port, source)
+            except OSError:
+                continue
+            if kind == "keep-alive":
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                if not _answer(s, 2.0).startswith(b"HTTP/1.1 200"):
+                    s.close()
+                    continue
+            held.append(s)
+    return held
+
+
+@pytest.mark.parametrize("kind", ["keep-alive", "silent"])
+def test_idle_unauthenticated_connections_are_reclaimed_for_a_tenant(two, kind):
+    """63 addresses held all 1,000 slots with idle unauthenticated keep-alive connections, never reclaimed:
+    a tenant's new connection now closes the oldest of them and is served."""
+    two.start(args=("--max-connections", "40", "--unauth-connections-per-ip", "8", "--unauth-rate-per-ip", "0",
+                    "--header-timeout-s", "60"))
+    held = _idle_unauthenticated(two.port, [f"127.0.0.{i}" for i in range(2, 8)], 8, kind)
+    try:
+        assert len(held) >= 38, len(held)  # every slot taken (6 x 8 = 48 > 40)
+        with _client("127.0.0.1") as c:
+            for _ in range(3):
+                r = c.get(f"{two.url}/v1/jobs", headers=bearer(two.alice))
+                assert r.status_code == 200, r.text
+        assert any(_closed(s, 0.3) for s in held)  # a reclaimed one (the oldest first)
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_tenant_of_busy_long_polls_does_not_shield_another_tenants_idle_connections(two):
+    """Only the tenant holding the most connections was looked at: with every one of its connections a busy
+    long poll, nothing was reclaimed and a third tenant was turned away while bob held idle ones."""
+    carol = two.add_tenant("carol")
+    two.start(args=("--max-connections", "30", "--max-connections-per-tenant", "0",
+                    "--unauth-connections-per-ip", "0", "--unauth-rate-per-ip", "0"))
+    with httpx.Client(base_url=two.url, headers=bearer(two.alice), timeout=5) as c:
+        assert c.post("/v1/jobs", json={"job_id": "long"}).status_code == 201
+    polls = []
+    try:
+        for _ in range(18):  # alice: the heaviest tenant, every connection busy in a long poll
+            s = _connect(two.port)
+            s.sendall(f"GET /v1/jobs/long/decision?wait=30 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {two.alice}"
+                      "\r\n\r\n".encode())
+            polls.append(s)
+        time.sleep(1.0)  # every poll authenticated and waiting
+        with _held(two.port, two.bob, 12) as held:  # bob: idle keep-alive connections, fewer than alice's
+            assert all(b"200" in status for _, status in held), [st for _, st in held]
+            with _client("127.0.0.1") as c:
+                r = c.get(f"{two.url}/v1/jobs", headers=bearer(carol))
+                assert r.status_code == 200, r.text
+            assert any(_closed(s, 0.3) for s, _ in held)  # bob's reclaimed connection
+        assert all(_answer(s, 0.05) == b"(nothing)" for s in polls)  # alice's polls are still running
+    finally:
+        for s in polls:
+            s.close()
+
+
+def test_idle_connections_others_hold_at_a_shared_address_do_not_keep_a_tenant_out(two):
+    """An address at its limit of unauthenticated connections turned every new one away, a tenant's too,
+    for as long as others there held idle ones: a new connection now closes the address's oldest idle one."""
+    two.start(args=("--unauth-connections-per-ip", "8", "--unauth-rate-per-ip", "0", "--header-timeout-s", "60"))
+    held = _idle_unauthenticated(two.port, ["127.0.0.2"], 4, "keep-alive")
+    held += _idle_unauthenticated(two.port, ["127.0.0.2"], 4, "silent")
+    try:
+        assert len(held) == 8
+        with _client("127.0.0.2") as c:  # bob, behind the same address
+            for _ in range(3):
+                assert (r := c.get(f"{two.url}/v1/jobs", headers=bearer(two.bob))).status_code == 200, r.text
+        assert _closed(held[0], 0.5)  # the oldest idle one was reclaimed
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_the_documented_head_bounds_are_the_protocols():
+    from evalstop_trl.service.protocol import MAX_HEAD_BYTES, MAX_HEADERS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    assert f"| {MAX_HEAD_BYTES // 1024} KiB / {MAX_HEADERS} (431, closed) |" in doc
