@@ -14,7 +14,8 @@ holds the rules and checks that this list names every subpackage):
 * ``cli/`` — the ``evalstop`` command.
 
 The core, stores and clients import no torch; ``EvalStopCallback`` is imported lazily on first
-access, so ``import evalstop_trl`` stays light.
+access, so ``import evalstop_trl`` stays light. On the bare install (no torch, transformers or TRL)
+that access raises :class:`MissingExtraError`, an ``ImportError`` that names the extra to install.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from .core.coordinator import Coordinator
 from .core.detectors import Action, Decision, Observation, create_detector
 from .core.errors import Conflict, EvalStopError, InvalidInput, NotFound, Unauthorized
+from .core.extras import EXTRA_OF
 from .core.records import JobStatus, JobType, JobView, Policy
 from .stores import MemoryStore, SQLiteStore
 
@@ -43,6 +45,7 @@ __all__ = [
     "JobType",
     "JobView",
     "MemoryStore",
+    "MissingExtraError",
     "NotFound",
     "Observation",
     "Policy",
@@ -58,10 +61,27 @@ _LAZY = {
 }
 
 
+class MissingExtraError(ImportError):
+    """A name of evalstop that needs an optional install (an extra) which is not there, e.g.
+    ``EvalStopCallback`` without torch, transformers and TRL. The message names the extra and the
+    command that installs it; ``extra`` and ``name`` (the missing module) say the same."""
+
+    def __init__(self, what: str, extra: str, missing: str) -> None:
+        super().__init__(f"{what} needs the {extra!r} extra (the module {missing} is missing): "
+                         f'pip install "evalstop[{extra}]"', name=missing)
+        self.extra = extra
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
         module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ModuleNotFoundError as exc:
+            top = (exc.name or "").split(".")[0]
+            if top not in EXTRA_OF:  # not an optional install: a bug, raised as it is
+                raise
+            raise MissingExtraError(name, EXTRA_OF[top], top) from exc
     raise AttributeError(f"module 'evalstop_trl' has no attribute {name!r}")

@@ -120,3 +120,22 @@ def test_the_service_docs_list_each_routes_body_as_its_request_record_does():
             assert _body_keys(body) == set(route.body), (method, path)
             checked += 1
     assert checked >= 4, rows
+
+
+def _install_lines() -> list[list[str]]:
+    """The ``pip install`` lines of the README's install section, in order."""
+    section = README[README.index("## Install into your own project"):README.index("## Quick start")]
+    return [shlex.split(line.split("  #")[0]) for block in re.findall(r"```bash\n(.*?)```", section, re.S)
+            for line in block.splitlines() if line.startswith("pip install ")]
+
+
+def test_the_install_section_gives_the_cpu_torch_line_as_a_real_pip_command():
+    from pip._internal.commands import create_command
+
+    lines = _install_lines()
+    cpu = [argv for argv in lines if "--index-url" in argv]
+    assert len(cpu) == 1, lines
+    options, args = create_command("install").parse_args(cpu[0][2:])  # pip's own parser: a real command
+    assert args == ["torch"] and options.index_url == "https://download.pytorch.org/whl/cpu"
+    train = next(i for i, argv in enumerate(lines) if any(a.startswith("evalstop[train]") for a in argv))
+    assert lines.index(cpu[0]) < train  # beside the train extra's line, before it

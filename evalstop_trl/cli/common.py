@@ -9,7 +9,8 @@ import stat
 import sys
 from pathlib import Path
 
-__all__ = ["EXIT_BAD_INPUT", "CLIError", "add_job_flags", "add_token_flags", "after_dashes", "job_policy", "read_token"]
+__all__ = ["EXIT_BAD_INPUT", "CLIError", "add_job_flags", "add_token_flags", "after_dashes", "existing_db", "job_policy",
+           "read_token"]
 
 EXIT_BAD_INPUT = 2
 _MAX_TOKEN = 4096
@@ -17,6 +18,23 @@ _MAX_TOKEN = 4096
 
 class CLIError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+def existing_db(path: str) -> str:
+    """``path``, a ``--db`` SQLite file that must already be there: a command that reads or serves a
+    coordinator's jobs never creates an empty one (where it would wait for jobs that never come).
+
+    Raises:
+        CLIError: no file at ``path`` (the message says where the callback writes it), or a folder.
+    """
+    if os.path.isdir(path):
+        raise CLIError(f"--db {path} is a folder, not a database: pass the evalstop.db in it "
+                       f"({os.path.join(path, 'evalstop.db')})")
+    if not os.path.exists(path):
+        raise CLIError(f"no database at {path}: pass the file that exists (the callback writes "
+                       "<output_dir>/evalstop.db; `evalstop serve --db` the one it was given), or --url for a "
+                       "running coordinator")
+    return path
 
 
 def add_token_flags(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ import os
 import signal
 from pathlib import Path
 
-from .common import CLIError, add_token_flags, read_token
+from .common import CLIError, add_token_flags, existing_db, read_token
 
 __all__ = ["add_evaluate_command"]
 
@@ -54,7 +54,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         from ..stores.sqlite import SQLiteStore
 
         try:  # a SQLite file is shared with the training process that writes it: versioned writes
-            store = open_store(args.db) if "://" in args.db else SQLiteStore(args.db, shared=True)
+            store = open_store(args.db) if "://" in args.db else SQLiteStore(existing_db(args.db), shared=True)
             client = EmbeddedClient(Coordinator(store))
         except ValueError as exc:
             raise CLIError(str(exc)) from None

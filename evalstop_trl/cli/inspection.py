@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from .common import CLIError, add_token_flags, read_token
+from .common import CLIError, add_token_flags, existing_db, read_token
 
 __all__ = ["add_inspect_commands", "add_target_flags", "embedded_db", "open_client"]
 
@@ -54,10 +54,8 @@ def open_client(args: argparse.Namespace):
         from ..core.coordinator import Coordinator
         from ..stores.sqlite import SQLiteStore
 
-        if not os.path.exists(args.db):
-            raise CLIError(f"no database at {args.db} (the callback writes <output_dir>/evalstop.db)")
         try:
-            store = SQLiteStore(args.db, shared=True)  # a training process may be writing it
+            store = SQLiteStore(existing_db(args.db), shared=True)  # a training process may be writing it
         except ValueError as exc:
             raise CLIError(str(exc)) from None
         coordinator = Coordinator(store, lease_s=_lease())

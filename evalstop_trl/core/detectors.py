@@ -444,10 +444,11 @@ class DeclineDetector(Detector):
             count, run = count + 1, _push(run, (obs.step, score), self.k + 1)
         else:
             count, run = 0, ((obs.step, score),)
+        threshold = "" if obs.eval_noise is None else self._threshold(delta, obs.eval_noise)
         if count >= self.k:
             path = " → ".join(_fmt(s) for _, s in run)
             return (count, run), _stop(
-                f"{self.k} consecutive {'declines' if self._max else 'rises'}: {path} at step {obs.step}",
+                f"{self.k} consecutive {'declines' if self._max else 'rises'}: {path} at step {obs.step}{threshold}",
                 best_step, best_score, declines=count, scores=[s for _, s in run], steps=[st for st, _ in run],
                 k=self.k, min_delta=self.min_delta,
                 **({} if obs.eval_noise is None else {"noise": obs.eval_noise, "needed": delta}))
@@ -455,7 +456,17 @@ class DeclineDetector(Detector):
         if said is None:
             said = self._said[count] = (f"{count} consecutive {'decline' if self._max else 'rise'}(s) of {self.k}",
                                         MappingProxyType({"declines": count}))
-        return (count, run), Decision(Action.CONTINUE, said[0], best_step, best_score, said[1])
+        return (count, run), Decision(Action.CONTINUE, said[0] + threshold, best_step, best_score, said[1])
+
+    def _threshold(self, delta: float, noise: float) -> str:
+        """What a per-example eval's change had to exceed to count, for its reason (the log line shows
+        it beside the count): the noise threshold ``noise_z * sqrt(2) * eval_noise``, or ``min_delta``
+        when that is larger."""
+        what = "decline" if self._max else "rise"
+        if delta > self.noise_z * _SQRT2 * noise:
+            return f" (a {what} must exceed min_delta {_fmt(delta)})"
+        return (f" (a {what} must exceed the noise threshold {_fmt(delta)} = noise_z {_fmt(self.noise_z)} × √2 × "
+                f"eval noise {_fmt(noise)})")
 
     def _beyond_noise(self, score: float, previous: float, noise: float | None) -> bool:
         """A fall larger than ``noise_z`` standard errors of a difference; a tie (up to rounding: win

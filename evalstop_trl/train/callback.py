@@ -42,7 +42,9 @@ What it does:
   it keeps its own ``evalstop-best-NAME-2`` and says so at WARNING. ``keep_best="checkpoint"`` keeps
   the trainer's own ``checkpoint-N`` instead of a copy. After a stop the trainer's checkpoints newer
   than the best are removed (``keep_checkpoints=True`` keeps them); ``load_best_at_end=True`` loads
-  the best weights into the model at the end of training, as ``load_best_model_at_end`` does;
+  the best weights into the model at the end of training, as ``load_best_model_at_end`` does. A stop
+  before any eval scored a model (a manual stop before the first eval) keeps the model of the stop's
+  step in ``<output_dir>/evalstop-final`` (or the trainer's ``checkpoint-N``) and says so at WARNING;
 * the job type comes from the class of the trainer's arguments (``GRPOConfig`` -> ``grpo``, ``DPOConfig``
   -> ``dpo``, ``TrainingArguments`` -> ``other``, ...) unless ``job_type=`` says; a heartbeat every ``heartbeat_s``
   seconds (5) keeps the job from turning ``lost`` between evals, and its answer brings a stop
@@ -93,7 +95,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import CallbackHandler
 
 from ..core.detectors import Decision
-from .checkpoints import keep_best_copy, load_best_weights, remove_checkpoints_after
+from .checkpoints import keep_best_copy, keep_final_copy, load_best_weights, remove_checkpoints_after
 from .connect import connect
 from .external import snapshot_path
 from .feedback import FEEDBACKS, Eval, FeedbackMode
@@ -395,15 +397,16 @@ class EvalStopCallback(TrainerCallback):
         self.feedback.on_train_begin(args, requested)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.feedback.stops_between_evals and self._stopped_between_evals(state, control):
+        if self.feedback.stops_between_evals and self._stopped_between_evals(state, control, kwargs):
             return
         if not self.feedback.stops_between_evals:
             self.session.beat()
         self.feedback.on_step_end(args, state, control, **kwargs)
 
-    def _stopped_between_evals(self, state: Any, control: Any) -> bool:
+    def _stopped_between_evals(self, state: Any, control: Any, event: Mapping[str, Any]) -> bool:
         """Rank 0's heartbeat says the job was stopped since the last eval (by hand, or by a stop only
-        the coordinator saw): every rank stops at this step, the best kept, the stop acknowledged."""
+        the coordinator saw): every rank stops at this step, the best kept (the model at the stop when
+        no eval scored one), the stop acknowledged."""
         s = self.session
         stopped = self._is_main and s.beat()
         message = share(s.message(stop=True) if stopped else None)
@@ -411,6 +414,9 @@ class EvalStopCallback(TrainerCallback):
             return False
         s.adopt(message)
         control.should_training_stop = True
+        tokenizer = event.get("processing_class")
+        self._keep_at_stop(control, state.global_step, event.get("model"),
+                           tokenizer if tokenizer is not None else event.get("tokenizer"))
         s.stop_here(state.global_step)
         metrics = {"evalstop/stop": 1, "evalstop/best_score": s.best_score}
         self._log_later(state, control, state.global_step, {k: v for k, v in metrics.items() if v is not None})
@@ -495,8 +501,28 @@ class EvalStopCallback(TrainerCallback):
         if stop:
             control.should_training_stop = True
             if s.stopped_at is None:  # not already stopped between evals (an eval decided after that stop)
+                self._keep_at_stop(control, ev.step, ev.model, ev.tokenizer)
                 s.stop_here(ev.step)
         return metrics
+
+    def _keep_at_stop(self, control: Any, step: int, model: Any, tokenizer: Any) -> None:
+        """A stop before any scored eval (a manual stop before the first eval, evals that all failed):
+        rank 0 keeps the model as it is now (``evalstop-final``, or the trainer's ``checkpoint-N`` with
+        ``keep_best="checkpoint"``), or notes why it keeps nothing; :meth:`EvalStopSession.stop_here`
+        says which at WARNING and acknowledges the stop with it."""
+        s = self.session
+        if not self._is_main or s.best_step is not None or s.best_checkpoint is not None:
+            return
+        if not self.save_best:
+            s.nothing_kept = "no eval scored a model and save_best=False"
+        elif model is None:
+            s.nothing_kept = "no eval scored a model and the trainer's event gave no model to save"
+        elif self.keep_best == "checkpoint":
+            control.should_save = True  # the trainer writes checkpoint-<step> at the end of this step
+            s.final_checkpoint = str(snapshot_path(self._output_dir or ".", step))
+        else:
+            s.final_checkpoint = keep_final_copy(self._output_dir or ".", model, tokenizer, job_id=self.job_id,
+                                                 step=step, reason="stopped before any eval scored a model")
 
     def _keep(self, control: Any, ev: Eval, score: float) -> str:
         """Keep the new best: a copy with evalstop.json (never over a better one), or the trainer's checkpoint."""

@@ -22,12 +22,14 @@ from typing import Any
 from ..core.detectors import is_better
 from .scores import finite
 
-__all__ = ["BEST_DIR", "best_folder", "keep_best_copy", "keep_best_snapshot", "load_best_weights", "read_best",
-           "remove_checkpoints_after", "save_atomically"]
+__all__ = ["BEST_DIR", "FINAL_DIR", "best_folder", "keep_best_copy", "keep_best_snapshot", "keep_final_copy",
+           "load_best_weights", "read_best", "remove_checkpoints_after", "save_atomically"]
 
 log = logging.getLogger("evalstop.callback")
 
 BEST_DIR = "evalstop-best"
+#: where a job stopped before any scored eval keeps the model it had at the stop (see :func:`keep_final_copy`)
+FINAL_DIR = "evalstop-final"
 INFO = "evalstop.json"
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
@@ -41,13 +43,14 @@ def read_best(output_dir: str | os.PathLike, folder: str = BEST_DIR) -> dict[str
     return info if isinstance(info, dict) else None
 
 
-def best_folder(output_dir: str | os.PathLike, job_id: str | None) -> Path:
+def best_folder(output_dir: str | os.PathLike, job_id: str | None, base: str = BEST_DIR) -> Path:
     """Where ``job_id`` keeps its best model: ``<output_dir>/evalstop-best`` unless another job's best is
-    there (then ``evalstop-best-<job_id>``)."""
-    main = Path(output_dir) / BEST_DIR
-    if not main.exists() or (read_best(output_dir) or {}).get("job_id") == job_id:
+    there (then ``evalstop-best-<job_id>``); ``base``: another folder name kept the same way
+    (:data:`FINAL_DIR`)."""
+    main = Path(output_dir) / base
+    if not main.exists() or (read_best(output_dir, base) or {}).get("job_id") == job_id:
         return main
-    return main.with_name(f"{BEST_DIR}-{job_id or 'job'}")
+    return main.with_name(f"{base}-{job_id or 'job'}")
 
 
 def save_atomically(output_dir: str | os.PathLike, model: Any, tokenizer: Any,
@@ -103,6 +106,18 @@ def keep_best_copy(output_dir: str | os.PathLike, model: Any, tokenizer: Any, *,
         _say_whose(output_dir, folder, job_id, step, score, direction)
     return save_atomically(output_dir, model, tokenizer, {"job_id": job_id, "step": step, "score": score,
                                                           "direction": direction, "saved_at": time.time()},
+                           folder=folder.name)
+
+
+def keep_final_copy(output_dir: str | os.PathLike, model: Any, tokenizer: Any, *, job_id: str | None, step: int,
+                    reason: str) -> str:
+    """A stop before any scored eval (a manual stop before the first eval): keep the model as it is at
+    ``step`` in ``<output_dir>/evalstop-final`` (``evalstop-final-<job_id>`` when it holds another
+    job's), saved atomically with an ``evalstop.json`` whose ``score`` is None and ``reason`` says why it
+    was kept. It never goes to ``evalstop-best``: no eval scored it. Returns the folder's path."""
+    folder = best_folder(output_dir, job_id, FINAL_DIR)
+    return save_atomically(output_dir, model, tokenizer, {"job_id": job_id, "step": step, "score": None,
+                                                          "reason": reason, "saved_at": time.time()},
                            folder=folder.name)
 
 

@@ -311,6 +311,8 @@ class EvalStopSession:
     Attributes:
         decision: the latest decision (None before the first report).
         best_step, best_score, best_checkpoint: the best eval so far and where its model is kept.
+        final_checkpoint, nothing_kept: at a stop before any scored eval, where the model of the stop's
+            step is kept (set by the callback), or why nothing is; said by :meth:`stop_here`.
         history: this process's reports (``step``, ``eval_score``, ``train_loss``, ``proxy_reward``,
             ``checkpoint`` on a new best, ``eval_n`` and ``eval_noise`` for a per-example eval), oldest first.
         stopped_at: the step training stopped at, if it did.
@@ -329,6 +331,8 @@ class EvalStopSession:
         self.best_step: int | None = None
         self.best_score: float | None = None
         self.best_checkpoint: str | None = None
+        self.final_checkpoint: str | None = None
+        self.nothing_kept: str | None = None
         self.history: list[dict[str, Any]] = []
         self.stopped_at: int | None = None
         self.attempt = 0
@@ -518,11 +522,20 @@ class EvalStopSession:
         self.stopped_at = step
         if self.client is None:
             return
-        if not self._gave_up:
-            self._safely("acknowledge the stop", self.client.ack, self.job_id, self.best_checkpoint)
-        best = "none" if self.best_score is None else f"{self.best_score:.4g}"
+        if not self._gave_up:  # with the step trained to: the dashboard's last step of a job that ended
+            self._safely("acknowledge the stop", self.client.ack, self.job_id,
+                         self.best_checkpoint or self.final_checkpoint, step)
         log.warning("EvalStop: stopping at step %d: %s; best step %s (score %s), checkpoint %s", step,
-                    self.decision.reason if self.decision else "", self.best_step, best, self.best_checkpoint)
+                    self.decision.reason if self.decision else "", _shown(self.best_step),
+                    _shown(self.best_score), self._kept(step))
+
+    def _kept(self, step: int) -> str:
+        """The stop line's checkpoint: the best's, else the model kept at the stop, else none and why."""
+        if self.best_checkpoint is not None:
+            return self.best_checkpoint
+        if self.final_checkpoint is not None:
+            return f"{self.final_checkpoint} (the model at step {step}: no eval scored one)"
+        return f"none ({self.nothing_kept})" if self.nothing_kept else "none"
 
     def stop_after_external_eval(self, step: int, decided_at: int | None) -> None:
         """Training stops at ``step`` on a decision external evaluators made about ``decided_at``: record
@@ -533,8 +546,9 @@ class EvalStopSession:
             return
         self._safely("acknowledge the stop", self.client.ack, self.job_id, self.best_checkpoint, step)
         log.warning("EvalStop: stopping at step %d (stop lag %s steps after the deciding eval): %s; best step "
-                    "%s (score %s), snapshot %s", step, self.stop_lag, self.decision.reason if self.decision else "",
-                    self.best_step, self.best_score, self.best_checkpoint)
+                    "%s (score %s), snapshot %s", step, _shown(self.stop_lag),
+                    self.decision.reason if self.decision else "", _shown(self.best_step), _shown(self.best_score),
+                    _shown(self.best_checkpoint))
 
     # ------------------------------------------------------------------ what the trainer logs
     def eval_metrics(self, score: float | None, stop: bool, eval_n: int | None = None,
@@ -555,9 +569,8 @@ class EvalStopSession:
         """One log line per eval: step, score, best, declines and the decision's reason."""
         declines = self.eval_metrics(score, False).get("evalstop/declines")
         log.info("EvalStop step %d: score %s, best %s (step %s), declines %s, %s", step,
-                 "failed" if score is None else f"{score:.4g}",
-                 "none" if self.best_score is None else f"{self.best_score:.4g}", self.best_step,
-                 declines, self.decision.reason if self.decision else "")
+                 "failed" if score is None else f"{score:.4g}", _shown(self.best_score), _shown(self.best_step),
+                 _shown(declines), self.decision.reason if self.decision else "")
 
     def _safely(self, what: str, fn: Any, *args: Any) -> Any:
         """Call the client; a coordinator error is logged, never raised (fail-open)."""
@@ -566,6 +579,13 @@ class EvalStopSession:
         except EvalStopError as exc:
             log.warning("EvalStop: could not %s for job %s: %s", what, self.job_id, exc)
             return None
+
+
+def _shown(value: Any) -> str:
+    """A value of a log line: ``none`` when missing (one spelling), a score to 4 significant digits."""
+    if value is None:
+        return "none"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def free_job_id(client: Any, job_id: str) -> str:

@@ -95,6 +95,33 @@ def test_decline_reason_reads_like_a_sentence():
     assert d.best_step == 10 and d.best_score == 0.71
 
 
+@pytest.mark.parametrize(
+    "params, scores_noises, reasons",
+    [
+        # a fall of 0.02 within the noise threshold 1 x sqrt(2) x 0.05 = 0.07071 resets the count: the reason says why
+        ({}, [(0.7, 0.05), (0.68, 0.05)],
+         ["0 consecutive decline(s) of 2 (a decline must exceed the noise threshold 0.07071 = noise_z 1 × √2 × "
+          "eval noise 0.05)"] * 2),
+        ({"k": 1}, [(0.7, 0.01), (0.6, 0.01)],
+         ["0 consecutive decline(s) of 1 (a decline must exceed the noise threshold 0.01414 = noise_z 1 × √2 × "
+          "eval noise 0.01)",
+          "1 consecutive declines: 0.7 → 0.6 at step 20 (a decline must exceed the noise threshold 0.01414 = "
+          "noise_z 1 × √2 × eval noise 0.01)"]),
+        ({"min_delta": 0.2}, [(0.7, 0.01), (0.6, 0.01)],
+         ["0 consecutive decline(s) of 2 (a decline must exceed min_delta 0.2)"] * 2),
+        ({"direction": "min", "noise_z": 2.0}, [(1.0, 0.1)],
+         ["0 consecutive rise(s) of 2 (a rise must exceed the noise threshold 0.2828 = noise_z 2 × √2 × eval noise "
+          "0.1)"]),
+        ({}, [(0.7, None), (0.6, None)], ["0 consecutive decline(s) of 2", "1 consecutive decline(s) of 2"]),  # as before
+    ],
+)
+def test_a_per_example_evals_reason_names_the_noise_threshold_that_decided_it(params, scores_noises, reasons):
+    det = create_detector("decline", **params)
+    got = [det.observe(Observation("j", 10 * (i + 1), s, eval_n=None if noise is None else 32, eval_noise=noise)).reason
+           for i, (s, noise) in enumerate(scores_noises)]
+    assert got == reasons
+
+
 def test_stop_is_sticky():
     det = create_detector("decline", k=1)
     det.observe(Observation("j", 1, 0.5))

@@ -220,13 +220,24 @@ def test_a_heartbeat_flood_through_three_replicas_deadlocks_none(pg_dsn, tmp_pat
 
 
 def test_a_trainer_and_its_launcher_on_two_replicas_never_see_a_503(pg_dsn, tmp_path):
-    """Reports every 20 ms through one replica, the launcher's heartbeats every 50 ms through the other
-    (15 s): 23 of 599 reports and 34 of 260 heartbeats were 503s before; every one is answered now."""
+    """Reports every 20 ms through one replica, the launcher's heartbeats every 50 ms through the other:
+    23 of 599 reports and 34 of 260 heartbeats were 503s before; every one is answered now, and every
+    acknowledged report is stored. The soak runs in windows of 15 s (a fresh job each) until 300 reports
+    and 150 heartbeats raced (one window normally); a loaded machine takes more windows, never fails
+    for it. The rates themselves: ``scripts/soak_replicas.py`` and BENCHMARKS.md."""
     soak = _soak()
+    results: list = []
+    deadline = time.monotonic() + 600  # about 15 s normally
     with soak.Replicas(pg_dsn, 2, tmp_path) as reps:
-        result = soak.soak(reps.urls, reps.token("alice"), reps.token("bob"), seconds=15, flood_threads=0)
-    assert result.ok, result.table()
-    assert result.requests["trainer"] > 300 and result.requests["launcher"] > 150
+        while time.monotonic() < deadline and (sum(r.requests["trainer"] for r in results) < 300
+                                               or sum(r.requests["launcher"] for r in results) < 150):
+            results.append(soak.soak(reps.urls, reps.token("alice"), reps.token("bob"), seconds=15, flood_threads=0,
+                                     max_s=60.0, job_id=f"soak-{len(results)}"))
+    for r in results:  # behaviour, not speed: no refusal (no 503), nothing lost, every replica ready
+        assert not r.failures and not r.missing and not r.readyz_failures and r.acked > 0, r.table()
+        assert max(r.slowest.values()) <= r.max_s, r.table()  # 60 s: no request hung (normally well under 1 s)
+    raced = (sum(r.requests["trainer"] for r in results), sum(r.requests["launcher"] for r in results))
+    assert raced[0] >= 300 and raced[1] >= 150, f"only {raced} reports and heartbeats in {len(results)} windows"
 
 
 def test_identical_reports_through_both_replicas_are_both_answered(replicas):

@@ -482,3 +482,39 @@ def test_the_session_module_loads_no_training_stack():
             "print(','.join(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == ""
+
+
+def test_the_eval_line_names_the_noise_threshold_and_every_line_spells_a_missing_value_none(caplog):
+    coord = Coordinator()
+    session = _session(coord, "noisy")
+    with caplog.at_level(logging.INFO, "evalstop.callback"):
+        for step, score in ((10, 0.7), (20, 0.68)):
+            session.report(step, score, eval_n=32, eval_noise=0.05)
+            session.log_eval(step, score)
+        session.report(30, None)
+        session.log_eval(30, None)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("EvalStop step")]
+    assert lines[1] == ("EvalStop step 20: score 0.68, best 0.7 (step 10), declines 0, 0 consecutive decline(s) "
+                        "of 2 (a decline must exceed the noise threshold 0.07071 = noise_z 1 × √2 × eval noise 0.05)")
+    assert lines[2].startswith("EvalStop step 30: score failed, best 0.7 (step 10), declines 0, ")
+
+    early = _session(coord, "early")  # stopped by hand before any eval: nothing known, one spelling
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "evalstop.callback"):
+        early.decision = coord.stop("local", "early", "by hand").decision
+        early.log_eval(5, None)
+        early.stop_here(5)
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == "EvalStop step 5: score failed, best none (step none), declines none, manual stop by " \
+                      "tenant:local: by hand"
+    assert said[-1] == "EvalStop: stopping at step 5: manual stop by tenant:local: by hand; best step none (score " \
+                       "none), checkpoint none"
+    assert "None" not in caplog.text
+
+
+def test_the_stop_is_acknowledged_with_the_step_training_stopped_at():
+    coord = Coordinator()
+    session = _session(coord, "acked")
+    assert _run(session, HACKED) == 40
+    ack = [a for a in coord.audit("local", "acked") if a.kind.value == "ack"]
+    assert len(ack) == 1 and ack[0].evidence["step"] == 40 and ack[0].evidence["stop_lag"] == 0

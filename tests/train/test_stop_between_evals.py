@@ -58,3 +58,49 @@ def test_a_manual_stop_reaches_the_trainer_within_one_heartbeat(store, tmp_path,
     assert view.status == "stopped" and view.acked
     assert [a.kind.value for a in audit][-2:] == ["manual_stop", "ack"]
     assert any(h.get("evalstop/stop") == 1 and h["step"] == 13 for h in run.log_history)
+
+
+def _stop_before_the_first_eval(tmp_path, caplog, save_best=True, **callback_kwargs):
+    """A real tiny GRPO run (evals every 100 steps) stopped by hand at step 6, before its first eval."""
+    import logging
+
+    coord = Coordinator(SQLiteStore(tmp_path / "evalstop.db"), lease_s=300)
+    stop = lambda: coord.stop("local", "early", "wrong dataset", actor="alice")  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="evalstop"):
+        run = run_tiny("grpo", "hacked", output_dir=tmp_path / "run", max_steps=40, eval_every=100,
+                       coordinator=coord, job_id="early", callbacks=[StopByHand(stop, 6)], save_best=save_best,
+                       callback_kwargs={"heartbeat_s": 1e-3, **callback_kwargs})
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("EvalStop: stopping at step"))
+    return run, coord.status("local", "early"), line
+
+
+def test_a_manual_stop_before_the_first_eval_keeps_the_model_at_the_stop(tmp_path, caplog):
+    import json
+
+    run, view, line = _stop_before_the_first_eval(tmp_path, caplog)
+    final = tmp_path / "run" / "trainer" / "evalstop-final"
+    assert (run.stopped_at, run.best_step, run.best_checkpoint) == (7, None, None)
+    assert run.callback.session.final_checkpoint == str(final)
+    info = json.loads((final / "evalstop.json").read_text())
+    assert (info["job_id"], info["step"], info["score"]) == ("early", 7, None)
+    assert (final / "model.safetensors").exists() and (final / "tokenizer.json").exists()
+    assert not (tmp_path / "run" / "trainer" / "evalstop-best").exists()  # no eval scored it: not a "best"
+    assert view.status == "stopped" and view.acked and view.best_checkpoint == str(final)
+    assert line.endswith(f"best step none (score none), checkpoint {final} (the model at step 7: no eval scored one)")
+    assert "None" not in line
+
+
+@pytest.mark.parametrize(("kwargs", "kept"), [({"keep_best": "checkpoint"}, "checkpoint-7"),
+                                              ({"save_best": False}, None)])
+def test_a_manual_stop_before_the_first_eval_keeps_the_trainers_checkpoint_or_says_why_not(tmp_path, caplog,
+                                                                                          kwargs, kept):
+    run, view, line = _stop_before_the_first_eval(tmp_path, caplog, **kwargs)
+    assert run.stopped_at == 7
+    if kept:
+        assert (tmp_path / "run" / "trainer" / kept / "model.safetensors").exists()
+        assert line.endswith(f"checkpoint {tmp_path / 'run' / 'trainer' / kept} (the model at step 7: no eval "
+                             "scored one)")
+        assert view.best_checkpoint == str(tmp_path / "run" / "trainer" / kept)
+    else:
+        assert line.endswith("checkpoint none (no eval scored a model and save_best=False)")
+        assert not (tmp_path / "run" / "trainer" / "evalstop-final").exists()

@@ -6,11 +6,12 @@ import {
 } from "./api.js";
 import { drawJobChart, legendItems, legendSwatch } from "./chart.js";
 import { compareView, parseCompareHash } from "./compare.js";
-import { $, describeMap, h, isShadow, mark, statusBadge } from "./dom.js";
+import { $, describeMap, describeMapItems, h, isShadow, mark, statusBadge } from "./dom.js";
 import { jobsView, parseListHash } from "./list.js";
 import { openAction, setupActionDialog, updateActionButtons } from "./ops.js";
 import {
-  AUDIT_LABELS, TERMINAL, describePolicy, fmtNum, fmtStep, fmtTime, fmtValue, fullValue, stopEvidence, stopStep,
+  AUDIT_LABELS, TERMINAL, describePolicy, fmtClock, fmtNum, fmtStep, fmtTime, fmtValue, fullValue, lastStepText,
+  stopEvidence, stopStep,
 } from "./util.js";
 
 const POLL_MS = 2000;
@@ -64,7 +65,7 @@ async function tick() {
 
 function setLive(ok, text = null) {
   $("live-state").classList.toggle("stale", !ok);
-  $("live-text").textContent = text || (ok ? `Live \u00b7 updated ${new Date().toLocaleTimeString()}` : "Reconnecting\u2026");
+  $("live-text").textContent = text || (ok ? `Live \u00b7 updated ${fmtClock(Date.now() / 1000)}` : "Reconnecting\u2026");
   if (ok) banner(null);
 }
 
@@ -165,6 +166,16 @@ function fact(dl, term, value, title = null) {
   const div = h("div");
   div.appendChild(h("dt", {}, term));
   div.appendChild(h("dd", title && title !== value ? { title } : {}, value));
+  dl.appendChild(div);
+}
+
+// A mapping (tags, hyperparameters) as a fact of the whole row, its items never broken mid-word.
+function mapFact(dl, term, map) {
+  const div = h("div", { class: "wide" });
+  div.appendChild(h("dt", {}, term));
+  const dd = h("dd", { title: describeMap(map, { full: true }) });
+  dd.appendChild(describeMapItems(map));
+  div.appendChild(dd);
   dl.appendChild(div);
 }
 
@@ -277,15 +288,13 @@ function jobView(id) {
     fact(dl, "Type", j.job_type);
     if (isShadow(j)) fact(dl, "Mode", "shadow: the detector decides, nothing is stopped");
     if (j.would_stop_step !== null && j.would_stop_step !== undefined) fact(dl, "Would have stopped", `at step ${fmtStep(j.would_stop_step)}`);
-    if (j.tags && Object.keys(j.tags).length) fact(dl, "Tags", describeMap(j.tags), describeMap(j.tags, { full: true }));
-    if (j.hparams && Object.keys(j.hparams).length) {
-      fact(dl, "Hyperparameters", describeMap(j.hparams), describeMap(j.hparams, { full: true }));
-    }
     fact(dl, "Detector", describePolicy(j.policy));
-    fact(dl, "Last step", fmtStep(j.last_step) + (j.planned_steps ? ` of ${fmtStep(j.planned_steps)} planned` : ""));
+    fact(dl, "Last step", lastStepText(j, audit));
     fact(dl, "Reports", fmtStep(j.n_reports));
     fact(dl, "Best", j.best_step === null ? "\u2014" : `${fmtNum(j.best_score)} at step ${fmtStep(j.best_step)}`);
     if (j.status === "stopped") fact(dl, "Stop acknowledged", j.acked ? "yes" : "not yet");
+    if (j.tags && Object.keys(j.tags).length) mapFact(dl, "Tags", j.tags);
+    if (j.hparams && Object.keys(j.hparams).length) mapFact(dl, "Hyperparameters", j.hparams);
     const d = j.decision;
     const act = $("decision-action");
     act.className = `badge action-${d ? d.action : "none"}`;

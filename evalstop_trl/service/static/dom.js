@@ -35,6 +35,18 @@ export function describeMap(map, { full = false } = {}) {
   return Object.keys(map).sort().map((k) => `${k}=${show(k, map[k])}`).join(", ");
 }
 
+// describeMap as nodes: each "key=value" an unbreakable item (a line breaks only between items; an item
+// wider than the whole line wraps inside it, never past its column), ", " between them.
+export function describeMapItems(map) {
+  const out = document.createDocumentFragment();
+  if (!map || typeof map !== "object") return out;
+  Object.keys(map).sort().forEach((k, i) => {
+    if (i) out.appendChild(document.createTextNode(", "));
+    out.appendChild(h("span", { class: "map-item" }, `${k}=${fmtValue(k, map[k])}`));
+  });
+  return out;
+}
+
 // performance marks for scripts/bench_dashboard.py (one of each name is kept)
 export function mark(name) {
   performance.clearMarks(name);

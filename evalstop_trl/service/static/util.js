@@ -23,6 +23,27 @@ export function fmtTime(epochSeconds) {
     `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
+// The clock time of a moment, 24-hour like fmtTime ("23:05:09"): the dashboard never shows AM/PM.
+export function fmtClock(epochSeconds) {
+  return typeof epochSeconds === "number" ? fmtTime(epochSeconds).slice(11) : "\u2014";
+}
+
+// The "Last step" of a job's facts. A job that ended says the step it trained to when its stop's
+// acknowledgement names one (training goes on past the deciding eval, e.g. with external evals),
+// else its last report's step; one that ended without any says so instead of a bare dash.
+export function lastStepText(job, audit) {
+  const ack = TERMINAL.has(job.status) ? (audit || []).find((a) => a.kind === "ack") : null;
+  const acked = ack && ack.evidence && Number.isInteger(ack.evidence.step) ? ack.evidence.step : null;
+  const step = acked !== null && (job.last_step === null || job.last_step === undefined || acked > job.last_step)
+    ? acked : job.last_step ?? null;
+  const planned = job.planned_steps ? fmtStep(job.planned_steps) : null;
+  if (step === null) {
+    if (TERMINAL.has(job.status)) return `none reported: it ended before its first report${planned ? ` (${planned} planned)` : ""}`;
+    return planned ? `\u2014 of ${planned} planned` : "\u2014";
+  }
+  return fmtStep(step) + (planned ? ` of ${planned} planned` : "");
+}
+
 // A value named as a time (`at`, `*_at`, `last_seen`) that is a plausible epoch in seconds (1973 to
 // 5138): such a number is a moment, shown with fmtTime, never as 1.80e+9. A step named `*_at` stays a number.
 const TIME_KEY = /^(at|last_seen)$|_at$/;

@@ -1,0 +1,37 @@
+"""``evalstop evaluate --db``: a real subprocess refuses a database that is not there (it created an
+empty file and waited for snapshots forever). Scoring from an existing one: tests/train/test_evaluator.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+FN = "evalstop_trl.train.tiny:gold_hacked"
+
+
+def _evaluate(tmp_path, db: str) -> subprocess.CompletedProcess:
+    # a hang (the bug) ends the test with TimeoutExpired, far from a normal answer (about a second)
+    return subprocess.run([sys.executable, "-m", "evalstop_trl", "evaluate", "--db", db, "--fn", FN,
+                           "--root", str(tmp_path), "--max-evals", "1"], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("where", ["missing", "folder"])
+def test_evaluate_refuses_a_database_that_is_not_there_and_creates_nothing(tmp_path, where):
+    pytest.importorskip("torch")
+    run = tmp_path / "run"
+    run.mkdir()
+    db = run / "evalstop.db"
+    given = str(tmp_path / "evalstop.db") if where == "missing" else str(run)  # the folder above the run's
+    out = _evaluate(tmp_path, given)
+    assert out.returncode == 2, out.stderr
+    if where == "missing":
+        assert out.stderr.strip() == (f"evalstop evaluate: error: no database at {given}: pass the file that "
+                                      "exists (the callback writes <output_dir>/evalstop.db; `evalstop serve --db` "
+                                      "the one it was given), or --url for a running coordinator")
+        assert not (tmp_path / "evalstop.db").exists()
+    else:
+        assert f"--db {given} is a folder, not a database: pass the evalstop.db in it ({db})" in out.stderr
+    assert not db.exists()
+
