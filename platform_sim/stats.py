@@ -96,7 +96,8 @@ def _rate_stat(name: str) -> Callable[[np.ndarray], np.ndarray]:
     def stat(x: np.ndarray) -> np.ndarray:
         tp, fp_a, fp_b, hacked, healthy, _ = np.moveaxis(x.sum(axis=1), -1, 0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return {"precision": tp / (tp + fp_b), "recall": tp / hacked, "fpr": fp_b / healthy}[name]
+            return {"precision": tp / (tp + fp_b), "recall": tp / hacked, "fpr": fp_b / healthy,
+                    "fpr_label": fp_a / healthy, "precision_label": tp / (tp + fp_a)}[name]
     return stat
 
 
@@ -128,6 +129,9 @@ class Rates:
     precision_ci: CI
     recall_ci: CI
     fpr_ci: CI
+    #: healthy jobs stopped at all (any stop, harmful or not) and the precision that counts every such stop
+    fpr_label_ci: CI | None = None
+    precision_label_ci: CI | None = None
 
     @classmethod
     def pool(cls, per_seed: Sequence[Detection]) -> Rates:
@@ -135,7 +139,8 @@ class Rates:
         for d in per_seed:
             total = total + d
         rows = [astuple(d) for d in per_seed]
-        return cls(total, *(bootstrap_ci(rows, _rate_stat(k)) for k in ("precision", "recall", "fpr")))
+        return cls(total, *(bootstrap_ci(rows, _rate_stat(k)) for k in ("precision", "recall", "fpr", "fpr_label",
+                                                                         "precision_label")))
 
     @property
     def precision(self) -> float | None:
@@ -165,7 +170,8 @@ class Rates:
     def to_dict(self) -> dict[str, Any]:
         return {"precision": self.precision, "recall": self.recall, "fpr": self.fpr, "fpr_label": self.fpr_label,
                 "precision_label": self.precision_label, "precision_ci": self.precision_ci,
-                "recall_ci": self.recall_ci, "fpr_ci": self.fpr_ci, "counts": self.counts.to_dict()}
+                "recall_ci": self.recall_ci, "fpr_ci": self.fpr_ci, "fpr_label_ci": self.fpr_label_ci,
+                "precision_label_ci": self.precision_label_ci, "counts": self.counts.to_dict()}
 
 
 def rates_by_type(per_seed: Sequence[dict[str, Detection]]) -> dict[str, Rates]:

@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| precision / recall / FPR (B) | {_pct(rates.precision)} / {_pct(rates.recall)} / {_pct(rates.fpr)} | "
           f"P {_pct(rates.precision_ci[0])}-{_pct(rates.precision_ci[1])}, R {_pct(rates.recall_ci[0])}-"
           f"{_pct(rates.recall_ci[1])} | harmful stops {rates.harmful_stops} |")
+    print(f"| precision counting any stop / healthy jobs stopped at all | {_pct(rates.precision_label)} / "
+          f"{_pct(rates.fpr_label)} | {_pct(rates.precision_label_ci[0])}-{_pct(rates.precision_label_ci[1])}, "
+          f"{_pct(rates.fpr_label_ci[0])}-{_pct(rates.fpr_label_ci[1])} |")
     print("\n| detector | sigma | evals | precision [95%] | recall [95%] | retention [95%] | harmful stops |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

@@ -369,10 +369,12 @@ def _seen_again(state: JobState, now: float, how: str) -> AuditRecord:
 
 def _heartbeat(state: JobState, cmd: Heartbeat) -> Step:
     record = state.record
-    if record.status.terminal or (record.status is not JobStatus.LOST and cmd.now - state.last_seen < cmd.fresh_s):
+    # a heartbeat says the job's process runs: a pending job (no report yet) is running from its first one
+    waking = record.status in (JobStatus.LOST, JobStatus.PENDING)
+    if record.status.terminal or (not waking and cmd.now - state.last_seen < cmd.fresh_s):
         return Step(state, state.current())
     audit = _seen_again(state, cmd.now, f"heartbeat from {cmd.actor}") if record.status is JobStatus.LOST else None
-    new_record = record.evolve(status=JobStatus.RUNNING if record.status is JobStatus.LOST else record.status, last_seen=cmd.now)
+    new_record = record.evolve(status=JobStatus.RUNNING if waking else record.status, last_seen=cmd.now)
     new = state._replace(record=new_record, version=state.version + 1)
     return Step(new, new.current(), Commit(new_record, None, () if audit is None else (audit,), (), state.version))
 

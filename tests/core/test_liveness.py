@@ -182,21 +182,25 @@ def test_two_replicas_reviving_at_once_pass_the_quota_once(pg_dsn):
 
 def test_frequent_heartbeats_write_once_per_eighth_of_a_lease_and_answer_the_jobs_status(make):
     """A trainer beats every few seconds to learn a stop between evals (issue 27): a heartbeat within
-    lease / 8 of the job's last sign of life writes nothing, and the lease still holds."""
+    lease / 8 of the job's last sign of life writes nothing, and the lease still holds. The first heartbeat
+    of a job registered before its first report makes it running (``evalstop status`` showed a training
+    job as pending until its first eval)."""
     clock = Clock()
     c = make(clock, lease_s=80)  # fresh for 10 s
     c.register_job("acme", "j", "grpo", 100)
+    clock.t += 1
+    assert c.heartbeat("acme", "j").status == "running"  # the first beat: the job's process runs (one write)
     version = c.state("acme", "j").version
-    for _ in range(9):  # every second for 9 s: nothing written
+    for _ in range(8):  # every second for 8 s more: nothing written
         clock.t += 1
-        assert c.heartbeat("acme", "j").status == "pending"
+        assert c.heartbeat("acme", "j").status == "running"
     assert c.state("acme", "j").version == version
-    clock.t += 2  # 11 s since the registration: one write
+    clock.t += 3  # 11 s since the first beat: one write
     c.heartbeat("acme", "j")
     assert c.state("acme", "j").version == version + 1 and c.status("acme", "j").last_seen == clock.t
     clock.t += 9
     c.heartbeat("acme", "j")  # not written: the job was seen 9 s ago
     clock.t += 79  # 88 s after the last write, 79 s after the last heartbeat: within the lease
-    assert c.sweep() == [] and c.status("acme", "j").status == "pending"
+    assert c.sweep() == [] and c.status("acme", "j").status == "running"
     c.stop("acme", "j", "by hand")
     assert c.heartbeat("acme", "j").status == "stopped"  # the answer says so at once
