@@ -126,26 +126,42 @@ def plot_reproduce(res: ReproduceResult, out: str | Path) -> list[Path]:
 
 
 def plot_detectors(rows: Sequence[DetectorRow], path: str | Path) -> Path:
-    """Precision vs oracle retention per detector: one line per detector through its settings
-    (eval noise sigma / evals per job); marker size grows with the noise."""
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    """Precision vs oracle retention per detector: one line per detector through its settings; marker
+    size gives the eval noise sigma, squares 20 evals per job. Two panels (all, and the crowded band of
+    precision >= 0.9) and legends outside the axes, so no label covers a point."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [1, 1]})
     names = list(dict.fromkeys(r.detector for r in rows))
-    for i, name in enumerate(names):
-        pts = [r for r in rows if r.detector == name and r.rates.precision is not None and r.retention is not None]
-        if not pts:
-            continue
-        color = f"C{i % 10}"
-        ax.plot([r.retention for r in pts], [r.rates.precision for r in pts], "-", c=color, alpha=0.4)
-        for r in pts:
-            marker = "s" if r.evals_per_job != 10 else "o"
-            ax.scatter(r.retention, r.rates.precision, s=20 + 400 * r.sigma, marker=marker, c=color,
-                       label=name if r is pts[0] else None, edgecolors="k", linewidths=0.4)
-            ax.annotate(f"{r.sigma}/{r.evals_per_job}", (r.retention, r.rates.precision), fontsize=6,
-                        xytext=(3, 3), textcoords="offset points")
-    ax.axhline(0.98, ls=":", c="grey")
-    ax.axvline(0.70, ls=":", c="grey")
-    ax.set_xlabel("retention (GPU-h saved on hacked jobs / the oracle's)")
-    ax.set_ylabel("precision (definition B)")
-    ax.set_title("Detectors: precision vs retention (label: sigma/evals per job; squares: 20 evals)")
-    ax.legend(fontsize=8, loc="lower left")
-    return _save(fig, path)
+    for ax in axes:
+        for i, name in enumerate(names):
+            pts = [r for r in rows if r.detector == name and r.rates.precision is not None and r.retention is not None]
+            if not pts:
+                continue
+            color = f"C{i % 10}"
+            ax.plot([r.retention for r in pts], [r.rates.precision for r in pts], "-", c=color, alpha=0.4)
+            for r in pts:
+                ax.scatter(r.retention, r.rates.precision, s=20 + 400 * r.sigma, c=color, edgecolors="k",
+                           marker="s" if r.evals_per_job != 10 else "o", linewidths=0.4,
+                           label=name if (r is pts[0] and ax is axes[0]) else None)
+        ax.axhline(0.98, ls=":", c="grey")
+        ax.axvline(0.70, ls=":", c="grey")
+        ax.set_xlabel("retention (GPU-h saved on hacked jobs / the oracle's)")
+    axes[0].set_ylabel("precision (definition B)")
+    axes[0].set_title("all settings")
+    precisions = [r.rates.precision for r in rows if r.rates.precision is not None]
+    axes[1].set_ylim(0.9, 1.0 + 0.005 if not precisions else max(1.0, max(precisions)) + 0.005)
+    axes[1].set_title("precision >= 0.9")
+    sizes = sorted({r.sigma for r in rows})
+    keys = [axes[1].scatter([], [], s=20 + 400 * sg, c="white", edgecolors="k", label=f"sigma {sg}") for sg in sizes]
+    keys.append(axes[1].scatter([], [], s=40, marker="s", c="white", edgecolors="k", label="20 evals per job"))
+    zoomed = [r.retention for r in rows if r.rates.precision is not None and r.rates.precision >= 0.9
+              and r.retention is not None]
+    if zoomed:
+        axes[1].set_xlim(min(zoomed) - 0.03, max(zoomed) + 0.03)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="upper right", bbox_to_anchor=(0.995, 0.9), title="detector")
+    fig.legend(handles=keys, fontsize=8, loc="lower right", bbox_to_anchor=(0.995, 0.1), title="setting")
+    fig.suptitle("Detectors: precision vs retention")
+    fig.tight_layout(rect=(0, 0, 0.85, 0.95))
+    fig.savefig(path, dpi=110)  # not _save: its tight_layout would pull the axes under the figure's legends
+    plt.close(fig)
+    return Path(path)
