@@ -103,7 +103,8 @@ def _cmd_run_salted(args: argparse.Namespace) -> int:
     print(run_table(res.result))
     trace = _print_trace(cfg, args, None)
     _print_corpus(cfg)
-    dropped = "dropped its capabilities" if res.hardened else "could not drop its capabilities"
+    dropped = ("is walled in (no capabilities, writes only to its scratch folder, no new processes)" if res.hardened
+               else "could not be walled in (no Landlock here: it may write files; see docs/simulator.md)")
     mode = f"sealed ({res.overlay} in its own process, which {dropped})" if res.sealed else "in-process"
     print(f"{mode}; salt {hex(res.salt)} (reproduce with --salt {hex(res.salt)})")
     print(f"({time.perf_counter() - t0:.1f} s)")

@@ -284,38 +284,6 @@ def _protocol_fd() -> int:
     raise LookupError("no protocol fd")
 
 
-class Forker(DetectorOverlay):
-    """At its first eval forks a grandchild that leaves the child's session (out of reach of the
-    process-group kill) and would outlive the run; ``marker`` says what happened: ``marker`` holds
-    the grandchild's pid, ``marker.refused`` the error of a refused fork."""
-
-    def __init__(self, marker: str) -> None:
-        super().__init__("decline", {"k": 2}, "all", name="forker")
-        self.marker, self.tried = marker, False
-
-    def on_eval_id(self, job_id, step, score, loss, proxy):
-        if not self.tried:
-            self.tried = True
-            try:
-                pid = os.fork()
-            except OSError as exc:
-                import threading
-
-                worker = threading.Thread(target=lambda: None)
-                worker.start()  # threads still start
-                worker.join()
-                with open(self.marker + ".refused", "w") as fh:
-                    fh.write(f"{exc}; a thread ran")
-                return False
-            if pid == 0:
-                os.setsid()
-                with open(self.marker, "w") as fh:
-                    fh.write(str(os.getpid()))
-                time.sleep(30)
-                os._exit(0)
-        return False
-
-
 class Broken(DetectorOverlay):
     """Misbehaves at its first eval in the way ``how`` says (crash, hang, raise, oversized, shape, noise,
     truthy), or at every eval (slow)."""

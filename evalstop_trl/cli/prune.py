@@ -5,8 +5,10 @@
 A job is pruned when it is stopped, finished, failed or lost and was last updated more than
 ``DAYS`` days ago; its reports, snapshots (evals) and webhook deliveries go with it, in one
 transaction. The audit log is append-only (it is the record of every stop) and kept unless
-``--audit-older-than`` gives it a retention too: then the audit lines older than that of the jobs no
-longer stored (pruned now or before, or deleted) go in the same transaction; a live job's lines stay.
+``--audit-older-than`` gives it a retention too: then the audit lines older than that go in the same
+transaction, all of those of the jobs no longer stored (pruned now or before, or deleted), and of a
+stored job all but its newest line of each kind (its stop, its ack, its latest amendment stay while
+the job does), so a job id kept alive cannot keep a flood of old lines.
 The store's append-only guard lets only this transaction delete audit lines. Run it
 while no ``evalstop serve`` uses a SQLite file (a running server keeps the jobs it loaded until it
 restarts); on PostgreSQL, restart the replicas afterwards for the same reason.
@@ -46,7 +48,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
               f"{f' (tenant {args.tenant})' if args.tenant else ''}: {counts.reports} report(s), {counts.evals} "
               f"snapshot(s), {counts.deliveries} webhook delivery(ies); "
               + ("the audit log is kept" if audit_days is None else
-                 f"{counts.audit} audit line(s) over {audit_days:g} day(s) old of jobs no longer stored"))
+                 f"{counts.audit} audit line(s) over {audit_days:g} day(s) old (a stored job keeps its newest of each kind)"))
     return 0
 
 
@@ -56,8 +58,8 @@ def add_prune_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--older-than", type=float, required=True, metavar="DAYS",
                    help="prune stopped/finished/failed/lost jobs last updated more than DAYS days ago")
     p.add_argument("--audit-older-than", type=float, metavar="DAYS",
-                   help="also delete the audit lines older than DAYS days of jobs no longer stored (default: keep "
-                        "the audit log whole)")
+                   help="also delete the audit lines older than DAYS days (a stored job keeps its newest line of "
+                        "each kind; default: keep the audit log whole)")
     p.add_argument("--tenant", help="only this tenant's jobs")
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
     p.add_argument("--json", action="store_true")

@@ -309,7 +309,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 #: every quota (core.records.Quotas) as a flag --max-jobs ... and a variable EVALSTOP_MAX_JOBS ...
 _QUOTA_FLAGS = {"max_active_jobs": int, "max_reports_per_job": int, "report_rate": float, "report_burst": int,
                 "max_jobs": int, "max_reports_per_tenant": int, "max_events_per_job": int,
-                "max_snapshots_per_job": int, "event_rate": float, "event_burst": int, "default_mode": str}
+                "max_snapshots_per_job": int, "event_rate": float, "event_burst": int, "default_mode": str,
+                "audit_rate": float, "audit_burst": int, "audit_bytes_rate": float, "audit_bytes_burst": int,
+                "max_audit_bytes": int}
 
 
 def _add_quota_flags(p: argparse.ArgumentParser, what: str) -> None:
@@ -330,6 +332,14 @@ def _add_quota_flags(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--event-rate", type=float, help=f"{what}: launcher events, snapshots and registration amendments "
                    "per second per tenant, beyond it 429 (env EVALSTOP_EVENT_RATE; default 50)")
     p.add_argument("--event-burst", type=int, help=f"{what} (env EVALSTOP_EVENT_BURST; default 500)")
+    p.add_argument("--audit-rate", type=float, help=f"{what}: audit lines a tenant's own requests write per second "
+                   "(fail, stop, ack, events, amendments, deletions), beyond it 429 (env EVALSTOP_AUDIT_RATE; default 20)")
+    p.add_argument("--audit-burst", type=int, help=f"{what} (env EVALSTOP_AUDIT_BURST; default 2000)")
+    p.add_argument("--audit-bytes-rate", type=float, help=f"{what}: those lines' bytes per second "
+                   "(env EVALSTOP_AUDIT_BYTES_RATE; default 10000)")
+    p.add_argument("--audit-bytes-burst", type=int, help=f"{what} (env EVALSTOP_AUDIT_BYTES_BURST; default 1000000)")
+    p.add_argument("--max-audit-bytes", type=int, help=f"{what}: the tenant's stored audit bytes, past it 429 until "
+                   "retention reclaims them (env EVALSTOP_MAX_AUDIT_BYTES; default 268435456)")
     p.add_argument("--default-mode", choices=("enforce", "shadow"),
                    help=f"{what}: the mode of jobs registered without policy.mode; shadow records 'would stop' "
                    "and never stops a job (env EVALSTOP_DEFAULT_MODE; default enforce)")

@@ -1,6 +1,6 @@
 """Per-key token buckets: the rate limits of the coordinator (launcher events, snapshots and
-registration amendments per tenant) and of the service's guard (reports, listings, unauthenticated
-requests per address)."""
+registration amendments per tenant; audit lines and their bytes per tenant) and of the service's
+guard (reports, listings, unauthenticated requests per address)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,24 @@ class TokenBuckets:
                 return 0.0
             self._state[key] = (tokens, now)
             return (cost - tokens) / rate
+
+    def spend(self, key: str, rate: float, burst: int, cost: float) -> None:
+        """Take ``cost`` tokens whether or not they are there: what must be written anyway (a line the
+        coordinator writes on its own) still counts; the debt is at most ``burst``."""
+        now = self.clock()
+        with self._lock:
+            tokens, last = self._state.get(key, (float(burst), now))
+            tokens = min(float(burst), tokens + (now - last) * rate)
+            if key not in self._state and len(self._state) >= self.max_keys:
+                self._state.clear()
+            self._state[key] = (max(-float(burst), tokens - cost), now)
+
+    def give(self, key: str, burst: int, cost: float) -> None:
+        """Put back ``cost`` tokens taken for a write that was then refused for another reason."""
+        with self._lock:
+            if key in self._state:
+                tokens, last = self._state[key]
+                self._state[key] = (min(float(burst), tokens + cost), last)
 
     def wait(self, key: str, rate: float, burst: int) -> float:
         """The seconds until one token is available (0 if one is), taking nothing."""

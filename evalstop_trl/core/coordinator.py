@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -120,6 +121,20 @@ def _check_reason(reason: Any) -> None:
 StopListener = Callable[[JobRecord, Decision], None]
 
 
+def _nothing() -> None:
+    """No tokens to put back."""
+
+
+class _AuditUse:
+    """A tenant's audit quotas and the bytes of its stored audit lines, as this process last read
+    them (outside any lock: a command under a job's lock never reads the store)."""
+
+    __slots__ = ("quotas", "stored", "counted_at")
+
+    def __init__(self, quotas: Quotas, stored: int, counted_at: float) -> None:
+        self.quotas, self.stored, self.counted_at = quotas, stored, counted_at
+
+
 class WouldBlock(Exception):
     """:meth:`Coordinator.submit_report` with ``nonblocking=True`` would have to read the store
     (the job is not in memory, or the store is shared): call it again from a worker thread."""
@@ -199,6 +214,9 @@ class Coordinator:
         self._stop_listeners: list[StopListener] = []
         self._report_limits: dict[str, int] = {}  # tenant -> max_reports_per_tenant, read at registration
         self._events = TokenBuckets()  # each tenant's event_rate: launcher events, snapshots, amendments
+        self._audit_lines, self._audit_bytes = TokenBuckets(), TokenBuckets()  # each tenant's audit budget
+        self._audit: dict[str, _AuditUse] = {}  # tenant -> its audit quotas and stored bytes (see _audit_count)
+        self._audit_lock = threading.Lock()  # a tenant's jobs add to its count under their own locks
         self.started_at = clock() if outage_grace else float("-inf")
         if lease_s is not None:
             self.sweep()
@@ -214,7 +232,8 @@ class Coordinator:
         With a shared store a job has at most one write in flight per replica: the command waits
         (holding no lock) until the previous one landed, so no write is ever computed on a write the
         store refused (whose version number another replica's write may have taken). ``guard(slot)``
-        runs under the job's lock just before the command is computed (a per-job quota)."""
+        runs under the job's lock once the command is computed, just before its write is queued (a
+        per-job quota), after the tenant's audit budget took the write's audit lines."""
         shared, jobs = self.jobs.shared, self.jobs
         while True:
             if shared:
@@ -229,10 +248,10 @@ class Coordinator:
                     raise NotFound(f"no job {slot.head.record.job_id!r} for tenant {slot.head.record.tenant!r}")
                 if shared and not slot.landed:
                     continue  # another command queued a write meanwhile (or it failed): wait for it
-                if guard is not None:
-                    guard(slot)
-                out = step(slot.head, command)
+                out = step(slot.head, command)  # pure: nothing changes until the write is queued below
                 if out.commit is None:
+                    if guard is not None:
+                        guard(slot)
                     return out, slot.ticket  # nothing to write: answered once earlier writes are durable
                 r = slot.head.record
                 revive = None
@@ -243,6 +262,13 @@ class Coordinator:
                     if not shared and jobs.active(r.tenant) >= quotas.max_active_jobs:
                         raise QuotaExceeded(revival_refused(r.tenant, r.job_id, jobs.active(r.tenant),
                                                             quotas.max_active_jobs))
+                refund = self._audit_budget(r.tenant, out.commit.audit)  # before any count moves
+                try:
+                    if guard is not None:
+                        guard(slot)
+                except QuotaExceeded:
+                    refund()
+                    raise
                 ticket = jobs.commit(out.commit, r.tenant, r.job_id, revive)
                 slot.push(out.state, ticket)
             return out, ticket
@@ -340,6 +366,7 @@ class Coordinator:
                 amend = Amend(changes, f"tenant:{tenant}", self.clock())
         if existing is not None:
             self._event_budget(tenant, "registration amendments")
+            self._audit_count(tenant)
             out, ticket = self._run(existing, amend, self._counted(tenant, job_id, existing))
             self._settle(ticket, tenant, job_id)
             return out.state, False
@@ -435,6 +462,7 @@ class Coordinator:
     def stop(self, tenant: str, job_id: str, reason: str = "", actor: str | None = None) -> JobView:
         """Stop a job by hand (idempotent for a job already stopped)."""
         _check_reason(reason)
+        self._audit_count(tenant)
         return self._command(tenant, job_id, Stop(reason, actor or f"tenant:{tenant}", self.clock())).state.view()
 
     def ack(self, tenant: str, job_id: str, checkpoint: str | None = None, step: int | None = None) -> JobView:
@@ -443,6 +471,7 @@ class Coordinator:
         check_checkpoint(checkpoint)
         if step is not None:
             check_report(step)
+        self._audit_count(tenant)
         return self._command(tenant, job_id, Ack(checkpoint, step, self.clock())).state.view()
 
     def finish(self, tenant: str, job_id: str) -> JobView:
@@ -453,6 +482,7 @@ class Coordinator:
         """Mark a job failed (its trainer crashed), so no job stays "running" forever. A job that is
         already stopped, finished or failed stays as it is."""
         _check_reason(reason)
+        self._audit_count(tenant)
         return self._command(tenant, job_id, Fail(reason, f"job:{job_id}", self.clock())).state.view()
 
     def record_event(self, tenant: str, job_id: str, kind: str, reason: str = "", exit_code: int | None = None) -> None:
@@ -472,10 +502,80 @@ class Coordinator:
                                 f"event_burst={q.event_burst}: launcher events, snapshots and registration "
                                 f"amendments together); retry after {wait:.2f} s", retry_after=wait)
 
+    def _audit_budget(self, tenant: str, lines: Sequence[AuditRecord]) -> Callable[[], None]:
+        """Count ``lines`` against the tenant's audit budget (``audit_rate`` lines and
+        ``audit_bytes_rate`` bytes per second, token buckets). A line the tenant asked for
+        (:attr:`AuditKind.by_tenant`: a failure, a manual stop, an ack, a launcher event, an amendment,
+        a deletion) beyond it, or past ``max_audit_bytes`` stored, is :class:`QuotaExceeded` (429 over
+        HTTP; with the seconds to wait for a rate) and nothing is written; the coordinator's own lines
+        are counted and always written. Returns what puts the tokens back (the write was then refused
+        for another reason)."""
+        if not lines:
+            return _nothing
+        use = self._audit.get(tenant)  # read by _audit_count before a command that writes a tenant's line
+        q = use.quotas if use is not None else self.tenants.default_quotas
+        n, size = len(lines), sum(a.nbytes for a in lines)
+
+        def count(delta: int) -> None:
+            if use is not None:
+                with self._audit_lock:
+                    use.stored += delta
+
+        if not any(a.kind.by_tenant for a in lines):
+            self._audit_lines.spend(tenant, q.audit_rate, q.audit_burst, n)
+            self._audit_bytes.spend(tenant, q.audit_bytes_rate, q.audit_bytes_burst, size)
+            count(size)
+            return _nothing
+        wait = self._audit_lines.take(tenant, q.audit_rate, q.audit_burst, n)
+        if not wait:
+            wait = self._audit_bytes.take(tenant, q.audit_bytes_rate, q.audit_bytes_burst, size)
+            if wait:
+                self._audit_lines.give(tenant, q.audit_burst, n)
+        if wait:
+            raise QuotaExceeded(
+                f"tenant {tenant!r} writes to the audit log faster than its quota (audit_rate={q.audit_rate:g} "
+                f"lines/s, audit_burst={q.audit_burst}; audit_bytes_rate={q.audit_bytes_rate:g} bytes/s, "
+                f"audit_bytes_burst={q.audit_bytes_burst}: failures, stops, acks, launcher events, amendments and "
+                f"deletions with their reasons); retry after {wait:.2f} s", retry_after=wait)
+
+        def refund() -> None:
+            self._audit_lines.give(tenant, q.audit_burst, n)
+            self._audit_bytes.give(tenant, q.audit_bytes_burst, size)
+            count(-size)
+
+        with self._audit_lock:
+            stored = None if use is None else use.stored
+            full = stored is not None and stored + size > q.max_audit_bytes
+            if use is not None and not full:
+                use.stored += size
+        if full:
+            self._audit_lines.give(tenant, q.audit_burst, n)
+            self._audit_bytes.give(tenant, q.audit_bytes_burst, size)
+            raise QuotaExceeded(f"tenant {tenant!r} has {stored} bytes of audit lines stored, the most allowed "
+                                f"(max_audit_bytes={q.max_audit_bytes}); the operator's retention reclaims old ones "
+                                f"('evalstop prune --audit-older-than')")
+        return refund
+
+    #: a shared store's other replicas write audit lines too: count again this often
+    AUDIT_COUNT_TTL_S = 5.0
+
+    def _audit_count(self, tenant: str) -> None:
+        """Read the tenant's quotas and its stored audit bytes (the ``max_audit_bytes`` quota) before a
+        command that writes a line it asks for, holding no lock: the bytes once per process (every
+        write is then added), or every :attr:`AUDIT_COUNT_TTL_S` with a shared store."""
+        quotas, now = self.tenants.quotas(tenant), self.clock()
+        use = self._audit.get(tenant)
+        if use is None or (self.jobs.shared and now - use.counted_at > self.AUDIT_COUNT_TTL_S):
+            self._audit[tenant] = _AuditUse(quotas, self.store.count_audit_bytes(tenant), now)
+        else:
+            use.quotas = quotas
+
     def append_event(self, tenant: str, job_id: str, kind: AuditKind, reason: str, evidence: dict,
                      actor: str = "coordinator") -> None:
         """Append a launcher or webhook event to the job's audit log."""
         _check_reason(reason)
+        if kind.by_tenant:
+            self._audit_count(tenant)
         command = Event(kind, reason, dict(evidence), actor, self.clock())
         if not kind.counted:
             self._command(tenant, job_id, command)
@@ -692,6 +792,7 @@ class Coordinator:
         """
         check_text("reason", reason, 2000, multiline=True)
         slot = self.jobs.get(tenant, job_id)
+        self._audit_count(tenant)
         with slot.lock:
             if slot.deleted or slot.committed is None:
                 raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
@@ -706,7 +807,9 @@ class Coordinator:
             audit = AuditRecord(tenant, job_id, self.clock(), AuditKind.DELETED, actor or f"tenant:{tenant}",
                                 reason or "deleted", {"status": status, "n_reports": view.n_reports,
                                                       "last_step": view.last_step})
+            refund = self._audit_budget(tenant, (audit,))
             if not self.store.delete_job(tenant, job_id, audit):
+                refund()
                 raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
             self.jobs.forget(slot, view.n_reports)
         return view

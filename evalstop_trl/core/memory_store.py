@@ -111,10 +111,12 @@ class MemoryStore(Store):
         gone = set(keys)
         evals = [k for k in self._evals if k[:2] in gone]
         deliveries = [k for k, d in self._deliveries.items() if (d.tenant, d.job_id) in gone]
+        newest = {} if audit_before is None else {  # a stored job keeps its newest line of each kind
+            (a.tenant, a.job_id, a.kind): i for i, a in enumerate(self._audit) if a is not None}
         old = [] if audit_before is None else [
             i for i, a in enumerate(self._audit) if a is not None and a.at < audit_before
             and (tenant is None or a.tenant == tenant) and ((a.tenant, a.job_id) in gone or (a.tenant, a.job_id)
-                                                            not in self._jobs)]
+                                                            not in self._jobs or newest[a.tenant, a.job_id, a.kind] != i)]
         counts = PruneCounts(len(keys), sum(len(self._reports.get(k, ())) for k in keys), len(evals), len(deliveries),
                              len(old))
         if not dry_run and old:  # a line's seq stays its index + 1: a pruned line leaves a hole

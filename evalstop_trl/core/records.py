@@ -12,6 +12,7 @@ client needs nothing but this module, :mod:`.detectors` (Decision) and :mod:`.er
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -395,6 +396,13 @@ class AuditKind(str, Enum):
         return self in (AuditKind.LAUNCHER_SIGTERM, AuditKind.LAUNCHER_SIGKILL, AuditKind.LAUNCHER_EXIT)
 
     @property
+    def by_tenant(self) -> bool:
+        """Lines written when a tenant asks, with its text: refused beyond the tenant's audit budget
+        (``audit_rate``, ``audit_bytes_rate``, ``max_audit_bytes``). The others (a detector's stop, a would-stop, lost, seen
+        again, webhooks) are the coordinator's own: counted against the budget, never refused."""
+        return self.counted or self in (AuditKind.MANUAL_STOP, AuditKind.ACK, AuditKind.FAILED, AuditKind.DELETED)
+
+    @property
     def counted(self) -> bool:
         """Lines a tenant writes at will, counted against ``max_events_per_job``: launcher events and
         registration amendments."""
@@ -419,6 +427,14 @@ class AuditRecord:
 
     def __reduce__(self):
         return (AuditRecord, (self.tenant, self.job_id, self.at, self.kind, self.actor, self.reason, dict(self.evidence)))
+
+    @property
+    def nbytes(self) -> int:
+        """About what the line takes in a store: its text, its evidence as the store writes it
+        (JSON), and 48 bytes for its tenant, time, kind and sequence number (what the audit budget
+        counts; :meth:`~evalstop_trl.core.store.Store.count_audit_bytes` sums it over the store)."""
+        evidence = json.dumps(dict(self.evidence), default=str)
+        return 48 + sum(len(x.encode()) for x in (self.job_id, self.actor, self.reason, evidence))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -578,6 +594,15 @@ class Quotas:
     report_rate/burst        1000/s, 2000   reports per second per tenant (token bucket)
     event_rate/burst         50/s, 500  launcher events, snapshots and registration amendments
                                         per second per tenant
+    audit_rate/burst         20/s, 2000 audit lines per second per tenant (token bucket): a line
+                                        the tenant asks for (a failure, a manual stop, an ack,
+                                        a launcher event, an amendment, a deletion) is refused
+                                        beyond it; the coordinator's own lines count, never refused
+    audit_bytes_rate/burst   10 kB/s,   the same lines' bytes (:attr:`AuditRecord.nbytes`)
+                             1 MB
+    max_audit_bytes          256 MiB    the tenant's stored audit lines: past it a line the
+                                        tenant asks for is refused until retention
+                                        (``evalstop prune --audit-older-than``) reclaims some
     default_mode             enforce    not a limit: the mode of jobs registered without
                                         ``policy.mode`` (``shadow``: record would-stop, never stop)
     ======================== ========== ====================================================
@@ -593,6 +618,11 @@ class Quotas:
     max_snapshots_per_job: int = 10_000
     event_rate: float = 50.0  # launcher events, snapshots and amendments per second, per tenant (token bucket)
     event_burst: int = 500
+    audit_rate: float = 20.0  # audit lines per second, per tenant (token bucket; see AuditKind.by_tenant)
+    audit_burst: int = 2000
+    audit_bytes_rate: float = 10_000.0  # their bytes per second, per tenant (AuditRecord.nbytes)
+    audit_bytes_burst: int = 1_000_000
+    max_audit_bytes: int = 256 * 2**20  # the tenant's stored audit lines (AuditRecord.nbytes summed)
     default_mode: PolicyMode = PolicyMode.ENFORCE  # jobs registered without policy.mode: enforce or shadow
 
     def __post_init__(self) -> None:
@@ -601,11 +631,13 @@ class Quotas:
         for name, low, high in (("max_active_jobs", 1, 10**7), ("max_reports_per_job", 1, 10**9),
                                 ("report_burst", 1, 10**7), ("max_jobs", 1, 10**8),
                                 ("max_reports_per_tenant", 1, 10**11), ("max_events_per_job", 1, 10**7),
-                                ("max_snapshots_per_job", 1, 10**7), ("event_burst", 1, 10**7)):
+                                ("max_snapshots_per_job", 1, 10**7), ("event_burst", 1, 10**7),
+                                ("audit_burst", 1, 10**7), ("audit_bytes_burst", 4096, 10**10),
+                                ("max_audit_bytes", 4096, 10**13)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
                 raise InvalidInput(f"{name} must be an integer in [{low}, {high}], but got {v!r}.")
-        for name in ("report_rate", "event_rate"):
+        for name in ("report_rate", "event_rate", "audit_rate", "audit_bytes_rate"):
             r = getattr(self, name)
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not (0 < r <= 1e7):
                 raise InvalidInput(f"{name} must be a number per second in (0, 1e7], but got {r!r}.")

@@ -65,7 +65,7 @@ class PruneCounts(NamedTuple):
     reports: int
     evals: int
     deliveries: int
-    audit: int = 0  # audit lines past their retention (of jobs no longer stored)
+    audit: int = 0  # audit lines past their retention (a stored job keeps its newest of each kind)
 
 
 #: the statuses a job may be pruned in (it is over: nothing reports to it any more)
@@ -179,6 +179,10 @@ class Store(ABC):
         """All of the tenant's stored reports (the per-tenant report quota)."""
         return sum(len(self.reports(j.tenant, j.job_id)) for j in self.jobs() if j.tenant == tenant)
 
+    def count_audit_bytes(self, tenant: str) -> int:
+        """What the tenant's audit lines take (:attr:`AuditRecord.nbytes` summed; the ``max_audit_bytes`` quota)."""
+        return sum(a.nbytes for a in self.audit(tenant))
+
     def count_events(self, tenant: str, job_id: str) -> int:
         """The job's launcher events and amendments in the audit log (the per-job event quota)."""
         return sum(1 for a in self.audit(tenant, job_id) if a.kind.counted)
@@ -197,9 +201,10 @@ class Store(ABC):
               audit_before: float | None = None) -> PruneCounts:
         """Delete the jobs that ended (stopped, finished, failed or lost) and were last updated before
         ``before``, with their reports, evals and webhook deliveries. The audit log is append-only to
-        everyone else; with ``audit_before`` retention also deletes the audit lines written before it
-        of jobs that are no longer stored (pruned now or earlier, or deleted), in the same
-        transaction. ``dry_run``: only count. Run it while no coordinator serves the store (a running
+        everyone else; with ``audit_before`` retention also deletes the audit lines written before it,
+        in the same transaction: every such line of a job no longer stored (pruned now or earlier, or
+        deleted), and of a stored job all but its newest line of each kind (its stop, its ack, its
+        latest amendment... stay while the job does; a job id kept alive does not keep a flood). ``dry_run``: only count. Run it while no coordinator serves the store (a running
         one keeps the jobs it loaded until it restarts)."""
         raise NotImplementedError(f"{type(self).__name__} cannot prune")
     @abstractmethod

@@ -183,6 +183,11 @@ class SQLReads:
     def count_reports(self, tenant: str) -> int:
         return self._read("SELECT count(*) FROM reports WHERE tenant=?", (tenant,))[0][0]
 
+    def count_audit_bytes(self, tenant: str) -> int:
+        octets = "octet_length({})" if self._POSTGRES else "length(CAST({} AS BLOB))"
+        size = " + ".join(octets.format(c) for c in ("job_id", "actor", "reason", "evidence"))
+        return self._read(f"SELECT COALESCE(SUM(48 + {size}), 0) FROM audit WHERE tenant=?", (tenant,))[0][0]
+
     def count_events(self, tenant: str, job_id: str) -> int:
         return self._read(f"SELECT count(*) FROM audit WHERE tenant=? AND job_id=? AND kind IN ({_COUNTED})",
                           (tenant, job_id))[0][0]
@@ -199,9 +204,11 @@ class SQLReads:
         cond, args = _PRUNED + mine, (before, *mine_args)
         keys = f"(tenant, job_id) IN (SELECT tenant, job_id FROM jobs WHERE {cond})"
         tables = ("reports", "evals", "deliveries")
-        # audit lines past retention of jobs gone after this prune (the jobs table without the pruned ones)
-        old = (f"at < ?{mine} AND (tenant, job_id) NOT IN (SELECT tenant, job_id FROM jobs WHERE NOT ({cond}))",
-               (audit_before, *mine_args, *args))
+        # audit lines past retention: of jobs gone after this prune (the jobs table without the pruned
+        # ones), and of a stored job all but its newest line of each kind (what explains its state)
+        old = (f"at < ?{mine} AND ((tenant, job_id) NOT IN (SELECT tenant, job_id FROM jobs WHERE NOT ({cond}))"
+               f" OR seq NOT IN (SELECT max(seq) FROM audit WHERE 1=1{mine} GROUP BY tenant, job_id, kind))",
+               (audit_before, *mine_args, *args, *mine_args))
         if dry_run:
             jobs = self._read(f"SELECT count(*) FROM jobs WHERE {cond}", args)[0][0]
             audit = 0 if audit_before is None else self._read(f"SELECT count(*) FROM audit WHERE {old[0]}", old[1])[0][0]

@@ -133,3 +133,21 @@ def test_db_of_a_service_says_which_tenant_it_reads(tmp_path):
     default = _evalstop("shadow-report", "--db", str(path))
     assert "reading tenant 'local'" in default.stderr and "acme" in default.stderr and "--tenant NAME" in default.stderr
     assert "reading tenant" not in _evalstop("status", "--db", str(path), "--tenant", "acme").stderr
+
+
+def test_every_quota_has_its_flag_and_env_variable():
+    """Every field of Quotas can be set by `evalstop serve` / `tenants quota` (a new quota without a flag
+    was unreachable from the command line)."""
+    import argparse
+    from dataclasses import fields
+
+    from evalstop_trl.cli.service import _QUOTA_FLAGS, _add_quota_flags
+    from evalstop_trl.core.records import Quotas
+
+    assert set(_QUOTA_FLAGS) == {f.name for f in fields(Quotas)}
+    p = argparse.ArgumentParser()
+    _add_quota_flags(p, "test")
+    dests = {a.dest for a in p._actions}
+    assert set(_QUOTA_FLAGS) <= dests
+    helps = " ".join(a.help or "" for a in p._actions)
+    assert all(f"EVALSTOP_{name.upper()}" in helps for name in _QUOTA_FLAGS)

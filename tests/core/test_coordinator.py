@@ -340,3 +340,59 @@ def test_text_with_a_nul_is_refused_in_process_as_over_http(make, call, field):
     c.register_job("a", "j", "grpo")
     with pytest.raises(InvalidInput, match=f"{field} must not contain control characters"):
         call(c)
+
+
+def test_the_audit_budget_refuses_a_tenants_lines_never_the_coordinators_own():
+    """Past ``audit_burst`` a failure, a stop, an ack, an event or a deletion is refused (429, nothing
+    written, the job unchanged); a detector's stop still lands and is recorded; another tenant has
+    its own budget; a line refused by another quota gives its tokens back."""
+    from evalstop_trl.core.errors import QuotaExceeded
+    from evalstop_trl.core.records import Quotas
+
+    c = Coordinator(quotas=Quotas(audit_burst=3, audit_rate=0.001, max_events_per_job=1))
+    for job in ("a", "b", "c", "d"):
+        c.register_job("t", job)
+    c.fail("t", "a", "crashed")
+    c.record_event("t", "b", "launcher_exit", "exit", 1)
+    with pytest.raises(QuotaExceeded, match="max_events_per_job=1"):  # refused by the job's quota...
+        c.record_event("t", "b", "launcher_exit", "again", 1)
+    c.stop("t", "c", "by hand")  # ...which gave its audit token back: this is the third line
+    with pytest.raises(QuotaExceeded, match=r"audit_rate=0.001 lines/s, audit_burst=3") as refused:
+        c.fail("t", "d", "crashed")
+    assert refused.value.retry_after > 0 and c.status("t", "d").status == "pending"
+    with pytest.raises(QuotaExceeded, match="audit_rate"):
+        c.delete_job("t", "a", "clean-up")
+    for step, score in [(10, 0.2), (20, 0.5), (30, 0.4), (40, 0.3)]:  # the detector's stop: always written
+        decision = c.report("t", "d", step, eval_score=score)
+    assert decision.action is Action.STOP and c.status("t", "d").status == "stopped"
+    assert [a.kind for a in c.audit("t")] == [AuditKind.FAILED, AuditKind.LAUNCHER_EXIT, AuditKind.MANUAL_STOP,
+                                             AuditKind.STOP]
+    c.register_job("u", "e")
+    c.fail("u", "e", "another tenant's budget")
+
+
+def test_a_tenants_stored_audit_bytes_are_capped_until_retention_reclaims_them(make):
+    """``max_audit_bytes``: past it a line the tenant asks for is refused (the job unchanged), the
+    coordinator's own still lands; another tenant is not refused; retention makes room again."""
+    from evalstop_trl.core.errors import QuotaExceeded
+
+    c = make()
+    c.tenants.add("t")
+    c.tenants.set_quotas("t", {"max_audit_bytes": 8192})
+    reason = "x" * 2000
+    for job in ("a", "b", "c", "d", "f"):
+        c.register_job("t", job)
+    for job in ("a", "b", "c"):  # about 2.1 kB each
+        c.fail("t", job, reason)
+    with pytest.raises(QuotaExceeded, match="max_audit_bytes=8192") as refused:
+        c.fail("t", "d", reason)
+    assert refused.value.retry_after is None and c.status("t", "d").status == "pending"
+    for step, score in HACKED:  # the detector's stop: the coordinator's own line, always written
+        c.report("t", "d", step, eval_score=score)
+    assert c.status("t", "d").status == "stopped" and c.audit("t")[-1].kind is AuditKind.STOP
+    c.register_job("u", "e")
+    c.fail("u", "e", reason)  # a cap per tenant
+    assert c.store.count_audit_bytes("t") == sum(a.nbytes for a in c.audit("t")) > 8192 - 2500
+    assert c.store.prune(1e18, "t", audit_before=1e18).audit == 4
+    again = Coordinator(c.store, clock=FakeClock())  # a restart after the operator's retention
+    again.fail("t", "f", reason)

@@ -113,6 +113,13 @@ import json, sys, threading, time, httpx
 url, token, stop_file, kind, arg = sys.argv[1:]
 codes, lock = {}, threading.Lock()
 def one(c, i):
+    if kind == "churn":  # register -> fail -> delete with long reasons: audited writes as fast as answered
+        job = f"churn-{i}-{time.monotonic_ns()}"
+        r = c.post("/v1/jobs", json={"job_id": job})
+        if r.status_code != 201:
+            return r
+        c.post(f"/v1/jobs/{job}/fail", json={"reason": "x" * 2000})
+        return c.post(f"/v1/jobs/{job}/delete", json={"reason": "y" * 2000})
     if kind == "audit":
         return c.get(f"/v1/audit?limit=1000&offset={arg}")
     if kind == "evals":
@@ -160,14 +167,16 @@ def _bob_p50(url: str, token: str, job: str, first_step: int, n: int = 60) -> tu
     return statistics.median(times), first_step + n
 
 
-def _under_flood(url: str, alice: str, bob: str, kind: str, arg: str, tmp_path: Path) -> tuple[float, float, dict]:
+def _under_flood(url: str, alice: str, bob: str, kind: str, arg: str, tmp_path: Path,
+                 flood_url: str | None = None) -> tuple[float, float, dict]:
+    """Bob's median report on ``url`` idle and under alice's ``kind`` flood (on ``flood_url``, default the same)."""
     with httpx.Client(base_url=url, headers=bearer(bob)) as c:
         assert c.post("/v1/jobs", json={"job_id": "bob-run"}).status_code == 201
     _bob_p50(url, bob, "bob-run", 0, 20)  # warm up
     idle, step = _bob_p50(url, bob, "bob-run", 20)
     stop = tmp_path / f"stop-{kind}"
-    flood = subprocess.Popen([sys.executable, "-c", FLOOD, url, alice, str(stop), kind, arg], stdout=subprocess.PIPE,
-                             text=True)
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, flood_url or url, alice, str(stop), kind, arg],
+                             stdout=subprocess.PIPE, text=True)
     try:
         time.sleep(1.0)  # the flood is under way
         busy, _ = _bob_p50(url, bob, "bob-run", step)
@@ -251,6 +260,18 @@ def test_17_5_catch_up_feeds_do_not_stall_another_tenant(db, servers, tmp_path):
     assert set(codes) <= {"200", "429"}, codes
     _not_stalled(idle, busy)
     assert httpx.get(f"{srv.url}/v1/jobs/cu", headers=h).json()["n_reports"] == 600  # every snapshot was fed
+
+
+def test_42_8_a_register_fail_delete_flood_on_one_replica_does_not_stall_another_tenant(pg_dsn, servers, tmp_path):
+    """Round four, item 8: alice churns jobs (register, fail, delete, 2,000-character reasons) on one
+    PostgreSQL replica while bob reports on another; her audited writes count against her budget (429
+    beyond it), and bob's median report stays within the bound of the other floods."""
+    alice, bob = _tenant(pg_dsn, "alice"), _tenant(pg_dsn, "bob")
+    a, b = servers(pg_dsn), servers(pg_dsn)
+    idle, busy, codes = _under_flood(b.url, alice, bob, "churn", "", tmp_path, flood_url=a.url)
+    # 409: a delete of a job whose fail was refused (still active); 429: the churn meets its audit budget
+    assert set(codes) <= {"200", "201", "409", "429"} and codes.get("429"), codes
+    _not_stalled(idle, busy)
 
 
 def test_17_5_a_tenant_gets_429_beyond_its_concurrent_expensive_reads(tmp_path, servers):

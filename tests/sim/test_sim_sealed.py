@@ -10,11 +10,16 @@
   can fail), and (b) sealed with a secret salt: it stops no more hacked jobs at their peak than a guess.
 * Neither the salt nor any hidden value is ever in what the child is sent, its command line or its
   environment; a child that crashes, hangs, raises or breaks the protocol gives a clear error.
+* The child's own wall (round 4): it writes nothing outside its scratch folder (not a module the
+  engine imports after the run, not a ``.pth`` in site-packages), reaches no TCP port and signals
+  no process outside it (Landlock), and starts no process through any syscall table (a fork through
+  the i386 table kills it); the overlays that try report through their stop decisions only.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import mmap
 import os
@@ -329,8 +334,9 @@ def _append(path: str, text: str) -> None:
 
 class WriteOutside(Overlay):
     """At attach, tries to open each of ``appends`` to append (writing nothing: the real modules are
-    not harmed when the wall fails), to change each path of ``targets`` (append, truncate, chmod,
-    utime, rename, link and symlink beside it, remove it) and to create ``creates``, to connect to
+    not harmed when the wall fails), to change each path of ``targets`` (hard-link it into its own
+    folder and append there, append, truncate, chmod, utime, rename, link and symlink beside it,
+    remove it) and to create ``creates``, to connect to
     the test's TCP ``port`` and to signal its parent (signal 0: a permission check); then writes a
     file in its working folder. Stops every job iff every attempt outside was refused with a
     permission error and the write inside worked."""
@@ -348,8 +354,9 @@ class WriteOutside(Overlay):
             attempts.append(lambda: socket.create_connection(("127.0.0.1", self.port), timeout=5).close())
         if self.signal:
             attempts.append(lambda: os.kill(os.getppid(), 0))
-        for path in self.targets:
-            attempts += [lambda p=path: _append(p, "import os  # the overlay's line\n"), lambda p=path: os.truncate(p, 0),
+        for k, path in enumerate(self.targets):  # a hard link into its own folder too (Landlock: EXDEV)
+            attempts += [lambda p=path, k=k: (os.link(p, f"inside-{k}"), _append(f"inside-{k}", "# through a link\n")),
+                         lambda p=path: _append(p, "import os  # the overlay's line\n"), lambda p=path: os.truncate(p, 0),
                          lambda p=path: os.chmod(p, 0o777), lambda p=path: os.utime(p, (0, 0)),
                          lambda p=path: os.rename(p, p + ".moved"), lambda p=path: os.link(p, p + ".link"),
                          lambda p=path: os.symlink(p, p + ".sym"), lambda p=path: os.unlink(p)]
@@ -362,8 +369,8 @@ class WriteOutside(Overlay):
                 attempt()
             except PermissionError:
                 refused += 1
-            except OSError:
-                pass
+            except OSError as exc:
+                refused += exc.errno == errno.EXDEV  # a link across Landlock's rule
         Path("scratch.txt").write_text("mine")
         self.verdict = refused == len(attempts) and Path("scratch.txt").read_text() == "mine"
 

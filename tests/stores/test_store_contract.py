@@ -338,3 +338,27 @@ def test_a_command_that_waited_for_a_deleted_job_writes_nothing(tmp_path):
     store = SQLiteStore(tmp_path / "d.db")
     assert store.job("a", "j") is None and store.reports("a", "j") == []
     store.close()
+
+
+def test_audit_retention_reclaims_a_stored_jobs_old_lines_but_its_newest_of_each_kind(store):
+    """A job id kept alive cannot keep a flood: retention deletes a stored job's old lines too, all
+    but its newest of each kind (what explains its state); newer lines and other tenants' stay."""
+    def line(tenant: str, job: str, at: float, kind: AuditKind, reason: str) -> AuditRecord:
+        return AuditRecord(tenant, job, at, kind, "launcher", reason)
+
+    wait_durable(store.commit(_job("live"), expect=0))
+    flood = [line("a", "live", float(i), AuditKind.LAUNCHER_EXIT, f"exit {i}") for i in range(1, 41)]
+    flood += [line("a", "live", 41.0, AuditKind.ACK, "ack 1"), line("a", "live", 42.0, AuditKind.ACK, "ack 2"),
+              line("a", "live", 500.0, AuditKind.LAUNCHER_EXIT, "recent")]
+    for version, a in enumerate(flood, start=1):
+        wait_durable(store.commit(_job("live"), None, (a,), expect=version))
+    other = JobRecord("b", "live", JobType.GRPO, 100, Policy(), created_at=1.0, updated_at=1.0)
+    wait_durable(store.commit(other, None, (line("b", "live", 1.0, AuditKind.ACK, "b1"),
+                                            line("b", "live", 2.0, AuditKind.ACK, "b2")), expect=0))
+    dry = store.prune(0.0, "a", dry_run=True, audit_before=100.0)
+    assert (dry.jobs, dry.audit) == (0, 41)  # the 40 old exits ("recent" is the newest) and the older ack
+    assert store.prune(0.0, "a", audit_before=100.0).audit == 41
+    assert [a.reason for a in store.audit("a", "live")] == ["ack 2", "recent"]
+    assert [a.reason for a in store.audit("b")] == ["b1", "b2"]  # another tenant's: not asked
+    assert store.prune(0.0, audit_before=100.0).audit == 1  # all tenants: b keeps its newest ack
+    assert [a.reason for a in store.audit("b")] == ["b2"] and store.job("a", "live") is not None
