@@ -12,7 +12,6 @@ The metric defaults to the only numeric column besides ``step`` (and ``epoch``),
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass
