@@ -49,8 +49,8 @@ def add_job_flags(parser: argparse.ArgumentParser, grace: str) -> None:
     """The flags of a command that registers a job and delivers its stop (``evalstop run``, ``evalstop
     ray submit``, ``evalstop slurm watch``): its plan, its stop rule, the grace (``grace``: what it
     means for this command), the exit status of a stopped job and the heartbeats."""
-    parser.add_argument("--job-type", help="rlhf, grpo, rloo, dpo, ... (default: unspecified; a callback in the "
-                        "job fills it in)")
+    parser.add_argument("--job-type", help="rlhf, grpo, rloo, dpo, ... (default: rlhf, the generic RL kind, until a "
+                        "callback in the job names its trainer)")
     parser.add_argument("--planned-steps", type=int, help="planned training steps")
     parser.add_argument("--detector", help="the stop rule (default: the coordinator's, decline)")
     parser.add_argument("--k", type=int, help="consecutive declines (decline) or evals without improvement "
