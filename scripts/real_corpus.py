@@ -94,37 +94,59 @@ def write_labels(folder: Path = cp.CORPUS) -> list[cp.RunRecord]:
 
 
 # ----------------------------------------------------------------------------- scoring
-def detector_rows(with_evidence: bool = True) -> list[tuple[str, str, dict[str, Any], bool]]:
-    """(label, detector, params, reads the per-example evidence) for every registered detector at its
-    registry defaults but ``never``; with ``with_evidence`` also each one given the paired noise."""
+Row = tuple[str, str, dict[str, Any], bool, bool]  # label, detector, params, paired noise, KL gate
+
+
+def detector_rows(with_evidence: bool = True) -> list[Row]:
+    """(label, detector, params, reads the paired noise, gated by the KL clock) for every registered
+    detector at its registry defaults but ``never``; with ``with_evidence`` also each one given the
+    paired noise, the KL clock as a gate (a stop only once the run's KL is past the forecast peak of
+    Gao's form fitted to its world feedback so far, ``core/klclock.py``), and both."""
     from evalstop_trl.core.detectors import DETECTORS
 
     names = [n for n in DETECTORS.names() if n != "never"]
-    rows = [(n, n, {}, False) for n in names]
+    rows: list[Row] = [(n, n, {}, False, False) for n in names]
     if with_evidence:
-        rows += [(f"{n} + paired noise", n, {}, True) for n in names]
+        rows += [(f"{n} + paired noise", n, {}, True, False) for n in names]
+        rows += [(f"{n} + KL gate", n, {}, False, True) for n in names]
+        rows += [(f"{n} + paired noise + KL gate", n, {}, True, True) for n in names]
     return rows
 
 
-def replay_stop(run: cp.RunRecord, detector: str, params: dict[str, Any], evidence: bool) -> tuple[int | None, int | None, str]:
-    """(stop step, kept step, reason) of ``detector`` replayed on the run's world feedback."""
-    from evalstop_trl.analysis.replay import Curve, replay_curve
+def replay_stop(run: cp.RunRecord, detector: str, params: dict[str, Any], evidence: bool,
+                gate: bool = False) -> tuple[int | None, int | None, str]:
+    """(stop step, kept step, reason) of ``detector`` replayed on the run's world feedback: the first
+    STOP (with ``gate``: the first at an eval whose KL is past the KL clock's forecast peak)."""
+    from evalstop_trl.core.detectors import Action, Observation, create_detector
+    from evalstop_trl.core.klclock import fit
 
-    curve = Curve("world_feedback", run.steps, run.world_feedback, run.train_loss, run.config.max_steps,
-                  evidence=run.evidence if evidence else ())
-    res = replay_curve(curve, detector, planned_steps=run.config.max_steps, **params)
-    return (res.stop_step if res.stopped else None), res.best_step, res.reason
+    det = create_detector(detector, **params)
+    planned = run.config.max_steps
+    ev = run.evidence if evidence else ((None, None),) * len(run.steps)
+    best = None
+    for i, (step, score, loss, (n, noise)) in enumerate(zip(run.steps, run.world_feedback, run.train_loss, ev,
+                                                            strict=True)):
+        d = det.observe(Observation(job_id="corpus", step=step, eval_score=score, train_loss=loss,
+                                    progress=step / planned, eval_n=n, eval_noise=noise))
+        best = d.best_step
+        if d.action is not Action.STOP:
+            continue
+        if not gate:
+            return step, d.best_step, d.reason
+        clock = fit(run.kl[: i + 1], run.world_feedback[: i + 1])
+        if clock is not None and run.kl[i] is not None and clock.past_peak(run.kl[i]):
+            return step, d.best_step, f"{d.reason}; {clock.describe(run.kl[i])}"
+    return None, best, ""
 
 
-def score_all(runs: list[cp.RunRecord], rows: list[tuple[str, str, dict[str, Any], bool]],
-              rule: cp.LabelRule) -> dict[str, cp.Score]:
+def score_all(runs: list[cp.RunRecord], rows: list[Row], rule: cp.LabelRule) -> dict[str, cp.Score]:
     from tqdm import tqdm
 
     out = {}
-    for name, det, params, ev in tqdm(rows, desc="detectors", unit="detector", leave=False):
+    for name, det, params, ev, gate in tqdm(rows, desc="detectors", unit="detector", leave=False):
         outs = []
         for r in runs:
-            stop, kept, reason = replay_stop(r, det, params, ev)
+            stop, kept, reason = replay_stop(r, det, params, ev, gate)
             outs.append(cp.outcome(r, stop, kept, rule, converged=reason.startswith("converged")))
         out[name] = cp.score(outs)
     return out
