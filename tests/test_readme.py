@@ -3,7 +3,7 @@ links alive and its commands real (each ``evalstop`` / ``platform-sim`` line par
 the cheap ones run).
 
 The detector facts (the default, the recommendation, the table's names) live in
-``evalstop_trl/core/detectors.py``; every public ``detector=`` default is tied to the default here.
+``evalstop_trl/core/detectors/``; every public ``detector=`` default is tied to the default here.
 """
 
 from __future__ import annotations
