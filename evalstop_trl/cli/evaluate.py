@@ -20,6 +20,27 @@ from .common import CLIError, add_token_flags, existing_db, read_token
 
 __all__ = ["add_evaluate_command"]
 
+#: how long ``evalstop evaluate --db`` waits by default for a training job to create its database
+DB_WAIT_S = 60.0
+
+
+def _await_db(path: str, wait_s: float) -> str:
+    """``path`` once it exists (a worker may start before the job whose callback creates the file), at
+    most ``wait_s`` seconds; never created here. A folder that does not exist is refused at once."""
+    import sys
+    import time
+
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise CLIError(f"no folder {parent} for --db {path}: pass the evalstop.db of a run's output folder")
+    deadline = time.monotonic() + wait_s
+    if not os.path.exists(path) and wait_s > 0:
+        print(f"evalstop evaluate: waiting up to {wait_s:g} s for {path} (a training job's callback creates it; "
+              "--wait-db S)", file=sys.stderr, flush=True)
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return existing_db(path)
+
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from ..train.evaluator import Evaluator, isolate_sys_path, load_function
@@ -54,7 +75,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         from ..stores.sqlite import SQLiteStore
 
         try:  # a SQLite file is shared with the training process that writes it: versioned writes
-            store = open_store(args.db) if "://" in args.db else SQLiteStore(existing_db(args.db), shared=True)
+            store = open_store(args.db) if "://" in args.db else SQLiteStore(_await_db(args.db, args.wait_db),
+                                                                                     shared=True)
             client = EmbeddedClient(Coordinator(store))
         except ValueError as exc:
             raise CLIError(str(exc)) from None
@@ -80,7 +102,10 @@ def add_evaluate_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="score jobs' snapshots with a world-feedback function (external evaluators)")
     p.add_argument("--url", help="coordinator URL (default: $EVALSTOP_URL)")
     add_token_flags(p)
-    p.add_argument("--db", help="an embedded database instead of a URL")
+    p.add_argument("--db", help="an embedded database instead of a URL (never created: it is waited for, --wait-db)")
+    p.add_argument("--wait-db", type=float, default=DB_WAIT_S, metavar="S",
+                   help=f"with --db: seconds to wait for a training job to create the file, then refuse it "
+                   f"(default {DB_WAIT_S:g}; a worker may start before its job)")
     p.add_argument("--fn", required=True, help="package.module:function, called as function(model, tokenizer) -> float; "
                                                "imported from the installed packages or --fn-path")
     p.add_argument("--fn-path", metavar="DIR", help="import --fn's top-level package from this folder (not the root "

@@ -14,7 +14,8 @@ FN = "evalstop_trl.train.tiny:gold_hacked"
 def _evaluate(tmp_path, db: str) -> subprocess.CompletedProcess:
     # a hang (the bug) ends the test with TimeoutExpired, far from a normal answer (about a second)
     return subprocess.run([sys.executable, "-m", "evalstop_trl", "evaluate", "--db", db, "--fn", FN,
-                           "--root", str(tmp_path), "--max-evals", "1"], capture_output=True, text=True, timeout=120)
+                           "--root", str(tmp_path), "--max-evals", "1", "--wait-db", "1"], capture_output=True, text=True,
+                          timeout=120)
 
 
 @pytest.mark.parametrize("where", ["missing", "folder"])
@@ -27,7 +28,7 @@ def test_evaluate_refuses_a_database_that_is_not_there_and_creates_nothing(tmp_p
     out = _evaluate(tmp_path, given)
     assert out.returncode == 2, out.stderr
     if where == "missing":
-        assert out.stderr.strip() == (f"evalstop evaluate: error: no database at {given}: pass the file that "
+        assert out.stderr.strip().splitlines()[-1] == (f"evalstop evaluate: error: no database at {given}: pass the file that "
                                       "exists (the callback writes <output_dir>/evalstop.db; `evalstop serve --db` "
                                       "the one it was given), or --url for a running coordinator")
         assert not (tmp_path / "evalstop.db").exists()
@@ -35,3 +36,11 @@ def test_evaluate_refuses_a_database_that_is_not_there_and_creates_nothing(tmp_p
         assert f"--db {given} is a folder, not a database: pass the evalstop.db in it ({db})" in out.stderr
     assert not db.exists()
 
+
+
+def test_a_database_in_a_folder_that_does_not_exist_is_refused_at_once(tmp_path):
+    pytest.importorskip("torch")
+    given = str(tmp_path / "no-such-run" / "evalstop.db")
+    out = _evaluate(tmp_path, given)
+    assert out.returncode == 2 and "no folder" in out.stderr and "waiting" not in out.stderr, out.stderr
+    assert not (tmp_path / "no-such-run").exists()

@@ -269,8 +269,9 @@ def test_42_8_a_register_fail_delete_flood_on_one_replica_does_not_stall_another
     alice, bob = _tenant(pg_dsn, "alice"), _tenant(pg_dsn, "bob")
     a, b = servers(pg_dsn), servers(pg_dsn)
     idle, busy, codes = _under_flood(b.url, alice, bob, "churn", "", tmp_path, flood_url=a.url)
-    # 409: a delete of a job whose fail was refused (still active); 429: the churn meets its audit budget
-    assert set(codes) <= {"200", "201", "409", "429"} and codes.get("429"), codes
+    # 409: a delete of a job whose fail was refused (still active); 429: the churn met its audit budget (how
+    # soon depends on the machine's speed: the budget itself is tests/service/test_security_audit.py's)
+    assert set(codes) <= {"200", "201", "409", "429"} and codes.get("200"), codes
     _not_stalled(idle, busy)
 
 

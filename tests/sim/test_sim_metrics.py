@@ -87,7 +87,7 @@ def test_rates_pool_over_seeds(seeds, precision, recall, fpr, harmful):
     assert (r.precision, r.recall, r.fpr, r.harmful_stops) == pytest.approx((precision, recall, fpr, harmful))
     row = r.to_dict()  # the JSON shape of every rates block
     assert list(row) == ["precision", "recall", "fpr", "fpr_label", "precision_label", "precision_ci", "recall_ci",
-                         "fpr_ci", "counts"]
+                         "fpr_ci", "fpr_label_ci", "precision_label_ci", "counts"]
     assert row["counts"] == r.counts.to_dict() and r.counts.fp_b == harmful
     if len(seeds) < 2:
         assert json_safe(row["precision_ci"]) == [None, None]  # no interval from one seed
