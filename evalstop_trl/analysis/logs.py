@@ -170,14 +170,7 @@ def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
     for lineno, line in _lines(path):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LogError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-        except RecursionError:
-            raise LogError(f"{path}:{lineno}: JSON nested too deeply to be a log line") from None
-        except ValueError as exc:  # an integer literal over Python's digit limit
-            raise LogError(f"{path}:{lineno}: a number too long to read ({exc})") from None
+        obj = _parse_json(f"{path}:{lineno}", lambda line=line: json.loads(line))
         if not isinstance(obj, dict):
             raise LogError(f"{path}:{lineno}: expected a JSON object with 'step', got {type(obj).__name__}")
         rec = json_record(obj)
@@ -237,20 +230,28 @@ def _wandb_names(columns: list[str]) -> dict[str, str]:
     return {c: c for c in kept}
 
 
-def _json_document(path: Path) -> Any:
-    size = check_regular(path)
-    del size
+def _parse_json(where: str, load: Callable[[], Any]) -> Any:
+    """``load()``, its failures as a LogError naming ``where`` (a file, or a file and line)."""
     try:
+        return load()
+    except UnicodeDecodeError:
+        raise LogError(f"{where}: not a UTF-8 text file") from None
+    except json.JSONDecodeError as exc:
+        raise LogError(f"{where}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise LogError(f"{where}: JSON nested too deeply to be a training log") from None
+    except ValueError as exc:  # an integer literal over Python's digit limit
+        raise LogError(f"{where}: a number too long to read ({exc})") from None
+
+
+def _json_document(path: Path) -> Any:
+    check_regular(path)
+
+    def load() -> Any:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except UnicodeDecodeError:
-        raise LogError(f"{path}: not a UTF-8 text file") from None
-    except json.JSONDecodeError as exc:
-        raise LogError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
-    except RecursionError:
-        raise LogError(f"{path}: JSON nested too deeply to be a training log") from None
-    except ValueError as exc:  # an integer literal over Python's digit limit
-        raise LogError(f"{path}: a number too long to read ({exc})") from None
+
+    return _parse_json(str(path), load)
 
 
 def trainer_state(path: Path) -> tuple[list[dict[str, Any]], int | None]:

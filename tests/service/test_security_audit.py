@@ -27,20 +27,12 @@ from tests.service.test_security_fairness import Serve, _cli, _tenant
 
 pytestmark = pytest.mark.slow
 
-STORES = ("sqlite", "postgres")
 REASON = "x" * 2000
 #: the budget that binds: the rate (bytes per second after a burst) or the bytes stored
 BUDGETS = {
     "rate": {"audit_bytes_burst": 40_000, "audit_bytes_rate": 2_000.0, "audit_burst": 1000, "audit_rate": 20.0},
     "stored": {"max_audit_bytes": 30_000},
 }
-
-
-@pytest.fixture(params=STORES)
-def db(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "coord.db")
-    return request.getfixturevalue("pg_dsn")
 
 
 @pytest.fixture

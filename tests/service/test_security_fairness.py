@@ -32,7 +32,6 @@ from tests.proc_helpers import bearer
 
 pytestmark = pytest.mark.slow
 
-STORES = ("sqlite", "postgres")
 
 
 # ---------------------------------------------------------------- a real server on either store
@@ -66,13 +65,6 @@ def _cli(*args: str) -> str:
 
 def _tenant(db: str, name: str) -> str:
     return json.loads(_cli("tenants", "add", name, "--db", db, "--json"))["token"]
-
-
-@pytest.fixture(params=STORES)
-def db(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "coord.db")
-    return request.getfixturevalue("pg_dsn")
 
 
 @pytest.fixture
