@@ -117,3 +117,14 @@ def test_every_time_on_the_page_is_24_hour(page, site):
     assert not re.search(r"\b(AM|PM|am|pm)\b", body), re.findall(r".{20}\b(?:AM|PM)\b", body)
     times = re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", page.locator("#audit-body").inner_text())
     assert times  # the audit's times: fmtTime, 24-hour
+
+
+def test_the_job_list_says_none_for_an_ended_job_without_a_report(page, site):
+    """The list's last-step cell of a job stopped before its first report (it showed a bare dash)."""
+    sign_in(page, site, "alice")
+    page.goto(f"{site.url}/#/")
+    page.wait_for_selector("#view-jobs[data-ready] #jobs-body tr[data-job-id='stopped-early']")
+    cells = page.locator("#jobs-body tr[data-job-id='stopped-early'] > *")
+    texts = [cells.nth(i).inner_text().strip() for i in range(cells.count())]
+    assert texts[9] == "none / 400", "|".join(texts)
+    assert page.locator("#jobs-body tr[data-job-id='running'] > *").nth(9).inner_text().strip() == "20 / 300"

@@ -4,7 +4,7 @@
 import { browseJobs, download, exportRunsPath, jobAudit, reportsAfter, tenantSummary } from "./api.js";
 import { sparkline } from "./chart.js";
 import { $, describeMap, fmtAgo, fmtDuration, h, isShadow, mark, shadowBadge, statusBadge } from "./dom.js";
-import { describePolicy, fmtNum, fmtStep, fmtTime } from "./util.js";
+import { TERMINAL, describePolicy, fmtNum, fmtStep, fmtTime } from "./util.js";
 
 export const PAGE_SIZE = 50;
 export const MAX_COMPARE = 50;
@@ -171,7 +171,10 @@ export function jobsView(ctx, { filters, after, page }) {
     c[7].textContent = fmtDuration(end - job.created_at);
     c[8].textContent = fmtAgo(job.last_seen);
     c[8].title = fmtTime(job.last_seen);
-    c[9].textContent = fmtStep(job.last_step) + (job.planned_steps ? ` / ${fmtStep(job.planned_steps)}` : "");
+    // an ended job without a report says so, not a bare dash (as the job page's facts do)
+    const ended = (job.last_step === null || job.last_step === undefined) && TERMINAL.has(job.status);
+    c[9].textContent = (ended ? "none" : fmtStep(job.last_step)) +
+      (job.planned_steps ? ` / ${fmtStep(job.planned_steps)}` : "");
     c[10].textContent = fmtStep(job.best_step);
     c[11].textContent = fmtNum(job.best_score);
     c[11].title = typeof job.best_score === "number" ? String(job.best_score) : "";
