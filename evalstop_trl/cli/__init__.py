@@ -1,4 +1,5 @@
-"""The ``evalstop`` command: ``serve | tenants | status | audit | run | ray | slurm | replay | calibrate | outbox | evaluate | shadow-report``.
+"""The ``evalstop`` command: its subcommands are those :func:`build_parser` adds (``evalstop --help``
+lists them; the parser is their one home).
 
 Each subcommand imports what it needs when it runs, so ``evalstop replay --help`` stays fast and
 never imports torch, FastAPI or uvicorn. Bad input exits with status 2 and a one-line message.

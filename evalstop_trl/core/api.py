@@ -39,7 +39,7 @@ from .requests import (
 )
 from .summary import TenantSummary
 
-__all__ = ["EVALS_PAGE", "MAX_PAGE", "MAX_WAIT_S", "PAGE", "ROUTES", "TEXT", "Route"]
+__all__ = ["EVALS_PAGE", "MAX_PAGE", "MAX_WAIT_S", "PAGE", "REQUESTS", "ROUTES", "TEXT", "Route"]
 
 MAX_PAGE = 1000  # items per page of a listing
 EVALS_PAGE = 250  # snapshots per page of /evals (each is a path and its state: the costliest page to encode)
@@ -156,3 +156,6 @@ ROUTES: Mapping[str, Route] = {r.name: r for r in (
     Route("summary", "GET", "/v1/summary", SUMMARY),
     Route("delete_job", "POST", "/v1/jobs/{job_id}/delete", codec.JOB, ReasonRequest),
 )}
+
+#: every request record, as the routes name them (the codec test checks each one crosses the wire)
+REQUESTS: tuple[type, ...] = tuple(dict.fromkeys(r.request for r in ROUTES.values() if r.request is not None))

@@ -25,7 +25,7 @@ import functools
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["REQUESTS", "AckRequest", "ClaimRequest", "EvalResult", "EventRequest", "HeartbeatRequest", "JobRequest",
+__all__ = ["AckRequest", "ClaimRequest", "EvalResult", "EventRequest", "HeartbeatRequest", "JobRequest",
            "ReasonRequest", "ReportRequest", "SnapshotRequest", "doc", "field_names", "values"]
 
 
@@ -134,7 +134,3 @@ class EventRequest:
     reason: str = doc("why", "")
     exit_code: int | None = doc("the child's exit code, in [-255, 255]")
 
-
-#: every request record (the codec test checks each one crosses the wire)
-REQUESTS: tuple[type, ...] = (JobRequest, ReportRequest, ReasonRequest, AckRequest, HeartbeatRequest,
-                              SnapshotRequest, ClaimRequest, EvalResult, EventRequest)
