@@ -72,20 +72,22 @@ def measure(seeds: int, seed_start: int, traces: list[str], workers: int | None,
                 "jct_all": ch.jct_change_all.mean, "jct_all_ci": ch.jct_change_all.ci,
                 "mean_jct_base_h": res.base.mean_jct_h, "mean_jct_h": res.run.mean_jct_h,
                 "precision": det.precision, "precision_ci": det.precision_ci, "recall": det.recall,
-                "recall_ci": det.recall_ci, "fpr": det.fpr, "fpr_ci": det.fpr_ci, "wall_s": time.perf_counter() - t0,
+                "recall_ci": det.recall_ci, "fpr": det.fpr, "fpr_ci": det.fpr_ci, "fpr_label": det.fpr_label,
+                "fpr_label_ci": det.fpr_label_ci, "wall_s": time.perf_counter() - t0,
             })
     return rows
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| arrivals | base scheduler | mean JCT alone -> with EvalStop (h) | GPU-hours | JCT, completed jobs | "
-             "JCT, all jobs | precision | recall | FPR (B) |", "|---|---|---|---|---|---|---|---|---|"]
+             "JCT, all jobs | precision | recall | FPR (B) | healthy jobs stopped at all |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['source']} | {r['scheduler']} | {r['mean_jct_base_h']:.2f} -> {r['mean_jct_h']:.2f} | {pct(r['gpu_hours'])}{ci(r['gpu_hours_ci'])} | "
             f"{pct(r['jct_completed'])}{ci(r['jct_completed_ci'])} | {pct(r['jct_all'])}{ci(r['jct_all_ci'])} | "
             f"{rate(r['precision'])}{ci(r['precision_ci'])} | {rate(r['recall'])}{ci(r['recall_ci'])} | "
-            f"{rate(r['fpr'])}{ci(r['fpr_ci'])} |")
+            f"{rate(r['fpr'])}{ci(r['fpr_ci'])} | {rate(r.get('fpr_label'))}{ci(r.get('fpr_label_ci'))} |")
     return "\n".join(lines)
 
 
