@@ -123,3 +123,15 @@ def test_the_committed_corpus_matches_its_preregistration():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "match their preregistration" in out.stdout
+
+
+def test_calibrate_reads_the_corpus_runs_with_their_gold_as_labels(capsys):
+    """The corpus's JSONL runs are logs the shared readers take as they are: the header line has no step
+    (skipped), each eval line is a step with world_feedback, its evidence and the gold."""
+    from evalstop_trl.cli import main
+
+    code = main(["calibrate", str(cp.CORPUS / "runs"), "--metric", "world_feedback", "--label-metric", "gold",
+                 "--json"])
+    assert code == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["n_runs"] == len(list((cp.CORPUS / "runs").glob("*.jsonl"))) >= 120
