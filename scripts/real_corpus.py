@@ -94,7 +94,8 @@ def write_labels(folder: Path = cp.CORPUS) -> list[cp.RunRecord]:
 
 
 # ----------------------------------------------------------------------------- scoring
-Row = tuple[str, str, dict[str, Any], bool, bool]  # label, detector, params, paired noise, KL gate
+Row = tuple[str, str, dict[str, Any], bool, bool]  # label, detector, params (a policy's), paired noise, KL gate
+CONVERGED = {"stop_on": ["hacked", "converged"]}  # the opt-in converged stop (counted apart, never a true stop)
 
 
 def detector_rows(with_evidence: bool = True) -> list[Row]:
@@ -110,6 +111,8 @@ def detector_rows(with_evidence: bool = True) -> list[Row]:
         rows += [(f"{n} + paired noise", n, {}, True, False) for n in names]
         rows += [(f"{n} + KL gate", n, {}, False, True) for n in names]
         rows += [(f"{n} + paired noise + KL gate", n, {}, True, True) for n in names]
+        rows += [(f"{n} + paired noise, stop_on converged", n, CONVERGED, True, False)
+                 for n in ("decline", "sequential")]
     return rows
 
 
@@ -117,10 +120,11 @@ def replay_stop(run: cp.RunRecord, detector: str, params: dict[str, Any], eviden
                 gate: bool = False) -> tuple[int | None, int | None, str]:
     """(stop step, kept step, reason) of ``detector`` replayed on the run's world feedback: the first
     STOP (with ``gate``: the first at an eval whose KL is past the KL clock's forecast peak)."""
-    from evalstop_trl.core.detectors import Action, Observation, create_detector
+    from evalstop_trl.core.detectors import Action, Observation
     from evalstop_trl.core.klclock import fit
+    from evalstop_trl.core.records import Policy
 
-    det = create_detector(detector, **params)
+    det = Policy.from_dict({"detector": detector, **params}).build()
     planned = run.config.max_steps
     ev = run.evidence if evidence else ((None, None),) * len(run.steps)
     best = None
@@ -154,10 +158,10 @@ def score_all(runs: list[cp.RunRecord], rows: list[Row], rule: cp.LabelRule) -> 
 
 def markdown(table: dict[str, cp.Score]) -> str:
     lines = ["| detector | precision (harmful) | precision (any stop) | healthy runs stopped | recall | "
-             "post-peak compute saved | all compute saved |", "|---|---|---|---|---|---|---|"]
+             "post-peak compute saved | all compute saved | converged stops |", "|---|---|---|---|---|---|---|---|"]
     for name, s in table.items():
         lines.append(f"| {name} | {s.precision_harmful.fmt()} | {s.precision_any.fmt()} | {s.healthy_stopped.fmt()} | "
-                     f"{s.recall.fmt()} | {s.post_peak_saved.fmt()} | {s.compute_saved.fmt()} |")
+                     f"{s.recall.fmt()} | {s.post_peak_saved.fmt()} | {s.compute_saved.fmt()} | {s.converged_stops} |")
     return "\n".join(lines)
 
 

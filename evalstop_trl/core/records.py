@@ -221,22 +221,54 @@ class PolicyMode(str, Enum):
                 from None
 
 
+class StopKind(str, Enum):
+    """Why a policy may stop a job. ``hacked`` (always): its detector says the eval is falling.
+    ``converged`` (opt-in, ``stop_on: [hacked, converged]``): the eval has not improved beyond its
+    noise for :data:`CONVERGED_SHARE` of the planned training (a plateau; its own reason, never counted
+    as a caught hack)."""
+
+    HACKED = "hacked"
+    CONVERGED = "converged"
+
+
+_HACKED_ONLY = (StopKind.HACKED,)
+
+
+def _stop_on(value: Any) -> tuple[StopKind, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not 1 <= len(value) <= len(StopKind):
+        raise InvalidInput(f"policy stop_on must be a list of {', '.join(k.value for k in StopKind)}, but got "
+                           f"{value!r:.60}.")
+    try:
+        kinds = tuple(dict.fromkeys(StopKind(v) for v in value))
+    except ValueError:
+        raise InvalidInput(f"policy stop_on must be a list of {', '.join(k.value for k in StopKind)}, but got "
+                           f"{value!r:.60}.") from None
+    if StopKind.HACKED not in kinds:
+        raise InvalidInput("policy stop_on must include hacked (a policy always stops a falling eval); add "
+                           "converged to also stop plateaus.")
+    return tuple(sorted(kinds, key=list(StopKind).index))
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """How a job is watched: a detector with its parameters, and its :class:`PolicyMode`.
+    """How a job is watched: a detector with its parameters, its :class:`PolicyMode`, and what it
+    stops (:class:`StopKind`).
 
     ``params`` is filled with the detector's defaults (so equal policies compare equal) and is
     read-only. Every parameter is bounded (see each detector's docstring): no work or memory grows
     with a number a caller sends. In a dict (:meth:`to_dict`, the API) the mode is the key ``mode``,
-    present only for ``shadow``."""
+    present only for ``shadow``, and ``stop_on`` is present only when it adds ``converged``."""
 
     detector: str = DEFAULT_DETECTOR
     params: Mapping[str, Any] = field(default_factory=dict)
     mode: PolicyMode = PolicyMode.ENFORCE
+    stop_on: tuple[StopKind, ...] = _HACKED_ONLY
 
     def __post_init__(self) -> None:
         if type(self.mode) is not PolicyMode:
             object.__setattr__(self, "mode", PolicyMode.parse(self.mode))
+        if self.stop_on is not _HACKED_ONLY:
+            object.__setattr__(self, "stop_on", _stop_on(list(self.stop_on)))
         try:
             DETECTORS.create(self.detector, **dict(self.params))
         except (ValueError, TypeError, OverflowError) as exc:
@@ -246,7 +278,7 @@ class Policy:
         object.__setattr__(self, "params", MappingProxyType(full))
 
     def __reduce__(self):  # picklable (params are a read-only view)
-        return (Policy, (self.detector, dict(self.params), self.mode))
+        return (Policy, (self.detector, dict(self.params), self.mode, self.stop_on))
 
     @property
     def shadow(self) -> bool:
@@ -254,13 +286,21 @@ class Policy:
         return self.mode is PolicyMode.SHADOW
 
     def build(self):
-        """A fresh detector for this policy (its parameters were checked when the policy was made)."""
-        return DETECTORS.get(self.detector)(**self.params)
+        """A fresh detector for this policy (its parameters were checked when the policy was made);
+        with ``converged`` in :attr:`stop_on`, it also stops plateaus (:class:`~.detectors.converged.ConvergedOr`)."""
+        detector = DETECTORS.get(self.detector)(**self.params)
+        if StopKind.CONVERGED in self.stop_on:
+            from .detectors.converged import ConvergedOr
+
+            return ConvergedOr(detector)
+        return detector
 
     def to_dict(self) -> dict[str, Any]:
         out = {"detector": self.detector, **self.params}
         if self.mode is PolicyMode.SHADOW:
             out["mode"] = self.mode.value
+        if self.stop_on != _HACKED_ONLY:
+            out["stop_on"] = [k.value for k in self.stop_on]
         return out
 
     @classmethod
@@ -274,13 +314,14 @@ class Policy:
             return data
         if not isinstance(data, Mapping):
             raise InvalidInput(f"policy must be an object, but got {data!r}.")
-        params = {k: v for k, v in data.items() if k not in ("detector", "mode")}
+        params = {k: v for k, v in data.items() if k not in ("detector", "mode", "stop_on")}
         detector = data.get("detector", DEFAULT_DETECTOR)
         mode = PolicyMode.parse(data.get("mode", PolicyMode.ENFORCE))
+        stop_on = _stop_on(data["stop_on"]) if "stop_on" in data else _HACKED_ONLY
         if not stored:
-            return cls(detector=detector, params=params, mode=mode)
+            return cls(detector=detector, params=params, mode=mode, stop_on=stop_on)
         try:
-            return cls(detector=detector, params=params, mode=mode)
+            return cls(detector=detector, params=params, mode=mode, stop_on=stop_on)
         except InvalidInput:
             # A stored policy that today's bounds refuse (stored by an older evalstop): kept as it was,
             # so the store still loads; building its detector raises, and the coordinator marks the job
@@ -289,6 +330,7 @@ class Policy:
             object.__setattr__(policy, "detector", str(detector))
             object.__setattr__(policy, "params", MappingProxyType(params))
             object.__setattr__(policy, "mode", mode)
+            object.__setattr__(policy, "stop_on", stop_on)
             return policy
 
     def with_mode(self, mode: PolicyMode) -> Policy:
@@ -299,6 +341,7 @@ class Policy:
         object.__setattr__(new, "detector", self.detector)
         object.__setattr__(new, "params", self.params)
         object.__setattr__(new, "mode", mode)
+        object.__setattr__(new, "stop_on", self.stop_on)
         return new
 
 

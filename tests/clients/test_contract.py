@@ -30,11 +30,10 @@ from evalstop_trl.clients.api import LOCAL_METHODS, EvalStopAPI
 from evalstop_trl.clients.embedded import EmbeddedClient
 from evalstop_trl.clients.http import EvalStopClient
 from evalstop_trl.clients.local import LocalServer
-from evalstop_trl.core.api import ROUTES
+from evalstop_trl.core import requests as request_records
+from evalstop_trl.core.api import REQUESTS, ROUTES
 from evalstop_trl.core.coordinator import Coordinator as _Coordinator
 from evalstop_trl.core.errors import EvalStopError
-from evalstop_trl.core import requests as request_records
-from evalstop_trl.core.api import REQUESTS
 from evalstop_trl.core.requests import field_names
 from evalstop_trl.service.app import ServiceSettings, create_app
 from evalstop_trl.service.routes import QUERIES, Handlers, body_model
