@@ -109,9 +109,12 @@ class SessionConfig:
     shadow: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)  # user tags, stored with the job (core.labels)
     hparams: Mapping[str, Any] = field(default_factory=dict)  # the trainer's hyperparameters (train.hparams)
+    stop_on: tuple[str, ...] = ("hacked",)  # add "converged" to also stop plateaus (core.records.StopKind)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+        object.__setattr__(self, "stop_on", tuple(self.stop_on) if isinstance(self.stop_on, (list, tuple))
+                           else self.stop_on)
         try:
             object.__setattr__(self, "tags", check_tags(self.tags))
             object.__setattr__(self, "hparams", check_hparams(self.hparams))
@@ -130,7 +133,7 @@ class SessionConfig:
     def __reduce__(self) -> tuple[Any, ...]:  # picklable: the read-only params view is not
         return SessionConfig, (self.detector, dict(self.params), self.direction, self.job_type,
                                self.max_eval_failures, self.on_eval_error, self.fail_mode, self.shadow,
-                               dict(self.tags), dict(self.hparams))
+                               dict(self.tags), dict(self.hparams), self.stop_on)
 
     @classmethod
     def build(cls, detector: str = "decline", *, k: int = 2, min_delta: float = 0.0, direction: str | None = None,
@@ -142,18 +145,26 @@ class SessionConfig:
         accepted = DETECTORS.params(detector)  # ValueError listing the valid names
         params = {n: v for n, v in (("k", k), ("min_delta", min_delta), ("direction", direction))
                   if n in accepted and v is not None}
+        stop_on = detector_params.pop("stop_on", ("hacked",))  # the policy's, not the detector's
         params.update(detector_params)
         return cls(detector, params, params.get("direction", direction or "max"), job_type, max_eval_failures,
-                   on_eval_error, fail_mode, bool(shadow), tags or {})
+                   on_eval_error, fail_mode, bool(shadow), tags or {}, stop_on=stop_on)
 
     @property
     def policy(self) -> dict[str, Any]:
         """The policy registered with the job (``mode`` only for shadow: else the tenant's default)."""
-        return {"detector": self.detector, **self.params, **({"mode": "shadow"} if self.shadow else {})}
+        return {"detector": self.detector, **self.params, **({"mode": "shadow"} if self.shadow else {}),
+                **({"stop_on": list(self.stop_on)} if tuple(self.stop_on) != ("hacked",) else {})}
 
     def new_detector(self) -> Detector:
-        """A fresh detector with this stop rule (the local one of ``fail_mode="local"``)."""
-        return DETECTORS.create(self.detector, **self.params)
+        """A fresh detector with this stop rule (the local one of ``fail_mode="local"``), and the
+        policy's ``stop_on``."""
+        from ..core.records import Policy
+
+        try:
+            return Policy.from_dict({k: v for k, v in self.policy.items() if k != "mode"}).build()
+        except InvalidInput as exc:
+            raise ValueError(f"EvalStopCallback: {exc}") from None
 
 
 class EvalFailures:

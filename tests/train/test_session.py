@@ -518,3 +518,22 @@ def test_the_stop_is_acknowledged_with_the_step_training_stopped_at():
     assert _run(session, HACKED) == 40
     ack = [a for a in coord.audit("local", "acked") if a.kind.value == "ack"]
     assert len(ack) == 1 and ack[0].evidence["step"] == 40 and ack[0].evidence["stop_lag"] == 0
+
+
+def test_the_callbacks_policy_carries_stop_on_and_its_local_detector_stops_plateaus():
+    """``EvalStopCallback(..., stop_on=["hacked", "converged"])``: registered with the job's policy, and the
+    local detector (fail_mode="local") decides the same; a bad value is refused at construction."""
+    from evalstop_trl.core.detectors import Observation
+    from evalstop_trl.core.detectors.converged import ConvergedOr
+    from evalstop_trl.train.session import SessionConfig
+
+    config = SessionConfig.build("decline", stop_on=["hacked", "converged"])
+    assert config.policy["stop_on"] == ["hacked", "converged"] and "stop_on" not in SessionConfig.build().policy
+    det = config.new_detector()
+    assert isinstance(det, ConvergedOr)
+    plateau = [0.3, 0.5, 0.6, 0.61, 0.6, 0.61, 0.6, 0.61]
+    decisions = [det.observe(Observation("j", 10 * (i + 1), s, progress=(i + 1) / 8, eval_noise=0.02, eval_n=64))
+                 for i, s in enumerate(plateau)]
+    assert decisions[-1].stop and decisions[-1].reason.startswith("converged")
+    with pytest.raises(ValueError, match="EvalStopCallback: policy stop_on must include hacked"):
+        SessionConfig.build("decline", stop_on=["converged"])
