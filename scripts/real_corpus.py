@@ -165,6 +165,32 @@ def markdown(table: dict[str, cp.Score]) -> str:
     return "\n".join(lines)
 
 
+#: ``--by``: the design's factors, each a function of a run's configuration to its group's label
+FACTORS: dict[str, Any] = {
+    "task": lambda c: c.task.value,
+    "trainer": lambda c: c.trainer.value,
+    "eval": lambda c: "fixed-seed" if c.fixed_seed_eval else "resampled",
+    "evals": lambda c: "5-15 evals" if c.evals <= 15 else "16-40 evals",
+    "eval_n": lambda c: "16-64 examples" if c.eval_n <= 64 else "68-512 examples",
+    "kl": lambda c: "no KL penalty" if c.kl_coef == 0 else "KL penalty",
+}
+
+
+def by_factor(runs: list[cp.RunRecord], rows: list[Row], rule: cp.LabelRule, factor: str) -> str:
+    """Healthy runs stopped at all and recall per group of ``factor``, for each row's rule (the groups'
+    run counts in brackets)."""
+    groups = sorted({FACTORS[factor](r.config) for r in runs})
+    lines = ["| rule | " + " | ".join(f"{g}: healthy stopped / recall" for g in groups) + " |",
+             "|---" * (len(groups) + 1) + "|"]
+    for row in rows:
+        cells = []
+        for g in groups:
+            sc = score_all([r for r in runs if FACTORS[factor](r.config) == g], [row], rule)[row[0]]
+            cells.append(f"{sc.healthy_stopped.fmt()} ({sc.healthy}) / {sc.recall.fmt()} ({sc.hacked})")
+        lines.append(f"| {row[0]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def half_of(runs: list[cp.RunRecord], prereg: dict[str, Any], half: str) -> list[cp.RunRecord]:
     if half == "all":
         return runs
@@ -182,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--score", action="store_true", help="replay every registered detector and print the table")
     ap.add_argument("--half", default="held_out", choices=("held_out", "tuning", "all"))
     ap.add_argument("--json", help="write the scored table as JSON")
+    ap.add_argument("--by", choices=sorted(FACTORS), help="with --score: healthy runs stopped and recall per group "
+                    "of a design factor, for decline and sequential (with and without the paired noise)")
     ap.add_argument("--folder", default=str(cp.CORPUS), help=argparse.SUPPRESS)
     ap.add_argument("--train-one", nargs=3, metavar=("CONFIG", "SEED", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -220,6 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.half} half: {len(runs)} runs, {n_h} hacked, {len(runs) - n_h} healthy; intervals resample "
               f"configurations ({len({r.config.config_id for r in runs})})\n")
         print(markdown(table))
+        if args.by:
+            chosen = [r for r in detector_rows() if r[0] in ("decline", "sequential", "decline + paired noise",
+                                                              "sequential + paired noise")]
+            print(f"\nby {args.by} (healthy runs stopped at all / recall; counts in brackets)\n")
+            print(by_factor(runs, chosen, rule, args.by))
         if args.json:
             Path(args.json).write_text(json.dumps({k: v.__dict__ for k, v in table.items()}, default=lambda o: o.__dict__,
                                                   indent=1))
