@@ -135,3 +135,15 @@ def test_calibrate_reads_the_corpus_runs_with_their_gold_as_labels(capsys):
     assert code == 0
     res = json.loads(capsys.readouterr().out)
     assert res["n_runs"] == len(list((cp.CORPUS / "runs").glob("*.jsonl"))) >= 120
+
+
+def test_the_scoring_script_prints_every_registered_detector_and_the_factor_table():
+    from evalstop_trl.core.detectors import DETECTORS
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "real_corpus.py"), "--score", "--half", "tuning",
+                          "--by", "task"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {line.split("|")[1].strip() for line in out.stdout.splitlines() if line.startswith("| ")}
+    assert {n for n in DETECTORS.names() if n != "never"} <= rows
+    assert {"sequential + paired noise + KL gate", "decline + paired noise, stop_on converged"} <= rows
+    assert "tuning half: 64 runs" in out.stdout and "letter: healthy stopped / recall" in out.stdout
