@@ -143,7 +143,9 @@ def console_record(line: str) -> tuple[int, dict[str, Any]] | None:
             values[key] = float(v.group(1)) if v else text
         except ValueError:
             values[key] = text
-    return int(m.group(1)), values
+    digits = m.group(1)
+    # a step of thousands of digits is no step (and int() refuses past 4,300): out of range, said as such
+    return (int(digits) if len(digits) <= 30 else MAX_STEP + 1), values
 
 
 # ----------------------------------------------------------------------------- formats

@@ -40,11 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..analysis.logs import console_record, json_record
+from ..analysis.logs import LogError, console_record, json_record, step_of
 from ..clients.api import EvalStopAPI
 from ..core.browse import finite_float
 from ..core.detectors import MAX_STEP
-from ..core.errors import InvalidInput, NotFound, Unauthorized
+from ..core.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unauthorized
 from .watch import log_text
 
 __all__ = ["KINDS", "MAX_KEYS", "MAX_LINE", "MAX_PENDING", "READ_CHUNK", "ConsoleTail", "JsonlTail", "MetricFrom",
@@ -120,6 +120,13 @@ class LineTail:
         self._said_irregular = False
         self.exists = False
         self.seen = _Keys()
+        # a file already there is an earlier run's log: read what is appended from now on (its old evals
+        # would be reported as this job's, and this run's lower steps then skipped as "not increasing")
+        try:
+            st = os.stat(self.path)
+            self._before: tuple[tuple[int, int], int] | None = ((st.st_dev, st.st_ino), st.st_size)
+        except OSError:
+            self._before = None
 
     def record(self, line: bytes) -> tuple[Any, dict[str, Any]] | None:
         raise NotImplementedError
@@ -139,8 +146,19 @@ class LineTail:
         inode = (st.st_dev, st.st_ino)
         if self._file is None or inode != self._inode or st.st_size < self._file.tell():  # new, replaced, truncated
             self.close()
-            self._file, self._inode = open(self.path, "rb"), inode  # noqa: SIM115 - kept open between polls
+            try:
+                self._file, self._inode = open(self.path, "rb"), inode  # noqa: SIM115 - kept open between polls
+            except OSError:  # rotated away between stat and open, or unreadable now: the next poll tries again
+                return []
             self._partial, self._skipping = b"", False
+            if self._before is not None and self._before[0] == inode and st.st_size >= self._before[1]:
+                log.warning("evalstop run: %s was there before this run (%d bytes): only what is written from now "
+                            "on is read", log_text(str(self.path)), self._before[1])
+                size = self._before[1]
+                self._file.seek(max(size - 1, 0))
+                ended = size == 0 or self._file.read(1) == b"\n"  # the old last line complete, or cut mid-way
+                self._partial, self._skipping = b"", not ended
+            self._before = None
         chunk = self._file.read(READ_CHUNK)
         if not chunk:
             return []
@@ -156,16 +174,20 @@ class LineTail:
     def _point(self, line: bytes) -> Point | None:
         if len(line) > MAX_LINE or not line.strip():
             return None
-        rec = self.record(line)
+        try:
+            rec = self.record(line)
+        except (ValueError, RecursionError):  # one unreadable line: skipped, never the lines after it
+            return None
         if rec is None:
             return None
-        step, values = rec
+        raw, values = rec
         self.seen.saw(values)
         if self.key not in values:
             return None
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
-            log.warning("evalstop run: %s has step %s for %s; steps must be integers from 0 to %d: skipped",
-                        log_text(str(self.path)), log_text(repr(step), 40), log_text(self.key), MAX_STEP)
+        try:
+            step = step_of(str(self.path), {"step": raw})  # the offline readers' check: integers 0..MAX_STEP
+        except LogError as exc:
+            log.warning("evalstop run: %s (for %s): skipped", log_text(str(exc), 300), log_text(self.key))
             return None
         return step, finite_float(values[self.key])  # NaN, inf, a string: a failed eval (missing)
 
@@ -261,6 +283,8 @@ class MetricReporter:
         self.reported = 0
         self.pending: list[Point] = []  # read, not yet taken by the coordinator (in step order)
         self._said_missing = False
+        self._said_errors: set[str] = set()  # poll errors already said (once per kind)
+        self._lock = threading.Lock()  # one poll at a time: the thread's, or close()'s last one
         self._tail = source.open()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="evalstop-metrics", daemon=True)
@@ -271,13 +295,19 @@ class MetricReporter:
 
     @property
     def missing_metric(self) -> str | None:
-        """When the log had records but never the metric: a message naming the keys it has; else None."""
+        """When the log had records but not yet the metric: a message naming the keys it has; else None."""
+        return self._missing(final=False)
+
+    def _missing(self, final: bool) -> str | None:
         seen = self._tail.seen
         if self.reported or self.pending or self.last_step is not None or seen.records == 0:
             return None
         keys = ", ".join(sorted(seen.names)[:40]) + (", ..." if len(seen.names) > 40 else "")
-        return (f"--metric {self.source.key!r} is not in {self.source.kind}:{self.source.path} "
-                f"({seen.records} records read); its keys: {keys}")
+        where = f"{self.source.kind}:{self.source.path} ({seen.records} records read)"
+        if final:
+            return f"--metric {self.source.key!r} never appeared in {where}; its keys: {keys}"
+        return (f"--metric {self.source.key!r} not seen yet in {where}; a validation metric may come only every "
+                f"few steps; its keys so far: {keys}")
 
     @property
     def never_reported(self) -> str | None:
@@ -285,17 +315,29 @@ class MetricReporter:
         if self.reported or self.pending or self.last_step is not None:
             return None
         if self._tail.seen.records:
-            return self.missing_metric
+            return self._missing(final=True)
         return (f"no record was read from {self.source.kind}:{self.source.path} (does the command write there, "
                 "in that format?)")
 
     def poll_once(self) -> int:
         """Read what is new and report what is pending, in order; returns how many points were taken."""
+        with self._lock:
+            return self._poll_once()
+
+    def _poll_once(self) -> int:
+        newest_before = self.pending[-1][0] if self.pending else self.last_step
+        skipped = 0
         for step, value in self._tail.poll():
             newest = self.pending[-1][0] if self.pending else self.last_step
             if newest is not None and step <= newest:
+                skipped += 1
                 continue
             self.pending.append((step, value))
+        if skipped and "skipped" not in self._said_errors:
+            self._said_errors.add("skipped")
+            log.warning("evalstop run: %d eval(s) of %s at or before step %s were skipped: a job's steps must "
+                        "increase (a log rewritten from an earlier step, or a run restarted into the same file)",
+                        skipped, log_text(str(self.source.path)), newest_before)
         if len(self.pending) > MAX_PENDING:
             log.warning("evalstop run: %d evals wait for the coordinator; the oldest %d are dropped", len(self.pending),
                         len(self.pending) - MAX_PENDING)
@@ -305,7 +347,14 @@ class MetricReporter:
             step, value = self.pending[0]
             try:
                 self.client.report(self.job_id, step, eval_score=value)
-            except (InvalidInput, NotFound, Unauthorized) as exc:  # refused for good: say it, go on
+            except (InvalidInput, NotFound, Unauthorized, Conflict) as exc:  # refused for good: say it, go on
+                log.warning("evalstop run: the coordinator refused step %d of %s: %s", step, log_text(self.job_id),
+                            log_text(exc, 300))
+            except QuotaExceeded as exc:  # a rate (Retry-After): later; a cap (none): for good
+                if exc.retry_after is not None:
+                    log.warning("evalstop run: step %d of %s waits for the tenant's rate (retry in %.1f s)", step,
+                                log_text(self.job_id), exc.retry_after)
+                    break
                 log.warning("evalstop run: the coordinator refused step %d of %s: %s", step, log_text(self.job_id),
                             log_text(exc, 300))
             except Exception as exc:  # noqa: BLE001 - unreachable or busy: kept, tried again at the next poll
@@ -333,10 +382,16 @@ class MetricReporter:
         while not self._done.wait(self.poll_s):
             try:
                 self.poll_once()
-            except Exception as exc:  # noqa: BLE001 - e.g. tensorboard missing: say it, keep the command
+            except RuntimeError as exc:  # a missing package (tensorboard): nothing to read, ever
                 log.warning("evalstop run: reading %s:%s failed: %s", self.source.kind,
                             log_text(str(self.source.path)), log_text(exc, 300))
                 return
+            except Exception as exc:  # noqa: BLE001 - a file mid-rotation, a bad line: said once, polled on
+                kind = type(exc).__name__
+                if kind not in self._said_errors:
+                    self._said_errors.add(kind)
+                    log.warning("evalstop run: reading %s:%s failed (%s), polling on: %s", self.source.kind,
+                                log_text(str(self.source.path)), kind, log_text(exc, 300))
             if not warned and not self._tail.exists and self.clock() - started > self.missing_warn_s:
                 warned = True
                 log.warning("evalstop run: %s %s does not exist after %.0f s: is the command writing there "
@@ -348,6 +403,8 @@ class MetricReporter:
         self._done.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.poll_s + 5)
+        if self._thread.is_alive():  # stuck in a report to a hanging coordinator: no second poller beside it
+            return
         try:
             self.poll_once()
         except Exception:  # noqa: BLE001 - closing: nothing more to say

@@ -170,7 +170,7 @@ def test_the_launcher_stops_a_child_whose_logs_show_the_decline(kind, tmp_path):
 def test_a_misspelt_metric_is_said_early_with_the_keys_and_the_run_exits_3(tmp_path):
     out = _launch("jsonl", tmp_path, "val-core/openai/gsm8k/reward/mean@l")  # l for 1
     assert out.returncode == 3, out.stderr[-3000:]
-    assert "is not in jsonl:" in out.stderr and KEY in out.stderr and "critic/score/mean" in out.stderr
+    assert "never appeared in jsonl:" in out.stderr and KEY in out.stderr and "critic/score/mean" in out.stderr
     coord = Coordinator(SQLiteStore(tmp_path / "evalstop.db"))
     try:
         job = coord.status("local", "logs-jsonl")
@@ -210,12 +210,68 @@ def test_a_report_the_coordinator_could_not_take_is_tried_again_in_order(tmp_pat
     from evalstop_trl.launcher.metrics import MetricReporter
 
     path = tmp_path / "m.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "data": {KEY: v}}) + "\n" for s, v in [(5, 0.3), (10, 0.4)]))
     client = _FlakyClient(down=2)
-    rep = MetricReporter(MetricFrom("jsonl", path, KEY), client, "j")
+    rep = MetricReporter(MetricFrom("jsonl", path, KEY), client, "j")  # before the run writes its log
+    path.write_text("".join(json.dumps({"step": s, "data": {KEY: v}}) + "\n" for s, v in [(5, 0.3), (10, 0.4)]))
     assert rep.poll_once() == 0 and rep.pending == [(5, 0.3), (10, 0.4)]  # nothing lost
     assert rep.poll_once() == 0
     with path.open("a") as f:
         f.write(json.dumps({"step": 15, "data": {KEY: 0.5}}) + "\n")
     assert rep.poll_once() == 3 and client.got == [(5, 0.3), (10, 0.4), (15, 0.5)]
+    rep.close()
+
+
+class _Refusing(_FlakyClient):
+    """A coordinator that already holds steps up to 10 of this job: an earlier step is refused for good."""
+
+    def report(self, job_id, step, eval_score=None):
+        from evalstop_trl.core.errors import Conflict
+
+        if step <= 10:
+            raise Conflict("reports must come in step order")
+        self.got.append((step, eval_score))
+
+
+def test_a_report_refused_for_good_is_said_and_dropped_and_later_evals_go_on(tmp_path):
+    from evalstop_trl.launcher.metrics import MetricReporter
+
+    path = tmp_path / "m.jsonl"
+    rep = MetricReporter(MetricFrom("jsonl", path, KEY), _Refusing(down=0), "j")
+    path.write_text("".join(json.dumps({"step": s, "data": {KEY: 0.1 * s}}) + "\n" for s in (5, 10, 15)))
+    assert rep.poll_once() == 1 and rep.client.got == [(15, pytest.approx(1.5))] and rep.pending == []
+    rep.close()
+
+
+def test_an_earlier_runs_log_at_the_path_is_not_this_jobs(tmp_path):
+    """A fixed log path (tee run.log, VERL_FILE_LOGGER_PATH) holds the last run's evals: only what is written
+    after the launcher starts is reported (they were reported as this job's, and this run's lower steps
+    were then skipped without a word)."""
+    from evalstop_trl.launcher.metrics import MetricReporter
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "data": {KEY: 0.9}}) + "\n" for s in (5, 50, 100)))
+    client = _FlakyClient(down=0)
+    rep = MetricReporter(MetricFrom("jsonl", path, KEY), client, "j")
+    with path.open("a") as f:
+        f.write("".join(json.dumps({"step": s, "data": {KEY: 0.1 * s}}) + "\n" for s in (5, 10)))
+    assert rep.poll_once() == 2 and [s for s, _ in client.got] == [5, 10]
+    rep.close()
+
+
+def test_a_bad_line_never_stops_the_reporter_thread(tmp_path):
+    """A console line whose step has thousands of digits (int() refuses it) is skipped; the thread polls on."""
+    import time
+
+    from evalstop_trl.launcher.metrics import MetricReporter
+
+    path = tmp_path / "verl.log"
+    client = _FlakyClient(down=0)
+    rep = MetricReporter(MetricFrom("verl_console", path, KEY), client, "j", poll_s=0.05).start()
+    with path.open("w") as f:
+        f.write("step:" + "9" * 5000 + f" - {KEY}:0.5\n")
+        f.write(f"step:5 - {KEY}:0.25\n")
+    deadline = time.monotonic() + 30
+    while not client.got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rep._thread.is_alive() and client.got == [(5, 0.25)]
     rep.close()
