@@ -42,14 +42,16 @@ from ..core.detectors import MAX_STEP
 __all__ = ["FORMATS", "LogError", "LogFormat", "MAX_FILE_BYTES", "MAX_LINE", "STEP_KEYS", "check_regular",
            "console_record", "detect", "json_record", "read_rows"]
 
-MAX_FILE_BYTES = 256 << 20  # a run's eval curve is kilobytes; a bigger file is not a training log
+MAX_FILE_BYTES = 64 << 20  # a run's eval curve is kilobytes (a 430-step verl console log: 0.6 MB)
 MAX_LINE = 1 << 20  # bytes: a longer line is not a metrics record
-#: Where each stack puts the step of a history row (the first present wins).
-STEP_KEYS = ("step", "_step", "global_step", "Step", "trainer/global_step")
+#: Where each stack puts the step of a history row (the first present wins): the trainer's own step before
+#: W&B's ``_step`` (one per log call), as transformers logs it to W&B (``train/global_step``).
+STEP_KEYS = ("step", "train/global_step", "global_step", "Step", "_step")
 _WANDB_SUFFIXES = ("__MIN", "__MAX")
 #: bookkeeping columns, not metrics: W&B's (``_runtime``, ``_timestamp``, ``_wandb``), verl's file logger's
 #: ``elapsed_seconds`` and pandas' unnamed index column of ``run.history().to_csv()``
 _SYSTEM_KEYS = frozenset({"_runtime", "_timestamp", "_wandb", "elapsed_seconds", "", "Unnamed: 0"})
+_WRAPPER_KEYS = frozenset({*STEP_KEYS, "data", "elapsed_seconds", "timestamp"})  # verl's file logger's line
 _CONSOLE = re.compile(r"(?:^|\s)step:(\d+)((?: - [^\s:][^:]*:[^ ]+)*)")
 _CONSOLE_VALUE = re.compile(r"^(?:np\.)?(?:float\d*|int\d*)?\(?([-+0-9.eEinfa]+)\)?$")
 
@@ -84,14 +86,23 @@ def check_regular(path: Path, limit: int = MAX_FILE_BYTES) -> int:
     return st.st_size
 
 
-def _lines(path: Path, limit: int = MAX_FILE_BYTES) -> Iterator[tuple[int, str]]:
-    """(line number, text) of a regular UTF-8 file, one line at a time."""
+def _lines(path: Path, limit: int = MAX_FILE_BYTES, skip_long: bool = False) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a regular UTF-8 file (a leading BOM dropped), one line at a time; a line
+    over :data:`MAX_LINE` bytes is an error, or skipped with ``skip_long`` (a console log's progress bars)."""
     check_regular(path, limit)
     try:
         with open(path, "rb") as f:
-            for lineno, raw in enumerate(iter(lambda: f.readline(MAX_LINE + 1), b""), 1):
+            lineno = 0
+            while raw := f.readline(MAX_LINE + 1):
+                lineno += 1
                 if len(raw) > MAX_LINE:
-                    raise LogError(f"{path}:{lineno}: a line over {MAX_LINE} bytes is not a log record")
+                    if not skip_long:
+                        raise LogError(f"{path}:{lineno}: a line over {MAX_LINE} bytes is not a log record")
+                    while raw and not raw.endswith(b"\n"):
+                        raw = f.readline(MAX_LINE + 1)
+                    continue
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # Excel's "CSV UTF-8" writes a BOM
+                    raw = raw[3:]
                 try:
                     yield lineno, raw.decode("utf-8")
                 except UnicodeDecodeError:
@@ -119,7 +130,8 @@ def json_record(obj: Any) -> tuple[Any, dict[str, Any]] | None:
     rows, or plain ``{"step", KEY: ...}``; None for anything else. The step is not checked here."""
     if not isinstance(obj, dict):
         return None
-    data = obj["data"] if isinstance(obj.get("data"), dict) else obj
+    # verl's wrapper only: a row that merely has a "data" field (a W&B table) keeps its own metrics
+    data = obj["data"] if isinstance(obj.get("data"), dict) and set(obj) <= _WRAPPER_KEYS else obj
     step = next((obj[k] for k in STEP_KEYS if obj.get(k) is not None), None)
     if step is None:
         return None
@@ -168,20 +180,30 @@ def _row(where: str, raw_step: Any, values: dict[str, Any]) -> dict[str, Any]:
     return {**values, "step": step}
 
 
+def _no_step(path: Path, objects: int) -> LogError:
+    return LogError(f"{path}: {objects} record(s), none with a step ({', '.join(STEP_KEYS)}); a training log names "
+                    "each record's step")
+
+
 def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
+    objects = stepped = 0
     for lineno, line in _lines(path):
         if not line.strip():
             continue
         obj = _parse_json(f"{path}:{lineno}", lambda line=line: json.loads(line))
         if not isinstance(obj, dict):
             raise LogError(f"{path}:{lineno}: expected a JSON object with 'step', got {type(obj).__name__}")
+        objects += 1
         rec = json_record(obj)
         if rec is not None:
+            stepped += 1
             yield _row(f"{path}:{lineno}", *rec)
+    if objects and not stepped:
+        raise _no_step(path, objects)
 
 
 def _console_rows(path: Path) -> Iterator[dict[str, Any]]:
-    for lineno, line in _lines(path):
+    for lineno, line in _lines(path, skip_long=True):
         rec = console_record(line)
         if rec is not None:
             yield _row(f"{path}:{lineno}", *rec)
@@ -205,7 +227,7 @@ def _csv_rows(path: Path) -> Iterator[dict[str, Any]]:
         step_key = next((k for k in STEP_KEYS if k in fields), None)
         if step_key is None:
             raise LogError(f"{path}: the CSV has no step column ({' or '.join(STEP_KEYS)}); columns: {', '.join(fields)}")
-        names = _wandb_names([f for f in fields if f != step_key])
+        names = _wandb_names([f for f in fields if f not in STEP_KEYS])
         for row in reader:
             clean: dict[str, Any] = {}
             for k, v in row.items():
@@ -269,12 +291,14 @@ def trainer_state(path: Path) -> tuple[list[dict[str, Any]], int | None]:
 
 def _json_rows(path: Path, items: list[Any], what: str) -> list[dict[str, Any]]:
     rows = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(items, 1):
         if not isinstance(item, dict):
             raise LogError(f"{path}: entry {i} of the {what} is {type(item).__name__}, expected an object")
         rec = json_record(item)
         if rec is not None:
-            rows.append(_row(f"{path}: entry {i + 1}", *rec))
+            rows.append(_row(f"{path}: entry {i}", *rec))
+    if items and not rows and what != "log_history":
+        raise _no_step(path, len(items))
     return rows
 
 
@@ -357,16 +381,27 @@ def tb_scalar(value: Any, tensor_util: Any) -> float | None:
     return float(array.reshape(-1)[0])
 
 
-def _first_lines(path: Path, n: int = 50) -> list[str]:
+def _first_lines(path: Path, n: int = 20, budget: int = 4 << 20) -> list[str]:
+    """The first ``n`` non-blank lines, whole (a verl file-logger line is 5-10 KB), at most ``budget`` bytes."""
     check_regular(path)
-    out = []
+    out: list[str] = []
+    read = 0
     with open(path, "rb") as f:
-        for raw in iter(lambda: f.readline(4096), b""):
+        while len(out) < n and read < budget and (raw := f.readline(min(MAX_LINE, budget - read))):
+            read += len(raw)
+            if not out and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
             if raw.strip():
                 out.append(raw.decode("utf-8", "replace"))
-            if len(out) >= n:
-                break
     return out
+
+
+def _first_object(line: str) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 #: how far into a file detection looks for a verl console line (a run prints its whole config, model
@@ -389,25 +424,32 @@ def has_console_line(path: Path) -> bool:
 
 
 def detect(path: Path) -> LogFormat:
-    """The format of ``path``: a JSON document by its first character (a trainer_state object or a W&B
-    list), else by suffix, else by its first lines (a verl console log may start with other output)."""
+    """The format of ``path``: a JSON list (W&B's history), a trainer_state.json (an object with
+    ``log_history``, or a pretty-printed ``.json`` document), JSONL (its first line a whole object with a
+    step), else by suffix, else by its lines (a verl console log may start with its config dump)."""
     first = _first_lines(path)
+    if not first:
+        raise LogError(f"{path}: empty; a training log has at least one record")
     suffix = path.suffix.lower()
-    if suffix == ".json" or (first and first[0].lstrip()[:1] in "[{" and suffix not in (".jsonl", ".ndjson")):
-        head = first[0].lstrip()[:1] if first else ""
-        if head == "[":
-            return FORMATS["wandb_json"]
-        if head == "{" and (suffix == ".json" or len(first) == 1 or not first[1].lstrip().startswith("{")):
-            return FORMATS["trainer_state"]
+    head = first[0].lstrip()[:1]
+    obj = _first_object(first[0])
+    if head == "[" and suffix not in (".jsonl", ".ndjson", ".csv", ".tsv"):
+        return FORMATS["wandb_json"]
+    if obj is not None and "log_history" in obj:
+        return FORMATS["trainer_state"]
+    if obj is not None and json_record(obj) is not None:
+        return FORMATS["jsonl"]
+    if head == "{" and suffix == ".json":
+        return FORMATS["trainer_state"]
     for fmt in FORMATS.values():
-        if suffix in fmt.suffixes and fmt.name not in ("trainer_state", "wandb_json", "verl_console"):
+        if suffix in fmt.suffixes and fmt.name in ("jsonl", "csv"):
             return fmt
     if any(_CONSOLE.search(line) for line in first) or (suffix in FORMATS["verl_console"].suffixes
                                                          and has_console_line(path)):
         return FORMATS["verl_console"]
-    if first and first[0].lstrip().startswith("{"):
+    if obj is not None:
         return FORMATS["jsonl"]
-    if first and FORMATS["csv"].sniff(first[0]):
+    if FORMATS["csv"].sniff(first[0]):
         return FORMATS["csv"]
     raise LogError(f"{path}: unknown format; readable formats: "
                    + "; ".join(f.description for f in FORMATS.values()) + " (name one with --format)")

@@ -91,8 +91,9 @@ class ReplayResult:
         }
 
 
-def _read_rows(path: Path, fmt: str | None = None) -> tuple[list[dict[str, Any]], str, int | None]:
-    """Return (rows, format name, planned steps), read by the shared parsers of :mod:`.logs`."""
+def _read_rows(path: Path, fmt: str | None = None) -> tuple[Any, str, int | None]:
+    """Return (rows, an iterable that may be iterated more than once; format name; planned steps), read
+    by the shared parsers of :mod:`.logs`."""
     from . import logs
 
     if path.is_dir() and fmt in (None, "tensorboard") and not (path / "trainer_state.json").exists():
@@ -106,9 +107,27 @@ def _read_rows(path: Path, fmt: str | None = None) -> tuple[list[dict[str, Any]]
         return _tensorboard_rows(path)
     try:
         rows, name, planned = logs.read_rows(path, fmt)
-        return list(rows), name, planned
+        if name in ("trainer_state", "wandb_json"):  # a JSON document is read whole anyway
+            return list(rows), name, planned
+        return _Reread(path, name), name, planned  # a line format: streamed again for each pass
     except logs.LogError as exc:
         raise ReplayError(str(exc)) from None
+
+
+class _Reread:
+    """The rows of a line-format log, read again (streamed) at each iteration: a pass over a big log
+    keeps one row at a time, never the file's rows all at once."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.path, self.name = path, name
+
+    def __iter__(self):
+        from . import logs
+
+        try:
+            yield from logs.FORMATS[self.name].rows(self.path)
+        except logs.LogError as exc:
+            raise ReplayError(str(exc)) from None
 
 
 def _tensorboard_rows(path: Path) -> tuple[list[dict[str, Any]], str, int | None]:
@@ -134,7 +153,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _choose_metric(path: Path, rows: list[dict[str, Any]]) -> str:
+def _choose_metric(path: Path, rows: Any) -> str:
     keys: list[str] = []
     for row in rows:
         for k, v in row.items():

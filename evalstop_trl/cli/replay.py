@@ -87,7 +87,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _is_sqlite(path: str) -> bool:
+    """Whether ``path`` is a SQLite file (read only once it is known to be a regular file: a named pipe
+    would block the read forever)."""
+    import os
+    import stat
+
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
         with open(path, "rb") as fh:
             return fh.read(16) == b"SQLite format 3\x00"
     except OSError:

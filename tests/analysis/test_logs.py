@@ -226,3 +226,46 @@ def test_a_nested_mlflow_meta_is_refused_and_the_good_run_beside_it_is_read(tmp_
     out, err = capsys.readouterr()
     assert json.loads(out)["n_runs"] == 1 and good is not None
     assert "nested too deeply" in err and "Traceback" not in err
+
+
+def test_replay_on_a_named_pipe_answers_at_once(tmp_path):
+    """The CLI looked for a SQLite header by opening the path first (a pipe blocks that open forever)."""
+    fifo = tmp_path / "curve"
+    os.mkfifo(fifo)
+    out = subprocess.run([sys.executable, "-m", "evalstop_trl", "replay", str(fifo)], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2 and "not a regular file" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("name, text, fmt", [
+    ("long.txt", json.dumps({"step": 10, "data": {"val": 0.5, "pad": "x" * 9000}}) + "\n"
+     + json.dumps({"step": 20, "data": {"val": 0.4, "pad": "x" * 9000}}) + "\n", "jsonl"),  # 9 KB verl lines
+    ("one.txt", json.dumps({"step": 10, "val": 0.5}) + "\n", "jsonl"),
+    ("lines.json", json.dumps({"step": 10, "val": 0.5}) + "\n" + json.dumps({"step": 20, "val": 0.4}) + "\n", "jsonl"),
+    ("bom.csv", "\ufeffstep,val\n10,0.5\n20,0.4\n", "csv"),
+    ("bom.jsonl", "\ufeff" + json.dumps({"step": 10, "val": 0.5}) + "\n", "jsonl"),
+])
+def test_detection_reads_whole_first_lines_and_a_bom(tmp_path, name, text, fmt):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    curve = load_curve(path, "val")
+    assert curve.source == fmt and curve.scores[0] == 0.5
+
+
+def test_a_progress_bar_line_over_the_limit_is_skipped_in_a_console_log(tmp_path):
+    path = tmp_path / "verl.log"
+    path.write_text(f"step:10 - {KEY}:0.5\n" + "\r" * (logs.MAX_LINE + 10) + f"\nstep:20 - {KEY}:0.6\n")
+    assert load_curve(path, KEY).steps == (10, 20)
+
+
+def test_records_without_a_step_are_named_not_dropped_silently(tmp_path):
+    path = tmp_path / "nostep.jsonl"
+    path.write_text("".join(json.dumps({"iteration": i, "val": 0.5}) + "\n" for i in range(3)))
+    with pytest.raises(ReplayError, match="none with a step"):
+        load_curve(path, "val")
+
+
+def test_a_wandb_row_with_a_data_field_keeps_its_metrics_and_the_trainers_step_wins():
+    step, values = logs.json_record({"_step": 5, "train/global_step": 40, "eval/acc": 0.5,
+                                     "data": {"_type": "table-file"}})
+    assert step == 40 and values["eval/acc"] == 0.5 and "_step" not in values
