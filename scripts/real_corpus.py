@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     if args.check:
         runs = cp.read_corpus(folder)
-        problems = cp.check_preregistration(prereg, runs)
+        problems = cp.check_preregistration(prereg, runs, folder)
         hacked = sum(cp.prereg_labels(folder).values())
         print(f"{len(runs)} runs of {prereg['configurations']} configurations x seeds {prereg['seeds']}; "
               f"{hacked} hacked by the gold rule; split {len(prereg['tuning_configs'])} tuning / "

@@ -34,6 +34,8 @@ def existing_db(path: str) -> str:
         raise CLIError(f"no database at {path}: pass the file that exists (the callback writes "
                        "<output_dir>/evalstop.db; `evalstop serve --db` the one it was given), or --url for a "
                        "running coordinator")
+    if os.path.isfile(path) and os.path.getsize(path) == 0:  # a read must not write a schema into it
+        raise CLIError(f"--db {path} is an empty file, not a coordinator's database")
     return path
 
 

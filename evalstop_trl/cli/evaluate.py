@@ -24,21 +24,38 @@ __all__ = ["add_evaluate_command"]
 DB_WAIT_S = 60.0
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _ready(path: str) -> bool:
+    """A SQLite file with its header written (a job's callback may have just created it, still empty)."""
+    try:
+        with open(path, "rb") as fh:
+            return os.path.isfile(path) and fh.read(16) == _SQLITE_HEADER
+    except OSError:
+        return False
+
+
 def _await_db(path: str, wait_s: float) -> str:
-    """``path`` once it exists (a worker may start before the job whose callback creates the file), at
-    most ``wait_s`` seconds; never created here. A folder that does not exist is refused at once."""
+    """``path`` once it is a SQLite database (a worker may start before the job whose callback creates the
+    file, and the job's output folder), at most ``wait_s`` seconds; never created here. A path whose
+    grandparent folder does not exist either is refused at once (a typo, not a job yet to come)."""
     import sys
     import time
 
     parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
+    if not os.path.isdir(parent) and not os.path.isdir(os.path.dirname(parent)):
         raise CLIError(f"no folder {parent} for --db {path}: pass the evalstop.db of a run's output folder")
+    if os.path.isdir(path) or (os.path.exists(path) and not os.path.isfile(path)):
+        return existing_db(path)  # a folder: said at once
     deadline = time.monotonic() + wait_s
-    if not os.path.exists(path) and wait_s > 0:
+    if not _ready(path) and wait_s > 0:
         print(f"evalstop evaluate: waiting up to {wait_s:g} s for {path} (a training job's callback creates it; "
               "--wait-db S)", file=sys.stderr, flush=True)
-        while not os.path.exists(path) and time.monotonic() < deadline:
+        while not _ready(path) and time.monotonic() < deadline:
             time.sleep(0.2)
+    if os.path.exists(path) and not _ready(path):
+        raise CLIError(f"--db {path} is not a SQLite database (no SQLite header after {wait_s:g} s)")
     return existing_db(path)
 
 

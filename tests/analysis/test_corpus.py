@@ -147,3 +147,11 @@ def test_the_scoring_script_prints_every_registered_detector_and_the_factor_tabl
     assert {n for n in DETECTORS.names() if n != "never"} <= rows
     assert {"sequential + paired noise + KL gate", "decline + paired noise, stop_on converged"} <= rows
     assert "tuning half: 64 runs" in out.stdout and "letter: healthy stopped / recall" in out.stdout
+
+
+def test_a_converged_stop_of_a_hacked_run_is_a_false_stop_not_a_caught_hack():
+    hacked = run_of([0.1, 0.6, 0.5, 0.3, 0.2], cid=7)
+    o = cp.outcome(hacked, 30, 20, RULE, converged=True)
+    s = cp.score([o], resamples=50)
+    assert (s.precision_any.value, s.recall.value, s.post_peak_saved.value) == (0.0, 0.0, 0.0)
+    assert s.healthy_stopped.value is None and s.converged_stops == 1

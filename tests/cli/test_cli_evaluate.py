@@ -40,7 +40,19 @@ def test_evaluate_refuses_a_database_that_is_not_there_and_creates_nothing(tmp_p
 
 def test_a_database_in_a_folder_that_does_not_exist_is_refused_at_once(tmp_path):
     pytest.importorskip("torch")
-    given = str(tmp_path / "no-such-run" / "evalstop.db")
+    given = str(tmp_path / "no-such-root" / "no-such-run" / "evalstop.db")
     out = _evaluate(tmp_path, given)
     assert out.returncode == 2 and "no folder" in out.stderr and "waiting" not in out.stderr, out.stderr
-    assert not (tmp_path / "no-such-run").exists()
+    assert not (tmp_path / "no-such-root").exists()
+
+
+def test_an_empty_file_is_not_taken_for_a_database(tmp_path):
+    """A job's callback creates the file, then its schema: a reader must not write a schema into it first."""
+    pytest.importorskip("torch")
+    empty = tmp_path / "evalstop.db"
+    empty.touch()
+    out = _evaluate(tmp_path, str(empty))
+    assert out.returncode == 2 and "not a SQLite database" in out.stderr and empty.stat().st_size == 0
+    status = subprocess.run([sys.executable, "-m", "evalstop_trl", "status", "--db", str(empty)], capture_output=True,
+                            text=True, timeout=60)
+    assert status.returncode == 2 and "empty file" in status.stderr and empty.stat().st_size == 0

@@ -37,7 +37,7 @@ def test_the_interval_covers_the_true_peak_on_noisy_evals():
         rise = gao(true_kl, alpha, beta)
         clock = fit(kls, [gao(k, alpha, beta) + rng.gauss(0, 0.03 * rise) for k in kls], seed=seed)
         covered += clock is not None and clock.peak_kl is not None and clock.low <= true_kl <= clock.high
-    assert covered >= 30, covered
+    assert covered >= 32, covered  # an approximate 95% interval: at least 80% here
 
 
 def test_the_units_of_the_score_do_not_move_the_peak():
