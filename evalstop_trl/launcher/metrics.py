@@ -284,7 +284,6 @@ class MetricReporter:
         self.pending: list[Point] = []  # read, not yet taken by the coordinator (in step order)
         self._said_missing = False
         self._said_errors: set[str] = set()  # poll errors already said (once per kind)
-        self._lock = threading.Lock()  # one poll at a time: the thread's, or close()'s last one
         self._tail = source.open()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="evalstop-metrics", daemon=True)
@@ -320,11 +319,8 @@ class MetricReporter:
                 "in that format?)")
 
     def poll_once(self) -> int:
-        """Read what is new and report what is pending, in order; returns how many points were taken."""
-        with self._lock:
-            return self._poll_once()
-
-    def _poll_once(self) -> int:
+        """Read what is new and report what is pending, in order; returns how many points were taken.
+        One poller at a time: the thread's, then close()'s last one once the thread has ended."""
         newest_before = self.pending[-1][0] if self.pending else self.last_step
         skipped = 0
         for step, value in self._tail.poll():

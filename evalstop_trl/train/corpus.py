@@ -26,7 +26,7 @@ import torch
 
 from ..analysis.corpus import SAMPLES, CorpusConfig, Task, Trainer
 from . import judge as jd
-from .tiny import LETTERS, GoldEval, Preset, build_model, build_tokenizer, gold_score, make_prompts, save_tiny
+from .tiny import GoldEval, Preset, build_model, build_tokenizer, gold_score, make_prompts, save_tiny
 
 __all__ = ["TaskSetup", "setup_task", "train_run"]
 
@@ -132,17 +132,13 @@ def setup_task(cfg: CorpusConfig, run_seed: int) -> TaskSetup:
     return _TASKS[cfg.task](cfg, run_seed)
 
 
-def _markov(rng: random.Random) -> str:
-    return jd._markov_string(rng)
-
-
 def preference_pairs(task: TaskSetup, seed: int) -> dict[str, list[str]]:
     """Offline pairs for DPO, labelled by the proxy: two random completions per prompt, the one the
     proxy scores higher is chosen (ties: a third draw)."""
     rng = random.Random(seed)
     prompts, chosen, rejected = [], [], []
     for p in task.train_prompts:
-        a, b = _markov(rng), _markov(rng)
+        a, b = jd._markov_string(rng), jd._markov_string(rng)
         sa, sb = task.proxy_score([p, p], [a, b])
         if sa == sb:
             continue
@@ -285,4 +281,3 @@ def train_run(cfg: CorpusConfig, run_seed: int, workdir: str | Path, device: str
 
 
 assert set(_TASKS) == set(Task), "every task of the design has a trainer here"
-assert LETTERS  # the tokenizer's alphabet (prompts and completions are letters)

@@ -61,6 +61,16 @@ def test_a_jsonl_follower_reads_verl_and_plain_lines_partial_lines_and_rotation(
     tail.close()
 
 
+def test_the_run_commands_help_names_every_kind():
+    """``--metric-from``'s help is typed out beside KINDS: tied here."""
+    from evalstop_trl.cli import build_parser
+    from evalstop_trl.launcher.metrics import KINDS
+
+    run = next(a for a in build_parser()._subparsers._group_actions[0].choices["run"]._actions
+               if "--metric-from" in a.option_strings)
+    assert all(f"{kind}:" in run.metavar for kind in KINDS)
+
+
 def test_metric_from_says_what_is_wrong():
     with pytest.raises(ValueError, match="jsonl:PATH, verl_console:PATH, tensorboard:PATH"):
         MetricFrom.parse("csv:x.csv", "k")
