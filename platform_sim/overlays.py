@@ -33,6 +33,7 @@ from evalstop_trl.core.coordinator import Coordinator
 from evalstop_trl.core.detectors import DETECTORS, Action
 from evalstop_trl.core.records import JobType, Policy, Quotas
 from evalstop_trl.core.registry import Registry
+from evalstop_trl.core.requests import ReportRequest
 from evalstop_trl.stores.memory import MemoryStore
 
 from .views import JobSnapshot
@@ -145,7 +146,8 @@ class DetectorOverlay(Overlay):
         name = self._watched.get(job_id)
         if name is None:
             return False
-        return self._report(TENANT, name, step, score, loss, proxy, None, eval_n, eval_noise).action is Action.STOP
+        request = ReportRequest(step, score, loss, proxy, None, eval_n, eval_noise)
+        return self._report(TENANT, name, request).action is Action.STOP
 
 
 class StopAtOverlay(Overlay):

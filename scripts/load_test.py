@@ -9,6 +9,10 @@ first as fast as it can (saturation), then paced (one report per job per --inter
 count and time; stops by itself; loopback only.
 
     python scripts/load_test.py [--jobs 200] [--reports 25] [--backends sqlite,pg1,pg2] [--json OUT]
+
+``--router``: the servers answer every route through FastAPI's router (``ServiceSettings(hot_routes=())``,
+set by a ``sitecustomize`` on the servers' path: ``evalstop serve`` has no switch for it), to measure
+what the hot routes (``service/routes.py: HotRoutes``) save.
 """
 
 from __future__ import annotations
@@ -176,6 +180,32 @@ def cluster_cpu_seconds(data_dir: Path) -> float:
     return total
 
 
+#: put on the servers' PYTHONPATH by --router: every create_app() call sends every route through the router
+_ROUTER_ONLY = """
+import dataclasses
+
+import evalstop_trl.service.app as app
+
+_create_app = app.create_app
+
+
+def create_app(coordinator, settings=None, *args, **kwargs):
+    settings = dataclasses.replace(settings or app.ServiceSettings(), hot_routes=())
+    return _create_app(coordinator, settings, *args, **kwargs)
+
+
+app.create_app = create_app
+"""
+
+
+def router_only(tmp: Path) -> None:
+    """Servers started from now on answer every route through FastAPI's router (see --router)."""
+    shim = tmp / "router-only"
+    shim.mkdir(exist_ok=True)
+    (shim / "sitecustomize.py").write_text(_ROUTER_ONLY)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(shim), os.environ.get("PYTHONPATH"))))
+
+
 def run_backend(db: str, replicas: int, args: argparse.Namespace, cluster_data: Path | None = None) -> dict:
     """Start ``replicas`` servers over ``db``, run the saturation and the paced stream, stop them."""
     # one tenant sends the whole stream: lift its report-rate quota (1,000/s by default) out of the way,
@@ -215,13 +245,17 @@ def main() -> int:
                     help="paced phase: seconds each job trains between reports (offered load = jobs / interval)")
     ap.add_argument("--skip-optuna", action="store_true")
     ap.add_argument("--backends", default="sqlite,pg1,pg2", help="sqlite, pg1 (PostgreSQL, one replica), pg2 (two)")
+    ap.add_argument("--router", action="store_true",
+                    help="no hot routes: every route through FastAPI's router (a measurement of HotRoutes)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if not 1 <= args.jobs <= 2000 or not 1 <= args.reports <= 10_000:
         ap.error("--jobs must be in 1..2000 and --reports in 1..10000")
 
     tmp = Path(tempfile.mkdtemp(prefix="evalstop-load-"))
-    results = {"date": date.today().isoformat(),
+    if args.router:
+        router_only(tmp)
+    results = {"date": date.today().isoformat(), "hot_routes": not args.router,
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
                "jobs": args.jobs, "reports_per_job": args.reports, "interval_s": args.interval}
     backends = [b for b in args.backends.split(",") if b]

@@ -197,6 +197,8 @@ def build(a: argparse.Namespace):
                           train_dataset=Dataset.from_dict({"prompt": prompts}), eval_dataset=eval_dataset,
                           processing_class=tok, callbacks=callbacks)
     trainer.remove_callback(PrinterCallback)
+    if isinstance(cb, EvalStopCallback):
+        cb.trainer = trainer  # as trainer=: EvalStop's metrics go through trainer.log to report_to
     integration = Integration()
     handler = trainer.callback_handler.callbacks
     handler.insert(next(i for i, c in enumerate(handler) if c is cb or isinstance(c, (EvalStopCallback, LogWriter))),

@@ -46,7 +46,7 @@ PostgreSQL: the job is found by its tag, carries the trainer's hyperparameters, 
 its recorded reports, the tenant's summary counts its stop and the steps it saved, and once stopped it
 can be deleted (its audit line stays). ``U1-user-callback-first`` (issue 24) lists a callback of the
 user's before ``EvalStopCallback``: it runs first at every step (the world feedback sees the mark it
-set at the eval's own step), the callback keeps its place and only its log forwarder goes first.
+set at the eval's own step), and the trainer's callback list is as the user built it.
 ``P1-per-example`` (issue 28) returns the gold eval's 32 per-prompt scores: every report carries n = 32
 and a paired noise level except the first eval of each process (nothing to pair with; the resumed
 process starts afresh), and the stop is the one ``decline`` gives with that noise. ``L1``-``L3`` (a row per
@@ -394,7 +394,7 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
         evals = [h["step"] for h in run.result["history"]]
         assert evals and run.result["marks_seen"] == evals, run.result  # StepMark ran first at each eval step
         names = run.result["callbacks"]
-        assert names[0] == "_LogsFirst" and names.index("StepMark") < names.index("EvalStopCallback"), names
+        assert names == ["DefaultFlowCallback", "StepMark", "Integration", "EvalStopCallback"], names
     if row.defect == "D8":
         assert re.search(r"\b(rose|rises?)\b", job.decision.reason) and "decline" not in job.decision.reason, \
             job.decision.reason

@@ -9,6 +9,8 @@ run browser's query, the exports' text) are the table :data:`_IN_PROCESS`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +46,7 @@ def _export_reports(c: Coordinator, tenant: str, job_id: str, format: str) -> st
     return "".join(c.export_reports(tenant, job_id, format))
 
 
-#: routes whose in-process call is not the coordinator's method of the same name
+#: routes whose in-process call is not the coordinator's method of the same name by keyword
 _IN_PROCESS: dict[str, Callable[..., Any]] = {
     "register_job": lambda c, tenant, **a: c.register_job(tenant, **a)[0],
     "wait_decision": _wait_decision,
@@ -52,6 +54,13 @@ _IN_PROCESS: dict[str, Callable[..., Any]] = {
     "export_jobs": _export_jobs,
     "export_reports": _export_reports,
 }
+
+
+@functools.cache
+def _takes_record(name: str) -> bool:
+    """The coordinator's method ``name`` takes the route's request record as ``request`` (the report's
+    does), not its fields by keyword."""
+    return "request" in inspect.signature(getattr(Coordinator, name)).parameters
 
 
 class EmbeddedClient(EvalStopAPI):
@@ -83,9 +92,12 @@ class EmbeddedClient(EvalStopAPI):
 
     def _send(self, route: Route, args: dict[str, Any], request: Any, timeout: float | None) -> Any:
         tenant = self.tenant
-        if request is not None:
-            args.update(values(request))
         call = _IN_PROCESS.get(route.name)
+        if request is not None:
+            if _takes_record(route.name):
+                args["request"] = request
+            else:
+                args.update(values(request))
         if call is not None:
             return call(self.coordinator, tenant, **args)
         return getattr(self.coordinator, route.name)(tenant, **args)

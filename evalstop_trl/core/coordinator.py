@@ -24,10 +24,11 @@ Rules:
 
 Example::
 
+    >>> from evalstop_trl.core.requests import ReportRequest
     >>> coord = Coordinator()  # an in-memory store
     >>> _ = coord.register_job("acme", "run-1", "grpo", planned_steps=100)
     >>> for step, score in [(10, 0.2), (20, 0.5), (30, 0.4), (40, 0.3)]:
-    ...     decision = coord.report("acme", "run-1", step, eval_score=score)
+    ...     decision = coord.report("acme", "run-1", ReportRequest(step, eval_score=score))
     >>> decision.action.value, decision.best_step
     ('stop', 20)
 """
@@ -54,7 +55,6 @@ from .memory_store import MemoryStore
 from .records import (
     AuditKind,
     AuditRecord,
-    EvalState,
     EvalTask,
     JobRecord,
     JobStatus,
@@ -66,10 +66,12 @@ from .records import (
     Report,
     check_checkpoint,
     check_report,
+    check_step,
     check_text,
     mode_named,
 )
 from .repository import JobCache, ReplicatedJobs, Slot
+from .requests import ReportRequest
 from .store import (
     DONE,
     PRUNABLE,
@@ -145,10 +147,10 @@ class PendingReport(NamedTuple):
 
     tenant: str
     job_id: str
+    request: ReportRequest  # decided again on a conflict
     decision: Decision
     ticket: Future
     stopped: JobRecord | None  # the job's record if this report stopped it
-    args: tuple  # Coordinator.report's arguments after the job id: decided again on a conflict
 
 
 def _check_job_quotas(jobs: JobCache, tenant: str, quotas: Quotas) -> None:
@@ -392,48 +394,43 @@ class Coordinator:
                 raise
         return state, True
 
-    def report(self, tenant: str, job_id: str, step: int, eval_score: float | None = None,
-               train_loss: float | None = None, proxy_reward: float | None = None,
-               checkpoint: str | None = None, eval_n: int | None = None, eval_noise: float | None = None) -> Decision:
-        """Record one report (durably, before returning) and return the job's decision. ``eval_n``
-        and ``eval_noise``: the per-example evidence of the eval score (``core/examples.py``)."""
-        def attempt() -> Step:
-            out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint,
-                                       eval_n, eval_noise)
+    def report(self, tenant: str, job_id: str, request: ReportRequest) -> Decision:
+        """Record one report (durably, before returning) and return the job's decision."""
+        if self.jobs.shared:  # another replica's write may beat this one's: decided again on what it wrote
+            out = self._retrying(lambda: self._report_durably(tenant, job_id, request))
+        else:  # a store of one coordinator never refuses a report's write as stale: no retry to set up
+            out, ticket = self._report(tenant, job_id, request)
             if ticket is not DONE:
                 self._settle(ticket, tenant, job_id)
-            return out
-
-        # a store of one coordinator never refuses a report's write as stale: no retry loop to set up
-        out = self._retrying(attempt) if self.jobs.shared else attempt()
         if out.stopped:
             self._notify(out.state.record, out.decision)
         return out.decision
 
-    def submit_report(self, tenant: str, job_id: str, step: int, eval_score: float | None = None,
-                      train_loss: float | None = None, proxy_reward: float | None = None,
-                      checkpoint: str | None = None, eval_n: int | None = None, eval_noise: float | None = None,
-                      nonblocking: bool = False) -> PendingReport:
+    def _report_durably(self, tenant: str, job_id: str, request: ReportRequest) -> Step:
+        out, ticket = self._report(tenant, job_id, request)
+        self._settle(ticket, tenant, job_id)
+        return out
+
+    def submit_report(self, tenant: str, job_id: str, request: ReportRequest, nonblocking: bool = False) -> PendingReport:
         """Decide on one report, queue its write; :meth:`complete` (or awaiting ``pending.ticket``) waits.
         ``nonblocking``: :class:`WouldBlock` instead of a store read (the service's event-loop path)."""
-        if nonblocking and (tenant not in self._report_limits or not self.jobs.in_memory(tenant, job_id, step)):
+        if nonblocking and (tenant not in self._report_limits or not self.jobs.in_memory(tenant, job_id,
+                                                                                          request.step)):
             raise WouldBlock(job_id)
-        out, ticket = self._report(tenant, job_id, step, eval_score, train_loss, proxy_reward, checkpoint, eval_n,
-                                   eval_noise)
-        return PendingReport(tenant, job_id, out.decision, ticket, out.state.record if out.stopped else None,
-                             (step, eval_score, train_loss, proxy_reward, checkpoint, eval_n, eval_noise))
+        out, ticket = self._report(tenant, job_id, request)
+        return PendingReport(tenant, job_id, request, out.decision, ticket, out.state.record if out.stopped else None)
 
-    def _report(self, tenant: str, job_id: str, step: int, eval_score: float | None, train_loss: float | None,
-                proxy_reward: float | None, checkpoint: str | None, eval_n: int | None = None,
-                eval_noise: float | None = None) -> tuple[Step, Future]:
-        check_report(step, eval_score, train_loss, proxy_reward, eval_n, eval_noise)
-        if checkpoint is not None:
-            check_checkpoint(checkpoint)
-        slot = self.jobs.get(tenant, job_id)
+    def _report(self, tenant: str, job_id: str, request: ReportRequest) -> tuple[Step, Future]:
+        """Check ``request`` and decide it: on the repository's common path in one call, else here."""
+        check_report(request)
+        now = self.clock()
+        common = self.jobs.observe(tenant, job_id, request, now, self._report_limits.get(tenant))
+        if common is not None:
+            return common
+        slot = self.jobs.for_report(tenant, job_id, request.step)  # a replica reads no version before a new step
         # built with the job's plan as read now (the core re-stamps it if an amendment lands first)
-        rep = Report(step, eval_score, train_loss, proxy_reward, checkpoint, self.clock(), slot.head.record.planned_steps,
-                     eval_n, eval_noise)
-        last = slot.head.last
+        rep = Report.of(request, now, slot.head.record.planned_steps)
+        step, last = request.step, slot.head.last
         if last is None or step > last.step:  # a new report (a retry is answered whatever the quota)
             limit = self._report_limits.get(tenant)
             if limit is None:  # the tenant's quota as of its latest registration (as max_reports_per_job)
@@ -454,7 +451,7 @@ class Coordinator:
         try:
             self._settle(pending.ticket, pending.tenant, pending.job_id)
         except StaleState:
-            return self.report(pending.tenant, pending.job_id, *pending.args)
+            return self.report(pending.tenant, pending.job_id, pending.request)
         if pending.stopped is not None:
             self._notify(pending.stopped, pending.decision)
         return pending.decision
@@ -470,7 +467,7 @@ class Coordinator:
         the audit then records the stop lag, the steps it trained after the eval that stopped it)."""
         check_checkpoint(checkpoint)
         if step is not None:
-            check_report(step)
+            check_step(step)
         self._audit_count(tenant)
         return self._command(tenant, job_id, Ack(checkpoint, step, self.clock())).state.view()
 
@@ -757,11 +754,8 @@ class Coordinator:
         fsync for a catch-up batch); raises a store error (then nothing of the batch is marked fed)."""
         pending = []
         for task in tasks:
-            done = task.state is EvalState.DONE
             try:
-                pending.append(self.submit_report(tenant, job_id, task.step, task.score if done else None,
-                                                  task.train_loss, task.proxy_reward, task.path if done else None,
-                                                  task.eval_n if done else None, task.eval_noise if done else None))
+                pending.append(self.submit_report(tenant, job_id, task.report()))
             except Conflict:
                 pass  # fed before a crash, or reported some other way: the stored report stands
         for p in pending:

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from .detectors import Decision
 from .errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from .job import JobState
-from .records import EvalState, EvalTask, Quotas, check_checkpoint, check_report, check_text
+from .records import EvalState, EvalTask, Quotas, check_report, check_text
+from .requests import ReportRequest
 from .store import Store, wait_durable
 
 __all__ = ["ExternalEvals"]
@@ -56,10 +57,9 @@ class ExternalEvals:
                 proxy_reward: float | None = None) -> EvalTask:
         """A job saved a snapshot at ``step`` for an external evaluator to score. Publishing the same
         snapshot again is a no-op; a different path for a published step is a :class:`Conflict`."""
-        check_report(step, None, train_loss, proxy_reward)
         if not isinstance(path, str) or not path:
             raise InvalidInput("path must be the snapshot's folder, a non-empty string.")
-        check_checkpoint(path)
+        check_report(ReportRequest(step, None, train_loss, proxy_reward, path))
         state = self._read(tenant, job_id)
         with self._lock("job", tenant, job_id):
             existing = self.store.eval(tenant, job_id, step)
@@ -92,7 +92,7 @@ class ExternalEvals:
         """An evaluator's result for a snapshot: its score, or None (``error``: the eval failed, a
         missing eval), with its per-example evidence (``eval_n``, ``eval_noise``) if any. Returns the
         job's decision after every eval that could be fed was fed."""
-        check_report(step, score, None, None, eval_n, eval_noise)
+        check_report(ReportRequest(step, score, eval_n=eval_n, eval_noise=eval_noise))
         check_text("worker", worker, 128)
         if error is not None:
             check_text("error", error, 2000, multiline=True)

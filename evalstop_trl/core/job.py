@@ -42,12 +42,13 @@ from .records import (
     Report,
     check_report,
 )
+from .requests import values
 
 _GENERIC_TYPES = frozenset({JobType.RLHF, JobType.OTHER})
 
 __all__ = [
     "Ack", "Amend", "Commit", "Event", "Expire", "Fail", "Finish", "Heartbeat", "JobState", "Observe", "Step", "Stop",
-    "SHADOW_REASON", "amendments", "replay", "shadowed", "step", "stop_delivery",
+    "SHADOW_REASON", "amendments", "observe", "replay", "shadowed", "step", "stop_delivery",
 ]
 
 _NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
@@ -219,22 +220,25 @@ def step(state: JobState, command: Any) -> Step:
 
 
 def _payload_str(rep: Report) -> str:
-    evidence = "" if rep.eval_n is None and rep.eval_noise is None else \
-        f", eval_n={rep.eval_n}, eval_noise={rep.eval_noise}"
-    return (f"eval_score={rep.eval_score}, train_loss={rep.train_loss}, proxy_reward={rep.proxy_reward}, "
-            f"checkpoint={rep.checkpoint!r}{evidence}")
+    return ", ".join(f"{k}={v!r}" for k, v in values(rep.request()).items() if k != "step" and v is not None)
 
 
 def _observe(state: JobState, cmd: Observe) -> Step:
-    rep = cmd.report
+    return observe(state, cmd.report, cmd.stored)
+
+
+def observe(state: JobState, rep: Report, stored: Report | None = None) -> Step:
+    """The job after one report (pure): the common case (a new step, decided by the job's rule) first.
+    ``stored``: the store's report of the same step when it is before the last one (a late retry: the
+    caller reads it, since the core reads nothing)."""
     record, last = state.record, state.last
     job_id = record.job_id
     if last is not None and rep.step <= last.step:
-        stored = last if rep.step == last.step else cmd.stored
+        stored = last if rep.step == last.step else stored
         if stored is None:
             raise Conflict(f"reports must come in step order: step {rep.step} is before the last reported step "
                            f"{last.step} of job {job_id!r}")
-        if stored.payload() == rep.payload():
+        if stored.request() == rep.request():
             return Step(state, state.current())  # an identical retry
         raise Conflict(f"step {rep.step} of job {job_id!r} already has a different report "
                        f"(stored {_payload_str(stored)}, got {_payload_str(rep)}); a step is reported once")
@@ -493,7 +497,7 @@ def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**
     shadow = record.policy.mode is PolicyMode.SHADOW
     for rep in reports:
         # what a file holds is checked as on arrival (a bad row: InvalidInput, a ValueError)
-        check_report(rep.step, rep.eval_score, rep.train_loss, rep.proxy_reward, rep.eval_n, rep.eval_noise)
+        check_report(rep)
         if rep.planned_steps is None:  # stored before plans were kept: decided under the job's plan
             rep = rep._replace(planned_steps=planned)
         memory, decision = detector.decide(memory, rep)

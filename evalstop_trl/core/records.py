@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -27,11 +28,12 @@ from .errors import InvalidInput
 from .labels import EMPTY as _NO_LABELS
 from .labels import check_hparams, check_tags
 from .lifecycle import Lifecycle, transitions
+from .requests import ReportRequest, field_names
 
 __all__ = [
     "AuditKind", "AuditRecord", "Escalation", "EvalState", "EvalTask", "JobRecord", "JobStatus", "JobType", "JobView", "MAX_STEP", "NAME_PATTERN",
     "Delivery", "Policy", "PolicyMode", "Quotas", "Registration", "Report", "TenantRecord", "check_name", "check_checkpoint", "check_report",
-    "check_text",
+    "check_step", "check_text",
 ]
 
 #: tenant names and job ids: 1-128 characters of letters, digits and ``_ . : @ -``, starting with a
@@ -74,24 +76,34 @@ def check_webhook_url(url: Any) -> str:
     return url
 
 
-def check_report(step: Any, eval_score: Any = None, train_loss: Any = None, proxy_reward: Any = None,
-                 eval_n: Any = None, eval_noise: Any = None) -> None:
-    """Validate a report's numbers once, at the boundary (detectors then trust them)."""
-    if eval_n is not None or eval_noise is not None:
-        try:
-            check_evidence(eval_score, eval_n, eval_noise)
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
+def check_step(step: Any) -> int:
+    """``step`` if it is an integer in [0, :data:`MAX_STEP`], else :class:`InvalidInput`."""
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidInput(f"step must be a non-negative integer, but got {step!r}.")
         raise InvalidInput(f"step must be at most {MAX_STEP}, but got {step}.")
-    for name, value in (("eval_score", eval_score), ("train_loss", train_loss), ("proxy_reward", proxy_reward)):
+    return step
+
+
+def check_report(report: Any) -> None:
+    """Validate a report's values once, at the boundary (detectors then trust them): a
+    :class:`~.requests.ReportRequest`, or a stored :class:`Report` read back from a file. Every field
+    of the request record is checked here, by name: a new field gets its check in this function."""
+    step, score, eval_n, noise = report.step, report.eval_score, report.eval_n, report.eval_noise
+    if eval_n is not None or noise is not None:
+        try:
+            check_evidence(score, eval_n, noise)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+    check_step(step)
+    for name, value in (("eval_score", score), ("train_loss", report.train_loss), ("proxy_reward", report.proxy_reward)):
         if value is not None and (type(value) is not float or not math.isfinite(value)):
             try:
                 check_finite(name, value)
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from None
+    if report.checkpoint is not None:
+        check_checkpoint(report.checkpoint)
 
 
 # no control character (nor line separator) in a path or a name; free text may hold tabs and line breaks;
@@ -387,21 +399,28 @@ class Registration:
 
 
 class Report(NamedTuple):
-    """One stored report of a job (one step). A NamedTuple: one is built per report, on the
-    coordinator's hot path (keyword construction works as for the other records).
+    """One stored report of a job (one step): the :class:`~.requests.ReportRequest`'s fields, by
+    name, and what the coordinator adds (``received_at``, ``planned_steps``). Built by :meth:`of`.
 
     It is also what the job's detector observes (a :class:`~evalstop_trl.core.detectors.Observed`):
-    its numbers were checked once on arrival (:func:`check_report`), so no second record is built."""
+    its values were checked once on arrival (:func:`check_report`), so no second record is built.
+    (``tests/core/test_records.py`` ties its fields to the request's.)"""
 
     step: int
     eval_score: float | None = None
     train_loss: float | None = None
     proxy_reward: float | None = None
     checkpoint: str | None = None
-    received_at: float = 0.0
-    planned_steps: int | None = None  # the job's plan when it was decided (a later amendment changes not it)
     eval_n: int | None = None  # per-example evidence: the eval's number of examples
     eval_noise: float | None = None  # and its paired noise level (core/examples.py)
+    # what the coordinator adds
+    received_at: float = 0.0
+    planned_steps: int | None = None  # the job's plan when it was decided (a later amendment changes not it)
+
+    @classmethod
+    def of(cls, request: ReportRequest, received_at: float, planned_steps: int | None) -> Report:
+        """The stored report of ``request``, received at ``received_at`` by a job planning ``planned_steps``."""
+        return cls._make((*_request_fields(request), received_at, planned_steps))
 
     @property
     def progress(self) -> float | None:
@@ -409,13 +428,16 @@ class Report(NamedTuple):
         planned = self.planned_steps
         return self.step / planned if planned else None
 
-    def payload(self) -> tuple:
-        """What identifies the report's content (idempotency compares this, not the arrival time)."""
-        return (self.step, self.eval_score, self.train_loss, self.proxy_reward, self.checkpoint, self.eval_n,
-                self.eval_noise)
+    def request(self) -> ReportRequest:
+        """What the job sent: idempotency compares this, not the arrival time or the plan."""
+        return ReportRequest(*_request_fields(self))
 
     def to_dict(self) -> dict[str, Any]:
         return self._asdict()
+
+
+#: a request's fields by name, in the order of both records (the Report's first fields are the request's)
+_request_fields = operator.attrgetter(*field_names(ReportRequest))
 
 
 class AuditKind(str, Enum):
@@ -613,6 +635,13 @@ class EvalTask:
     fed: bool = False  # given to the detector (in step order)
     eval_n: int | None = None  # the score's per-example evidence (core/examples.py), as a report's
     eval_noise: float | None = None
+
+    def report(self) -> ReportRequest:
+        """The report this snapshot's eval feeds to the job's detector (a failed eval: no score)."""
+        done = self.state is EvalState.DONE
+        return ReportRequest(self.step, self.score if done else None, self.train_loss, self.proxy_reward,
+                             self.path if done else None, self.eval_n if done else None,
+                             self.eval_noise if done else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,9 @@
   loaded lazily: its record at start, its reports replayed on first access, so start-up does not
   grow with finished history.
 * :class:`ReplicatedJobs` — several coordinators over one shared store (PostgreSQL): a job is
-  re-read when another replica wrote it since (version check), listing and quotas ask the store.
+  re-read when another replica wrote it since (version check), listing and quotas ask the store. A
+  new report reads nothing first: its write names the version it replaces, and the store refuses it
+  if another replica wrote the job since (then the job is re-read and the report decided again).
 
 Loading a job replays its stored reports through a fresh detector (:func:`~.job.replay`); a job
 whose history cannot be replayed (a policy today's bounds refuse, a detector error) is loaded with
@@ -28,8 +30,9 @@ from typing import TYPE_CHECKING
 
 from .browse import RunRow
 from .errors import NotFound
-from .job import Fail, JobState, counted, replay, step
-from .records import JobRecord, JobStatus
+from .job import Fail, JobState, Step, counted, observe, replay, step
+from .records import JobRecord, JobStatus, Report
+from .requests import ReportRequest
 from .store import DONE, JobLimits, Store, wait_durable
 
 if TYPE_CHECKING:
@@ -220,6 +223,10 @@ class JobCache:
             self.reload(slot)
         return self._ready(slot)
 
+    def for_report(self, tenant: str, job_id: str, step: int) -> Slot:
+        """The job's slot for a report of ``step`` (:meth:`get`; a shared store's may skip its read)."""
+        return self.get(tenant, job_id)
+
     def read(self, tenant: str, job_id: str) -> JobState:
         """The job's committed state (what a restart would rebuild)."""
         slot = self.get(tenant, job_id)
@@ -317,6 +324,34 @@ class JobCache:
         return [RunRow.of(s.committed.record) for s in list(self._by_tenant.get(tenant, {}).values())
                 if s.committed is not None]
 
+    def observe(self, tenant: str, job_id: str, request: ReportRequest, now: float,
+                tenant_limit: int | None) -> tuple[Step, Future] | None:
+        """A report on the common path, in one call: a new step of a running job in memory whose rule
+        continues. The job is looked up, the tenant's stored reports counted against ``tenant_limit``
+        (its ``max_reports_per_tenant``), the report built, the pure step computed under the job's
+        lock, its write queued and swapped in when durable. None: not the common case (a first report,
+        a retry, a stop, a lost, lazy or broken job, an unknown tenant count); the coordinator's
+        general path then decides it from the start (nothing here changed anything)."""
+        slot = self._slots.get((tenant, job_id))
+        count = self._reports.get(tenant)
+        if slot is None or count is None or tenant_limit is None or count[0] >= tenant_limit or slot.lazy \
+                or slot.broken:
+            return None
+        with slot.lock:
+            state = slot.head
+            last = state.last
+            if slot.deleted or state.record.status is not JobStatus.RUNNING or (last is not None
+                                                                                 and request.step <= last.step):
+                return None
+            out = observe(state, Report.of(request, now, state.record.planned_steps))
+            c = out.commit
+            if c.job is not None:  # a stop (its audit line, the tenant's audit budget): the general path
+                return None
+            count[0] += 1
+            ticket = self.store.add_report(tenant, job_id, c.report, c.expect)
+            slot.push(out.state, ticket)
+        return out, ticket
+
     def commit(self, c: Commit, tenant: str, job_id: str, revive: JobLimits | None = None) -> Future:
         """Queue a step's rows (the caller holds the job's lock). ``revive``: a lost job runs again
         (a shared store checks the tenant's active jobs in the write's transaction)."""
@@ -353,6 +388,10 @@ class ReplicatedJobs(JobCache):
     def in_memory(self, tenant: str, job_id: str, step: int) -> bool:
         return False  # another replica may have written the job: its version is read first
 
+    def observe(self, tenant: str, job_id: str, request: ReportRequest, now: float,
+                tenant_limit: int | None) -> None:
+        return None  # a shared store: the general path (another replica may have written the job)
+
     def reports(self, tenant: str) -> int:
         hit = self._reports.get(tenant)
         now = self._clock()
@@ -365,6 +404,20 @@ class ReplicatedJobs(JobCache):
             return self.get(tenant, job_id)
         except NotFound:
             return None
+
+    def for_report(self, tenant: str, job_id: str, step: int) -> Slot:
+        """The job's slot with no version read when ``step`` is new to it as this replica has it
+        (after its head's last report): the report's write names the version it replaces, so if
+        another replica wrote the job since (or deleted it), the store refuses the write
+        (:class:`~.store.StaleState`), the job is reloaded and the report decided again on what the
+        store holds. A retry of a step already reported reads the version first (:meth:`get`): it
+        may be answered without a write."""
+        slot = self._slots.get((tenant, job_id))
+        if slot is not None and not slot.broken and not slot.lazy and slot.committed is not None:
+            last = slot.head.last
+            if last is None or step > last.step:
+                return slot
+        return self.get(tenant, job_id)
 
     def get(self, tenant: str, job_id: str) -> Slot:
         slot = self._slots.get((tenant, job_id))

@@ -212,10 +212,9 @@ class Handlers:
         t0 = time.perf_counter()
         coordinator = self.coordinator
         try:  # a job in memory: microseconds on the loop, only its write queued (Store.QUEUED_WRITES)
-            pending = coordinator.submit_report(t, job_id, **values(request), nonblocking=True)
+            pending = coordinator.submit_report(t, job_id, request, nonblocking=True)
         except WouldBlock:  # it needs a store read first: in the thread pool
-            pending = await run_in_threadpool(functools.partial(coordinator.submit_report, t, job_id,
-                                                                **values(request)))
+            pending = await run_in_threadpool(coordinator.submit_report, t, job_id, request)
         ticket, decision = pending.ticket, pending.decision
         if not ticket.done():
             try:

@@ -8,7 +8,11 @@ replicas sharing one database.
   one replica sends each and a dead replica's claims return to the queue.
 * **Durable**: a write's future resolves after PostgreSQL's COMMIT (``synchronous_commit`` as the
   server sets it; on by default). One writer thread group-commits whatever is queued, each write in
-  its own savepoint, so one refused write never sinks the others.
+  its own savepoint, so one refused write never sinks the others. A new report (the hot path) is one
+  statement, the job's versioned update and the report's insert together (:data:`_VERSIONED_REPORT`):
+  a stale one changes nothing and fails nothing, so a batch's reports need no savepoints and are sent
+  in one pipeline (psycopg's pipeline mode: one round trip for all of them). If one of them fails
+  (an error, not a refusal), the batch is rolled back and applied again a write per savepoint.
 * **Pooled** reads (``psycopg_pool``), a versioned schema with migrations (created under an
   advisory lock, so replicas starting together do not race), an append-only audit table (a trigger).
 
@@ -196,16 +200,13 @@ class PostgresStore(SQLReads, Store):
     def _apply(self, batch: Batch) -> None:
         done: list[tuple[Future, BaseException | None]] = []
         try:
-            with self._db.transaction():
-                for op, ticket in batch:
-                    try:
-                        with self._db.transaction():  # a savepoint: one refused write sinks nothing else
-                            op(self._db)
-                        done.append((ticket, None))
-                    except StoreError as exc:  # StaleState, LimitReached: this write refused, no other
-                        done.append((ticket, exc))
-                    except self._psycopg.Error as exc:
-                        done.append((ticket, store_error(exc)))
+            try:
+                with self._db.transaction():
+                    self._apply_in(batch, done, pipelined=True)
+            except _PipelineFailed:  # a statement of the pipeline failed: rolled back, each write alone now
+                done.clear()
+                with self._db.transaction():
+                    self._apply_in(batch, done, pipelined=False)
         except Exception as exc:  # noqa: BLE001 - the COMMIT (or the connection) failed: nothing is stored
             for _, ticket in batch:
                 ticket.set_exception(store_error(exc))
@@ -216,6 +217,36 @@ class PostgresStore(SQLReads, Store):
                 ticket.set_result(None)
             else:
                 ticket.set_exception(exc)
+
+    def _apply_in(self, batch: Batch, done: list[tuple[Future, BaseException | None]], pipelined: bool) -> None:
+        """Apply ``batch`` in the open transaction: each run of versioned reports (:class:`_Report`) in
+        one pipeline when ``pipelined`` (raises :class:`_PipelineFailed` if a statement of it fails),
+        every other write in a savepoint of its own."""
+        db, i = self._db, 0
+        while i < len(batch):
+            if pipelined and isinstance(batch[i][0], _Report):
+                j = i + 1
+                while j < len(batch) and isinstance(batch[j][0], _Report):
+                    j += 1
+                run = [(op, ticket) for op, ticket in batch[i:j] if isinstance(op, _Report)]
+                i = j
+                try:
+                    with db.pipeline():  # one round trip for the run; stale ones insert nothing, fail nothing
+                        cursors = [op.send(db) for op, _ in run]
+                except self._psycopg.Error as exc:
+                    raise _PipelineFailed from exc
+                done.extend((ticket, op.outcome(cur)) for (op, ticket), cur in zip(run, cursors, strict=True))
+                continue
+            op, ticket = batch[i]
+            i += 1
+            try:
+                with db.transaction():  # a savepoint: one refused write sinks nothing else
+                    op(db)
+                done.append((ticket, None))
+            except StoreError as exc:  # StaleState, LimitReached: this write refused, no other
+                done.append((ticket, exc))
+            except self._psycopg.Error as exc:
+                done.append((ticket, store_error(exc)))
 
     def _reconnect(self) -> None:
         try:
@@ -325,12 +356,11 @@ class PostgresStore(SQLReads, Store):
         return self._writes.submit(lambda db: _insert_within_limits(db, job, limits))
 
     def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
+        if expect is not None:  # the hot path: one statement, pipelined with the batch's others
+            return self._writes.submit(_Report(tenant, job_id, report, expect))
+
         def op(db) -> None:
-            if expect is None:
-                db.execute("UPDATE jobs SET version = version + 1 WHERE tenant=%s AND job_id=%s", (tenant, job_id))
-            elif db.execute("UPDATE jobs SET version = version + 1 WHERE tenant=%s AND job_id=%s AND version=%s",
-                            (tenant, job_id, expect)).rowcount == 0:
-                raise StaleState(f"job {job_id!r} was changed by another coordinator; retry")
+            db.execute("UPDATE jobs SET version = version + 1 WHERE tenant=%s AND job_id=%s", (tenant, job_id))
             _insert_report(db, tenant, job_id, report)
 
         return self._writes.submit(op)
@@ -435,6 +465,51 @@ _INSERT_REPORT = f"INSERT INTO reports (tenant, job_id, {REPORT_COLS}) VALUES ({
 
 def _insert_report(db, tenant: str, job_id: str, r: Report) -> None:
     db.execute(_INSERT_REPORT, (tenant, job_id, *r))
+
+
+#: each report column's type: the insert's values come from a SELECT, whose parameters PostgreSQL
+#: would otherwise take for text
+_REPORT_TYPES = {"step": "bigint", "eval_score": "double precision", "train_loss": "double precision",
+                 "proxy_reward": "double precision", "checkpoint": "text", "received_at": "double precision",
+                 "planned_steps": "bigint", "eval_n": "bigint", "eval_noise": "double precision"}
+
+#: a new report in one statement (args: tenant, job_id, the version replaced, then the report's
+#: fields): the job's version moves on and the report is inserted only if the job is still at that
+#: version; otherwise nothing happens (0 rows: another replica wrote the job first)
+_VERSIONED_REPORT = (
+    "WITH u AS (UPDATE jobs SET version = version + 1 WHERE tenant=%s AND job_id=%s AND version=%s "
+    f"RETURNING tenant, job_id) INSERT INTO reports (tenant, job_id, {REPORT_COLS}) SELECT u.tenant, u.job_id, "
+    + ", ".join(f"%s::{_REPORT_TYPES[f]}" for f in Report._fields) + " FROM u")
+
+
+class _Report:
+    """A new report with the version it replaces: one statement that a stale version turns into
+    nothing (no error), so the writer sends a batch of them in one pipeline without savepoints
+    (:meth:`send`, then :meth:`outcome` once the pipeline is synced); called as a write (``op(db)``)
+    when the batch is applied a write per savepoint."""
+
+    __slots__ = ("job_id", "args")
+
+    def __init__(self, tenant: str, job_id: str, report: Report, expect: int) -> None:
+        self.job_id, self.args = job_id, (tenant, job_id, expect, *report)
+
+    def send(self, db):
+        return db.execute(_VERSIONED_REPORT, self.args)
+
+    def outcome(self, cursor) -> StaleState | None:
+        if cursor.rowcount == 1:
+            return None
+        return StaleState(f"job {self.job_id!r} was changed by another coordinator; retry")
+
+    def __call__(self, db) -> None:
+        stale = self.outcome(self.send(db))
+        if stale is not None:
+            raise stale
+
+
+class _PipelineFailed(Exception):
+    """A statement of a pipelined batch failed (its transaction is rolled back): apply it again, a write
+    per savepoint, so the failure is that write's alone."""
 
 
 def _safe(dsn: str) -> str:

@@ -9,6 +9,13 @@ Usage::
     trainer.train()
     cb.decision.reason, cb.best_step, cb.best_checkpoint
 
+or, as TRL's own callbacks take their trainer, so that the ``report_to`` integrations get EvalStop's
+metrics too::
+
+    trainer = GRPOTrainer(...)
+    cb = EvalStopCallback(world_feedback=my_eval, eval_every=20, trainer=trainer)
+    trainer.add_callback(cb)
+
 or, with the trainer's own evaluation: ``EvalStopCallback("eval_reward")`` (a key of the metrics
 passed to ``on_evaluate``; a missing key raises at the first eval, listing the keys that are there; a
 trainer that never evaluates, ``eval_strategy="no"``, raises when training begins). Loss-like names
@@ -27,11 +34,13 @@ What it does:
 * one log line per eval (step, score, best, declines, decision; INFO on the ``evalstop`` logger, shown
   on stderr when the program configured no logging), and ``evalstop/score``,
   ``evalstop/best_score``, ``evalstop/declines``, ``evalstop/stop``, ``evalstop/eval_failures`` in the
-  trainer's logs (``log_history``, ``trainer_state.json``, the printer, and the ``report_to``
-  integrations: the callback stays where you put it and places a small forwarder ahead of the
-  integrations, which adds its metrics to each log; metric mode logs them in a log event of its own at
-  the eval's step; external mode logs ``evalstop/stop``, ``evalstop/best_score`` and
-  ``evalstop/stop_lag`` at the stop);
+  trainer's logs (external mode: ``evalstop/stop``, ``evalstop/best_score`` and ``evalstop/stop_lag`` at
+  the stop). With ``trainer=`` they go out through ``trainer.log`` at the eval's step, in a log of
+  their own, so ``log_history``, ``trainer_state.json``, the printer and the ``report_to``
+  integrations all get them. Without it, ``log_history`` (and ``trainer_state.json``) gets them at the
+  eval's step, and the next log the trainer sends carries them to the callbacks listed after this one
+  (the printer): the eval step's own log in callable mode, the next log in metric mode. The
+  ``report_to`` integrations, which the trainer runs before your callbacks, then never see them;
 * a failing eval (an exception, NaN or None: an LLM judge timing out) is a missing eval, each one
   logged at WARNING (the traceback with the first of a run) and counted; ``max_eval_failures``
   failures in a row end as ``on_eval_error`` says (``"skip"``: go on, ``"stop"``: stop the job,
@@ -71,10 +80,13 @@ SIGKILL, when a stop is not acknowledged in time.
 
 How it is built: one plain class. :class:`~evalstop_trl.train.session.EvalStopSession` decides (no
 trainer, no torch); the callback keeps a strategy of its :class:`~evalstop_trl.train.feedback.FeedbackMode`
-(a callable, a metric name, or ``external_eval=True``) and passes each trainer event on to it, and
-every rank applies rank 0's :class:`~evalstop_trl.train.ranks.RankMessage` at each decision point. The
-callback keeps no state in a checkpoint: a resumed run (``restore_callback_states_from_checkpoint``
-or not) re-attaches to its job, whose stored history the coordinator holds.
+(a callable, a metric name, or ``external_eval=True``) and passes each trainer event on to it; the
+strategy uses the callback's public surface only (:class:`~evalstop_trl.train.feedback.Host`). Every
+rank applies rank 0's :class:`~evalstop_trl.train.ranks.RankMessage` at each decision point. The
+callback uses only what its events and ``trainer=`` hand it: it never looks for the trainer on the
+call stack nor changes the trainer's list of callbacks. It keeps no state in a checkpoint: a resumed
+run (``restore_callback_states_from_checkpoint`` or not) re-attaches to its job, whose stored history
+the coordinator holds.
 """
 
 from __future__ import annotations
@@ -92,7 +104,6 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
-from transformers.trainer_callback import CallbackHandler
 
 from ..core.detectors import Decision
 from .checkpoints import keep_best_copy, keep_final_copy, load_best_weights, remove_checkpoints_after
@@ -103,8 +114,8 @@ from .hparams import trainer_hparams
 from .ranks import share
 from .session import DEFAULT_HEARTBEAT_S, LOSS_KEYS, REWARD_KEYS, EvalStopSession, SessionConfig, infer_direction, log
 
-__all__ = ["LOSS_KEYS", "REWARD_KEYS", "EvalStopCallback", "EvalStopSession", "FeedbackMode", "calling_handler",
-           "default_job_id", "infer_direction", "infer_job_type"]
+__all__ = ["LOSS_KEYS", "REWARD_KEYS", "EvalStopCallback", "EvalStopSession", "FeedbackMode", "default_job_id",
+           "infer_direction", "infer_job_type"]
 
 _KEEP_BEST = ("copy", "checkpoint")
 #: Job types by the class of the trainer's arguments (the first match in the class's MRO).
@@ -120,25 +131,6 @@ def infer_job_type(args: Any) -> str | None:
     for klass in type(args).__mro__ if args is not None else ():
         if klass.__name__ in _ARGS_TYPES:
             return _ARGS_TYPES[klass.__name__]
-    return None
-
-
-def calling_handler(depth: int = 8) -> CallbackHandler | None:
-    """The trainer's ``CallbackHandler`` running the current callback event, found on the call stack;
-    None outside a trainer (a custom loop calling the callback itself).
-
-    The one place EvalStop reaches past a callback event's arguments. transformers gives events the
-    model, the tokenizer, the optimizer and the dataloaders, never the trainer or its handler, yet two
-    things need the handler: placing the log forwarder ahead of the ``report_to`` integrations, and
-    metric mode's log event at the eval's own step (the trainer has logged the eval already).
-    """
-    frame = sys._getframe(1)
-    for _ in range(depth):
-        if frame is None:
-            return None
-        if isinstance(frame.f_locals.get("self"), CallbackHandler):
-            return frame.f_locals["self"]
-        frame = frame.f_back
     return None
 
 
@@ -167,18 +159,6 @@ def show_eval_lines() -> bool:
     lib.addHandler(handler)
     lib.setLevel(logging.INFO)
     return True
-
-
-class _LogsFirst(TrainerCallback):
-    """Placed first in the trainer's callbacks by an :class:`EvalStopCallback`, which itself stays where
-    the user put it: each log gets EvalStop's metrics before the ``report_to`` integrations (which come
-    before any user callback) see it. It does nothing else."""
-
-    def __init__(self, cb: EvalStopCallback) -> None:
-        self.cb = cb
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self.cb._log(args, state, control, logs if logs is not None else {})
 
 
 class EvalStopCallback(TrainerCallback):
@@ -217,14 +197,20 @@ class EvalStopCallback(TrainerCallback):
             instead of evaluating in the loop; keep_snapshots: keep scored snapshots (default: only the best).
         eval_on_all_ranks: run ``world_feedback`` on every rank (a collective forward of a sharded
             model); rank 0's score is used.
+        trainer: the trainer this callback is added to (``trainer.add_callback(cb)``), as TRL's own
+            callbacks take it: EvalStop's metrics then go out through ``trainer.log`` at the eval's
+            step, which the ``report_to`` integrations see. None (the callback in ``callbacks=[...]``):
+            the same stops, the metrics in ``log_history`` at the eval's step and in the trainer's next
+            log for the callbacks after this one, never in the integrations (see the module docstring).
 
     Attributes:
         mode: the :class:`FeedbackMode`; feedback: its strategy; session: the :class:`EvalStopSession`
             that decides (``decision``, ``best_step``, ``best_score``, ``best_checkpoint``, ``history``, ...
-            read through to it).
+            read through to it); trainer: the ``trainer=`` given, or None.
 
     Raises:
         ValueError: a missing or invalid option (the message names it and what it must be).
+        TypeError: a ``trainer`` without a ``log`` method.
     """
 
     def __init__(
@@ -253,9 +239,13 @@ class EvalStopCallback(TrainerCallback):
         load_best_at_end: bool = False,
         keep_checkpoints: bool = False,
         heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
+        trainer: Any = None,
         **detector_params: Any,
     ) -> None:
         self.mode = FeedbackMode.of(world_feedback, external_eval)
+        if trainer is not None and not callable(getattr(trainer, "log", None)):
+            raise TypeError(f"EvalStopCallback: trainer must be the trainer the callback is added to (with a log "
+                            f"method, as transformers' Trainer has), but got {type(trainer).__name__}.")
         strategy = FEEDBACKS[self.mode]
         strategy.check(world_feedback, eval_every)
         if keep_best not in _KEEP_BEST:
@@ -274,13 +264,13 @@ class EvalStopCallback(TrainerCallback):
         self.eval_on_all_ranks = bool(eval_on_all_ranks)
         self.load_best_at_end, self.keep_checkpoints = bool(load_best_at_end), bool(keep_checkpoints)
         self.session = EvalStopSession(config, job_id, heartbeat_s=heartbeat_s)
+        self.trainer = trainer
         self.feedback = strategy(self)
         self._is_main = True
         self._output_dir: str | None = None
         self._args_job_type: str | None = None
-        self._pending_logs: dict[str, float] = {}
-        self._forwarder: _LogsFirst | None = None
-        self._handler: weakref.ref[CallbackHandler] | None = None
+        self._outbox: dict[str, float] = {}  # evalstop/* metrics not logged yet (see log_metrics)
+        self._flushing = False  # trainer.log(...) of the outbox is running
 
     # ------------------------------------------------------------------ what the session knows
     @property
@@ -368,12 +358,18 @@ class EvalStopCallback(TrainerCallback):
         """Shadow mode: the step of the eval where the detector first decided to stop (None: not yet)."""
         return self.session.shadow.step
 
-    # ------------------------------------------------------------------ trainer events
-    def on_init_end(self, args, state, control, **kwargs):
-        self._join()
+    @property
+    def is_main(self) -> bool:
+        """Whether this process is rank 0, the one that reports, keeps the best and talks to the coordinator."""
+        return self._is_main
 
+    @property
+    def output_dir(self) -> str | None:
+        """The trainer's ``output_dir`` (None before training)."""
+        return self._output_dir
+
+    # ------------------------------------------------------------------ trainer events
     def on_train_begin(self, args, state, control, **kwargs):
-        self._join()
         self.feedback.check_args(args)
         self._is_main = state.is_world_process_zero
         self._output_dir = args.output_dir
@@ -396,6 +392,9 @@ class EvalStopCallback(TrainerCallback):
         if message is not None:
             s.adopt(message)
         self.feedback.on_train_begin(args, requested)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._flush(control)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.feedback.stops_between_evals and self._stopped_between_evals(state, control, kwargs):
@@ -420,21 +419,36 @@ class EvalStopCallback(TrainerCallback):
                            tokenizer if tokenizer is not None else event.get("tokenizer"))
         s.stop_here(state.global_step)
         metrics = {"evalstop/stop": 1, "evalstop/best_score": s.best_score}
-        self._log_later(state, control, state.global_step, {k: v for k, v in metrics.items() if v is not None})
+        self.log_metrics(state, control, state.global_step, {k: v for k, v in metrics.items() if v is not None})
         return True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self._forwarder is None:  # no trainer's handler found (a custom loop): the logs come here first
-            self._log(args, state, control, logs if logs is not None else {})
+        if self._flushing:  # EvalStop's own metrics (_flush): nothing in them to read
+            return
+        logs = logs if logs is not None else {}
+        self.session.observe_logs(logs)
+        self.feedback.on_log(args, state, control, logs)
+        if self.trainer is None and self._outbox:  # for the callbacks after this one (the printer, ...)
+            logs.update(self._outbox)
+            self._outbox.clear()
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         self.feedback.on_evaluate(args, state, control, metrics if metrics is not None else {}, **kwargs)
+        self._flush(control)
 
     def on_save(self, args, state, control, **kwargs):
         self.feedback.on_save(args, state, control)
 
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._flush(control)  # the last chance before the end of training (a stop, the last step)
+
     def on_train_end(self, args, state, control, model=None, **kwargs):
         self.feedback.on_train_end(args, state, control)
+        if self.trainer is not None and self._outbox:
+            # decided now (an eval whose step the trainer never logged): the integrations, which ran their
+            # on_train_end before this callback, may have closed their runs; log_history still takes them
+            state.log_history.append({**self._outbox, "step": state.global_step})
+        self._outbox.clear()
         s = self.session
         s.finish()
         if s.stopped_at is not None and self._is_main and not self.keep_checkpoints:
@@ -445,43 +459,38 @@ class EvalStopCallback(TrainerCallback):
                         "(load_best_at_end=True)", s.best_step, s.best_score, s.best_checkpoint)
 
     # ------------------------------------------------------------------ logs
-    def _join(self) -> None:
-        """Place the log forwarder first in the trainer's callbacks (once per trainer)."""
-        handler = calling_handler()
-        if handler is None or (self._forwarder is not None and self._forwarder in handler.callbacks):
-            return
-        self._forwarder = self._forwarder or _LogsFirst(self)
-        self._handler = weakref.ref(handler)
-        # a new list, not an insert: the event running now goes on over the old one, each callback once
-        handler.callbacks = [self._forwarder, *handler.callbacks]
+    def log_metrics(self, state: Any, control: Any, step: int, metrics: Mapping[str, float]) -> None:
+        """Log EvalStop's ``metrics`` of ``step`` (an eval's, a stop's); the strategies call it.
 
-    def _log(self, args: Any, state: Any, control: Any, logs: dict[str, Any]) -> None:
-        """A trainer's log, before the integrations see it: add the metrics of a decision made between
-        logs, take the loss and reward, and let the mode decide an eval waiting for this log."""
-        if self._pending_logs:
-            logs.update(self._pending_logs)
-            self._pending_logs = {}
-        self.session.observe_logs(logs)
-        self.feedback.on_log(args, state, control, logs)
-
-    def _log_later(self, state: Any, control: Any, step: int, metrics: dict[str, float]) -> None:
-        """``metrics`` in ``log_history`` now and in the trainer's next log (``report_to`` integrations)."""
-        state.log_history.append({**metrics, "step": step})
-        self._pending_logs.update(metrics)
+        The trainer is asked to log this step (its loss and reward go out first). With ``trainer=`` the
+        metrics wait for the next event outside the trainer's own logging, still at this step (the next
+        ``on_step_begin``, ``on_evaluate`` or ``on_epoch_end``), and go out through ``trainer.log`` there:
+        called from inside the trainer's log, a TRL trainer would add its own pending metrics to them
+        a second time. Without it they go into ``state.log_history`` now and into the next log the
+        trainer sends (``on_log``), for the callbacks after this one.
+        """
         control.should_log = True
+        self._outbox.update(metrics)
+        if self.trainer is None:
+            state.log_history.append({**metrics, "step": step})
 
-    def _log_now(self, args: Any, state: Any, control: Any, metrics: dict[str, float]) -> None:
-        """``metrics`` in a log event of their own at this step (the ``report_to`` integrations and the
-        printer see them; ``log_history`` has them already)."""
-        handler = self._handler() if self._handler is not None else None
-        if handler is not None:
-            handler.on_log(args, state, control, logs=dict(metrics))
+    def _flush(self, control: Any) -> None:
+        """Send the metrics waiting for the trainer (``trainer=``) through ``trainer.log``."""
+        if self.trainer is None or not self._outbox:
+            return
+        metrics, self._outbox = self._outbox, {}
+        asked, self._flushing = control.should_log, True
+        try:
+            self.trainer.log(metrics)
+        finally:
+            self._flushing = False
+            control.should_log = asked  # the log event clears it: a log the trainer still owes (the epoch's) stays
 
     # ------------------------------------------------------------------ an eval, decided
-    def _decide(self, state: Any, control: Any, ev: Eval, logs: dict[str, Any] | None) -> dict[str, float]:
-        """Rank 0 reports the eval (keeping a new best's model); every rank applies its message, logs the
-        ``evalstop/*`` metrics (in ``logs`` too: the integrations see them) and stops if told to.
-        Returns the metrics."""
+    def decide(self, state: Any, control: Any, ev: Eval) -> dict[str, float]:
+        """Decide the eval ``ev``; the strategies call it. Rank 0 reports it (keeping a new best's model);
+        every rank applies rank 0's message, logs the ``evalstop/*`` metrics (:meth:`log_metrics`) and
+        stops if told to. Returns the metrics."""
         s = self.session
         stop = False
         if self._is_main:
@@ -494,9 +503,7 @@ class EvalStopCallback(TrainerCallback):
             s.adopt(message)
             stop = message.stop
         metrics = s.eval_metrics(ev.score, stop, ev.n, ev.noise)
-        if logs is not None:
-            logs.update(metrics)
-        state.log_history.append({**metrics, "step": ev.step})
+        self.log_metrics(state, control, ev.step, metrics)
         if self._is_main:
             s.log_eval(ev.step, ev.score)
         if stop:

@@ -7,25 +7,27 @@
 * :class:`MetricFeedback`: a metric of the trainer's own evaluation, at each ``on_evaluate``;
 * :class:`ExternalFeedback`: ``evalstop evaluate`` workers score the snapshots the run publishes.
 
-A strategy holds its callback (``self.cb``) and calls back into it for what every mode shares
-(``cb._decide``, ``cb._log_later``, ``cb.session``).
+A strategy holds its callback (``self.cb``) and uses only its public surface, :class:`Host`: the
+options, the session, and ``decide`` / ``log_metrics`` for what every mode shares.
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.examples import ExampleEval, is_per_example, summarize
 from .checkpoints import keep_best_snapshot
 from .evaluation import evaluate_preserving_state
 from .external import DecisionWatcher, keep_earlier_bests, prune_snapshots, snapshot_path
 from .ranks import RankMessage, share
-from .session import infer_direction
+from .session import EvalStopSession, infer_direction
 
-__all__ = ["FEEDBACKS", "CallableFeedback", "ExternalFeedback", "Eval", "Feedback", "FeedbackMode", "MetricFeedback"]
+__all__ = ["FEEDBACKS", "CallableFeedback", "ExternalFeedback", "Eval", "Feedback", "FeedbackMode", "Host",
+           "MetricFeedback"]
 
 
 class FeedbackMode(str, Enum):
@@ -68,6 +70,32 @@ class Eval:
     noise: float | None = None
 
 
+class Host(Protocol):
+    """What a strategy uses of the ``EvalStopCallback`` that keeps it: its options, its session (the
+    job, the best, the failed evals, the coordinator's client) and two methods for what every mode
+    shares. All public; the callback documents each."""
+
+    session: EvalStopSession
+    world_feedback: Any
+    eval_every: int | None
+    eval_on_all_ranks: bool
+    keep_snapshots: bool
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process is rank 0."""
+
+    @property
+    def output_dir(self) -> str | None:
+        """The trainer's ``output_dir`` (None before training)."""
+
+    def decide(self, state: Any, control: Any, ev: Eval) -> dict[str, float]:
+        """Report ``ev``, keep a new best, log the ``evalstop/*`` metrics, stop if told to; returns the metrics."""
+
+    def log_metrics(self, state: Any, control: Any, step: int, metrics: Mapping[str, float]) -> None:
+        """Log ``evalstop/*`` metrics of ``step`` where the trainer's logs go."""
+
+
 def _check_every(eval_every: Any, what: str) -> None:
     if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
         raise ValueError(f"EvalStopCallback: eval_every must be an integer >= 1 with {what}, "
@@ -83,7 +111,7 @@ class Feedback:
     #: (the external mode's watcher learns every stop itself).
     stops_between_evals = True
 
-    def __init__(self, cb: Any) -> None:
+    def __init__(self, cb: Host) -> None:
         self.cb = cb  # the EvalStopCallback this strategy decides for
 
     @staticmethod
@@ -105,7 +133,7 @@ class Feedback:
         """An optimizer step ended."""
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any]) -> None:
-        """The trainer logs ``logs``, before any ``report_to`` integration sees them."""
+        """The trainer logged ``logs`` (the callback has read their loss and reward)."""
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any], **kwargs: Any) -> None:
         """The trainer's own evaluation produced ``metrics``."""
@@ -127,7 +155,7 @@ class CallableFeedback(Feedback):
     the paired noise level against the previous eval on the examples both scored
     (:mod:`evalstop_trl.core.examples`); only the last eval's scores are kept."""
 
-    def __init__(self, cb: Any) -> None:
+    def __init__(self, cb: Host) -> None:
         super().__init__(cb)
         self.pending: Eval | None = None
         self.examples: ExampleEval | None = None  # the last per-example eval (paired with the next)
@@ -139,14 +167,14 @@ class CallableFeedback(Feedback):
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         cb = self.cb
         if self.pending is not None:  # the trainer did not log the last eval's step: decide without it
-            self._decide_pending(state, control, None)
+            self._decide_pending(state, control)
             if control.should_training_stop:
                 return
         if state.global_step % cb.eval_every != 0:
             return
         tokenizer = processing_class if processing_class is not None else kwargs.get("tokenizer")
         # sharded models (FSDP, ZeRO-3) need every rank in the forward pass: eval_on_all_ranks; rank 0's score counts
-        evaluate = cb._is_main or cb.eval_on_all_ranks
+        evaluate = cb.is_main or cb.eval_on_all_ranks
         ev = self._evaluate(model, tokenizer, state.global_step) if evaluate else None
         score, n, noise = (None, None, None) if ev is None else ev
         self.pending = Eval(state.global_step, score, model, tokenizer, n, noise)
@@ -154,15 +182,15 @@ class CallableFeedback(Feedback):
 
     def on_log(self, args, state, control, logs):
         if self.pending is not None and self.pending.step == state.global_step:
-            self._decide_pending(state, control, logs)
+            self._decide_pending(state, control)
 
     def on_train_end(self, args, state, control):
-        self._decide_pending(state, control, None)
+        self._decide_pending(state, control)
 
-    def _decide_pending(self, state: Any, control: Any, logs: dict[str, Any] | None) -> None:
+    def _decide_pending(self, state: Any, control: Any) -> None:
         ev, self.pending = self.pending, None
         if ev is not None:
-            self.cb._decide(state, control, ev, logs)
+            self.cb.decide(state, control, ev)
 
     def _evaluate(self, model: Any, tokenizer: Any, step: int) -> tuple[float | None, int | None, float | None]:
         """(score, n, noise) of world feedback; the score None for a failed eval (an exception, NaN,
@@ -183,7 +211,7 @@ class MetricFeedback(Feedback):
     """A metric of the trainer's own evaluation, decided at each ``on_evaluate``. The trainer must
     evaluate (``eval_strategy`` not ``"no"``: checked when training begins) and report the metric
     (checked at the first eval, listing the names there are). The trainer has logged the eval before
-    ``on_evaluate``: the ``evalstop/*`` metrics go out in a log event of their own."""
+    ``on_evaluate``: the ``evalstop/*`` metrics go out after it (``Host.log_metrics``)."""
 
     @staticmethod
     def default_direction(world_feedback: Any) -> str | None:
@@ -206,8 +234,7 @@ class MetricFeedback(Feedback):
                              f"{f' (did you mean {close[0]!r}?)' if close else ''}.")
         score = cb.session.evals.accept(state.global_step, metrics[name], f"metric {name!r}")
         tokenizer = processing_class if processing_class is not None else kwargs.get("tokenizer")
-        out = cb._decide(state, control, Eval(state.global_step, score, model, tokenizer), metrics)
-        cb._log_now(args, state, control, out)
+        cb.decide(state, control, Eval(state.global_step, score, model, tokenizer))
 
 
 class ExternalFeedback(Feedback):
@@ -217,7 +244,7 @@ class ExternalFeedback(Feedback):
 
     stops_between_evals = False
 
-    def __init__(self, cb: Any) -> None:
+    def __init__(self, cb: Host) -> None:
         super().__init__(cb)
         self.snapshots: list[int] = []  # steps whose snapshots this process published and has not pruned
         self.watcher: DecisionWatcher | None = None
@@ -234,38 +261,38 @@ class ExternalFeedback(Feedback):
         return None
 
     def on_train_begin(self, args, requested_job_id):
-        cb = self.cb
-        current = cb.session.job_id
-        if cb._is_main and current and current != requested_job_id:  # a rerun: NAME-2, ...
-            keep_earlier_bests(cb.client, requested_job_id, current, args.output_dir)
-        if cb._is_main and self.watcher is None:
-            self.watcher = DecisionWatcher(cb.client, current or "")
+        cb, s = self.cb, self.cb.session
+        current = s.job_id
+        if cb.is_main and current and current != requested_job_id:  # a rerun: NAME-2, ...
+            keep_earlier_bests(s.client, requested_job_id, current, args.output_dir)
+        if cb.is_main and self.watcher is None:
+            self.watcher = DecisionWatcher(s.client, current or "")
 
     def on_step_end(self, args, state, control, **kwargs):
         cb = self.cb
         if state.global_step % cb.eval_every == 0:
             control.should_save = True  # the trainer's own save path writes checkpoint-<step> (FSDP/ZeRO-3 too)
             control.should_log = True
-        seen = self.watcher.stopped if cb._is_main and self.watcher is not None else None
+        seen = self.watcher.stopped if cb.is_main and self.watcher is not None else None
         message = share(None if seen is None else RankMessage.from_view(seen, stop=True))
         if message is None:
             return
         s = cb.session
         s.adopt(message)
-        if cb._is_main:  # the best snapshot becomes evalstop-best, as the in-loop modes keep theirs
+        if cb.is_main:  # the best snapshot becomes evalstop-best, as the in-loop modes keep theirs
             s.best_checkpoint = keep_best_snapshot(args.output_dir, s.best_checkpoint, job_id=s.job_id,
-                                                   step=s.best_step, score=s.best_score, direction=cb.direction)
+                                                   step=s.best_step, score=s.best_score, direction=s.config.direction)
         control.should_training_stop = True
         s.stop_after_external_eval(state.global_step, None if seen is None else _decided_at(seen))
         stopped = {"evalstop/stop": 1, "evalstop/best_score": s.best_score, "evalstop/stop_lag": s.stop_lag}
-        cb._log_later(state, control, state.global_step, {k: v for k, v in stopped.items() if v is not None})
-        if cb._is_main:
+        cb.log_metrics(state, control, state.global_step, {k: v for k, v in stopped.items() if v is not None})
+        if cb.is_main:
             self._prune(final=True)
 
     def on_save(self, args, state, control):
         cb, step = self.cb, state.global_step
         path = snapshot_path(args.output_dir, step)
-        if not cb._is_main or step % cb.eval_every != 0 or step in self.snapshots or not path.is_dir():
+        if not cb.is_main or step % cb.eval_every != 0 or step in self.snapshots or not path.is_dir():
             return
         self.snapshots.append(step)
         cb.session.publish_snapshot(step, str(path))
@@ -279,7 +306,8 @@ class ExternalFeedback(Feedback):
         """Delete published snapshots already scored and not the best (``final``: all but the best)."""
         cb = self.cb
         if not cb.keep_snapshots:
-            prune_snapshots(cb.client, cb.session.job_id or "", cb._output_dir or ".", self.snapshots, final=final)
+            prune_snapshots(cb.session.client, cb.session.job_id or "", cb.output_dir or ".", self.snapshots,
+                            final=final)
 
 
 def _decided_at(view: Any) -> int | None:

@@ -229,13 +229,16 @@ def run_tiny(
     resume_from_checkpoint: bool | str | None = None,
     callback_kwargs: dict[str, Any] | None = None,
     world_feedback: Any = None,
+    pass_trainer: bool = False,
     **detector_params: Any,
 ) -> TinyRun:
     """Train one tiny job under EvalStop. ``stop=False`` records a no-stop reference (detector 'never').
 
     ``training_args`` override the trainer's arguments (e.g. ``save_strategy="steps"``),
     ``resume_from_checkpoint`` is passed to ``train()``, ``callback_kwargs`` to ``EvalStopCallback``,
-    and ``world_feedback`` replaces the gold eval (e.g. one that fails now and then)."""
+    and ``world_feedback`` replaces the gold eval (e.g. one that fails now and then). ``pass_trainer``
+    builds the callback with ``trainer=`` (as TRL's callbacks take it) and adds it to the built trainer,
+    after ``callbacks``."""
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
 
@@ -257,15 +260,16 @@ def run_tiny(
                                                  task_type="CAUSAL_LM"))
     prompts = make_prompts(512, seed + 1)
     gold = GoldEval(p)
-    cbs: list = []
-    cb = None
-    if with_evalstop:
+    def evalstop(built: Any = None) -> EvalStopCallback:
         external = bool((callback_kwargs or {}).get("external_eval"))
-        cb = EvalStopCallback(None if external else (world_feedback or gold), eval_every=eval_every, coordinator=coordinator, token=token,
-                              job_id=job_id, job_type=trainer if trainer in ("grpo", "rloo", "dpo", "online_dpo") else "sft",
-                              detector=detector if stop else "never", k=k, min_delta=min_delta,
-                              save_best=save_best, **(callback_kwargs or {}), **(detector_params if stop else {}))
-        cbs.append(cb)
+        return EvalStopCallback(None if external else (world_feedback or gold), eval_every=eval_every,
+                                coordinator=coordinator, token=token, job_id=job_id,
+                                job_type=trainer if trainer in ("grpo", "rloo", "dpo", "online_dpo") else "sft",
+                                detector=detector if stop else "never", k=k, min_delta=min_delta, save_best=save_best,
+                                trainer=built, **(callback_kwargs or {}), **(detector_params if stop else {}))
+
+    cb = evalstop() if with_evalstop and not pass_trainer else None
+    cbs: list = [cb] if cb is not None else []
     cbs += list(callbacks or [])  # after EvalStop's: they see its evalstop/* metrics in each step's logs
     batch = 32 if device == "cuda" else 16
     _OVERRIDES.clear()
@@ -304,6 +308,9 @@ def run_tiny(
         tr = Trainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=cbs,
                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
     tr.remove_callback(PrinterCallback)
+    if with_evalstop and pass_trainer:
+        cb = evalstop(tr)
+        tr.add_callback(cb)
     _OVERRIDES.clear()
     t0 = time.time()
     tr.train(resume_from_checkpoint=resume_from_checkpoint)

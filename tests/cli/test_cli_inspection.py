@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from evalstop_trl import Coordinator, SQLiteStore
+from evalstop_trl.core.requests import ReportRequest
 
 HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3)]
 
@@ -27,7 +28,7 @@ def db(tmp_path):
     c = Coordinator(SQLiteStore(path))
     c.register_job("local", "run-a", "grpo", 100)
     for step, score in HACKED:
-        c.report("local", "run-a", step, eval_score=score, train_loss=1.0 / step)
+        c.report("local", "run-a", ReportRequest(step, eval_score=score, train_loss=1.0 / step))
     c.ack("local", "run-a", "out/checkpoint-20", step=45)
     c.close()
     return path
@@ -60,7 +61,7 @@ def test_status_reads_an_embedded_database_and_a_killed_job_shows_lost(db):
     assert "stop lag: 5 step(s)" in _evalstop("status", "run-a", "--db", str(db)).stdout
     c = Coordinator(SQLiteStore(db), clock=lambda: 1000.0)  # a job whose process was killed long ago
     c.register_job("local", "killed", "grpo", 100)
-    c.report("local", "killed", 10, eval_score=0.5)
+    c.report("local", "killed", ReportRequest(10, eval_score=0.5))
     c.close()
     jobs = {j["job_id"]: j for j in json.loads(_evalstop("status", "--db", str(db), "--json").stdout)}
     assert jobs["killed"]["status"] == "lost" and jobs["killed"]["last_seen"] == 1000.0

@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import inspect
 import math
+import typing
 from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
@@ -470,7 +471,10 @@ def test_a_request_record_is_the_body_the_client_method_and_the_coordinator_meth
     assert client == fields, name
     handler = getattr(Handlers, name, None)
     coordinator = [p for p in _params(getattr(_Coordinator, name), 2) if p not in route.path_args]
-    if handler is None:  # called by keyword with exactly these (extra coordinator-only options have defaults)
+    if coordinator == ["request"]:  # the record itself is the coordinator's argument (the report's)
+        hint = typing.get_type_hints(getattr(_Coordinator, name))["request"]
+        assert hint is route.request, name
+    elif handler is None:  # called by keyword with exactly these (extra coordinator-only options have defaults)
         assert coordinator[:len(fields)] == fields, name
     else:
         assert set(fields) <= set(coordinator), name

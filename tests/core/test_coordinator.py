@@ -8,6 +8,7 @@ import pytest
 
 from evalstop_trl import Action, Conflict, Coordinator, InvalidInput, MemoryStore, NotFound, Policy, SQLiteStore
 from evalstop_trl.core.records import AuditKind, JobStatus
+from evalstop_trl.core.requests import ReportRequest
 from tests.store_helpers import STORE_KINDS, open_store
 
 
@@ -41,7 +42,7 @@ HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3)]
 def test_stop_after_two_declines_with_audit(make):
     c = make()
     c.register_job("a", "j1", "grpo", planned_steps=50)
-    actions = [c.report("a", "j1", s, eval_score=v).action for s, v in HACKED[:4]]
+    actions = [c.report("a", "j1", ReportRequest(s, eval_score=v)).action for s, v in HACKED[:4]]
     assert actions == [Action.CONTINUE, Action.CONTINUE, Action.CONTINUE, Action.STOP]
     view = c.status("a", "j1")
     assert view.status == "stopped" and view.best_step == 20 and view.best_score == 0.5
@@ -55,8 +56,8 @@ def test_reports_after_stop_are_recorded_but_never_unstop(make):
     c = make()
     c.register_job("a", "j", "grpo")
     for s, v in HACKED[:4]:
-        c.report("a", "j", s, eval_score=v)
-    d = c.report("a", "j", 50, eval_score=0.99)
+        c.report("a", "j", ReportRequest(s, eval_score=v))
+    d = c.report("a", "j", ReportRequest(50, eval_score=0.99))
     assert d.action is Action.STOP
     assert c.status("a", "j").status == "stopped"
     assert [r.step for r in c.reports("a", "j")] == [10, 20, 30, 40, 50]
@@ -66,14 +67,14 @@ def test_reports_after_stop_are_recorded_but_never_unstop(make):
 def test_idempotent_reports_and_conflicts(make):
     c = make()
     c.register_job("a", "j", "rlhf")
-    c.report("a", "j", 10, eval_score=0.5, train_loss=1.0)
-    c.report("a", "j", 10, eval_score=0.5, train_loss=1.0)  # identical repeat: accepted once
+    c.report("a", "j", ReportRequest(10, eval_score=0.5, train_loss=1.0))
+    c.report("a", "j", ReportRequest(10, eval_score=0.5, train_loss=1.0))  # identical repeat: accepted once
     assert c.status("a", "j").n_reports == 1
     with pytest.raises(Conflict, match="step 10 of job 'j' already has a different report"):
-        c.report("a", "j", 10, eval_score=0.6)
-    c.report("a", "j", 20, eval_score=0.6)
+        c.report("a", "j", ReportRequest(10, eval_score=0.6))
+    c.report("a", "j", ReportRequest(20, eval_score=0.6))
     with pytest.raises(Conflict, match="step order"):
-        c.report("a", "j", 15, eval_score=0.6)
+        c.report("a", "j", ReportRequest(15, eval_score=0.6))
 
 
 @pytest.mark.parametrize("register", ["register_job", "add_job"])
@@ -118,7 +119,7 @@ def test_a_later_registration_attaches_and_amends(make, first, then, expected, a
 def test_a_policy_change_after_decided_reports_is_another_job(make):
     c = make()
     c.register_job("a", "j", "grpo", policy={"detector": "decline", "k": 2})
-    c.report("a", "j", 10, eval_score=0.5)
+    c.report("a", "j", ReportRequest(10, eval_score=0.5))
     with pytest.raises(Conflict, match="1 reports decided under policy"):
         c.register_job("a", "j", "grpo", policy={"detector": "decline", "k": 3})
 
@@ -156,17 +157,17 @@ def test_non_finite_reports_rejected_and_not_stored(make, value):
     c = make()
     c.register_job("a", "j", "rlhf")
     with pytest.raises(InvalidInput, match="must be finite"):
-        c.report("a", "j", 1, eval_score=value)
+        c.report("a", "j", ReportRequest(1, eval_score=value))
     assert c.status("a", "j").n_reports == 0
 
 
 def test_tenants_are_isolated(make):
     c = make()
     c.register_job("alice", "j", "grpo")
-    c.report("alice", "j", 1, eval_score=0.5)
+    c.report("alice", "j", ReportRequest(1, eval_score=0.5))
     for op in (
         lambda: c.status("bob", "j"),
-        lambda: c.report("bob", "j", 2, eval_score=0.1),
+        lambda: c.report("bob", "j", ReportRequest(2, eval_score=0.1)),
         lambda: c.stop("bob", "j", "mine now"),
         lambda: c.ack("bob", "j"),
         lambda: c.finish("bob", "j"),
@@ -186,7 +187,7 @@ def test_state_machine_manual_stop_ack_finish(make):
     assert c.status("a", "j").status == "pending"
     with pytest.raises(Conflict, match="no stop to acknowledge"):
         c.ack("a", "j")
-    c.report("a", "j", 1, eval_score=0.3)
+    c.report("a", "j", ReportRequest(1, eval_score=0.3))
     assert c.status("a", "j").status == "running"
     v = c.stop("a", "j", "budget cut")
     assert v.status == "stopped" and "manual stop by tenant:a: budget cut" in v.decision.reason
@@ -203,9 +204,9 @@ def test_state_machine_manual_stop_ack_finish(make):
 def test_best_checkpoint_from_reports(make):
     c = make()
     c.register_job("a", "j", "grpo")
-    c.report("a", "j", 10, eval_score=0.1, checkpoint="/c/10")
-    c.report("a", "j", 20, eval_score=0.9, checkpoint="/c/20")
-    c.report("a", "j", 30, eval_score=0.5, checkpoint="/c/30")
+    c.report("a", "j", ReportRequest(10, eval_score=0.1, checkpoint="/c/10"))
+    c.report("a", "j", ReportRequest(20, eval_score=0.9, checkpoint="/c/20"))
+    c.report("a", "j", ReportRequest(30, eval_score=0.5, checkpoint="/c/30"))
     assert c.status("a", "j").best_checkpoint == "/c/20"
 
 
@@ -216,9 +217,9 @@ def test_reopen_gives_identical_statuses_and_decisions(tmp_path):
     c1.register_job("a", "healthy", "grpo", planned_steps=50, policy=Policy("patience", {"k": 3}))
     c1.register_job("b", "manual", "dpo")
     for s, v in HACKED[:3]:
-        c1.report("a", "hacked", s, eval_score=v)
-        c1.report("a", "healthy", s, eval_score=v + s / 100)
-    c1.report("b", "manual", 5, train_loss=1.0)
+        c1.report("a", "hacked", ReportRequest(s, eval_score=v))
+        c1.report("a", "healthy", ReportRequest(s, eval_score=v + s / 100))
+    c1.report("b", "manual", ReportRequest(5, train_loss=1.0))
     c1.stop("b", "manual", "by hand")
     before = {(t, j.job_id): j for t in ("a", "b") for j in c1.list_jobs(t)}
     c1.close()
@@ -230,8 +231,8 @@ def test_reopen_gives_identical_statuses_and_decisions(tmp_path):
     reference = Coordinator(MemoryStore(), clock=FakeClock())
     reference.register_job("a", "hacked", "grpo", planned_steps=50)
     for s, v in HACKED[:4]:
-        expected = reference.report("a", "hacked", s, eval_score=v)
-    got = c2.report("a", "hacked", 40, eval_score=0.4)
+        expected = reference.report("a", "hacked", ReportRequest(s, eval_score=v))
+    got = c2.report("a", "hacked", ReportRequest(40, eval_score=0.4))
     assert got.action is expected.action is Action.STOP
     assert (got.reason, got.best_step, got.best_score) == (expected.reason, expected.best_step, expected.best_score)
 
@@ -246,8 +247,8 @@ def test_thread_safety_many_writers(tmp_path):
     def worker(j):
         try:
             for s in range(n_steps):
-                c.report("a", f"j{j}", s, eval_score=float(s))
-                c.report("a", f"j{j}", s, eval_score=float(s))  # duplicates interleaved
+                c.report("a", f"j{j}", ReportRequest(s, eval_score=float(s)))
+                c.report("a", f"j{j}", ReportRequest(s, eval_score=float(s)))  # duplicates interleaved
         except Exception as exc:  # pragma: no cover - surfaced below
             errors.append(exc)
 
@@ -273,11 +274,11 @@ def test_memory_per_job_is_bounded_reports_live_in_the_store():
     c = Coordinator(Forgetful(), clock=FakeClock())
     c.register_job("a", "j", "grpo")
     for step in range(200):
-        c.report("a", "j", step, eval_score=0.5 + 0.001 * step)
+        c.report("a", "j", ReportRequest(step, eval_score=0.5 + 0.001 * step))
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for step in range(200, 20_200):
-        c.report("a", "j", step, eval_score=0.5 + 0.001 * (step % 7), train_loss=0.1, proxy_reward=1.0)
+        c.report("a", "j", ReportRequest(step, eval_score=0.5 + 0.001 * (step % 7), train_loss=0.1, proxy_reward=1.0))
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     assert grown < 64 * 1024, f"the coordinator grew {grown} bytes over 20,000 reports of one job"
@@ -332,7 +333,7 @@ def test_an_expired_lease_goes_back_to_the_queue_and_a_gap_becomes_missing():
     (lambda c: c.heartbeat("a", "j", "w\x00"), "actor"),
     (lambda c: c.claim_eval("a", "w\x00", 60), "worker"),
     (lambda c: c.post_eval("a", "j", 10, None, "w", "boom\x00"), "error"),
-    (lambda c: c.report("a", "j", 10, eval_score=0.5, checkpoint="/ck\x00pt"), "checkpoint"),
+    (lambda c: c.report("a", "j", ReportRequest(10, eval_score=0.5, checkpoint="/ck\x00pt")), "checkpoint"),
 ])
 def test_text_with_a_nul_is_refused_in_process_as_over_http(make, call, field):
     """PostgreSQL cannot store a NUL: the core refuses it for every client (422 over HTTP)."""
@@ -363,7 +364,7 @@ def test_the_audit_budget_refuses_a_tenants_lines_never_the_coordinators_own():
     with pytest.raises(QuotaExceeded, match="audit_rate"):
         c.delete_job("t", "a", "clean-up")
     for step, score in [(10, 0.2), (20, 0.5), (30, 0.4), (40, 0.3)]:  # the detector's stop: always written
-        decision = c.report("t", "d", step, eval_score=score)
+        decision = c.report("t", "d", ReportRequest(step, eval_score=score))
     assert decision.action is Action.STOP and c.status("t", "d").status == "stopped"
     assert [a.kind for a in c.audit("t")] == [AuditKind.FAILED, AuditKind.LAUNCHER_EXIT, AuditKind.MANUAL_STOP,
                                              AuditKind.STOP]
@@ -388,7 +389,7 @@ def test_a_tenants_stored_audit_bytes_are_capped_until_retention_reclaims_them(m
         c.fail("t", "d", reason)
     assert refused.value.retry_after is None and c.status("t", "d").status == "pending"
     for step, score in HACKED:  # the detector's stop: the coordinator's own line, always written
-        c.report("t", "d", step, eval_score=score)
+        c.report("t", "d", ReportRequest(step, eval_score=score))
     assert c.status("t", "d").status == "stopped" and c.audit("t")[-1].kind is AuditKind.STOP
     c.register_job("u", "e")
     c.fail("u", "e", reason)  # a cap per tenant

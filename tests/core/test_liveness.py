@@ -8,6 +8,7 @@ import pytest
 from evalstop_trl import Coordinator
 from evalstop_trl.core.errors import InvalidInput, QuotaExceeded
 from evalstop_trl.core.records import AuditKind, Quotas
+from evalstop_trl.core.requests import ReportRequest
 from tests.store_helpers import STORE_KINDS, open_store
 
 
@@ -38,7 +39,7 @@ def test_a_silent_job_is_lost_after_its_lease_and_frees_its_quota(make):
     clock = Clock()
     c = make(clock, lease_s=300, quotas=Quotas(max_active_jobs=1))
     c.register_job("acme", "j", "grpo", 100)
-    c.report("acme", "j", 10, eval_score=0.5)
+    c.report("acme", "j", ReportRequest(10, eval_score=0.5))
     with pytest.raises(QuotaExceeded):
         c.register_job("acme", "k", "grpo", 100)
     clock.t += 299
@@ -65,10 +66,10 @@ def test_heartbeats_renew_the_lease_and_bring_a_lost_job_back(make):
     assert c.sweep() == [("acme", "j")]
     clock.t += 5
     assert c.heartbeat("acme", "j").status == "running"  # alive again
-    c.report("acme", "j", 10, eval_score=0.4)
+    c.report("acme", "j", ReportRequest(10, eval_score=0.4))
     clock.t += 400
     c.sweep()
-    assert c.report("acme", "j", 20, eval_score=0.5).action.value == "continue"  # a report brings it back too
+    assert c.report("acme", "j", ReportRequest(20, eval_score=0.5)).action.value == "continue"  # a report brings it back too
     assert c.status("acme", "j").status == "running"
     kinds = [a.kind for a in c.audit("acme", "j")]
     assert kinds.count(AuditKind.LOST) == 2 and kinds.count(AuditKind.SEEN_AGAIN) == 2
@@ -79,10 +80,10 @@ def test_a_lost_job_is_stopped_as_any_other(make):
     c = make(clock, lease_s=60)
     c.register_job("acme", "j", "grpo", 100)
     for step, score in ((10, 0.5), (20, 0.4)):
-        c.report("acme", "j", step, eval_score=score)
+        c.report("acme", "j", ReportRequest(step, eval_score=score))
     clock.t += 100
     assert c.sweep() == [("acme", "j")]
-    assert c.report("acme", "j", 30, eval_score=0.3).stop  # the second decline stops it, from LOST
+    assert c.report("acme", "j", ReportRequest(30, eval_score=0.3)).stop  # the second decline stops it, from LOST
     assert c.status("acme", "j").status == "stopped"
 
 
@@ -135,7 +136,7 @@ def test_reviving_lost_jobs_cannot_pass_the_active_job_quota(make):
     with pytest.raises(QuotaExceeded, match=r"max_active_jobs=2\): lost job 'c1' cannot run again.*finish or stop"):
         c.heartbeat("acme", "c1")
     with pytest.raises(QuotaExceeded, match="lost job 'c2' cannot run again"):
-        c.report("acme", "c2", 10, eval_score=0.5)
+        c.report("acme", "c2", ReportRequest(10, eval_score=0.5))
     assert [c.status("acme", j).status for j in ("c1", "c2", "c3", "c4")] == ["lost", "lost", "pending", "pending"]
     c.finish("acme", "c3")
     assert c.heartbeat("acme", "c1").status == "running"  # a slot is free again: it runs

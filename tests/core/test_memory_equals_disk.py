@@ -19,6 +19,7 @@ import pytest
 from evalstop_trl.core.coordinator import Coordinator
 from evalstop_trl.core.errors import EvalStopError
 from evalstop_trl.core.records import AuditKind, JobRecord, JobStatus, Policy, Registration, Report
+from evalstop_trl.core.requests import ReportRequest
 from evalstop_trl.core.store import StoreError
 from tests.store_helpers import STORE_KINDS, open_store
 
@@ -87,13 +88,12 @@ def _random_command(coord: Coordinator, rng: random.Random, steps: dict[str, int
     elif kind == "report":
         steps[job] = steps.get(job, 0) + rng.randint(1, 20)
         score = None if rng.random() < 0.15 else round(rng.gauss(0.5, 0.2), 3)
-        coord.report("acme", job, steps[job], eval_score=score, train_loss=round(rng.random(), 3),
-                     checkpoint=f"ckpt-{steps[job]}")
+        coord.report("acme", job, ReportRequest(steps[job], eval_score=score, train_loss=round(rng.random(), 3), checkpoint=f"ckpt-{steps[job]}"))
     elif kind in ("retry", "old"):
         last = coord.state("acme", job).last
         if last is not None:
             step = last.step if kind == "retry" else max(0, last.step - rng.randint(1, 30))
-            coord.report("acme", job, step, last.eval_score, last.train_loss, last.proxy_reward, last.checkpoint)
+            coord.report("acme", job, ReportRequest(step, last.eval_score, last.train_loss, last.proxy_reward, last.checkpoint))
     elif kind == "stop":
         coord.stop("acme", job, "by hand")
     elif kind == "ack":
@@ -170,7 +170,7 @@ def test_a_job_that_cannot_be_replayed_is_marked_failed_and_the_rest_loads(tmp_p
     reasons = [a.reason for a in coord.audit("mallory", "evil") if a.kind is AuditKind.FAILED]
     assert len(reasons) == 1 and "cannot be replayed" in reasons[0] and "noise_prior" in reasons[0]
     assert coord.status("alice", "fine").status == "running"
-    assert coord.report("alice", "fine", 6, eval_score=3.0).action.value == "continue"
+    assert coord.report("alice", "fine", ReportRequest(6, eval_score=3.0)).action.value == "continue"
     if kind != "memory":  # a second start loads the same (and writes no second failure)
         coord.close()
         again = Coordinator(open_store(kind, tmp_path / "red.db", request))
@@ -189,7 +189,7 @@ def test_a_plan_amended_after_reports_decides_the_same_after_a_restart(tmp_path,
     path = tmp_path / "plan.db"
     coord = Coordinator(open_store(kind, path, request), clock=Clock())
     coord.register_job("acme", "p", "grpo", 1000, {"detector": "stop_at", "fraction": 0.5})
-    live = [coord.report("acme", "p", s, eval_score=0.5) for s in range(10, 70, 10)]
+    live = [coord.report("acme", "p", ReportRequest(s, eval_score=0.5)) for s in range(10, 70, 10)]
     coord.register_job("acme", "p", "grpo", 100)  # the plan amended after its reports
     assert not any(d.stop for d in live)
     before = _snapshot(coord)
@@ -199,6 +199,6 @@ def test_a_plan_amended_after_reports_decides_the_same_after_a_restart(tmp_path,
     if kind != "memory":
         restarted.close()
     # the next report is decided under the new plan (progress 0.7), and a restart says the same
-    assert coord.report("acme", "p", 70, eval_score=0.5).stop
+    assert coord.report("acme", "p", ReportRequest(70, eval_score=0.5)).stop
     again = Coordinator(open_store(kind, path, request) if kind != "memory" else coord.store, clock=Clock())
     assert _snapshot(again) == _snapshot(coord) and again.reports("acme", "p")[-1].planned_steps == 100

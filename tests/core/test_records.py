@@ -10,6 +10,7 @@ import pytest
 from evalstop_trl.core.codec import from_wire, to_wire
 from evalstop_trl.core.detectors import Action, Decision, Observation
 from evalstop_trl.core.records import AuditKind, AuditRecord, JobRecord, JobType, JobView, Policy, Report
+from evalstop_trl.core.requests import ReportRequest
 
 DECISION = Decision(Action.STOP, "2 consecutive declines", 20, 0.7, {"declines": 2, "steps": [20, 30, 40]})
 RECORDS = [
@@ -17,7 +18,7 @@ RECORDS = [
     Policy("decline", {"k": 3}),
     AuditRecord("acme", "j", 1.0, AuditKind.STOP, "detector:decline", "why", {"step": 40}),
     JobView("j", "grpo", "stopped", {"detector": "decline", "k": 2}, DECISION, 20, 0.7, None, 4, 40, 100, True),
-    Report(10, 0.5, 0.1, 1.2, None, 3.0),
+    Report(10, 0.5, 0.1, 1.2, None, received_at=3.0),
     JobRecord("acme", "j", JobType.GRPO, 100, Policy(), last_seen=4.0),
     Observation("j", 10, 0.5),
 ]
@@ -45,4 +46,15 @@ def test_round_trips():
     assert from_wire(Decision, to_wire(DECISION)) == DECISION
     assert from_wire(JobView, to_wire(RECORDS[3])) == RECORDS[3]
     assert Policy.from_dict(RECORDS[1].to_dict()) == RECORDS[1]
-    assert RECORDS[4].payload() == (10, 0.5, 0.1, 1.2, None, None, None)  # what idempotency compares: not the arrival time
+    assert RECORDS[4].request() == ReportRequest(10, 0.5, 0.1, 1.2)  # what idempotency compares: not the arrival time
+
+
+def test_a_stored_report_is_the_request_and_what_the_coordinator_adds():
+    """A report field is declared once, on the request record: the stored Report carries every field
+    of it by name (and only ``received_at`` and ``planned_steps`` besides), and is built from it by name."""
+    from evalstop_trl.core.requests import field_names
+
+    assert Report._fields == (*field_names(ReportRequest), "received_at", "planned_steps")
+    request = ReportRequest(7, 0.25, 1.5, 0.75, "ckpt-7", 64, 0.01)
+    report = Report.of(request, 12.5, 100)
+    assert report.request() == request and (report.received_at, report.planned_steps) == (12.5, 100)

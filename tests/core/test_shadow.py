@@ -18,6 +18,7 @@ from evalstop_trl.clients.embedded import EmbeddedClient
 from evalstop_trl.clients.http import EvalStopClient
 from evalstop_trl.core.errors import Conflict, InvalidInput
 from evalstop_trl.core.records import AuditKind, Policy, PolicyMode, Report
+from evalstop_trl.core.requests import ReportRequest
 from evalstop_trl.train.session import EvalStopSession, SessionConfig
 
 HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3), (60, 0.25)]  # decline k=2 fires at 40
@@ -35,7 +36,7 @@ def _evalstop(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
 
 
 def _feed(c, tenant, job_id, curve):
-    return [c.report(tenant, job_id, s, eval_score=v) for s, v in curve]
+    return [c.report(tenant, job_id, ReportRequest(s, eval_score=v)) for s, v in curve]
 
 
 def test_a_shadow_job_decides_like_an_enforced_one_records_the_first_would_stop_and_never_stops(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 
 from evalstop_trl import Coordinator, MemoryStore, SQLiteStore
 from evalstop_trl.clients.http import EvalStopClient
+from evalstop_trl.core.requests import ReportRequest
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +86,7 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(server):
     for job_id in acked:
         ref.register_job("acme", job_id, "grpo", policy={"detector": "decline", "k": 3})
         for r in stored_reports[job_id]:
-            ref.report("acme", job_id, r.step, eval_score=r.eval_score)
+            ref.report("acme", job_id, ReportRequest(r.step, eval_score=r.eval_score))
         expected = ref.status("acme", job_id)
         got = after[job_id]
         assert (got.status, got.best_step, got.best_score, got.n_reports) == (

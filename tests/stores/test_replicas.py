@@ -22,6 +22,7 @@ import pytest
 
 from evalstop_trl import Coordinator, MemoryStore
 from evalstop_trl.clients.http import EvalStopClient
+from evalstop_trl.core.requests import ReportRequest
 from tests.conftest import Server
 
 pytestmark = pytest.mark.slow
@@ -103,7 +104,7 @@ def test_two_replicas_decide_like_one_process(replicas):
     for j in range(jobs):
         one.register_job("acme", f"j{j}", "grpo", planned_steps=steps, policy={"detector": "decline", "k": 2})
         for step, score in enumerate(_curve(j, steps)):
-            one.report("acme", f"j{j}", step, eval_score=score)
+            one.report("acme", f"j{j}", ReportRequest(step, eval_score=score))
     for replica in (a, b):
         with EvalStopClient(replica.url, token) as c:
             got = {v.job_id: (v.status, v.best_step, v.decision.reason if v.decision else None, v.n_reports)

@@ -8,6 +8,7 @@ import pytest
 
 from evalstop_trl import Coordinator, SQLiteStore
 from evalstop_trl.core.errors import NotFound
+from evalstop_trl.core.requests import ReportRequest
 from evalstop_trl.core.store import StoreError
 
 
@@ -36,9 +37,9 @@ def test_a_worker_started_first_scores_a_later_job_and_the_trainer_sees_the_stop
 def test_writes_on_stale_state_are_refused_and_reloaded(tmp_path):
     a, b = _pair(tmp_path / "evalstop.db")
     a.register_job("local", "j", "grpo")
-    a.report("local", "j", 1, eval_score=0.5)
-    b.report("local", "j", 2, eval_score=0.4)  # b re-reads the job a wrote, then writes
-    assert a.report("local", "j", 3, eval_score=0.3).stop  # a re-reads b's report: two declines
+    a.report("local", "j", ReportRequest(1, eval_score=0.5))
+    b.report("local", "j", ReportRequest(2, eval_score=0.4))  # b re-reads the job a wrote, then writes
+    assert a.report("local", "j", ReportRequest(3, eval_score=0.3)).stop  # a re-reads b's report: two declines
     assert b.status("local", "j").status == "stopped"
     a.close()
     b.close()

@@ -57,11 +57,12 @@ CHILD = textwrap.dedent(
     """
     import sys
     from evalstop_trl import Coordinator, SQLiteStore
+    from evalstop_trl.core.requests import ReportRequest
     c = Coordinator(SQLiteStore(sys.argv[1]))
     c.register_job("a", "j", "grpo", policy={"detector": "never"})
     step = 0
     while True:
-        c.report("a", "j", step, eval_score=step * 0.001, train_loss=1.0)
+        c.report("a", "j", ReportRequest(step, eval_score=step * 0.001, train_loss=1.0))
         print(step, flush=True)   # acknowledged: report() returned
         step += 1
     """

@@ -9,6 +9,7 @@ import pytest
 
 from evalstop_trl import Conflict, Coordinator, MemoryStore, SQLiteStore
 from evalstop_trl.core.records import AuditKind, AuditRecord, Delivery, JobRecord, JobType, Policy, Report, TenantRecord
+from evalstop_trl.core.requests import ReportRequest
 from evalstop_trl.core.store import StaleState, StoreError, wait_durable
 from evalstop_trl.stores.sqlite import SCHEMA_VERSION
 from tests.store_helpers import STORE_KINDS, open_store
@@ -45,6 +46,17 @@ def test_reports_in_step_order_and_paged(store):
     assert [r.step for r in store.reports("a", "j", after_step=3, limit=4)] == [4, 5, 6, 7]
     assert store.report("a", "j", 5).eval_score == pytest.approx(0.5) and store.report("a", "j", 42) is None
     assert store.job("a", "j").job_id == "j" and store.job("a", "nope") is None
+
+
+def test_every_field_of_a_report_request_is_stored_and_read_back(store):
+    """A report field is declared on the request record; every store keeps it (its column) and gives it
+    back by name, so a field missing from a store's schema or migration fails here."""
+    wait_durable(store.commit(_job(), expect=0))
+    request = ReportRequest(**{name: value for name, value in zip(
+        Report._fields, (7, 0.25, 1.5, 0.75, "ckpt-7", 64, 0.01), strict=False)})
+    wait_durable(store.add_report("a", "j", Report.of(request, 3.5, 100), expect=1))
+    stored = store.report("a", "j", 7)
+    assert stored.request() == request and (stored.received_at, stored.planned_steps) == (3.5, 100)
 
 
 def test_audit_filtered_and_paged(store):
@@ -209,14 +221,14 @@ def test_sqlite_migrates_version_5_to_6_reports_keep_their_plan(tmp_path):
     path = tmp_path / "v5.db"
     c = Coordinator(SQLiteStore(path))
     c.register_job("old", "j", "grpo", 100, {"detector": "stop_at", "fraction": 0.5})
-    c.report("old", "j", 10, 0.5)
+    c.report("old", "j", ReportRequest(10, 0.5))
     c.close()
     db = sqlite3.connect(path)  # what evalstop wrote before: no planned_steps in reports, version 5
     db.executescript("ALTER TABLE reports DROP COLUMN planned_steps; UPDATE schema_version SET version = 5;")
     db.close()
     c = Coordinator(SQLiteStore(path))
     assert [r.planned_steps for r in c.reports("old", "j")] == [None]  # the old row, as it was
-    assert c.report("old", "j", 50, 0.5).stop  # progress 0.5 under the job's plan
+    assert c.report("old", "j", ReportRequest(50, 0.5)).stop  # progress 0.5 under the job's plan
     assert [r.planned_steps for r in c.reports("old", "j")] == [None, 100]
     c.close()
     assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
@@ -229,7 +241,7 @@ def _evidence_roundtrip(open_coordinator) -> None:
     assert [(r.eval_n, r.eval_noise) for r in c.reports("old", "j")] == [(None, None)]
     assert [(t.eval_n, t.eval_noise) for t in c.evals("old", "j")] == [(None, None)]  # an old snapshot
     c.post_eval("old", "j", 15, 0.45, "w", eval_n=250, eval_noise=0.02)  # the old snapshot, scored now
-    c.report("old", "j", 20, 0.4, eval_n=250, eval_noise=0.01)
+    c.report("old", "j", ReportRequest(20, 0.4, eval_n=250, eval_noise=0.01))
     c.close()
     c = open_coordinator()
     assert [(r.step, r.eval_n, r.eval_noise) for r in c.reports("old", "j")] == [(10, None, None), (15, 250, 0.02),
@@ -242,7 +254,7 @@ def test_sqlite_migrates_version_6_to_7_reports_keep_their_evidence(tmp_path):
     path = tmp_path / "v6.db"
     c = Coordinator(SQLiteStore(path))
     c.register_job("old", "j", "grpo")
-    c.report("old", "j", 10, 0.5)
+    c.report("old", "j", ReportRequest(10, 0.5))
     c.publish_snapshot("old", "j", 15, "/snap/15")
     c.close()
     db = sqlite3.connect(path)  # what evalstop wrote before: no per-example evidence, version 6
@@ -277,7 +289,7 @@ def test_postgres_migrates_version_4_to_5_reports_keep_their_evidence(pg_dsn):
 
     c = Coordinator(PostgresStore(pg_dsn))
     c.register_job("old", "j", "grpo")
-    c.report("old", "j", 10, 0.5)
+    c.report("old", "j", ReportRequest(10, 0.5))
     c.publish_snapshot("old", "j", 15, "/snap/15")
     c.close()
     with psycopg.connect(pg_dsn, autocommit=True) as db:
@@ -328,7 +340,7 @@ def test_a_command_that_waited_for_a_deleted_job_writes_nothing(tmp_path):
 
     c = Coordinator(SQLiteStore(tmp_path / "d.db"))
     c.register_job("a", "j", "grpo")
-    c.report("a", "j", 10, 0.5)
+    c.report("a", "j", ReportRequest(10, 0.5))
     c.stop("a", "j", "done")
     slot = c.jobs.get("a", "j")  # a racing command holds the slot ...
     c.delete_job("a", "j", "clean-up")  # ... while the delete runs

@@ -57,14 +57,22 @@ def test_callback_does_not_perturb_training(tmp_path):
     assert losses(with_cb) == losses(without) and len(losses(with_cb)) == 8
 
 
-@pytest.mark.parametrize("trainer", ["rloo", "dpo", "online_dpo", "sft"])
-def test_every_trainer_stops_on_a_stop_decision(tmp_path, trainer):
-    run = run_tiny(trainer, "hacked", output_dir=tmp_path, max_steps=40, eval_every=5, detector="stop_at", fraction=0.5)
+@pytest.mark.parametrize("given", [False, True], ids=["in-callbacks", "trainer="])
+@pytest.mark.parametrize("trainer", ["grpo", "rloo", "dpo", "online_dpo", "sft"])
+def test_every_trainer_stops_on_a_stop_decision(tmp_path, trainer, given):
+    run = run_tiny(trainer, "hacked", output_dir=tmp_path, max_steps=40, eval_every=5, detector="stop_at", fraction=0.5,
+                   pass_trainer=given)
     assert run.stopped_at == 20 and run.steps_done == 20, (trainer, run.steps_done)
     assert len(run.trace) == 4 and all(t["gold"] is not None for t in run.trace)
-    if trainer in ("rloo", "online_dpo"):
+    if trainer in ("grpo", "rloo", "online_dpo"):
         assert run.trace[-1]["proxy"] is not None  # the trainer's reward was forwarded
     assert run.trace[-1]["loss"] is not None
+    # each eval's evalstop/* metrics in log_history once, at its step, in an entry of their own: the trainer's
+    # own metrics (a TRL trainer's reward, flushed by its log()) are neither taken nor repeated
+    ours = [h for h in run.log_history if "evalstop/stop" in h]
+    assert [(h["step"], h["evalstop/stop"]) for h in ours] == [(5, 0), (10, 0), (15, 0), (20, 1)], ours
+    assert all(k.startswith("evalstop/") or k in ("step", "epoch") for h in ours for k in h), ours
+    assert all(len([h for h in run.log_history if h["step"] == s and "loss" in h]) == 1 for s in (5, 10, 15, 20))
 
 
 def test_peft_lora_best_adapter_is_saved_and_loadable(tmp_path):
@@ -174,6 +182,37 @@ def test_world_feedback_may_return_tensor_scalars_and_nan_is_a_missing_eval(tmp_
     assert cb.best_score == pytest.approx(0.6) and cb.history[0]["train_loss"] == pytest.approx(0.1)  # this step's loss
     failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
     assert len(failed) == 2 and "score is nan" in failed[0] and "score is None" in failed[1]  # each one (issue 20.8)
+
+
+class _Trainer:
+    """The part of a trainer ``trainer=`` uses: ``log``, whose log event clears ``should_log`` as the
+    trainer's handler does."""
+
+    def __init__(self, state, control):
+        self.state, self.control, self.logs = state, control, []
+
+    def log(self, logs):
+        self.logs.append({**logs, "step": self.state.global_step})
+        self.control.should_log = False
+
+
+def test_with_the_trainer_the_metrics_go_out_through_its_log_after_its_own_log(tmp_path):
+    """Decided in the eval step's log, the metrics wait for the next event outside it and go out through
+    ``trainer.log`` at the same step; a log the trainer still owes (the epoch's) stays asked for."""
+    state, control = _State(), _Control()
+    trainer = _Trainer(state, control)
+    cb = EvalStopCallback(lambda m, t: 0.5, eval_every=1, coordinator=Coordinator(MemoryStore()), job_id="t",
+                          save_best=False, trainer=trainer)
+    cb.on_train_begin(_Args(tmp_path), state, control)
+    state.global_step = 1
+    cb.on_step_end(_Args(tmp_path), state, control, model=torch.nn.Linear(1, 1))
+    cb.on_log(_Args(tmp_path), state, control, logs={"loss": 0.1})
+    assert trainer.logs == [] and state.log_history == []  # not from inside the trainer's own log
+    control.should_log = True  # the end of the epoch asks for a log
+    cb.on_epoch_end(_Args(tmp_path), state, control)
+    assert [(e["step"], e["evalstop/score"]) for e in trainer.logs] == [(1, 0.5)] and control.should_log
+    cb.on_step_begin(_Args(tmp_path), state, control)
+    assert len(trainer.logs) == 1 and cb.history[0]["train_loss"] == pytest.approx(0.1)  # sent once
 
 
 def test_world_feedback_may_return_per_example_scores(tmp_path, caplog):
@@ -297,6 +336,21 @@ def test_the_callback_is_one_plain_class_with_a_strategy_per_mode():
     # no descriptor of its own beyond plain read-only properties over its session
     own = {n: v for n, v in vars(EvalStopCallback).items() if hasattr(v, "__get__") and not callable(v)}
     assert all(isinstance(v, property) and v.fset is None for v in own.values()), own
+
+
+def test_the_callback_takes_what_the_trainer_hands_it():
+    """Issue 43.5: no frame walk, no edit of the trainer's list of callbacks, and strategies that use the
+    callback's public surface (``feedback.Host``) only."""
+    import inspect
+    import re
+
+    from evalstop_trl.train import callback, feedback
+
+    assert "calling_handler" not in callback.__all__ and not hasattr(callback, "calling_handler")
+    for module in (callback, feedback):
+        source = inspect.getsource(module)
+        assert not re.search(r"_getframe|f_locals|f_back|\.callbacks\s*=|callback_handler", source), module
+    assert not re.search(r"\bcb\._", inspect.getsource(feedback))
 
 
 def test_the_callback_keeps_no_state_in_a_checkpoint():

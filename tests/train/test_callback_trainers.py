@@ -1,7 +1,8 @@
 """Issue 20, the training side, each with a real tiny transformers/TRL trainer (CPU): the launcher's job
 adopted and its plan extended, the job type from the trainer, bests that never go backwards,
 ``load_best_at_end``, checkpoints past the best removed, metric mode that cannot silently do nothing,
-and ``evalstop/*`` metrics that reach the ``report_to`` integrations in every mode."""
+and ``evalstop/*`` metrics that reach the ``report_to`` integrations in every mode (with ``trainer=``) and
+``log_history`` (without it)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from evalstop_trl.train.callback import EvalStopCallback  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def _trainer(out: Path, cb: EvalStopCallback, max_steps: int, callbacks=(), **args):
-    """A plain transformers Trainer on a tiny causal LM (the cheapest real trainer)."""
+def _trainer(out: Path, cb: EvalStopCallback | None, max_steps: int, callbacks=(), **args):
+    """A plain transformers Trainer on a tiny causal LM (the cheapest real trainer); ``cb`` None: add it later."""
     from datasets import Dataset
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
@@ -37,7 +38,8 @@ def _trainer(out: Path, cb: EvalStopCallback, max_steps: int, callbacks=(), **ar
               save_strategy="no", logging_steps=5, disable_tqdm=True, learning_rate=1e-3)
     kw.update(args)
     trainer = Trainer(model=build_model(tok), args=TrainingArguments(**kw), train_dataset=ds,
-                      eval_dataset=ds.select(range(16)), processing_class=tok, callbacks=[cb, *callbacks],
+                      eval_dataset=ds.select(range(16)), processing_class=tok,
+                      callbacks=[c for c in (cb, *callbacks) if c is not None],
                       data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
     trainer.remove_callback(PrinterCallback)
     return trainer
@@ -159,12 +161,9 @@ class PostScores(TrainerCallback):
         self.client.post_eval("ext", state.global_step, next(self.scores))
 
 
-@pytest.mark.parametrize("mode", ["callable", "metric", "external"])
-def test_report_to_integrations_get_the_evalstop_metrics_in_every_mode(tmp_path, monkeypatch, mode, caplog):
-    import transformers.trainer
-
-    monkeypatch.setattr(transformers.trainer, "get_reporting_integration_callbacks", lambda report_to: [Integration])
-    coord = Coordinator(MemoryStore())
+def _mode(mode: str, coord: Coordinator, **kw):
+    """The callback's options, the extra callbacks and the trainer's arguments of one feedback mode: a
+    callable whose second eval fails, the trainer's eval_loss, or external evaluators (declining: a stop)."""
     extra, args = [], {}
     if mode == "callable":
         def flaky(model, tokenizer):
@@ -173,27 +172,52 @@ def test_report_to_integrations_get_the_evalstop_metrics_in_every_mode(tmp_path,
                 raise TimeoutError("the judge timed out")
             return 0.5
 
-        cb = EvalStopCallback(flaky, eval_every=5, coordinator=coord, job_id="ext", detector="never")
+        options = dict(world_feedback=flaky, eval_every=5, detector="never")
     elif mode == "metric":
-        cb = EvalStopCallback("eval_loss", coordinator=coord, job_id="ext", detector="never")
+        options = dict(world_feedback="eval_loss", detector="never")
         args = dict(eval_strategy="steps", eval_steps=5)
     else:
-        cb = EvalStopCallback(external_eval=True, eval_every=5, coordinator=coord, job_id="ext")
+        options = dict(external_eval=True, eval_every=5)
         extra = [PostScores(coord, [0.5, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1])]
-    trainer = _trainer(tmp_path, cb, max_steps=15 if mode != "external" else 40, callbacks=extra, **args)
+    return dict(options, coordinator=coord, job_id="ext", **kw), extra, args
+
+
+def _evalstop_logs(logs):
+    return [e for e in logs if any(k.startswith("evalstop/") for k in e)]
+
+
+@pytest.mark.parametrize("mode", ["callable", "metric", "external"])
+def test_report_to_integrations_get_the_evalstop_metrics_in_every_mode(tmp_path, monkeypatch, mode, caplog):
+    """With ``trainer=`` (as TRL's callbacks take it) the metrics go out through ``trainer.log`` at the
+    eval's step: the integrations, which the trainer runs before the user's callbacks, get them, and
+    ``log_history`` holds each once. The trainer's callback list stays as built."""
+    import transformers.trainer
+
+    monkeypatch.setattr(transformers.trainer, "get_reporting_integration_callbacks", lambda report_to: [Integration])
+    coord = Coordinator(MemoryStore())
+    options, extra, args = _mode(mode, coord)
+    trainer = _trainer(tmp_path, None, max_steps=15 if mode != "external" else 40, **args)
+    built = list(trainer.callback_handler.callbacks)
+    cb = EvalStopCallback(**options, trainer=trainer)
+    for c in (cb, *extra):
+        trainer.add_callback(c)
+    assert trainer.callback_handler.callbacks == [*built, cb, *extra]  # nothing inserted, nothing moved
     (integration,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, Integration)]
-    callbacks = trainer.callback_handler.callbacks
-    assert callbacks[0] is cb._forwarder and callbacks.index(cb) > callbacks.index(integration)  # cb stays put
     with caplog.at_level(logging.WARNING, "evalstop.callback"):
         if mode == "external":  # the stop reaches the loop through a watcher thread: slow the steps down a little
-            extra.append(_Slow())
-            trainer.add_callback(extra[-1])
+            trainer.add_callback(_Slow())
         trainer.train()
-    seen = [e for e in integration.logs if any(k.startswith("evalstop/") for k in e)]
+    assert [c for c in trainer.callback_handler.callbacks if not isinstance(c, _Slow)] == [*built, cb, *extra]
+    seen = _evalstop_logs(integration.logs)
+    history = _evalstop_logs(trainer.state.log_history)
+    assert [{k: v for k, v in e.items() if k.startswith("evalstop/")} for e in seen] == \
+        [{k: v for k, v in h.items() if k.startswith("evalstop/")} for h in history]  # the same, once each
+    assert [e["_step"] for e in seen] == [h["step"] for h in history]
     if mode == "callable":
-        assert [e["_step"] for e in seen] == [5, 10, 15] and all("loss" in e for e in seen)  # the step's own log
+        assert [e["_step"] for e in seen] == [5, 10, 15]  # at the eval's own step
         assert [e["evalstop/eval_failures"] for e in seen] == [0, 1, 1]
-        assert [h["evalstop/eval_failures"] for h in trainer.state.log_history if "evalstop/stop" in h] == [0, 1, 1]
+        losses = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
+        assert [h["train_loss"] for h in cb.history] == [losses[5], losses[10], losses[15]]  # the step's own loss
         assert "TimeoutError: the judge timed out" in caplog.text
     elif mode == "metric":
         losses = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
@@ -202,6 +226,49 @@ def test_report_to_integrations_get_the_evalstop_metrics_in_every_mode(tmp_path,
     else:
         assert cb.stopped_at is not None and [e["evalstop/stop"] for e in seen] == [1]
         assert seen[0]["evalstop/best_score"] == 0.7 and seen[0]["_step"] == cb.stopped_at
+
+
+class After(Integration):
+    """A callback listed after EvalStopCallback (the trainer's printer is one)."""
+
+
+@pytest.mark.parametrize("mode", ["callable", "metric", "external"])
+def test_without_the_trainer_the_metrics_reach_log_history_and_the_callbacks_after_it(tmp_path, monkeypatch, mode):
+    """``EvalStopCallback`` only in ``callbacks=[...]``: the same evals and stops; the metrics in
+    ``log_history`` at the eval's step, and in the trainer's next log for the callbacks after it (the
+    eval step's own log in callable mode, the next log in metric mode). The integrations, which run
+    before the user's callbacks, miss them."""
+    import transformers.trainer
+
+    monkeypatch.setattr(transformers.trainer, "get_reporting_integration_callbacks", lambda report_to: [Integration])
+    coord = Coordinator(MemoryStore())
+    options, extra, args = _mode(mode, coord)
+    cb, after = EvalStopCallback(**options), After()
+    trainer = _trainer(tmp_path, cb, max_steps=15 if mode != "external" else 40, callbacks=[*extra, after], **args)
+    (integration,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, Integration)
+                      and not isinstance(c, After)]
+    if mode == "external":
+        trainer.add_callback(_Slow())
+    trainer.train()
+    assert _evalstop_logs(integration.logs) == []
+    history = _evalstop_logs(trainer.state.log_history)
+    seen = _evalstop_logs(after.logs)
+    if mode == "callable":
+        assert [h["step"] for h in history] == [5, 10, 15] and [h["evalstop/eval_failures"] for h in history] == [0, 1, 1]
+        assert [e["_step"] for e in seen] == [5, 10, 15] and all("loss" in e for e in seen)  # the step's own log
+    elif mode == "metric":
+        losses = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
+        assert [h["step"] for h in history] == [5, 10, 15] and [h["evalstop/score"] for h in history] == losses
+        assert [e["_step"] for e in seen] == [10, 15, 15]  # one log later: the last in the end-of-training log
+        assert [e["evalstop/score"] for e in seen] == losses
+    else:
+        assert cb.stopped_at is not None and [(h["step"], h["evalstop/stop"]) for h in history] == [(cb.stopped_at, 1)]
+        assert [(e["_step"], e["evalstop/stop"]) for e in seen] == [(cb.stopped_at, 1)]  # the stop's step logs
+
+
+def test_a_trainer_without_a_log_method_is_refused():
+    with pytest.raises(TypeError, match="EvalStopCallback: trainer must be the trainer .* but got dict"):
+        EvalStopCallback("eval_loss", trainer={})
 
 
 class _Slow(TrainerCallback):
