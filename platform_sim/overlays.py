@@ -33,7 +33,7 @@ from evalstop_trl.core.coordinator import Coordinator
 from evalstop_trl.core.detectors import DETECTORS, Action
 from evalstop_trl.core.records import JobType, Policy, Quotas
 from evalstop_trl.core.registry import Registry
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import JobRequest, ReportRequest
 from evalstop_trl.stores.memory import MemoryStore
 
 from .views import JobSnapshot
@@ -139,7 +139,8 @@ class DetectorOverlay(Overlay):
         if self.rlhf_only and not job.rlhf:
             return
         name = str(job.job_id)
-        self.coordinator.add_job(TENANT, name, _JOB_TYPES.get(job.job_type, JobType.OTHER), planned_steps=self.n_evals)
+        self.coordinator.add_job(TENANT, JobRequest(name, _JOB_TYPES.get(job.job_type, JobType.OTHER),
+                                                    planned_steps=self.n_evals))
         self._watched[job.job_id] = name
 
     def on_eval_id(self, job_id, step, score, loss, proxy, eval_n=None, eval_noise=None):

@@ -31,11 +31,11 @@ def _child(evals: int, report: bool) -> None:
 
     sys.path.insert(0, str(ROOT))
     from evalstop_trl.core.coordinator import Coordinator
-    from evalstop_trl.core.requests import ReportRequest
+    from evalstop_trl.core.requests import JobRequest, ReportRequest
 
     coord = Coordinator()
     for j in range(JOBS):
-        coord.register_job("t", f"j{j}", "grpo", planned_steps=10**9, policy={"detector": "decline", "k": 999})
+        coord.register_job("t", JobRequest(f"j{j}", "grpo", planned_steps=10**9, policy={"detector": "decline", "k": 999}))
     names = [f"j{j}" for j in range(JOBS)]
     for i in range(1, evals + 1):
         for j, name in enumerate(names):

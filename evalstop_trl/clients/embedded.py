@@ -1,7 +1,7 @@
 """EmbeddedClient: the in-process transport of the client API (no HTTP, no outbox).
 
 Each call runs the :class:`~evalstop_trl.core.coordinator.Coordinator` method of the route's name
-with the route's arguments by keyword (the request record's fields, the path's and the query's), so
+with the route's path and query arguments by keyword and its request record itself, so
 it returns the same records and raises the same errors as the HTTP client. The few routes whose
 coordinator method differs (a registration also says whether it created the job, the long poll, the
 run browser's query, the exports' text) are the table :data:`_IN_PROCESS`.
@@ -9,8 +9,6 @@ run browser's query, the exports' text) are the table :data:`_IN_PROCESS`.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +17,6 @@ from ..core.api import MAX_WAIT_S, Route
 from ..core.browse import JobQuery
 from ..core.coordinator import Coordinator
 from ..core.records import JobView
-from ..core.requests import values
 from .api import EvalStopAPI
 
 __all__ = ["EmbeddedClient"]
@@ -48,19 +45,12 @@ def _export_reports(c: Coordinator, tenant: str, job_id: str, format: str) -> st
 
 #: routes whose in-process call is not the coordinator's method of the same name by keyword
 _IN_PROCESS: dict[str, Callable[..., Any]] = {
-    "register_job": lambda c, tenant, **a: c.register_job(tenant, **a)[0],
+    "register_job": lambda c, tenant, request: c.register_job(tenant, request)[0],
     "wait_decision": _wait_decision,
     "browse_jobs": _browse,
     "export_jobs": _export_jobs,
     "export_reports": _export_reports,
 }
-
-
-@functools.cache
-def _takes_record(name: str) -> bool:
-    """The coordinator's method ``name`` takes the route's request record as ``request`` (the report's
-    does), not its fields by keyword."""
-    return "request" in inspect.signature(getattr(Coordinator, name)).parameters
 
 
 class EmbeddedClient(EvalStopAPI):
@@ -93,11 +83,8 @@ class EmbeddedClient(EvalStopAPI):
     def _send(self, route: Route, args: dict[str, Any], request: Any, timeout: float | None) -> Any:
         tenant = self.tenant
         call = _IN_PROCESS.get(route.name)
-        if request is not None:
-            if _takes_record(route.name):
-                args["request"] = request
-            else:
-                args.update(values(request))
+        if request is not None:  # the record itself: every coordinator method of a route with a body takes it
+            args["request"] = request
         if call is not None:
             return call(self.coordinator, tenant, **args)
         return getattr(self.coordinator, route.name)(tenant, **args)

@@ -5,7 +5,7 @@ to its endpoint: HTTP method, path template, the arguments that travel in the pa
 request record whose fields are the JSON body (:mod:`.requests`), and the :class:`~.codec.Codec` of
 its result. The service mounts one endpoint per row (its body model derived from the record), the
 HTTP client derives its calls from the same rows, and the in-process client calls the coordinator's
-method of the route's name. A new endpoint: its row here, its record, the coordinator's method and
+method of the route's name with the record. A new endpoint: its row here, its record, the coordinator's method and
 the client's one-line method (``docs/architecture.md``).
 
 Example::

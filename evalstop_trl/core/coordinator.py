@@ -24,9 +24,9 @@ Rules:
 
 Example::
 
-    >>> from evalstop_trl.core.requests import ReportRequest
+    >>> from evalstop_trl.core.requests import JobRequest, ReportRequest
     >>> coord = Coordinator()  # an in-memory store
-    >>> _ = coord.register_job("acme", "run-1", "grpo", planned_steps=100)
+    >>> _ = coord.register_job("acme", JobRequest("run-1", "grpo", planned_steps=100))
     >>> for step, score in [(10, 0.2), (20, 0.5), (30, 0.4), (40, 0.3)]:
     ...     decision = coord.report("acme", "run-1", ReportRequest(step, eval_score=score))
     >>> decision.action.value, decision.best_step
@@ -71,7 +71,17 @@ from .records import (
     mode_named,
 )
 from .repository import JobCache, ReplicatedJobs, Slot
-from .requests import ReportRequest
+from .requests import (
+    AckRequest,
+    ClaimRequest,
+    EvalResult,
+    EventRequest,
+    HeartbeatRequest,
+    JobRequest,
+    ReasonRequest,
+    ReportRequest,
+    SnapshotRequest,
+)
 from .store import (
     DONE,
     PRUNABLE,
@@ -101,6 +111,9 @@ _NO_LOCK = contextlib.nullcontext()
 CONFLICT_PAUSE_S = 0.005  # the longest pause before the first retry (then 2x, 3x): replicas' retries spread out
 T = TypeVar("T")
 
+
+# the bodies a route may leave out (every field has a default)
+_NO_REASON, _NO_ACK, _FROM_JOB = ReasonRequest(), AckRequest(), HeartbeatRequest()
 
 _LAUNCHER_KINDS = {k.value: k for k in AuditKind if k.from_launcher}
 
@@ -324,10 +337,7 @@ class Coordinator:
             listener(record, decision)
 
     # ------------------------------------------------------------------ jobs
-    def register_job(self, tenant: str, job_id: str, job_type: str | JobType | None = None,
-                     planned_steps: int | None = None, policy: Policy | dict | None = None,
-                     webhook: str | None = None, tags: Mapping | None = None,
-                     hparams: Mapping | None = None) -> tuple[JobView, bool]:
+    def register_job(self, tenant: str, request: JobRequest) -> tuple[JobView, bool]:
         """Register a job, or attach to it. Returns ``(view, created)``.
 
         Whoever registers first (a launcher, the callback, an evaluator) creates the job; a later
@@ -337,22 +347,21 @@ class Coordinator:
         Another specific job type, or another policy once reports were decided, is a
         :class:`Conflict` (a different job: use a new id). ``job_type`` None means ``rlhf``.
         ``tags`` and ``hparams`` (bounded: :mod:`.labels`): a re-registration's replace the job's."""
-        state, created = self._register(tenant, job_id, job_type, planned_steps, policy, webhook, tags, hparams)
+        state, created = self._register(tenant, request)
         return state.view(), created
 
-    def add_job(self, tenant: str, job_id: str, job_type: str | JobType | None = None,
-                planned_steps: int | None = None, policy: Policy | dict | None = None,
-                webhook: str | None = None) -> bool:
+    def add_job(self, tenant: str, request: JobRequest) -> bool:
         """:meth:`register_job` for an in-process caller that does not read the job's view (the
         simulator registers a job per arrival): returns ``created``, with the same checks."""
-        return self._register(tenant, job_id, job_type, planned_steps, policy, webhook)[1]
+        return self._register(tenant, request)[1]
 
-    def _register(self, *args: Any) -> tuple[JobState, bool]:
-        return self._retrying(lambda: self._register_once(*args))  # another replica registered it: attach
+    def _register(self, tenant: str, request: JobRequest) -> tuple[JobState, bool]:
+        return self._retrying(lambda: self._register_once(tenant, request))  # another replica registered it: attach
 
-    def _register_once(self, tenant: str, job_id: str, job_type: str | JobType | None, planned_steps: int | None,
-                       policy: Policy | dict | None, webhook: str | None, tags: Mapping | None = None,
-                       hparams: Mapping | None = None) -> tuple[JobState, bool]:
+    def _register_once(self, tenant: str, request: JobRequest) -> tuple[JobState, bool]:
+        job_id, job_type, planned_steps, policy, webhook, tags, hparams = (
+            request.job_id, request.job_type, request.planned_steps, request.policy, request.webhook, request.tags,
+            request.hparams)
         quotas = self.tenants.quotas(tenant)
         reg = Registration.parse(job_id, JobType.RLHF if job_type is None else job_type, planned_steps, policy,
                                  webhook, default_policy=self.default_policy, default_mode=quotas.default_mode,
@@ -374,7 +383,7 @@ class Coordinator:
             return out.state, False
         with jobs.register_lock:
             if jobs.find(tenant, job_id) is not None:  # registered meanwhile: attach
-                return self._register_once(tenant, job_id, job_type, planned_steps, policy, webhook, tags, hparams)
+                return self._register_once(tenant, request)
             self._report_limits[tenant] = quotas.max_reports_per_tenant
             _check_job_quotas(jobs, tenant, quotas)
             record = JobRecord.new(tenant, reg, self.clock())
@@ -456,15 +465,17 @@ class Coordinator:
             self._notify(pending.stopped, pending.decision)
         return pending.decision
 
-    def stop(self, tenant: str, job_id: str, reason: str = "", actor: str | None = None) -> JobView:
+    def stop(self, tenant: str, job_id: str, request: ReasonRequest = _NO_REASON, actor: str | None = None) -> JobView:
         """Stop a job by hand (idempotent for a job already stopped)."""
+        reason = request.reason
         _check_reason(reason)
         self._audit_count(tenant)
         return self._command(tenant, job_id, Stop(reason, actor or f"tenant:{tenant}", self.clock())).state.view()
 
-    def ack(self, tenant: str, job_id: str, checkpoint: str | None = None, step: int | None = None) -> JobView:
+    def ack(self, tenant: str, job_id: str, request: AckRequest = _NO_ACK) -> JobView:
         """The job confirms it has its best checkpoint safe and is stopping (at ``step``, if it says:
         the audit then records the stop lag, the steps it trained after the eval that stopped it)."""
+        checkpoint, step = request.checkpoint, request.step
         check_checkpoint(checkpoint)
         if step is not None:
             check_step(step)
@@ -475,17 +486,18 @@ class Coordinator:
         """Mark a job finished (it ran to its end). A stopped or failed job stays as it is."""
         return self._command(tenant, job_id, Finish(self.clock())).state.view()
 
-    def fail(self, tenant: str, job_id: str, reason: str = "") -> JobView:
+    def fail(self, tenant: str, job_id: str, request: ReasonRequest = _NO_REASON) -> JobView:
         """Mark a job failed (its trainer crashed), so no job stays "running" forever. A job that is
         already stopped, finished or failed stays as it is."""
+        reason = request.reason
         _check_reason(reason)
         self._audit_count(tenant)
         return self._command(tenant, job_id, Fail(reason, f"job:{job_id}", self.clock())).state.view()
 
-    def record_event(self, tenant: str, job_id: str, kind: str, reason: str = "", exit_code: int | None = None) -> None:
+    def record_event(self, tenant: str, job_id: str, request: EventRequest) -> None:
         """What the job's launcher did (``launcher_sigterm``, ``launcher_sigkill`` or ``launcher_exit``),
         appended to its audit log; InvalidInput for any other kind (a tenant may not forge a stop)."""
-        event, reason, evidence = _launcher_event(kind, reason, exit_code)
+        event, reason, evidence = _launcher_event(request.kind, request.reason, request.exit_code)
         self._event_budget(tenant, "launcher events")
         self.append_event(tenant, job_id, event, reason, evidence, actor="launcher")
 
@@ -712,10 +724,11 @@ class Coordinator:
         return self.store.audit_page(tenant, job_id, limit, offset, after)
 
     # ------------------------------------------------------------------ leases: a job silent for longer than lease_s becomes LOST; a report or heartbeat revives it
-    def heartbeat(self, tenant: str, job_id: str, actor: str = "job") -> JobView:
+    def heartbeat(self, tenant: str, job_id: str, request: HeartbeatRequest = _FROM_JOB) -> JobView:
         """The job is alive: renews its lease (a LOST job is RUNNING again). Reports renew it too.
         Returns the job's view: a trainer learns a stop between its evals from it. A job seen within
         the last eighth of a lease is not written again (:data:`HEARTBEAT_FRESH`)."""
+        actor = request.actor
         check_text("actor", actor, 128, min_len=1)
         now, fresh = self.clock(), (self.lease_s or DEFAULT_LEASE_S) * HEARTBEAT_FRESH
         out = self._command(tenant, job_id, Heartbeat(actor, now, fresh))
@@ -761,29 +774,29 @@ class Coordinator:
         for p in pending:
             self.complete(p)
 
-    def publish_snapshot(self, tenant: str, job_id: str, step: int, path: str, train_loss: float | None = None,
-                         proxy_reward: float | None = None) -> EvalTask:
+    def publish_snapshot(self, tenant: str, job_id: str, request: SnapshotRequest) -> EvalTask:
         """A job saved a snapshot for external evaluators (see :meth:`.evals.ExternalEvals.publish`)."""
         self._event_budget(tenant, "snapshots")
-        return self.external.publish(tenant, job_id, step, path, train_loss, proxy_reward)
+        return self.external.publish(tenant, job_id, request)
 
-    def claim_eval(self, tenant: str, worker: str, lease_s: float) -> EvalTask | None:
+    def claim_eval(self, tenant: str, request: ClaimRequest) -> EvalTask | None:
         """Lease the tenant's oldest snapshot waiting for an eval (see :meth:`.evals.ExternalEvals.claim`)."""
-        return self.external.claim(tenant, worker, lease_s)
+        return self.external.claim(tenant, request.worker, request.lease_s)
 
-    def post_eval(self, tenant: str, job_id: str, step: int, score: float | None, worker: str = "",
-                  error: str | None = None, eval_n: int | None = None, eval_noise: float | None = None) -> Decision:
+    def post_eval(self, tenant: str, job_id: str, step: int, request: EvalResult) -> Decision:
         """An evaluator's result for a snapshot (see :meth:`.evals.ExternalEvals.post`)."""
-        return self.external.post(tenant, job_id, step, score, worker, error, eval_n, eval_noise)
+        return self.external.post(tenant, job_id, step, request)
 
     # ------------------------------------------------------------------ deleting one of the tenant's own ended jobs (its audit line stays)
-    def delete_job(self, tenant: str, job_id: str, reason: str = "", actor: str | None = None) -> JobView:
+    def delete_job(self, tenant: str, job_id: str, request: ReasonRequest = _NO_REASON,
+                   actor: str | None = None) -> JobView:
         """Delete the tenant's ended job (see the module docstring); returns the job as it was.
 
         Raises:
             NotFound: no such job for this tenant. Conflict: the job is not over yet, or a write of it
             is still on its way to the disk (retry). InvalidInput: a reason that is not text.
         """
+        reason = request.reason
         check_text("reason", reason, 2000, multiline=True)
         slot = self.jobs.get(tenant, job_id)
         self._audit_count(tenant)

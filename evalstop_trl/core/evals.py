@@ -21,7 +21,7 @@ from .detectors import Decision
 from .errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from .job import JobState
 from .records import EvalState, EvalTask, Quotas, check_report, check_text
-from .requests import ReportRequest
+from .requests import EvalResult, ReportRequest, SnapshotRequest
 from .store import Store, wait_durable
 
 __all__ = ["ExternalEvals"]
@@ -53,10 +53,10 @@ class ExternalEvals:
         with self._locks_lock:
             return self._locks[key]
 
-    def publish(self, tenant: str, job_id: str, step: int, path: str, train_loss: float | None = None,
-                proxy_reward: float | None = None) -> EvalTask:
+    def publish(self, tenant: str, job_id: str, request: SnapshotRequest) -> EvalTask:
         """A job saved a snapshot at ``step`` for an external evaluator to score. Publishing the same
         snapshot again is a no-op; a different path for a published step is a :class:`Conflict`."""
+        step, path, train_loss, proxy_reward = request.step, request.path, request.train_loss, request.proxy_reward
         if not isinstance(path, str) or not path:
             raise InvalidInput("path must be the snapshot's folder, a non-empty string.")
         check_report(ReportRequest(step, None, train_loss, proxy_reward, path))
@@ -87,11 +87,12 @@ class ExternalEvals:
         with self._lock("claim", tenant):  # a lease must be durable before the next claim reads
             return self.store.claim_eval(tenant, self._clock(), lease_s, worker)
 
-    def post(self, tenant: str, job_id: str, step: int, score: float | None, worker: str = "",
-             error: str | None = None, eval_n: int | None = None, eval_noise: float | None = None) -> Decision:
+    def post(self, tenant: str, job_id: str, step: int, request: EvalResult) -> Decision:
         """An evaluator's result for a snapshot: its score, or None (``error``: the eval failed, a
         missing eval), with its per-example evidence (``eval_n``, ``eval_noise``) if any. Returns the
         job's decision after every eval that could be fed was fed."""
+        score, worker, error, eval_n, eval_noise = (request.score, request.worker, request.error, request.eval_n,
+                                                    request.eval_noise)
         check_report(ReportRequest(step, score, eval_n=eval_n, eval_noise=eval_noise))
         check_text("worker", worker, 128)
         if error is not None:

@@ -12,6 +12,7 @@ client needs nothing but this module, :mod:`.detectors` (Decision) and :mod:`.er
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import operator
@@ -193,7 +194,6 @@ class JobStatus(Lifecycle, str, Enum):
         return self is JobStatus.PENDING or self is JobStatus.RUNNING
 
 
-_PENDING_STATUS = JobStatus.PENDING
 
 
 @transitions({
@@ -349,12 +349,7 @@ class Policy:
         """This policy in another mode."""
         if mode is self.mode:
             return self
-        new = object.__new__(Policy)  # parameters already checked
-        object.__setattr__(new, "detector", self.detector)
-        object.__setattr__(new, "params", self.params)
-        object.__setattr__(new, "mode", mode)
-        object.__setattr__(new, "stop_on", self.stop_on)
-        return new
+        return dataclasses.replace(self, mode=mode)
 
 
 def mode_named(policy: Any) -> bool:
@@ -541,7 +536,7 @@ class JobRecord(NamedTuple):
     def new(cls, tenant: str, reg: Registration, now: float) -> JobRecord:
         """A new PENDING job from a validated registration."""
         return cls(tenant=tenant, job_id=reg.job_id, job_type=reg.job_type, planned_steps=reg.planned_steps,
-                   policy=reg.policy, webhook=reg.webhook, status=_PENDING_STATUS, created_at=now, updated_at=now,
+                   policy=reg.policy, webhook=reg.webhook, status=JobStatus.PENDING, created_at=now, updated_at=now,
                    tags=reg.tags, hparams=reg.hparams)
 
     def evolve(self, **changes: Any) -> JobRecord:

@@ -5,8 +5,10 @@ fields are the body's keys (with their types and defaults), and everything else 
 
 * the service's body model (``service/routes.py``: pydantic parses the types, nothing more);
 * the HTTP client's body (the record's fields, None left out) and the outbox entry;
-* the handler's call of the :class:`~.coordinator.Coordinator` method of the route's name, by keyword
-  (``tests/clients/test_contract.py`` checks that each method takes exactly these parameters).
+* the argument of the :class:`~.coordinator.Coordinator` method of the route's name: the record
+  itself, handed on by the service's handler, the embedded client, the outbox's replay and the
+  simulator (``tests/clients/test_contract.py`` ties the client's keywords and the coordinator's
+  parameter to it).
 
 The one validation of the values (bounds, text, names) is the coordinator's, shared by every client;
 so a record built here is only a typed container. A field's ``doc`` metadata is its description

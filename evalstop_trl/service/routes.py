@@ -63,7 +63,6 @@ from ..core.requests import (
     JobRequest,
     ReportRequest,
     SnapshotRequest,
-    values,
 )
 from ..core.store import StoreError
 from .metrics import Metrics
@@ -165,8 +164,8 @@ _POLL_S = 0.25
 class Handlers:
     """The server side of each route: ``handler(tenant, **args)`` calls the coordinator for the
     authenticated tenant (args: the route's path and query values by wire name, and its body as the
-    route's ``request`` record). A route with nothing to add (a read slot, a budget, a status) has no
-    method here: :meth:`handler` calls the coordinator's method of its name."""
+    route's ``request`` record, handed on as it is). A route with nothing to add (a read slot, a
+    budget, a status) has no method here: :meth:`handler` calls the coordinator's method of its name."""
 
     def __init__(self, coordinator: Coordinator, metrics: Metrics) -> None:
         self.coordinator, self.metrics = coordinator, metrics
@@ -181,13 +180,13 @@ class Handlers:
         method = getattr(self.coordinator, name)
 
         def direct(t: str, request: Any = None, **args: Any) -> Any:
-            return method(t, **args, **({} if request is None else values(request)))
+            return method(t, **args) if request is None else method(t, **args, request=request)
 
         direct.__doc__ = method.__doc__
         return direct
 
     def register_job(self, t: str, request: JobRequest) -> Answer:
-        view, created = self.coordinator.register_job(t, **values(request))
+        view, created = self.coordinator.register_job(t, request)
         return Answer(view, None if created else 200)
 
     def list_jobs(self, t: str, status: str | None, limit: int, offset: int) -> Answer:
@@ -234,14 +233,14 @@ class Handlers:
             return Answer(self.coordinator.reports(t, job_id, after_step, limit), close=slot.pop_all().close)
 
     def ack(self, t: str, job_id: str, request: AckRequest) -> JobView:
-        view = self.coordinator.ack(t, job_id, **values(request))
+        view = self.coordinator.ack(t, job_id, request)
         self.metrics.acks.inc()
         return view
 
     def publish_snapshot(self, t: str, job_id: str, request: SnapshotRequest) -> Any:
         """A snapshot for an external evaluator (``external_eval``): the path is only stored and handed
         to the tenant's own evaluators; the service never reads it."""
-        return self.coordinator.publish_snapshot(t, job_id, **values(request))
+        return self.coordinator.publish_snapshot(t, job_id, request)
 
     def evals(self, t: str, job_id: str, after_step: int | None, limit: int) -> list:
         """The job's snapshots in step order, paged: those after ``after_step``, at most ``limit``."""
@@ -251,16 +250,16 @@ class Handlers:
     def claim_eval(self, t: str, request: ClaimRequest) -> Any:
         """Lease the caller's oldest snapshot waiting for an eval (204 if none)."""
         with self.eval_calls(t):
-            return self.coordinator.claim_eval(t, **values(request))
+            return self.coordinator.claim_eval(t, request)
 
     def post_eval(self, t: str, job_id: str, step: int, request: EvalResult) -> Decision:
         """An evaluator's score for a snapshot (or ``score: null`` with ``error``): fed in step order."""
         with self.eval_calls(t):
-            return self.coordinator.post_eval(t, job_id, step, **values(request))
+            return self.coordinator.post_eval(t, job_id, step, request)
 
     def record_event(self, t: str, job_id: str, request: EventRequest) -> None:
         """Record what the job's launcher (``evalstop run``) did: an escalation or the child's exit."""
-        self.coordinator.record_event(t, job_id, **values(request))
+        self.coordinator.record_event(t, job_id, request)
         if request.kind != AuditKind.LAUNCHER_EXIT.value:
             self.metrics.signals.labels(request.kind.removeprefix("launcher_").upper()).inc()
 

@@ -11,7 +11,7 @@ import pytest
 
 from evalstop_trl.analysis.plots import Marker, pick_markers, plot_curves, stop_step
 from evalstop_trl.clients.http import EvalStopClient
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import JobRequest, ReportRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -80,7 +80,7 @@ def test_a_shadow_job_s_plot_marks_where_it_would_have_stopped(monkeypatch, tmp_
     from evalstop_trl.core.codec import to_wire
 
     c = Coordinator(MemoryStore())
-    c.register_job("acme", "s", "grpo", 60, policy={"detector": "decline", "k": 2, "mode": "shadow"})
+    c.register_job("acme", JobRequest("s", "grpo", 60, policy={"detector": "decline", "k": 2, "mode": "shadow"}))
     for step, score in ((10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.6)):
         c.report("acme", "s", ReportRequest(step, eval_score=score))
     drawn = {}

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from evalstop_trl import Coordinator, SQLiteStore
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import AckRequest, JobRequest, ReportRequest
 
 HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3)]
 
@@ -26,10 +26,10 @@ def db(tmp_path):
     """What an EvalStopCallback leaves in its output folder: an evalstop.db of tenant 'local'."""
     path = tmp_path / "evalstop.db"
     c = Coordinator(SQLiteStore(path))
-    c.register_job("local", "run-a", "grpo", 100)
+    c.register_job("local", JobRequest("run-a", "grpo", 100))
     for step, score in HACKED:
         c.report("local", "run-a", ReportRequest(step, eval_score=score, train_loss=1.0 / step))
-    c.ack("local", "run-a", "out/checkpoint-20", step=45)
+    c.ack("local", "run-a", AckRequest("out/checkpoint-20", step=45))
     c.close()
     return path
 
@@ -48,7 +48,7 @@ def test_replay_reads_a_job_of_an_embedded_database(db):
     patience = json.loads(_evalstop("replay", str(db), "--detector", "patience", "--k", "4", "--json").stdout)
     assert patience["stopped"] is False
     c = Coordinator(SQLiteStore(db))
-    c.register_job("local", "run-b", "dpo", 10)
+    c.register_job("local", JobRequest("run-b", "dpo", 10))
     c.close()
     err = _evalstop("replay", str(db), ok=False).stderr
     assert "2 jobs of tenant 'local' (run-a, run-b): pick one with --job" in err
@@ -60,7 +60,7 @@ def test_status_reads_an_embedded_database_and_a_killed_job_shows_lost(db):
     assert "run-a" in out and "stopped" in out and "last seen" in out and "stop lag" not in out
     assert "stop lag: 5 step(s)" in _evalstop("status", "run-a", "--db", str(db)).stdout
     c = Coordinator(SQLiteStore(db), clock=lambda: 1000.0)  # a job whose process was killed long ago
-    c.register_job("local", "killed", "grpo", 100)
+    c.register_job("local", JobRequest("killed", "grpo", 100))
     c.report("local", "killed", ReportRequest(10, eval_score=0.5))
     c.close()
     jobs = {j["job_id"]: j for j in json.loads(_evalstop("status", "--db", str(db), "--json").stdout)}
@@ -70,7 +70,7 @@ def test_status_reads_an_embedded_database_and_a_killed_job_shows_lost(db):
 
 def test_an_operator_marks_a_dead_job_failed(db):
     c = Coordinator(SQLiteStore(db))
-    c.register_job("local", "dead", "grpo", 100)
+    c.register_job("local", JobRequest("dead", "grpo", 100))
     c.close()
     assert "dead: failed" in _evalstop("fail", "dead", "--db", str(db), "--reason", "node gone").stdout
     records = json.loads(_evalstop("audit", "dead", "--db", str(db), "--json").stdout)
@@ -80,7 +80,7 @@ def test_an_operator_marks_a_dead_job_failed(db):
 
 def test_an_operator_stops_a_job_by_hand(db):
     c = Coordinator(SQLiteStore(db))
-    c.register_job("local", "live", "grpo", 100)
+    c.register_job("local", JobRequest("live", "grpo", 100))
     c.close()
     assert "live: stopped" in _evalstop("stop", "live", "--db", str(db), "--reason", "looks hacked").stdout
     records = json.loads(_evalstop("audit", "live", "--db", str(db), "--json").stdout)
@@ -129,7 +129,7 @@ def test_db_of_a_service_says_which_tenant_it_reads(tmp_path):
     path = tmp_path / "coord.db"
     c = Coordinator(SQLiteStore(path))
     c.tenants.add("acme")
-    c.register_job("acme", "run-a", "grpo", 100)
+    c.register_job("acme", JobRequest("run-a", "grpo", 100))
     c.close()
     default = _evalstop("shadow-report", "--db", str(path))
     assert "reading tenant 'local'" in default.stderr and "acme" in default.stderr and "--tenant NAME" in default.stderr

@@ -37,7 +37,7 @@ from evalstop_trl.core.coordinator import Coordinator as _Coordinator
 from evalstop_trl.core.errors import EvalStopError
 from evalstop_trl.core.requests import field_names
 from evalstop_trl.service.app import ServiceSettings, create_app
-from evalstop_trl.service.routes import QUERIES, Handlers, body_model
+from evalstop_trl.service.routes import QUERIES, body_model
 
 #: fields that hold a time: their values differ between runs and are not compared
 TIMESTAMPS = frozenset({"received_at", "created_at", "lease_until", "at", "last_seen", "ended_at"})
@@ -462,22 +462,18 @@ def _params(fn: Callable[..., Any], skip: int) -> list[str]:
 
 @pytest.mark.parametrize("name", [n for n, r in ROUTES.items() if r.request is not None])
 def test_a_request_record_is_the_body_the_client_method_and_the_coordinator_method(name):
-    """One declaration of a write's fields: the record. The body model is derived from it; the client
-    method and the coordinator method (called by keyword) are tied to it here."""
+    """One declaration of a write's fields: the record. The body model is derived from it, the client
+    method's keywords are tied to it here, and the coordinator's method takes the record itself (after
+    the tenant and the path's arguments; only coordinator-side options such as ``actor`` follow)."""
     route = ROUTES[name]
     fields = list(field_names(route.request))
     assert list(body_model(route.request).model_fields) == fields
     client = [p for p in _params(getattr(EvalStopAPI, name), 1) if p not in route.path_args]
     assert client == fields, name
-    handler = getattr(Handlers, name, None)
-    coordinator = [p for p in _params(getattr(_Coordinator, name), 2) if p not in route.path_args]
-    if coordinator == ["request"]:  # the record itself is the coordinator's argument (the report's)
-        hint = typing.get_type_hints(getattr(_Coordinator, name))["request"]
-        assert hint is route.request, name
-    elif handler is None:  # called by keyword with exactly these (extra coordinator-only options have defaults)
-        assert coordinator[:len(fields)] == fields, name
-    else:
-        assert set(fields) <= set(coordinator), name
+    method = getattr(_Coordinator, name)
+    params = _params(method, 2)
+    assert params[:len(route.path_args) + 1] == [*[a for a in params if a in route.path_args], "request"], name
+    assert typing.get_type_hints(method)["request"] is route.request, name
 
 
 def test_every_request_record_is_named_by_a_route():

@@ -10,7 +10,7 @@ from evalstop_trl.core.detectors import Observation
 from evalstop_trl.core.detectors.converged import CONVERGED_SHARE
 from evalstop_trl.core.errors import InvalidInput
 from evalstop_trl.core.records import Policy, StopKind
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import JobRequest, ReportRequest
 from tests.store_helpers import STORE_KINDS, open_store
 
 #: rises, then a plateau whose wiggles stay within the paired noise (0.02: threshold 0.028)
@@ -71,8 +71,8 @@ def coordinator(request, tmp_path):
 
 
 def test_the_coordinator_stops_a_plateau_as_converged_and_says_so(coordinator):
-    coordinator.register_job("acme", "flat", "grpo", len(PLATEAU) * 10, policy=CONVERGED)
-    coordinator.register_job("acme", "plain", "grpo", len(PLATEAU) * 10)
+    coordinator.register_job("acme", JobRequest("flat", "grpo", len(PLATEAU) * 10, policy=CONVERGED))
+    coordinator.register_job("acme", JobRequest("plain", "grpo", len(PLATEAU) * 10))
     for i, score in enumerate(PLATEAU):
         for job in ("flat", "plain"):
             coordinator.report("acme", job, ReportRequest(10 * (i + 1), eval_score=score, eval_n=64, eval_noise=0.02))

@@ -8,7 +8,17 @@ import pytest
 
 from evalstop_trl import Action, Conflict, Coordinator, InvalidInput, MemoryStore, NotFound, Policy, SQLiteStore
 from evalstop_trl.core.records import AuditKind, JobStatus
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import (
+    AckRequest,
+    ClaimRequest,
+    EvalResult,
+    EventRequest,
+    HeartbeatRequest,
+    JobRequest,
+    ReasonRequest,
+    ReportRequest,
+    SnapshotRequest,
+)
 from tests.store_helpers import STORE_KINDS, open_store
 
 
@@ -41,7 +51,7 @@ HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3)]
 
 def test_stop_after_two_declines_with_audit(make):
     c = make()
-    c.register_job("a", "j1", "grpo", planned_steps=50)
+    c.register_job("a", JobRequest("j1", "grpo", planned_steps=50))
     actions = [c.report("a", "j1", ReportRequest(s, eval_score=v)).action for s, v in HACKED[:4]]
     assert actions == [Action.CONTINUE, Action.CONTINUE, Action.CONTINUE, Action.STOP]
     view = c.status("a", "j1")
@@ -54,7 +64,7 @@ def test_stop_after_two_declines_with_audit(make):
 
 def test_reports_after_stop_are_recorded_but_never_unstop(make):
     c = make()
-    c.register_job("a", "j", "grpo")
+    c.register_job("a", JobRequest("j", "grpo"))
     for s, v in HACKED[:4]:
         c.report("a", "j", ReportRequest(s, eval_score=v))
     d = c.report("a", "j", ReportRequest(50, eval_score=0.99))
@@ -66,7 +76,7 @@ def test_reports_after_stop_are_recorded_but_never_unstop(make):
 
 def test_idempotent_reports_and_conflicts(make):
     c = make()
-    c.register_job("a", "j", "rlhf")
+    c.register_job("a", JobRequest("j", "rlhf"))
     c.report("a", "j", ReportRequest(10, eval_score=0.5, train_loss=1.0))
     c.report("a", "j", ReportRequest(10, eval_score=0.5, train_loss=1.0))  # identical repeat: accepted once
     assert c.status("a", "j").n_reports == 1
@@ -82,14 +92,14 @@ def test_registration_idempotent_and_conflicting(make, register):
     c = make()
     created = lambda out: out[1] if isinstance(out, tuple) else out  # noqa: E731 - add_job returns created only
     reg = getattr(c, register)
-    assert created(reg("a", "j", "grpo", planned_steps=10, policy={"detector": "decline", "k": 2}))
+    assert created(reg("a", JobRequest("j", "grpo", planned_steps=10, policy={"detector": "decline", "k": 2})))
     # same policy once defaults are filled in
-    assert not created(reg("a", "j", "grpo", planned_steps=10, policy={"detector": "decline"}))
+    assert not created(reg("a", JobRequest("j", "grpo", planned_steps=10, policy={"detector": "decline"})))
     assert [a.kind for a in c.audit("a", "j")] == []  # attaching changes nothing
     with pytest.raises(Conflict, match="is a grpo job, not dpo"):
-        reg("a", "j", "dpo")
+        reg("a", JobRequest("j", "dpo"))
     with pytest.raises(InvalidInput, match="planned_steps must be a positive integer"):
-        reg("a", "k", "grpo", planned_steps=0)
+        reg("a", JobRequest("k", "grpo", planned_steps=0))
     view = c.status("a", "j")  # either way the job is the same registered job
     assert (view.status, view.planned_steps, view.policy["k"]) == ("pending", 10, 2)
 
@@ -108,8 +118,8 @@ def test_registration_idempotent_and_conflicting(make, register):
 ])
 def test_a_later_registration_attaches_and_amends(make, first, then, expected, audited):
     c = make()
-    c.register_job("a", "j", **first)
-    view, created = c.register_job("a", "j", **then)
+    c.register_job("a", JobRequest("j", **first))
+    view, created = c.register_job("a", JobRequest("j", **then))
     assert not created and (view.job_type, view.planned_steps, view.policy["k"]) == expected
     assert c.status("a", "j") == view
     amended = [a.reason for a in c.audit("a", "j") if a.kind is AuditKind.AMENDED]
@@ -118,10 +128,10 @@ def test_a_later_registration_attaches_and_amends(make, first, then, expected, a
 
 def test_a_policy_change_after_decided_reports_is_another_job(make):
     c = make()
-    c.register_job("a", "j", "grpo", policy={"detector": "decline", "k": 2})
+    c.register_job("a", JobRequest("j", "grpo", policy={"detector": "decline", "k": 2}))
     c.report("a", "j", ReportRequest(10, eval_score=0.5))
     with pytest.raises(Conflict, match="1 reports decided under policy"):
-        c.register_job("a", "j", "grpo", policy={"detector": "decline", "k": 3})
+        c.register_job("a", JobRequest("j", "grpo", policy={"detector": "decline", "k": 3}))
 
 
 @pytest.mark.parametrize(
@@ -142,20 +152,20 @@ def test_a_policy_change_after_decided_reports_is_another_job(make):
 def test_bad_registrations(make, kwargs, message):
     c = make()
     with pytest.raises(InvalidInput) as exc:
-        c.register_job("a", "j", **{"job_type": "rlhf", **kwargs})
+        c.register_job("a", JobRequest("j", **{"job_type": "rlhf", **kwargs}))
     assert message in str(exc.value)
 
 
 @pytest.mark.parametrize("job_id", ["", "a b", "x" * 200, "../etc", None])
 def test_bad_job_ids(make, job_id):
     with pytest.raises(InvalidInput, match="job_id must be"):
-        make().register_job("a", job_id, "rlhf")
+        make().register_job("a", JobRequest(job_id, "rlhf"))
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_non_finite_reports_rejected_and_not_stored(make, value):
     c = make()
-    c.register_job("a", "j", "rlhf")
+    c.register_job("a", JobRequest("j", "rlhf"))
     with pytest.raises(InvalidInput, match="must be finite"):
         c.report("a", "j", ReportRequest(1, eval_score=value))
     assert c.status("a", "j").n_reports == 0
@@ -163,12 +173,12 @@ def test_non_finite_reports_rejected_and_not_stored(make, value):
 
 def test_tenants_are_isolated(make):
     c = make()
-    c.register_job("alice", "j", "grpo")
+    c.register_job("alice", JobRequest("j", "grpo"))
     c.report("alice", "j", ReportRequest(1, eval_score=0.5))
     for op in (
         lambda: c.status("bob", "j"),
         lambda: c.report("bob", "j", ReportRequest(2, eval_score=0.1)),
-        lambda: c.stop("bob", "j", "mine now"),
+        lambda: c.stop("bob", "j", ReasonRequest("mine now")),
         lambda: c.ack("bob", "j"),
         lambda: c.finish("bob", "j"),
         lambda: c.reports("bob", "j"),
@@ -177,24 +187,24 @@ def test_tenants_are_isolated(make):
             op()
     assert c.list_jobs("bob") == [] and c.audit("bob") == []
     # bob may use the same job id for his own job
-    c.register_job("bob", "j", "dpo")
+    c.register_job("bob", JobRequest("j", "dpo"))
     assert c.status("bob", "j").job_type == "dpo" and c.status("alice", "j").job_type == "grpo"
 
 
 def test_state_machine_manual_stop_ack_finish(make):
     c = make()
-    c.register_job("a", "j", "grpo")
+    c.register_job("a", JobRequest("j", "grpo"))
     assert c.status("a", "j").status == "pending"
     with pytest.raises(Conflict, match="no stop to acknowledge"):
         c.ack("a", "j")
     c.report("a", "j", ReportRequest(1, eval_score=0.3))
     assert c.status("a", "j").status == "running"
-    v = c.stop("a", "j", "budget cut")
+    v = c.stop("a", "j", ReasonRequest("budget cut"))
     assert v.status == "stopped" and "manual stop by tenant:a: budget cut" in v.decision.reason
-    assert c.stop("a", "j", "again").status == "stopped"  # idempotent
-    assert c.ack("a", "j", checkpoint="/ckpt/best").best_checkpoint == "/ckpt/best"
+    assert c.stop("a", "j", ReasonRequest("again")).status == "stopped"  # idempotent
+    assert c.ack("a", "j", AckRequest(checkpoint="/ckpt/best")).best_checkpoint == "/ckpt/best"
     assert [a.kind for a in c.audit("a")] == [AuditKind.MANUAL_STOP, AuditKind.ACK]
-    c.register_job("a", "k", "grpo")
+    c.register_job("a", JobRequest("k", "grpo"))
     assert c.finish("a", "k").status == "finished"
     with pytest.raises(Conflict, match="cannot become stopped"):
         c.stop("a", "k")
@@ -203,7 +213,7 @@ def test_state_machine_manual_stop_ack_finish(make):
 
 def test_best_checkpoint_from_reports(make):
     c = make()
-    c.register_job("a", "j", "grpo")
+    c.register_job("a", JobRequest("j", "grpo"))
     c.report("a", "j", ReportRequest(10, eval_score=0.1, checkpoint="/c/10"))
     c.report("a", "j", ReportRequest(20, eval_score=0.9, checkpoint="/c/20"))
     c.report("a", "j", ReportRequest(30, eval_score=0.5, checkpoint="/c/30"))
@@ -213,14 +223,14 @@ def test_best_checkpoint_from_reports(make):
 def test_reopen_gives_identical_statuses_and_decisions(tmp_path):
     path = tmp_path / "c.db"
     c1 = Coordinator(SQLiteStore(path), clock=FakeClock())
-    c1.register_job("a", "hacked", "grpo", planned_steps=50)
-    c1.register_job("a", "healthy", "grpo", planned_steps=50, policy=Policy("patience", {"k": 3}))
-    c1.register_job("b", "manual", "dpo")
+    c1.register_job("a", JobRequest("hacked", "grpo", planned_steps=50))
+    c1.register_job("a", JobRequest("healthy", "grpo", planned_steps=50, policy=Policy("patience", {"k": 3})))
+    c1.register_job("b", JobRequest("manual", "dpo"))
     for s, v in HACKED[:3]:
         c1.report("a", "hacked", ReportRequest(s, eval_score=v))
         c1.report("a", "healthy", ReportRequest(s, eval_score=v + s / 100))
     c1.report("b", "manual", ReportRequest(5, train_loss=1.0))
-    c1.stop("b", "manual", "by hand")
+    c1.stop("b", "manual", ReasonRequest("by hand"))
     before = {(t, j.job_id): j for t in ("a", "b") for j in c1.list_jobs(t)}
     c1.close()
 
@@ -229,7 +239,7 @@ def test_reopen_gives_identical_statuses_and_decisions(tmp_path):
     assert before == after
     # ... and the next report is decided exactly as an uninterrupted coordinator would
     reference = Coordinator(MemoryStore(), clock=FakeClock())
-    reference.register_job("a", "hacked", "grpo", planned_steps=50)
+    reference.register_job("a", JobRequest("hacked", "grpo", planned_steps=50))
     for s, v in HACKED[:4]:
         expected = reference.report("a", "hacked", ReportRequest(s, eval_score=v))
     got = c2.report("a", "hacked", ReportRequest(40, eval_score=0.4))
@@ -241,7 +251,7 @@ def test_thread_safety_many_writers(tmp_path):
     c = Coordinator(SQLiteStore(tmp_path / "c.db"))
     n_jobs, n_steps = 8, 25
     for j in range(n_jobs):
-        c.register_job("a", f"j{j}", "grpo", policy={"detector": "never"})
+        c.register_job("a", JobRequest(f"j{j}", "grpo", policy={"detector": "never"}))
     errors = []
 
     def worker(j):
@@ -272,7 +282,7 @@ def test_memory_per_job_is_bounded_reports_live_in_the_store():
             return DONE
 
     c = Coordinator(Forgetful(), clock=FakeClock())
-    c.register_job("a", "j", "grpo")
+    c.register_job("a", JobRequest("j", "grpo"))
     for step in range(200):
         c.report("a", "j", ReportRequest(step, eval_score=0.5 + 0.001 * step))
     tracemalloc.start()
@@ -287,24 +297,24 @@ def test_memory_per_job_is_bounded_reports_live_in_the_store():
 
 def test_external_evals_are_fed_in_step_order(make):
     c = make()
-    c.register_job("a", "x", "grpo", policy={"detector": "decline", "k": 2})
+    c.register_job("a", JobRequest("x", "grpo", policy={"detector": "decline", "k": 2}))
     for step in (10, 20, 30, 40):
-        c.publish_snapshot("a", "x", step, f"/snap/{step}", train_loss=1.0 / step)
-    c.publish_snapshot("a", "x", 10, "/snap/10")  # the same snapshot again: a no-op
+        c.publish_snapshot("a", "x", SnapshotRequest(step, f"/snap/{step}", train_loss=1.0 / step))
+    c.publish_snapshot("a", "x", SnapshotRequest(10, "/snap/10"))  # the same snapshot again: a no-op
     with pytest.raises(Conflict, match="already has a snapshot"):
-        c.publish_snapshot("a", "x", 10, "/elsewhere")
-    claimed = [c.claim_eval("a", "w1", 60), c.claim_eval("a", "w2", 60)]
+        c.publish_snapshot("a", "x", SnapshotRequest(10, "/elsewhere"))
+    claimed = [c.claim_eval("a", ClaimRequest("w1", 60)), c.claim_eval("a", ClaimRequest("w2", 60))]
     assert [t.step for t in claimed] == [10, 20]
     # scores come back out of order: nothing is decided until the prefix is complete
-    assert c.post_eval("a", "x", 20, 0.7).reason == "no eval yet" and c.status("a", "x").n_reports == 0
-    assert c.post_eval("a", "x", 40, 0.5).action is Action.CONTINUE and c.status("a", "x").n_reports == 0
-    c.post_eval("a", "x", 10, 0.5)
+    assert c.post_eval("a", "x", 20, EvalResult(0.7)).reason == "no eval yet" and c.status("a", "x").n_reports == 0
+    assert c.post_eval("a", "x", 40, EvalResult(0.5)).action is Action.CONTINUE and c.status("a", "x").n_reports == 0
+    c.post_eval("a", "x", 10, EvalResult(0.5))
     assert [r.step for r in c.reports("a", "x")] == [10, 20]  # 10 and 20 fed, 30 still out
-    decision = c.post_eval("a", "x", 30, 0.6, error=None)
+    decision = c.post_eval("a", "x", 30, EvalResult(0.6, error=None))
     assert decision.stop and decision.best_step == 20  # 0.7 -> 0.6 -> 0.5: two declines, in step order
     assert [(r.step, r.checkpoint) for r in c.reports("a", "x")] == [(s, f"/snap/{s}") for s in (10, 20, 30, 40)]
     assert c.status("a", "x").best_checkpoint == "/snap/20"
-    c.ack("a", "x", "/snap/20", step=47)
+    c.ack("a", "x", AckRequest("/snap/20", step=47))
     (ack,) = [e for e in c.audit("a", "x") if e.kind is AuditKind.ACK]
     assert ack.evidence["stop_lag"] == 7  # trained 7 steps after the eval that decided the stop
 
@@ -312,33 +322,33 @@ def test_external_evals_are_fed_in_step_order(make):
 def test_an_expired_lease_goes_back_to_the_queue_and_a_gap_becomes_missing():
     clock = FakeClock()
     c = Coordinator(MemoryStore(), clock=clock, eval_gap_timeout_s=100)
-    c.register_job("a", "x", "grpo")
-    c.publish_snapshot("a", "x", 1, "/s/1")
-    c.publish_snapshot("a", "x", 2, "/s/2")
-    assert c.claim_eval("a", "dies", 5).step == 1
-    assert c.claim_eval("a", "other", 5).step == 2  # 1 is leased
+    c.register_job("a", JobRequest("x", "grpo"))
+    c.publish_snapshot("a", "x", SnapshotRequest(1, "/s/1"))
+    c.publish_snapshot("a", "x", SnapshotRequest(2, "/s/2"))
+    assert c.claim_eval("a", ClaimRequest("dies", 5)).step == 1
+    assert c.claim_eval("a", ClaimRequest("other", 5)).step == 2  # 1 is leased
     clock.t += 10
-    assert c.claim_eval("a", "other", 5).step == 1  # the first worker's lease ran out
-    assert c.claim_eval("b", "w", 5) is None  # another tenant's queue is its own
-    c.post_eval("a", "x", 2, 0.5)
+    assert c.claim_eval("a", ClaimRequest("other", 5)).step == 1  # the first worker's lease ran out
+    assert c.claim_eval("b", ClaimRequest("w", 5)) is None  # another tenant's queue is its own
+    c.post_eval("a", "x", 2, EvalResult(0.5))
     assert c.status("a", "x").n_reports == 0  # waiting for step 1
     clock.t += 200  # step 1 never comes back: a missing eval
-    c.post_eval("a", "x", 2, 0.5)  # (an identical result again: idempotent, and the feed moves on)
+    c.post_eval("a", "x", 2, EvalResult(0.5))  # (an identical result again: idempotent, and the feed moves on)
     assert [(r.step, r.eval_score) for r in c.reports("a", "x")] == [(1, None), (2, 0.5)]
 
 
 @pytest.mark.parametrize(("call", "field"), [
-    (lambda c: c.stop("a", "j", "a\x00b"), "reason"),
-    (lambda c: c.fail("a", "j", "bad\x00"), "reason"),
-    (lambda c: c.heartbeat("a", "j", "w\x00"), "actor"),
-    (lambda c: c.claim_eval("a", "w\x00", 60), "worker"),
-    (lambda c: c.post_eval("a", "j", 10, None, "w", "boom\x00"), "error"),
+    (lambda c: c.stop("a", "j", ReasonRequest("a\x00b")), "reason"),
+    (lambda c: c.fail("a", "j", ReasonRequest("bad\x00")), "reason"),
+    (lambda c: c.heartbeat("a", "j", HeartbeatRequest("w\x00")), "actor"),
+    (lambda c: c.claim_eval("a", ClaimRequest("w\x00", 60)), "worker"),
+    (lambda c: c.post_eval("a", "j", 10, EvalResult(None, "w", "boom\x00")), "error"),
     (lambda c: c.report("a", "j", ReportRequest(10, eval_score=0.5, checkpoint="/ck\x00pt")), "checkpoint"),
 ])
 def test_text_with_a_nul_is_refused_in_process_as_over_http(make, call, field):
     """PostgreSQL cannot store a NUL: the core refuses it for every client (422 over HTTP)."""
     c = make()
-    c.register_job("a", "j", "grpo")
+    c.register_job("a", JobRequest("j", "grpo"))
     with pytest.raises(InvalidInput, match=f"{field} must not contain control characters"):
         call(c)
 
@@ -352,24 +362,24 @@ def test_the_audit_budget_refuses_a_tenants_lines_never_the_coordinators_own():
 
     c = Coordinator(quotas=Quotas(audit_burst=3, audit_rate=0.001, max_events_per_job=1))
     for job in ("a", "b", "c", "d"):
-        c.register_job("t", job)
-    c.fail("t", "a", "crashed")
-    c.record_event("t", "b", "launcher_exit", "exit", 1)
+        c.register_job("t", JobRequest(job))
+    c.fail("t", "a", ReasonRequest("crashed"))
+    c.record_event("t", "b", EventRequest("launcher_exit", "exit", 1))
     with pytest.raises(QuotaExceeded, match="max_events_per_job=1"):  # refused by the job's quota...
-        c.record_event("t", "b", "launcher_exit", "again", 1)
-    c.stop("t", "c", "by hand")  # ...which gave its audit token back: this is the third line
+        c.record_event("t", "b", EventRequest("launcher_exit", "again", 1))
+    c.stop("t", "c", ReasonRequest("by hand"))  # ...which gave its audit token back: this is the third line
     with pytest.raises(QuotaExceeded, match=r"audit_rate=0.001 lines/s, audit_burst=3") as refused:
-        c.fail("t", "d", "crashed")
+        c.fail("t", "d", ReasonRequest("crashed"))
     assert refused.value.retry_after > 0 and c.status("t", "d").status == "pending"
     with pytest.raises(QuotaExceeded, match="audit_rate"):
-        c.delete_job("t", "a", "clean-up")
+        c.delete_job("t", "a", ReasonRequest("clean-up"))
     for step, score in [(10, 0.2), (20, 0.5), (30, 0.4), (40, 0.3)]:  # the detector's stop: always written
         decision = c.report("t", "d", ReportRequest(step, eval_score=score))
     assert decision.action is Action.STOP and c.status("t", "d").status == "stopped"
     assert [a.kind for a in c.audit("t")] == [AuditKind.FAILED, AuditKind.LAUNCHER_EXIT, AuditKind.MANUAL_STOP,
                                              AuditKind.STOP]
-    c.register_job("u", "e")
-    c.fail("u", "e", "another tenant's budget")
+    c.register_job("u", JobRequest("e"))
+    c.fail("u", "e", ReasonRequest("another tenant's budget"))
 
 
 def test_a_tenants_stored_audit_bytes_are_capped_until_retention_reclaims_them(make):
@@ -382,18 +392,18 @@ def test_a_tenants_stored_audit_bytes_are_capped_until_retention_reclaims_them(m
     c.tenants.set_quotas("t", {"max_audit_bytes": 8192})
     reason = "x" * 2000
     for job in ("a", "b", "c", "d", "f"):
-        c.register_job("t", job)
+        c.register_job("t", JobRequest(job))
     for job in ("a", "b", "c"):  # about 2.1 kB each
-        c.fail("t", job, reason)
+        c.fail("t", job, ReasonRequest(reason))
     with pytest.raises(QuotaExceeded, match="max_audit_bytes=8192") as refused:
-        c.fail("t", "d", reason)
+        c.fail("t", "d", ReasonRequest(reason))
     assert refused.value.retry_after is None and c.status("t", "d").status == "pending"
     for step, score in HACKED:  # the detector's stop: the coordinator's own line, always written
         c.report("t", "d", ReportRequest(step, eval_score=score))
     assert c.status("t", "d").status == "stopped" and c.audit("t")[-1].kind is AuditKind.STOP
-    c.register_job("u", "e")
-    c.fail("u", "e", reason)  # a cap per tenant
+    c.register_job("u", JobRequest("e"))
+    c.fail("u", "e", ReasonRequest(reason))  # a cap per tenant
     assert c.store.count_audit_bytes("t") == sum(a.nbytes for a in c.audit("t")) > 8192 - 2500
     assert c.store.prune(1e18, "t", audit_before=1e18).audit == 4
     again = Coordinator(c.store, clock=FakeClock())  # a restart after the operator's retention
-    again.fail("t", "f", reason)
+    again.fail("t", "f", ReasonRequest(reason))

@@ -8,7 +8,7 @@ import pytest
 from evalstop_trl import Coordinator
 from evalstop_trl.core.errors import InvalidInput, QuotaExceeded
 from evalstop_trl.core.records import AuditKind, Quotas
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import HeartbeatRequest, JobRequest, ReasonRequest, ReportRequest
 from tests.store_helpers import STORE_KINDS, open_store
 
 
@@ -38,10 +38,10 @@ def make(request, tmp_path):
 def test_a_silent_job_is_lost_after_its_lease_and_frees_its_quota(make):
     clock = Clock()
     c = make(clock, lease_s=300, quotas=Quotas(max_active_jobs=1))
-    c.register_job("acme", "j", "grpo", 100)
+    c.register_job("acme", JobRequest("j", "grpo", 100))
     c.report("acme", "j", ReportRequest(10, eval_score=0.5))
     with pytest.raises(QuotaExceeded):
-        c.register_job("acme", "k", "grpo", 100)
+        c.register_job("acme", JobRequest("k", "grpo", 100))
     clock.t += 299
     assert c.sweep() == [] and c.status("acme", "j").status == "running"
     clock.t += 2
@@ -49,17 +49,17 @@ def test_a_silent_job_is_lost_after_its_lease_and_frees_its_quota(make):
     assert c.status("acme", "j").status == "lost"
     (lost,) = [a for a in c.audit("acme", "j") if a.kind is AuditKind.LOST]
     assert "no report or heartbeat for 301 s (lease 300 s)" in lost.reason and lost.evidence["last_seen"] == 1000.0
-    assert c.register_job("acme", "k", "grpo", 100)[1]  # the lost job no longer counts
+    assert c.register_job("acme", JobRequest("k", "grpo", 100))[1]  # the lost job no longer counts
     assert c.sweep() == []  # marked once
 
 
 def test_heartbeats_renew_the_lease_and_bring_a_lost_job_back(make):
     clock = Clock()
     c = make(clock, lease_s=300)
-    c.register_job("acme", "j", "grpo", 100)
+    c.register_job("acme", JobRequest("j", "grpo", 100))
     for _ in range(3):
         clock.t += 200
-        c.heartbeat("acme", "j", "launcher")
+        c.heartbeat("acme", "j", HeartbeatRequest("launcher"))
         assert c.sweep() == []
     assert c.state("acme", "j").last_seen == clock.t
     clock.t += 301
@@ -78,7 +78,7 @@ def test_heartbeats_renew_the_lease_and_bring_a_lost_job_back(make):
 def test_a_lost_job_is_stopped_as_any_other(make):
     clock = Clock()
     c = make(clock, lease_s=60)
-    c.register_job("acme", "j", "grpo", 100)
+    c.register_job("acme", JobRequest("j", "grpo", 100))
     for step, score in ((10, 0.5), (20, 0.4)):
         c.report("acme", "j", ReportRequest(step, eval_score=score))
     clock.t += 100
@@ -90,8 +90,8 @@ def test_a_lost_job_is_stopped_as_any_other(make):
 def test_lost_is_what_a_restart_rebuilds(make):
     clock = Clock()
     c = make(clock, lease_s=300)
-    c.register_job("acme", "gone", "grpo", 100)
-    c.register_job("acme", "alive", "grpo", 100)
+    c.register_job("acme", JobRequest("gone", "grpo", 100))
+    c.register_job("acme", JobRequest("alive", "grpo", 100))
     c.heartbeat("acme", "alive")
     clock.t += 1000  # both silent since: an embedded coordinator opening now marks them lost at once
     again = make(clock, lease_s=300)
@@ -105,7 +105,7 @@ def test_lost_is_what_a_restart_rebuilds(make):
 def test_outage_grace_counts_silence_from_the_service_start(make):
     clock = Clock()
     c = make(clock)
-    c.register_job("acme", "j", "grpo", 100)
+    c.register_job("acme", JobRequest("j", "grpo", 100))
     clock.t += 5000  # the service was down for a long time: its clients could not report
     service = make(clock, lease_s=300, outage_grace=True)
     assert service.status("acme", "j").status == "pending"
@@ -128,11 +128,11 @@ def test_reviving_lost_jobs_cannot_pass_the_active_job_quota(make):
     clock = Clock()
     c = make(clock, lease_s=300, quotas=Quotas(max_active_jobs=2))
     for job in ("c1", "c2"):
-        c.register_job("acme", job, "grpo", 100)
+        c.register_job("acme", JobRequest(job, "grpo", 100))
     clock.t += 301
     assert sorted(c.sweep()) == [("acme", "c1"), ("acme", "c2")]
     for job in ("c3", "c4"):
-        c.register_job("acme", job, "grpo", 100)
+        c.register_job("acme", JobRequest(job, "grpo", 100))
     with pytest.raises(QuotaExceeded, match=r"max_active_jobs=2\): lost job 'c1' cannot run again.*finish or stop"):
         c.heartbeat("acme", "c1")
     with pytest.raises(QuotaExceeded, match="lost job 'c2' cannot run again"):
@@ -156,10 +156,10 @@ def test_two_replicas_reviving_at_once_pass_the_quota_once(pg_dsn):
     stores = [PostgresStore(pg_dsn), PostgresStore(pg_dsn)]
     a, b = (Coordinator(s, clock=clock, lease_s=300, quotas=Quotas(max_active_jobs=2)) for s in stores)
     for job in ("c1", "c2"):
-        a.register_job("acme", job, "grpo", 100)
+        a.register_job("acme", JobRequest(job, "grpo", 100))
     clock.t += 301
     assert sorted(a.sweep()) == [("acme", "c1"), ("acme", "c2")]
-    a.register_job("acme", "c3", "grpo", 100)  # one active job of 2: one slot free
+    a.register_job("acme", JobRequest("c3", "grpo", 100))  # one active job of 2: one slot free
     outcomes = []
     barrier = threading.Barrier(2)
 
@@ -188,7 +188,7 @@ def test_frequent_heartbeats_write_once_per_eighth_of_a_lease_and_answer_the_job
     job as pending until its first eval)."""
     clock = Clock()
     c = make(clock, lease_s=80)  # fresh for 10 s
-    c.register_job("acme", "j", "grpo", 100)
+    c.register_job("acme", JobRequest("j", "grpo", 100))
     clock.t += 1
     assert c.heartbeat("acme", "j").status == "running"  # the first beat: the job's process runs (one write)
     version = c.state("acme", "j").version
@@ -203,5 +203,5 @@ def test_frequent_heartbeats_write_once_per_eighth_of_a_lease_and_answer_the_job
     c.heartbeat("acme", "j")  # not written: the job was seen 9 s ago
     clock.t += 79  # 88 s after the last write, 79 s after the last heartbeat: within the lease
     assert c.sweep() == [] and c.status("acme", "j").status == "running"
-    c.stop("acme", "j", "by hand")
+    c.stop("acme", "j", ReasonRequest("by hand"))
     assert c.heartbeat("acme", "j").status == "stopped"  # the answer says so at once

@@ -19,7 +19,7 @@ import pytest
 from evalstop_trl.core.coordinator import Coordinator
 from evalstop_trl.core.errors import EvalStopError
 from evalstop_trl.core.records import AuditKind, JobRecord, JobStatus, Policy, Registration, Report
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import AckRequest, JobRequest, ReasonRequest, ReportRequest
 from evalstop_trl.core.store import StoreError
 from tests.store_helpers import STORE_KINDS, open_store
 
@@ -79,8 +79,7 @@ def _random_command(coord: Coordinator, rng: random.Random, steps: dict[str, int
                         "sweep"], [2, 12, 2, 1, 1, 1, 1, 1, 1, 1, 1])[0]
     coord.clock.t += rng.choice((1.0, 1.0, 50.0))  # sometimes past the lease
     if kind == "register":
-        coord.register_job("acme", job, rng.choice((None, "grpo")), rng.choice((None, 100, 200, 400, 800)),
-                           rng.choice((None, *POLICIES)))
+        coord.register_job("acme", JobRequest(job, rng.choice((None, "grpo")), rng.choice((None, 100, 200, 400, 800)), rng.choice((None, *POLICIES))))
     elif kind == "heartbeat":
         coord.heartbeat("acme", job)
     elif kind == "sweep":
@@ -95,13 +94,13 @@ def _random_command(coord: Coordinator, rng: random.Random, steps: dict[str, int
             step = last.step if kind == "retry" else max(0, last.step - rng.randint(1, 30))
             coord.report("acme", job, ReportRequest(step, last.eval_score, last.train_loss, last.proxy_reward, last.checkpoint))
     elif kind == "stop":
-        coord.stop("acme", job, "by hand")
+        coord.stop("acme", job, ReasonRequest("by hand"))
     elif kind == "ack":
-        coord.ack("acme", job, f"best-{job}", steps.get(job))
+        coord.ack("acme", job, AckRequest(f"best-{job}", steps.get(job)))
     elif kind == "finish":
         coord.finish("acme", job)
     elif kind == "fail":
-        coord.fail("acme", job, "crashed")
+        coord.fail("acme", job, ReasonRequest("crashed"))
     else:
         coord.append_event("acme", job, AuditKind.LAUNCHER_EXIT, "child exited", {"exit_code": 1}, "launcher")
 
@@ -188,9 +187,9 @@ def test_a_plan_amended_after_reports_decides_the_same_after_a_restart(tmp_path,
         request.getfixturevalue("pg_dsn")
     path = tmp_path / "plan.db"
     coord = Coordinator(open_store(kind, path, request), clock=Clock())
-    coord.register_job("acme", "p", "grpo", 1000, {"detector": "stop_at", "fraction": 0.5})
+    coord.register_job("acme", JobRequest("p", "grpo", 1000, {"detector": "stop_at", "fraction": 0.5}))
     live = [coord.report("acme", "p", ReportRequest(s, eval_score=0.5)) for s in range(10, 70, 10)]
-    coord.register_job("acme", "p", "grpo", 100)  # the plan amended after its reports
+    coord.register_job("acme", JobRequest("p", "grpo", 100))  # the plan amended after its reports
     assert not any(d.stop for d in live)
     before = _snapshot(coord)
     restarted = Coordinator(open_store(kind, path, request) if kind != "memory" else coord.store, clock=Clock())

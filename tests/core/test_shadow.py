@@ -18,7 +18,7 @@ from evalstop_trl.clients.embedded import EmbeddedClient
 from evalstop_trl.clients.http import EvalStopClient
 from evalstop_trl.core.errors import Conflict, InvalidInput
 from evalstop_trl.core.records import AuditKind, Policy, PolicyMode, Report
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import JobRequest, ReportRequest
 from evalstop_trl.train.session import EvalStopSession, SessionConfig
 
 HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3), (60, 0.25)]  # decline k=2 fires at 40
@@ -41,8 +41,8 @@ def _feed(c, tenant, job_id, curve):
 
 def test_a_shadow_job_decides_like_an_enforced_one_records_the_first_would_stop_and_never_stops(tmp_path):
     c = Coordinator(SQLiteStore(tmp_path / "c.db"))
-    c.register_job("acme", "enforced", "grpo", 60)
-    c.register_job("acme", "shadow", "grpo", 60, policy=SHADOW)
+    c.register_job("acme", JobRequest("enforced", "grpo", 60))
+    c.register_job("acme", JobRequest("shadow", "grpo", 60, policy=SHADOW))
     enforced = _feed(c, "acme", "enforced", HACKED[:4])
     shadow = _feed(c, "acme", "shadow", HACKED)
     assert enforced[-1].stop and c.status("acme", "enforced").status == "stopped"
@@ -53,7 +53,7 @@ def test_a_shadow_job_decides_like_an_enforced_one_records_the_first_would_stop_
     assert (view.status, view.would_stop_step, view.policy["mode"]) == ("running", 40, "shadow")
     assert view.would_stop.stop and view.would_stop.reason == enforced[-1].reason
     assert "mode" not in c.status("acme", "enforced").policy and c.status("acme", "enforced").would_stop is None
-    c.register_job("acme", "dip", "grpo", 60, policy=SHADOW)
+    c.register_job("acme", JobRequest("dip", "grpo", 60, policy=SHADOW))
     _feed(c, "acme", "dip", DIP)
     dip = c.status("acme", "dip")  # after the would-stop the job trains on: its best follows its evals
     assert (dip.would_stop_step, dip.best_step, dip.best_score) == (40, 60, 0.8)
@@ -80,20 +80,20 @@ def test_the_tenant_default_mode_applies_to_jobs_that_do_not_name_one(tmp_path):
     tenants = c.tenants
     tenants.add("acme")
     tenants.set_quotas("acme", {"default_mode": "shadow"})
-    c.register_job("acme", "a", "grpo", 60)
-    c.register_job("acme", "b", "grpo", 60, policy={"detector": "decline", "mode": "enforce"})
-    c.register_job("acme", "c", "grpo", 60, policy={"detector": "decline", "k": 2})
+    c.register_job("acme", JobRequest("a", "grpo", 60))
+    c.register_job("acme", JobRequest("b", "grpo", 60, policy={"detector": "decline", "mode": "enforce"}))
+    c.register_job("acme", JobRequest("c", "grpo", 60, policy={"detector": "decline", "k": 2}))
     assert [c.status("acme", j).policy.get("mode", "enforce") for j in "abc"] == ["shadow", "enforce", "shadow"]
     assert not any(d.stop for d in _feed(c, "acme", "a", HACKED))
     assert _feed(c, "acme", "b", HACKED[:4])[-1].stop
     # the operator switches the tenant to enforce: a job re-registered without a mode keeps its own
     tenants.set_quotas("acme", {"default_mode": "enforce"})
     tenants._quota_cache.clear()
-    view, created = c.register_job("acme", "a", "grpo", 60, policy={"detector": "decline", "k": 2})
+    view, created = c.register_job("acme", JobRequest("a", "grpo", 60, policy={"detector": "decline", "k": 2}))
     assert not created and view.policy["mode"] == "shadow"
     with pytest.raises(Conflict, match="new policy needs a new job_id"):
-        c.register_job("acme", "a", "grpo", 60, policy={"detector": "decline", "k": 2, "mode": "enforce"})
-    c.register_job("acme", "d", "grpo", 60)
+        c.register_job("acme", JobRequest("a", "grpo", 60, policy={"detector": "decline", "k": 2, "mode": "enforce"}))
+    c.register_job("acme", JobRequest("d", "grpo", 60))
     assert "mode" not in c.status("acme", "d").policy
     with pytest.raises(InvalidInput, match="policy mode must be one of"):
         tenants.set_quotas("acme", {"default_mode": "off"})
@@ -162,12 +162,12 @@ def test_shadow_outcomes_are_judged_on_the_run_s_own_range(curve, verdict, saved
 
 def _shadow_jobs(c, tenant):
     for name, curve in (("hacked", HACKED), ("dip", DIP), ("slow", SLOW), ("healthy", HEALTHY)):
-        c.register_job(tenant, name, "grpo", 60, policy=SHADOW)
+        c.register_job(tenant, JobRequest(name, "grpo", 60, policy=SHADOW))
         _feed(c, tenant, name, curve)
         c.finish(tenant, name)
-    c.register_job(tenant, "live", "grpo", 60, policy=SHADOW)
+    c.register_job(tenant, JobRequest("live", "grpo", 60, policy=SHADOW))
     _feed(c, tenant, "live", HACKED[:4])
-    c.register_job(tenant, "enforced", "grpo", 60)
+    c.register_job(tenant, JobRequest("enforced", "grpo", 60))
     _feed(c, tenant, "enforced", HACKED[:4])
 
 

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from evalstop_trl import Coordinator, SQLiteStore
 from evalstop_trl.core.records import Quotas
+from evalstop_trl.core.requests import JobRequest
 from evalstop_trl.service.app import ServiceSettings, create_app
 from evalstop_trl.service.metrics import Metrics
 from evalstop_trl.service.routes import HOT_ROUTES, QUERIES, Handlers, HotRoutes
@@ -124,7 +125,7 @@ def _call(app, path: str, body: bytes, content_type: bytes | None = b"applicatio
 
 def test_a_well_formed_report_is_answered_here_anything_else_goes_on_with_its_body():
     coord = Coordinator(MemoryStore())
-    coord.add_job("t", "j")
+    coord.add_job("t", JobRequest("j"))
     down = _Downstream()
     app = HotRoutes(down, Handlers(coord, Metrics()))
     status, body = _call(app, "/v1/jobs/j/reports", b'{"step": 1, "eval_score": 0.5}')

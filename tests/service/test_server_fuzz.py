@@ -7,11 +7,12 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from evalstop_trl import Coordinator, MemoryStore
+from evalstop_trl.core.requests import JobRequest
 from evalstop_trl.service.app import ServiceSettings, create_app
 
 coordinator = Coordinator(MemoryStore())
 TOKEN = coordinator.tenants.add("fuzz")
-coordinator.register_job("fuzz", "a", "grpo", planned_steps=100)
+coordinator.register_job("fuzz", JobRequest("a", "grpo", planned_steps=100))
 app = create_app(coordinator, ServiceSettings(run_webhooks=False))
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 

@@ -13,7 +13,7 @@ import pytest
 
 from evalstop_trl import Coordinator, MemoryStore, SQLiteStore
 from evalstop_trl.clients.http import EvalStopClient
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import JobRequest, ReportRequest
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,7 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(server):
     with EvalStopClient(server.url, token) as c:
         stored_reports = {job_id: c.reports(job_id) for job_id in acked}
     for job_id in acked:
-        ref.register_job("acme", job_id, "grpo", policy={"detector": "decline", "k": 3})
+        ref.register_job("acme", JobRequest(job_id, "grpo", policy={"detector": "decline", "k": 3}))
         for r in stored_reports[job_id]:
             ref.report("acme", job_id, ReportRequest(r.step, eval_score=r.eval_score))
         expected = ref.status("acme", job_id)

@@ -22,7 +22,7 @@ import pytest
 
 from evalstop_trl import Coordinator, MemoryStore
 from evalstop_trl.clients.http import EvalStopClient
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import JobRequest, ReportRequest
 from tests.conftest import Server
 
 pytestmark = pytest.mark.slow
@@ -102,7 +102,7 @@ def test_two_replicas_decide_like_one_process(replicas):
     assert not errors
     one = Coordinator(MemoryStore())
     for j in range(jobs):
-        one.register_job("acme", f"j{j}", "grpo", planned_steps=steps, policy={"detector": "decline", "k": 2})
+        one.register_job("acme", JobRequest(f"j{j}", "grpo", planned_steps=steps, policy={"detector": "decline", "k": 2}))
         for step, score in enumerate(_curve(j, steps)):
             one.report("acme", f"j{j}", ReportRequest(step, eval_score=score))
     for replica in (a, b):

@@ -11,7 +11,7 @@ import pytest
 
 from evalstop_trl import Coordinator
 from evalstop_trl.core.detectors import Action
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import JobRequest, ReasonRequest, ReportRequest
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def pair(pg_dsn):
 
 def test_a_new_report_reads_no_version_and_a_stale_one_is_decided_again(pair):
     a, b, reads = pair
-    a.register_job("t", "j", "grpo", planned_steps=100, policy=NEVER)
+    a.register_job("t", JobRequest("j", "grpo", planned_steps=100, policy=NEVER))
     a.report("t", "j", ReportRequest(0, eval_score=0.1))
     a.report("t", "j", ReportRequest(1, eval_score=0.2))
     assert reads == []  # new steps on a job in memory: no version read
@@ -60,9 +60,9 @@ def test_a_new_report_reads_no_version_and_a_stale_one_is_decided_again(pair):
 
 def test_a_report_on_a_job_stopped_through_the_other_replica(pair):
     a, b, _ = pair
-    a.register_job("t", "j", "grpo", planned_steps=100, policy=NEVER)
+    a.register_job("t", JobRequest("j", "grpo", planned_steps=100, policy=NEVER))
     a.report("t", "j", ReportRequest(0, eval_score=0.1))
-    b.stop("t", "j", "enough")
+    b.stop("t", "j", ReasonRequest("enough"))
     decision = a.report("t", "j", ReportRequest(1, eval_score=0.2))  # a still had the job running: refused, reloaded
     assert decision.action is Action.STOP and "manual stop" in decision.reason
     assert a.status("t", "j").status == "stopped"
@@ -73,9 +73,9 @@ def test_a_report_on_a_job_deleted_through_the_other_replica(pair):
     from evalstop_trl.core.errors import NotFound
 
     a, b, _ = pair
-    a.register_job("t", "j", "grpo", planned_steps=100, policy=NEVER)
+    a.register_job("t", JobRequest("j", "grpo", planned_steps=100, policy=NEVER))
     a.report("t", "j", ReportRequest(0, eval_score=0.1))
-    b.stop("t", "j", "done")
+    b.stop("t", "j", ReasonRequest("done"))
     b.delete_job("t", "j")
     with pytest.raises(NotFound):
         a.report("t", "j", ReportRequest(1, eval_score=0.2))

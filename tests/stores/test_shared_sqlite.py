@@ -8,7 +8,7 @@ import pytest
 
 from evalstop_trl import Coordinator, SQLiteStore
 from evalstop_trl.core.errors import NotFound
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import AckRequest, ClaimRequest, EvalResult, JobRequest, ReportRequest, SnapshotRequest
 from evalstop_trl.core.store import StoreError
 
 
@@ -20,15 +20,15 @@ def _pair(path):
 
 def test_a_worker_started_first_scores_a_later_job_and_the_trainer_sees_the_stop(tmp_path):
     trainer, worker = _pair(tmp_path / "evalstop.db")
-    trainer.register_job("local", "run", "grpo", 100)
+    trainer.register_job("local", JobRequest("run", "grpo", 100))
     for step in (10, 20, 30, 40):
-        trainer.publish_snapshot("local", "run", step, f"/out/checkpoint-{step}")
+        trainer.publish_snapshot("local", "run", SnapshotRequest(step, f"/out/checkpoint-{step}"))
     for score in (0.5, 0.6, 0.55, 0.5):  # two declines after the best at step 20
-        task = worker.claim_eval("local", "w1", 60)
-        worker.post_eval("local", "run", task.step, score, "w1")
+        task = worker.claim_eval("local", ClaimRequest("w1", 60))
+        worker.post_eval("local", "run", task.step, EvalResult(score, "w1"))
     view = trainer.status("local", "run")  # the training process's own coordinator
     assert (view.status, view.best_step, view.decision.action.value) == ("stopped", 20, "stop")
-    assert trainer.ack("local", "run", "/out/checkpoint-20", 45).acked
+    assert trainer.ack("local", "run", AckRequest("/out/checkpoint-20", 45)).acked
     assert worker.status("local", "run").acked
     trainer.close()
     worker.close()
@@ -36,7 +36,7 @@ def test_a_worker_started_first_scores_a_later_job_and_the_trainer_sees_the_stop
 
 def test_writes_on_stale_state_are_refused_and_reloaded(tmp_path):
     a, b = _pair(tmp_path / "evalstop.db")
-    a.register_job("local", "j", "grpo")
+    a.register_job("local", JobRequest("j", "grpo"))
     a.report("local", "j", ReportRequest(1, eval_score=0.5))
     b.report("local", "j", ReportRequest(2, eval_score=0.4))  # b re-reads the job a wrote, then writes
     assert a.report("local", "j", ReportRequest(3, eval_score=0.3)).stop  # a re-reads b's report: two declines
@@ -49,7 +49,7 @@ def test_an_unshared_file_is_not_reread(tmp_path):
     """The service owns its file (no version reads per report): another writer is not seen."""
     a = Coordinator(SQLiteStore(tmp_path / "own.db"))
     b = Coordinator(SQLiteStore(tmp_path / "own.db", shared=True))
-    b.register_job("local", "j", "grpo")
+    b.register_job("local", JobRequest("j", "grpo"))
     with pytest.raises(NotFound):
         a.status("local", "j")
     a.close()
@@ -59,13 +59,13 @@ def test_an_unshared_file_is_not_reread(tmp_path):
 def test_two_workers_never_lease_one_snapshot_twice(tmp_path):
     trainer, w1 = _pair(tmp_path / "evalstop.db")
     w2 = Coordinator(SQLiteStore(tmp_path / "evalstop.db", shared=True))
-    trainer.register_job("local", "run", "grpo")
+    trainer.register_job("local", JobRequest("run", "grpo"))
     for step in range(1, 7):
-        trainer.publish_snapshot("local", "run", step, f"/s/{step}")
-    got = [c.claim_eval("local", name, 60) for _ in range(3) for c, name in ((w1, "w1"), (w2, "w2"))]
+        trainer.publish_snapshot("local", "run", SnapshotRequest(step, f"/s/{step}"))
+    got = [c.claim_eval("local", ClaimRequest(name, 60)) for _ in range(3) for c, name in ((w1, "w1"), (w2, "w2"))]
     assert sorted(t.step for t in got) == [1, 2, 3, 4, 5, 6]
-    assert w1.claim_eval("local", "w1", 60) is None
+    assert w1.claim_eval("local", ClaimRequest("w1", 60)) is None
     for c in (trainer, w1, w2):
         c.close()
     with pytest.raises(StoreError):
-        w2.claim_eval("local", "w2", 60)  # closed: refused, not silently served
+        w2.claim_eval("local", ClaimRequest("w2", 60))  # closed: refused, not silently served

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from evalstop_trl import Coordinator, SQLiteStore
+from evalstop_trl.core.requests import JobRequest, ReasonRequest
 from evalstop_trl.stores.sqlite import SCHEMA_VERSION
 
 
@@ -43,8 +44,8 @@ def test_missing_folder_is_a_clear_error(tmp_path):
 def test_audit_log_is_append_only(tmp_path):
     path = tmp_path / "s.db"
     c = Coordinator(SQLiteStore(path))
-    c.register_job("a", "j", "grpo")
-    c.stop("a", "j", "x")
+    c.register_job("a", JobRequest("j", "grpo"))
+    c.stop("a", "j", ReasonRequest("x"))
     c.close()
     db = sqlite3.connect(path)
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
@@ -57,9 +58,9 @@ CHILD = textwrap.dedent(
     """
     import sys
     from evalstop_trl import Coordinator, SQLiteStore
-    from evalstop_trl.core.requests import ReportRequest
+    from evalstop_trl.core.requests import JobRequest, ReportRequest
     c = Coordinator(SQLiteStore(sys.argv[1]))
-    c.register_job("a", "j", "grpo", policy={"detector": "never"})
+    c.register_job("a", JobRequest("j", "grpo", policy={"detector": "never"}))
     step = 0
     while True:
         c.report("a", "j", ReportRequest(step, eval_score=step * 0.001, train_loss=1.0))

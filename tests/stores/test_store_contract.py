@@ -9,7 +9,7 @@ import pytest
 
 from evalstop_trl import Conflict, Coordinator, MemoryStore, SQLiteStore
 from evalstop_trl.core.records import AuditKind, AuditRecord, Delivery, JobRecord, JobType, Policy, Report, TenantRecord
-from evalstop_trl.core.requests import ReportRequest
+from evalstop_trl.core.requests import EvalResult, JobRequest, ReasonRequest, ReportRequest, SnapshotRequest
 from evalstop_trl.core.store import StaleState, StoreError, wait_durable
 from evalstop_trl.stores.sqlite import SCHEMA_VERSION
 from tests.store_helpers import STORE_KINDS, open_store
@@ -177,8 +177,8 @@ def test_postgres_audit_is_append_only_and_the_schema_versioned(pg_dsn):
     from evalstop_trl.stores.postgres import SCHEMA_VERSION, PostgresStore
 
     c = Coordinator(PostgresStore(pg_dsn))
-    c.register_job("a", "j", "grpo")
-    c.stop("a", "j", "x")
+    c.register_job("a", JobRequest("j", "grpo"))
+    c.stop("a", "j", ReasonRequest("x"))
     c.close()
     with psycopg.connect(pg_dsn, autocommit=True) as db:
         assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
@@ -193,14 +193,14 @@ def _tags_roundtrip(c: Coordinator) -> None:
     """An old job reads with no tags or hparams; a re-registration adds them (audited) and they stay."""
     view = c.status("old", "j")
     assert dict(view.tags) == {} and dict(view.hparams) == {}
-    c.register_job("old", "j", tags={"team": "rl"}, hparams={"learning_rate": 3e-4, "model": "tiny"})
+    c.register_job("old", JobRequest("j", tags={"team": "rl"}, hparams={"learning_rate": 3e-4, "model": "tiny"}))
     assert c.audit("old", "j")[-1].evidence["tags"] == {"set": {"team": "rl"}, "removed": [], "more": 0}
 
 
 def test_sqlite_migrates_version_4_to_5_tags_and_hparams(tmp_path):
     path = tmp_path / "v4.db"
     c = Coordinator(SQLiteStore(path))
-    c.register_job("old", "j", "grpo")
+    c.register_job("old", JobRequest("j", "grpo"))
     c.close()
     db = sqlite3.connect(path)  # what evalstop wrote before issue 19: no tags, no hparams, version 4
     db.executescript("ALTER TABLE jobs DROP COLUMN tags; ALTER TABLE jobs DROP COLUMN hparams; "
@@ -220,7 +220,7 @@ def test_sqlite_migrates_version_5_to_6_reports_keep_their_plan(tmp_path):
     the job's plan, as they were decided."""
     path = tmp_path / "v5.db"
     c = Coordinator(SQLiteStore(path))
-    c.register_job("old", "j", "grpo", 100, {"detector": "stop_at", "fraction": 0.5})
+    c.register_job("old", JobRequest("j", "grpo", 100, {"detector": "stop_at", "fraction": 0.5}))
     c.report("old", "j", ReportRequest(10, 0.5))
     c.close()
     db = sqlite3.connect(path)  # what evalstop wrote before: no planned_steps in reports, version 5
@@ -240,7 +240,7 @@ def _evidence_roundtrip(open_coordinator) -> None:
     c = open_coordinator()
     assert [(r.eval_n, r.eval_noise) for r in c.reports("old", "j")] == [(None, None)]
     assert [(t.eval_n, t.eval_noise) for t in c.evals("old", "j")] == [(None, None)]  # an old snapshot
-    c.post_eval("old", "j", 15, 0.45, "w", eval_n=250, eval_noise=0.02)  # the old snapshot, scored now
+    c.post_eval("old", "j", 15, EvalResult(0.45, "w", eval_n=250, eval_noise=0.02))  # the old snapshot, scored now
     c.report("old", "j", ReportRequest(20, 0.4, eval_n=250, eval_noise=0.01))
     c.close()
     c = open_coordinator()
@@ -253,9 +253,9 @@ def _evidence_roundtrip(open_coordinator) -> None:
 def test_sqlite_migrates_version_6_to_7_reports_keep_their_evidence(tmp_path):
     path = tmp_path / "v6.db"
     c = Coordinator(SQLiteStore(path))
-    c.register_job("old", "j", "grpo")
+    c.register_job("old", JobRequest("j", "grpo"))
     c.report("old", "j", ReportRequest(10, 0.5))
-    c.publish_snapshot("old", "j", 15, "/snap/15")
+    c.publish_snapshot("old", "j", SnapshotRequest(15, "/snap/15"))
     c.close()
     db = sqlite3.connect(path)  # what evalstop wrote before: no per-example evidence, version 6
     db.executescript("ALTER TABLE reports DROP COLUMN eval_n; ALTER TABLE reports DROP COLUMN eval_noise; "
@@ -268,10 +268,10 @@ def test_sqlite_migrates_version_6_to_7_reports_keep_their_evidence(tmp_path):
     _evidence_roundtrip(lambda: Coordinator(SQLiteStore(path)))
     assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
     c = Coordinator(SQLiteStore(path))  # version 7's guard lets retention (only) delete old audit lines
-    c.register_job("old", "gone")
-    c.stop("old", "gone", "x")
-    c.register_job("old", "live")
-    c.register_job("old", "live", tags={"a": "1"})  # an amended line of a job that stays
+    c.register_job("old", JobRequest("gone"))
+    c.stop("old", "gone", ReasonRequest("x"))
+    c.register_job("old", JobRequest("live"))
+    c.register_job("old", JobRequest("live", tags={"a": "1"}))  # an amended line of a job that stays
     c.close()
     store = SQLiteStore(path)
     assert store.prune(time.time() + 1, audit_before=time.time() + 1).audit >= 1
@@ -288,9 +288,9 @@ def test_postgres_migrates_version_4_to_5_reports_keep_their_evidence(pg_dsn):
     from evalstop_trl.stores.postgres import PostgresStore
 
     c = Coordinator(PostgresStore(pg_dsn))
-    c.register_job("old", "j", "grpo")
+    c.register_job("old", JobRequest("j", "grpo"))
     c.report("old", "j", ReportRequest(10, 0.5))
-    c.publish_snapshot("old", "j", 15, "/snap/15")
+    c.publish_snapshot("old", "j", SnapshotRequest(15, "/snap/15"))
     c.close()
     with psycopg.connect(pg_dsn, autocommit=True) as db:
         for table in ("reports", "evals"):
@@ -309,7 +309,7 @@ def test_postgres_migrates_version_2_to_3_tags_and_hparams(pg_dsn):
     from evalstop_trl.stores.postgres import PostgresStore
 
     c = Coordinator(PostgresStore(pg_dsn))
-    c.register_job("old", "j", "grpo")
+    c.register_job("old", JobRequest("j", "grpo"))
     c.close()
     with psycopg.connect(pg_dsn, autocommit=True) as db:
         db.execute("ALTER TABLE jobs DROP COLUMN tags")
@@ -339,11 +339,11 @@ def test_a_command_that_waited_for_a_deleted_job_writes_nothing(tmp_path):
     from evalstop_trl.core.job import Observe
 
     c = Coordinator(SQLiteStore(tmp_path / "d.db"))
-    c.register_job("a", "j", "grpo")
+    c.register_job("a", JobRequest("j", "grpo"))
     c.report("a", "j", ReportRequest(10, 0.5))
-    c.stop("a", "j", "done")
+    c.stop("a", "j", ReasonRequest("done"))
     slot = c.jobs.get("a", "j")  # a racing command holds the slot ...
-    c.delete_job("a", "j", "clean-up")  # ... while the delete runs
+    c.delete_job("a", "j", ReasonRequest("clean-up"))  # ... while the delete runs
     with pytest.raises(NotFound):
         c._run(slot, Observe(Report(20, 0.4, received_at=1.0)))
     c.close()

@@ -14,6 +14,7 @@ from evalstop_trl.clients.embedded import EmbeddedClient
 from evalstop_trl.core.coordinator import Coordinator
 from evalstop_trl.core.detectors import Action, Decision
 from evalstop_trl.core.errors import EvalStopError, Unauthorized
+from evalstop_trl.core.requests import ReasonRequest
 from evalstop_trl.train.external import DecisionWatcher, prune_snapshots
 from evalstop_trl.train.ranks import RankMessage, share
 from evalstop_trl.train.session import EvalFailures, EvalStopSession, SessionConfig, infer_direction
@@ -501,7 +502,7 @@ def test_the_eval_line_names_the_noise_threshold_and_every_line_spells_a_missing
     early = _session(coord, "early")  # stopped by hand before any eval: nothing known, one spelling
     caplog.clear()
     with caplog.at_level(logging.INFO, "evalstop.callback"):
-        early.decision = coord.stop("local", "early", "by hand").decision
+        early.decision = coord.stop("local", "early", ReasonRequest("by hand")).decision
         early.log_eval(5, None)
         early.stop_here(5)
     said = [r.getMessage() for r in caplog.records]

@@ -14,6 +14,7 @@ from transformers import TrainerCallback  # noqa: E402
 from evalstop_trl.clients.http import EvalStopClient  # noqa: E402
 from evalstop_trl.clients.local import LocalServer  # noqa: E402
 from evalstop_trl.core.coordinator import Coordinator  # noqa: E402
+from evalstop_trl.core.requests import ReasonRequest
 from evalstop_trl.stores.sqlite import SQLiteStore  # noqa: E402
 from evalstop_trl.train.tiny import run_tiny  # noqa: E402
 
@@ -37,7 +38,7 @@ def test_a_manual_stop_reaches_the_trainer_within_one_heartbeat(store, tmp_path,
         coord = Coordinator(SQLiteStore(tmp_path / "evalstop.db"), lease_s=300)
         target, token, server = coord, None, None
         read = lambda: (coord.status("local", "by-hand"), coord.audit("local", "by-hand"))  # noqa: E731
-        stop = lambda: coord.stop("local", "by-hand", "looks hacked to me", actor="alice")  # noqa: E731
+        stop = lambda: coord.stop("local", "by-hand", ReasonRequest("looks hacked to me"), actor="alice")  # noqa: E731
     else:
         server = LocalServer(request.getfixturevalue("pg_dsn"), tenants=("lab",), log=tmp_path / "serve.log").start()
         target, token = server.url, server.tokens["lab"]
@@ -65,7 +66,7 @@ def _stop_before_the_first_eval(tmp_path, caplog, save_best=True, **callback_kwa
     import logging
 
     coord = Coordinator(SQLiteStore(tmp_path / "evalstop.db"), lease_s=300)
-    stop = lambda: coord.stop("local", "early", "wrong dataset", actor="alice")  # noqa: E731
+    stop = lambda: coord.stop("local", "early", ReasonRequest("wrong dataset"), actor="alice")  # noqa: E731
     with caplog.at_level(logging.WARNING, logger="evalstop"):
         run = run_tiny("grpo", "hacked", output_dir=tmp_path / "run", max_steps=40, eval_every=100,
                        coordinator=coord, job_id="early", callbacks=[StopByHand(stop, 6)], save_best=save_best,
