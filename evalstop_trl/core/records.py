@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from .detectors import DEFAULT_DETECTOR, DETECTORS, Decision, check_evidence, check_finite
 from .detectors import MAX_STEP as _MAX_STEP
+from .detectors.klgate import GATES
 from .errors import InvalidInput
 from .labels import EMPTY as _NO_LABELS
 from .labels import check_hparams, check_tags
@@ -105,6 +106,14 @@ def check_report(report: Any) -> None:
                 raise InvalidInput(str(exc)) from None
     if report.checkpoint is not None:
         check_checkpoint(report.checkpoint)
+    kl = report.kl
+    if kl is not None and (type(kl) is not float or not 0.0 <= kl < math.inf):
+        try:
+            check_finite("kl", kl)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        if kl < 0:
+            raise InvalidInput(f"kl must be >= 0 (a KL divergence), but got {kl!r}.")
 
 
 # no control character (nor line separator) in a path or a name; free text may hold tabs and line breaks;
@@ -269,14 +278,19 @@ class Policy:
     ``params`` is filled with the detector's defaults (so equal policies compare equal) and is
     read-only. Every parameter is bounded (see each detector's docstring): no work or memory grows
     with a number a caller sends. In a dict (:meth:`to_dict`, the API) the mode is the key ``mode``,
-    present only for ``shadow``, and ``stop_on`` is present only when it adds ``converged``."""
+    present only for ``shadow``, ``stop_on`` is present only when it adds ``converged``, and ``gate``
+    only when set (``kl_past_peak``: a stop stands only once the run's KL is past the KL clock's
+    forecast peak, :mod:`.detectors.klgate`; a run that reports no KL is judged by its rule alone)."""
 
     detector: str = DEFAULT_DETECTOR
     params: Mapping[str, Any] = field(default_factory=dict)
     mode: PolicyMode = PolicyMode.ENFORCE
     stop_on: tuple[StopKind, ...] = _HACKED_ONLY
+    gate: str | None = None  # "kl_past_peak": a stop only past the KL clock's forecast peak (detectors/klgate.py)
 
     def __post_init__(self) -> None:
+        if self.gate is not None and self.gate not in GATES:
+            raise InvalidInput(f"gate must be one of {', '.join(GATES)} (or left out), but got {self.gate!r}.")
         if type(self.mode) is not PolicyMode:
             object.__setattr__(self, "mode", PolicyMode.parse(self.mode))
         if self.stop_on is not _HACKED_ONLY:
@@ -290,7 +304,7 @@ class Policy:
         object.__setattr__(self, "params", MappingProxyType(full))
 
     def __reduce__(self):  # picklable (params are a read-only view)
-        return (Policy, (self.detector, dict(self.params), self.mode, self.stop_on))
+        return (Policy, (self.detector, dict(self.params), self.mode, self.stop_on, self.gate))
 
     @property
     def shadow(self) -> bool:
@@ -301,6 +315,8 @@ class Policy:
         """A fresh detector for this policy (its parameters were checked when the policy was made);
         with ``converged`` in :attr:`stop_on`, it also stops plateaus (:class:`~.detectors.converged.ConvergedOr`)."""
         detector = DETECTORS.get(self.detector)(**self.params)
+        if self.gate is not None:
+            detector = GATES[self.gate](detector)
         if StopKind.CONVERGED in self.stop_on:
             from .detectors.converged import ConvergedOr
 
@@ -313,6 +329,8 @@ class Policy:
             out["mode"] = self.mode.value
         if self.stop_on != _HACKED_ONLY:
             out["stop_on"] = [k.value for k in self.stop_on]
+        if self.gate is not None:
+            out["gate"] = self.gate
         return out
 
     @classmethod
@@ -326,14 +344,15 @@ class Policy:
             return data
         if not isinstance(data, Mapping):
             raise InvalidInput(f"policy must be an object, but got {data!r}.")
-        params = {k: v for k, v in data.items() if k not in ("detector", "mode", "stop_on")}
+        params = {k: v for k, v in data.items() if k not in ("detector", "mode", "stop_on", "gate")}
+        gate = data.get("gate")
         detector = data.get("detector", DEFAULT_DETECTOR)
         mode = PolicyMode.parse(data.get("mode", PolicyMode.ENFORCE))
         stop_on = _stop_on(data["stop_on"]) if "stop_on" in data else _HACKED_ONLY
         if not stored:
-            return cls(detector=detector, params=params, mode=mode, stop_on=stop_on)
+            return cls(detector=detector, params=params, mode=mode, stop_on=stop_on, gate=gate)
         try:
-            return cls(detector=detector, params=params, mode=mode, stop_on=stop_on)
+            return cls(detector=detector, params=params, mode=mode, stop_on=stop_on, gate=gate)
         except InvalidInput:
             # A stored policy that today's bounds refuse (stored by an older evalstop): kept as it was,
             # so the store still loads; building its detector raises, and the coordinator marks the job
@@ -343,6 +362,7 @@ class Policy:
             object.__setattr__(policy, "params", MappingProxyType(params))
             object.__setattr__(policy, "mode", mode)
             object.__setattr__(policy, "stop_on", stop_on)
+            object.__setattr__(policy, "gate", gate)
             return policy
 
     def with_mode(self, mode: PolicyMode) -> Policy:
@@ -408,6 +428,7 @@ class Report(NamedTuple):
     checkpoint: str | None = None
     eval_n: int | None = None  # per-example evidence: the eval's number of examples
     eval_noise: float | None = None  # and its paired noise level (core/examples.py)
+    kl: float | None = None  # the policy's KL to its reference model (a KL-clock gate reads it)
     # what the coordinator adds
     received_at: float = 0.0
     planned_steps: int | None = None  # the job's plan when it was decided (a later amendment changes not it)

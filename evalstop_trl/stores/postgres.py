@@ -22,6 +22,7 @@ Select it with ``evalstop serve --db postgresql://user@host/dbname`` (or ``EVALS
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
@@ -60,7 +61,7 @@ from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _LOCK_KEY = 0x45564C53  # "EVLS": the advisory lock that serialises schema creation and migrations
 _TENANT_LOCK = 0x45565154  # "EVQT" + hashtext(tenant): serialises a tenant's registrations (its quotas)
 
@@ -82,7 +83,7 @@ _SCHEMA = [
         tenant TEXT NOT NULL, job_id TEXT NOT NULL, step BIGINT NOT NULL, eval_score DOUBLE PRECISION,
         train_loss DOUBLE PRECISION, proxy_reward DOUBLE PRECISION, checkpoint TEXT,
         received_at DOUBLE PRECISION NOT NULL, planned_steps BIGINT, eval_n BIGINT, eval_noise DOUBLE PRECISION,
-        PRIMARY KEY (tenant, job_id, step))""",
+        kl DOUBLE PRECISION, PRIMARY KEY (tenant, job_id, step))""",
     """CREATE TABLE IF NOT EXISTS audit (
         seq BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, job_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,
         kind TEXT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL, evidence TEXT NOT NULL)""",
@@ -119,6 +120,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: ("ALTER TABLE reports ADD COLUMN IF NOT EXISTS planned_steps BIGINT",),  # each report's plan
     4: tuple(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}"  # per-example evidence (core/examples.py)
              for table in ("reports", "evals") for column in ("eval_n BIGINT", "eval_noise DOUBLE PRECISION")),
+    5: ("ALTER TABLE reports ADD COLUMN IF NOT EXISTS kl DOUBLE PRECISION",),  # issue 44: the KL a gate reads
 }
 
 _JOB_COLS = ("tenant, job_id, job_type, planned_steps, policy, webhook, status, created_at, updated_at, decision, "
@@ -469,9 +471,9 @@ def _insert_report(db, tenant: str, job_id: str, r: Report) -> None:
 
 #: each report column's type: the insert's values come from a SELECT, whose parameters PostgreSQL
 #: would otherwise take for text
-_REPORT_TYPES = {"step": "bigint", "eval_score": "double precision", "train_loss": "double precision",
-                 "proxy_reward": "double precision", "checkpoint": "text", "received_at": "double precision",
-                 "planned_steps": "bigint", "eval_n": "bigint", "eval_noise": "double precision"}
+#: each report column's type, as the schema declares it (a parameter in a SELECT needs its cast)
+_REPORT_TYPES = {name: kind.lower() for name, kind in re.findall(
+    r"(\w+) (BIGINT|DOUBLE PRECISION|TEXT)", next(s for s in _SCHEMA if "TABLE IF NOT EXISTS reports" in s))}
 
 #: a new report in one statement (args: tenant, job_id, the version replaced, then the report's
 #: fields): the job's version moves on and the report is inserted only if the job is still at that
@@ -514,6 +516,4 @@ class _PipelineFailed(Exception):
 
 def _safe(dsn: str) -> str:
     """A DSN for messages, without its password."""
-    import re
-
     return re.sub(r"(//[^:/@]+):[^@]*@", r"\1:***@", re.sub(r"password=\S+", "password=***", dsn))

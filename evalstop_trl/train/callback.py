@@ -177,7 +177,9 @@ class EvalStopCallback(TrainerCallback):
         job_type: ``grpo``, ``rloo``, ``dpo``, ``online_dpo``, ``ppo``, ``sft``, ``rlhf``, ``other``; None: from
             the class of the trainer's arguments (:func:`infer_job_type`).
         detector, k, min_delta, **detector_params: the stop rule (see ``create_detector``);
-            ``stop_on=["hacked", "converged"]`` among them also stops plateaus (docs/training.md).
+            ``stop_on=["hacked", "converged"]`` among them also stops plateaus, ``gate="kl_past_peak"``
+            holds a stop until the run's KL (the trainer's ``objective/kl`` or ``kl``) is past the KL
+            clock's forecast peak (docs/training.md).
         direction: ``"max"`` (higher is better) or ``"min"``; None: ``"min"`` for a loss-like metric
             name, else ``"max"``.
         save_best: keep the best checkpoint; keep_best: ``"copy"`` (to ``<output_dir>/evalstop-best``, or

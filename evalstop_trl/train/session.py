@@ -53,7 +53,7 @@ from .scores import finite, to_number
 _N_KEY, _NOISE_KEY = evidence_keys("evalstop/score") or ()
 
 __all__ = ["DEFAULT_HEARTBEAT_S", "EvalFailures", "EvalStopSession", "Heartbeat", "SessionConfig", "infer_direction",
-           "LOSS_KEYS", "REWARD_KEYS"]
+           "KL_KEYS", "LOSS_KEYS", "REWARD_KEYS"]
 
 log = logging.getLogger("evalstop.callback")
 
@@ -61,6 +61,9 @@ log = logging.getLogger("evalstop.callback")
 REWARD_KEYS = ("reward", "rewards/mean", "objective/scores", "objective/rlhf_reward", "rewards/margins",
                "rewards/chosen")
 LOSS_KEYS = ("loss", "train_loss")
+#: Keys of a trainer's logs read as the policy's KL to its reference model (TRL's RLOO and online DPO
+#: log ``objective/kl``, GRPO ``kl``): reported with each eval, for a policy's KL-clock gate
+KL_KEYS = ("objective/kl", "kl")
 _LOSS_LIKE = re.compile(r"(loss|perplexity|ppl|error|err|wer|cer)(\b|_|$)", re.IGNORECASE)
 _EVAL_ERRORS = ("skip", "stop", "raise")
 _FAIL_MODES = ("local", "open")
@@ -110,6 +113,7 @@ class SessionConfig:
     tags: Mapping[str, str] = field(default_factory=dict)  # user tags, stored with the job (core.labels)
     hparams: Mapping[str, Any] = field(default_factory=dict)  # the trainer's hyperparameters (train.hparams)
     stop_on: tuple[str, ...] = ("hacked",)  # add "converged" to also stop plateaus (core.records.StopKind)
+    gate: str | None = None  # "kl_past_peak": a stop only past the KL clock's forecast peak (core.detectors.klgate)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
@@ -133,7 +137,7 @@ class SessionConfig:
     def __reduce__(self) -> tuple[Any, ...]:  # picklable: the read-only params view is not
         return SessionConfig, (self.detector, dict(self.params), self.direction, self.job_type,
                                self.max_eval_failures, self.on_eval_error, self.fail_mode, self.shadow,
-                               dict(self.tags), dict(self.hparams), self.stop_on)
+                               dict(self.tags), dict(self.hparams), self.stop_on, self.gate)
 
     @classmethod
     def build(cls, detector: str = "decline", *, k: int = 2, min_delta: float = 0.0, direction: str | None = None,
@@ -146,15 +150,17 @@ class SessionConfig:
         params = {n: v for n, v in (("k", k), ("min_delta", min_delta), ("direction", direction))
                   if n in accepted and v is not None}
         stop_on = detector_params.pop("stop_on", ("hacked",))  # the policy's, not the detector's
+        gate = detector_params.pop("gate", None)
         params.update(detector_params)
         return cls(detector, params, params.get("direction", direction or "max"), job_type, max_eval_failures,
-                   on_eval_error, fail_mode, bool(shadow), tags or {}, stop_on=stop_on)
+                   on_eval_error, fail_mode, bool(shadow), tags or {}, stop_on=stop_on, gate=gate)
 
     @property
     def policy(self) -> dict[str, Any]:
         """The policy registered with the job (``mode`` only for shadow: else the tenant's default)."""
         return {"detector": self.detector, **self.params, **({"mode": "shadow"} if self.shadow else {}),
-                **({"stop_on": list(self.stop_on)} if tuple(self.stop_on) != ("hacked",) else {})}
+                **({"stop_on": list(self.stop_on)} if tuple(self.stop_on) != ("hacked",) else {}),
+                **({"gate": self.gate} if self.gate is not None else {})}
 
     def new_detector(self) -> Detector:
         """A fresh detector with this stop rule (the local one of ``fail_mode="local"``), and the
@@ -352,6 +358,7 @@ class EvalStopSession:
         self.ended = False
         self.train_loss: float | None = None
         self.proxy_reward: float | None = None
+        self.kl: float | None = None
         self.heartbeat = Heartbeat(heartbeat_s, clock)
         self._local = config.new_detector()
         self._gave_up = False
@@ -399,7 +406,7 @@ class EvalStopSession:
         self._local = self.config.new_detector()
         for r in stored or [_as_report(h) for h in self.history]:
             self._local.observe(Observation(self.job_id, r.step, r.eval_score, r.train_loss, r.proxy_reward,
-                                            eval_n=r.eval_n, eval_noise=r.eval_noise))
+                                            eval_n=r.eval_n, eval_noise=r.eval_noise, kl=r.kl))
         if view is not None and view.n_reports and step:
             log.info("EvalStop: job %r resumed at step %d (attempt with %d stored reports, best step %s)",
                      self.job_id, step, view.n_reports, self.best_step)
@@ -433,11 +440,13 @@ class EvalStopSession:
 
     # ------------------------------------------------------------------ signals and evals
     def observe_logs(self, logs: Mapping[str, Any]) -> None:
-        """Remember the train loss and the proxy reward of a trainer's log (reported with the next eval)."""
+        """Remember the train loss, the proxy reward and the KL of a trainer's log (reported with the next eval)."""
         loss = next((logs[k] for k in LOSS_KEYS if finite(logs.get(k))), None)
         reward = next((logs[k] for k in REWARD_KEYS if finite(logs.get(k))), None)
+        kl = next((logs[k] for k in KL_KEYS if finite(logs.get(k)) and logs[k] >= 0), None)
         self.train_loss = float(loss) if loss is not None else self.train_loss
         self.proxy_reward = float(reward) if reward is not None else self.proxy_reward
+        self.kl = float(kl) if kl is not None else self.kl
 
     def improves(self, score: float | None) -> bool:
         """Whether ``score`` beats the best so far (a new best model is worth keeping)."""
@@ -452,7 +461,7 @@ class EvalStopSession:
         the eval's per-example evidence (:mod:`evalstop_trl.core.examples`). Returns whether to stop."""
         entry: dict[str, Any] = {"step": step, "eval_score": score, "train_loss": self.train_loss,
                                  "proxy_reward": self.proxy_reward}
-        for key, value in (("checkpoint", checkpoint), ("eval_n", eval_n), ("eval_noise", eval_noise)):
+        for key, value in (("checkpoint", checkpoint), ("eval_n", eval_n), ("eval_noise", eval_noise), ("kl", self.kl)):
             if value is not None:
                 entry[key] = value
         improves = self.improves(score)
@@ -460,7 +469,7 @@ class EvalStopSession:
         if reached:
             self.heartbeat.seen()
         local = self._local.observe(Observation(self.job_id or "job", step, score, self.train_loss, self.proxy_reward,
-                                                eval_n=eval_n, eval_noise=eval_noise))
+                                                eval_n=eval_n, eval_noise=eval_noise, kl=self.kl))
         if (not reached or getattr(self.client, "unreachable", False)) and self.config.fail_mode == "local":
             decision = local
         if self.shadow.on and local.action is Action.STOP:
@@ -486,7 +495,7 @@ class EvalStopSession:
         if self.client is None:
             return Decision(Action.CONTINUE, "no coordinator attached"), False
         try:
-            evidence = {k: entry[k] for k in ("eval_n", "eval_noise") if k in entry}  # a plain score: as before
+            evidence = {k: entry[k] for k in ("eval_n", "eval_noise", "kl") if k in entry}  # a plain score: as before
             return self.client.report(self.job_id, entry["step"], eval_score=entry["eval_score"],
                                       train_loss=entry.get("train_loss"), proxy_reward=entry.get("proxy_reward"),
                                       checkpoint=entry.get("checkpoint"), **evidence), True
@@ -643,4 +652,4 @@ def register(client: Any, job_id: str, config: SessionConfig, planned_steps: int
 def _as_report(entry: Mapping[str, Any]) -> Report:
     """A history entry seen as a stored report (to replay into the local detector)."""
     return Report(entry["step"], entry.get("eval_score"), entry.get("train_loss"), entry.get("proxy_reward"),
-                  eval_n=entry.get("eval_n"), eval_noise=entry.get("eval_noise"))
+                  eval_n=entry.get("eval_n"), eval_noise=entry.get("eval_noise"), kl=entry.get("kl"))

@@ -279,7 +279,20 @@ def _script(c: Any, other: Any, capped: Any, stranger: Any) -> list[tuple[str, A
     call("stranger report", stranger.report, "j1", 60, eval_score=0.1)
     call("stranger register", stranger.register_job, "s1")
     call("stranger pending", lambda: stranger.pending)
+    # the KL clock as a gate (issue 44): a fall before the forecast peak is held, one past it stops with
+    # the clock's evidence; a bad KL is refused
+    call("register gated", c.register_job, "kl", "grpo", policy={"detector": "decline", "k": 1, "gate": "kl_past_peak"})
+    call("register bad gate", c.register_job, "kl2", "grpo", policy={"detector": "decline", "gate": "kl_before"})
+    call("report negative kl", c.report, "kl", 1, eval_score=0.9, kl=-0.5)
+    for step, (kl, score) in enumerate(KL_EVALS, start=1):
+        call(f"report kl {step}", c.report, "kl", step, eval_score=score, kl=kl)
+    call("audit gated", lambda: [a for a in c.audit("kl") if a.kind.value == "stop"])
+    call("reports gated", lambda: [r.kl for r in c.reports("kl")])
     return out
+
+
+#: (KL, world feedback) of a run on Gao's form with a dip at KL 2 (before its peak near KL 10)
+KL_EVALS = [(0.5, 0.93), (1.0, 1.1), (2.0, 1.05), (3.0, 1.356), (5.0, 1.436), (8.0, 1.458), (12.0, 1.412)]
 
 
 STRANGER = "es_" + "x" * 43  # a well-formed token that no tenant has
@@ -357,6 +370,12 @@ def test_the_script_means_what_it_says(results):
     assert r["stop"]["status"] == "stopped" and r["stop"]["decision"]["evidence"] == {"manual": True}
     assert r["status unknown"]["error"] == 404 and r["list_jobs bad status"]["error"] == 422
     assert [j["job_id"] for j in r["list_jobs stopped"]] == ["j1", "j4"]
+    assert r["register bad gate"]["error"] == 422 and r["report negative kl"]["error"] == 422
+    assert r["report kl 3"]["action"] == "continue" and r["report kl 3"]["evidence"]["held"]  # before the peak
+    gated = r["report kl 7"]
+    assert gated["action"] == "stop" and "past the forecast peak" in gated["reason"], gated
+    assert gated["evidence"]["kl"] == 12.0 and gated["evidence"]["kl_peak"] < 12.0 <= r["reports gated"][-1]
+    assert r["audit gated"][0]["evidence"]["kl_peak"] == gated["evidence"]["kl_peak"]  # the stop's audit line
     for label in ("report pe 20 within noise", "report pe 30 within noise"):  # falls of 0.04 < sqrt(2) * 0.05
         assert r[label]["action"] == "continue" and r[label]["evidence"]["declines"] == 0, label
     assert r["report pe 40 beyond"]["evidence"]["declines"] == 1 and r["report pe 40 again"] == r["report pe 40 beyond"]

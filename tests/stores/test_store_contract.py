@@ -281,6 +281,49 @@ def test_sqlite_migrates_version_6_to_7_reports_keep_their_evidence(tmp_path):
         sqlite3.connect(path).execute("DELETE FROM audit")
 
 
+def _kl_roundtrip(reopen) -> None:
+    """A database from before reports kept a KL: its old report reads back without one, and a new
+    report's KL is stored (what a ``gate: kl_past_peak`` policy reads after a restart)."""
+    c = reopen()
+    assert c.reports("old", "j")[0].kl is None
+    c.report("old", "j", ReportRequest(20, 0.6, kl=0.25))
+    c.close()
+    c = reopen()
+    assert [r.kl for r in c.reports("old", "j")] == [None, 0.25]
+    c.close()
+
+
+def test_sqlite_migrates_version_7_to_8_reports_keep_their_kl(tmp_path):
+    path = tmp_path / "v7.db"
+    c = Coordinator(SQLiteStore(path))
+    c.register_job("old", JobRequest("j", "grpo"))
+    c.report("old", "j", ReportRequest(10, 0.5))
+    c.close()
+    db = sqlite3.connect(path)  # what evalstop wrote before: no KL, version 7
+    db.executescript("ALTER TABLE reports DROP COLUMN kl; UPDATE schema_version SET version = 7;")
+    db.close()
+    _kl_roundtrip(lambda: Coordinator(SQLiteStore(path)))
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+
+
+def test_postgres_migrates_version_5_to_6_reports_keep_their_kl(pg_dsn):
+    import psycopg
+
+    from evalstop_trl.stores.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
+    from evalstop_trl.stores.postgres import PostgresStore
+
+    c = Coordinator(PostgresStore(pg_dsn))
+    c.register_job("old", JobRequest("j", "grpo"))
+    c.report("old", "j", ReportRequest(10, 0.5))
+    c.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        db.execute("ALTER TABLE reports DROP COLUMN kl")
+        db.execute("UPDATE schema_version SET version = 5")
+    _kl_roundtrip(lambda: Coordinator(PostgresStore(pg_dsn)))
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(PG_SCHEMA_VERSION,)]
+
+
 def test_postgres_migrates_version_4_to_5_reports_keep_their_evidence(pg_dsn):
     import psycopg
 

@@ -136,6 +136,24 @@ def test_the_report_carries_the_latest_loss_and_reward_and_the_checkpoint_of_a_n
     assert (report.train_loss, report.proxy_reward, report.checkpoint) == (1.5, 0.25, "/ckpt/10")
 
 
+def test_the_report_carries_the_trainers_kl_and_a_gated_policy_reads_it():
+    """TRL logs the policy's KL (``objective/kl``, GRPO's ``kl``): the session reports the latest with
+    each eval, and a ``gate: kl_past_peak`` policy holds a fall before the KL clock's forecast peak."""
+    coord = Coordinator()
+    session = _session(coord, k=1, gate="kl_past_peak")
+    assert coord.status("local", "j").policy["gate"] == "kl_past_peak"
+    session.observe_logs({"loss": 1.0, "kl": -1.0})  # not a KL: ignored
+    assert session.kl is None
+    evals = [(0.5, 0.93), (1.0, 1.1), (2.0, 1.05), (3.0, 1.356), (5.0, 1.436), (8.0, 1.458), (12.0, 1.412)]
+    stops = []
+    for i, (kl, score) in enumerate(evals, start=1):
+        session.observe_logs({"objective/kl" if i % 2 else "kl": kl})
+        stops.append(session.report(10 * i, score))
+    assert [r.kl for r in coord.reports("local", "j")] == [kl for kl, _ in evals]
+    assert stops == [False] * 6 + [True], [h for h in session.history]
+    assert "past the forecast peak" in session.decision.reason and session.decision.evidence["kl"] == 12.0
+
+
 def test_lower_is_better_with_direction_min():
     session = _session(direction="min")
     assert _run(session, [(10, 2.0), (20, 1.0), (30, 1.5), (40, 1.7)]) == 40

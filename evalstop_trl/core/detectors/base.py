@@ -58,6 +58,7 @@ class _ObservationFields(NamedTuple):
     progress: float | None = None
     eval_n: int | None = None
     eval_noise: float | None = None
+    kl: float | None = None
 
 
 #: The most examples one eval may be a mean of (a count a caller sends is bounded like every number)
@@ -70,7 +71,8 @@ class Observation(_ObservationFields):
 
     ``progress`` is step / planned steps (None when unknown). ``eval_n`` and ``eval_noise``: the
     eval's number of examples and its paired noise level (the module's "per-example evidence";
-    None when the eval is a plain number). Building one checks every number (ValueError for NaN,
+    None when the eval is a plain number). ``kl``: the policy's KL to its reference model (a
+    KL-clock gate reads it). Building one checks every number (ValueError for NaN,
     infinity, a negative step or noise).
     """
 
@@ -78,7 +80,7 @@ class Observation(_ObservationFields):
 
     def __new__(cls, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
                 proxy_reward: float | None = None, job_type: str = "rlhf", progress: float | None = None,
-                eval_n: int | None = None, eval_noise: float | None = None) -> Observation:
+                eval_n: int | None = None, eval_noise: float | None = None, kl: float | None = None) -> Observation:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative integer, but got {step!r}.")
         if step > MAX_STEP:
@@ -92,8 +94,12 @@ class Observation(_ObservationFields):
             raise ValueError(f"progress must be >= 0, but got {progress!r}.")
         if eval_n is not None or eval_noise is not None:
             check_evidence(eval_score, eval_n, eval_noise)
+        if kl is not None:
+            check_finite("kl", kl)
+            if kl < 0:
+                raise ValueError(f"kl must be >= 0 (a KL divergence), but got {kl!r}.")
         return tuple.__new__(cls, (job_id, step, eval_score, train_loss, proxy_reward, job_type, progress, eval_n,
-                                   eval_noise))
+                                   eval_noise, kl))
 
 
 class Observed(Protocol):
@@ -116,6 +122,8 @@ class Observed(Protocol):
     def eval_n(self) -> int | None: ...
     @property
     def eval_noise(self) -> float | None: ...
+    @property
+    def kl(self) -> float | None: ...
 
 
 def check_evidence(eval_score: Any, eval_n: Any, eval_noise: Any) -> None:
