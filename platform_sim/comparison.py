@@ -91,8 +91,8 @@ def _run(cfg: SimConfig, wl: Workload, scheduler: str, name: str, params: dict[s
 
 def _saved_hacked(base: RunResult, run: RunResult, wl: Workload) -> float:
     """GPU-hours saved on hacked jobs by ``run`` against ``base`` (same workload)."""
-    return sum(b.gpu_seconds - r.gpu_seconds for b, r, t in zip(base.outcomes, run.outcomes, wl.truths, strict=True)
-               if t.hacked) / 3600.0
+    return sum(b.gpu_seconds - r.gpu_seconds for b, r, hacked in zip(base.outcomes, run.outcomes, wl.hacked.tolist(),
+                                                                      strict=True) if hacked) / 3600.0
 
 
 def detector_seed(cfg: SimConfig, seed: int, scheduler: str, base10: RunResult | None = None,

@@ -26,9 +26,10 @@ from heapq import heappush as _heappush
 from .cluster import Cluster, Pools
 from .config import ClusterConfig
 from .events import Event, EventQueue
-from .jobs import SimJob
+from .jobs import JobTable
 from .planning import Entry, WaitingLine, greedy_cut
 from .schedulers import Scheduler, assigns_pools, changes_while_running, uses_priority
+from .views import JobSnapshot
 
 __all__ = ["Dispatcher"]
 
@@ -39,18 +40,19 @@ class Dispatcher:
     """The waiting and running jobs of one run, and the plan that moves jobs between them.
 
     Attributes:
-        waiting, running: job id -> job, in the order the jobs joined.
+        table: the jobs' state (:class:`~platform_sim.jobs.JobTable`), read and updated by job id.
+        waiting, running: job id -> its GPUs, in the order the jobs joined.
         line: the waiting line of a priority scheduler (None: plan from the scheduler's ``order``).
         bounds: running jobs' ``(-priority bound, job id, token)``, a heap (priority schedulers).
     """
 
-    def __init__(self, jobs: list[SimJob], cluster: Cluster | Pools, scheduler: Scheduler, queue: EventQueue,
+    def __init__(self, table: JobTable, cluster: Cluster | Pools, scheduler: Scheduler, queue: EventQueue,
                  restart_s: float, cluster_cfg: ClusterConfig | None = None) -> None:
-        self.jobs, self.cluster, self.scheduler, self.queue = jobs, cluster, scheduler, queue
+        self.table, self.cluster, self.scheduler, self.queue = table, cluster, scheduler, queue
         self.cluster_cfg = cluster_cfg  # what an assigning scheduler (Gavel) is told about the pools
         self.restart_s = restart_s
-        self.waiting: dict[int, SimJob] = {}
-        self.running: dict[int, SimJob] = {}
+        self.waiting: dict[int, int] = {}
+        self.running: dict[int, int] = {}
         self.line: WaitingLine | None = WaitingLine() if uses_priority(scheduler) else None
         self.bounds: list[tuple[float, int, int]] = []
         self.running_gpus = 0
@@ -62,63 +64,77 @@ class Dispatcher:
         self.pool_gpu_seconds = dict.fromkeys(cluster.names, 0.0) if self.pooled else {}
 
     # ------------------------------------------------------------------ jobs joining and leaving
-    def wait(self, job: SimJob) -> None:
-        """``job`` (arrived or preempted) waits for GPUs."""
-        jid = job.spec.job_id
-        self.waiting[jid] = job
+    def wait(self, j: int) -> None:
+        """Job ``j`` (arrived or preempted) waits for GPUs."""
+        table = self.table
+        self.waiting[j] = gpus = table.gpus[j]
         if self.line is not None:
-            job.priority = p = self.scheduler.priority(job.snapshot(self.queue.now))
-            self.line.add(p, jid, job.spec.gpus)
+            table.priority[j] = p = self.scheduler.priority(table.snapshot(j, self.queue.now))
+            self.line.add(p, j, gpus)
 
-    def leave(self, job: SimJob) -> None:
-        """``job`` gives its GPUs back (it departs or is preempted)."""
-        jid, gpus = job.spec.job_id, job.spec.gpus
-        self.cluster.release(jid, gpus)
+    def leave(self, j: int) -> None:
+        """Job ``j`` gives its GPUs back (it departs or is preempted)."""
+        table = self.table
+        gpus = self.running.pop(j)
+        self.cluster.release(j, gpus)
         if self.pooled:
-            self.pool_gpu_seconds[job.pool] += gpus * (self.queue.now - job.started_at)
-        del self.running[jid]
+            self.pool_gpu_seconds[table.pool[j]] += gpus * (self.queue.now - table.started_at[j])
         self.running_gpus -= gpus
-        job.token += 1
+        table.token[j] += 1
 
-    def schedule_next(self, job: SimJob) -> None:
-        """Queue the running ``job``'s next event: its next eval, or the end of its work if sooner."""
-        eval_work = job.next_eval * job.timing.seg_len
-        if job.end_work < eval_work:
-            self.queue.push(job.run_since + (job.end_work - job.work) / job.speed, _FINISH, job.spec.job_id, job.version)
+    def schedule_next(self, j: int) -> None:
+        """Queue the running job ``j``'s next event: its next eval, or the end of its work if sooner."""
+        table = self.table
+        self.queue_next(j, table.run_since[j], table.work[j], table.next_eval[j] * table.seg_len[j], table.end_work[j],
+                        table.speed[j], table.version[j])
+
+    def queue_next(self, j: int, since: float, work: float, eval_work: float, end_work: float, speed: float,
+                   version: int) -> None:
+        """:meth:`schedule_next` from the job's values (the engine has them at hand after an eval): the work
+        of its next eval ``eval_work`` or ``end_work`` if sooner, at ``speed`` from ``work`` at ``since``."""
+        if end_work < eval_work:
+            self.queue.push(since + (end_work - work) / speed, _FINISH, j, version)
         else:
-            self.queue.push(job.run_since + (eval_work - job.work) / job.speed, _EVAL_DUE, job.spec.job_id, job.version)
+            self.queue.push(since + (eval_work - work) / speed, _EVAL_DUE, j, version)
 
-    def _start(self, job: SimJob, pool: str | None = None) -> bool:
-        jid, gpus = job.spec.job_id, job.spec.gpus
-        if not self.cluster.place(jid, gpus, job.spec.job_type, pool):
+    def _start(self, j: int, pool: str | None = None) -> bool:
+        table = self.table
+        gpus = table.gpus[j]
+        if not self.cluster.place(j, gpus, table.job_type[j], pool):
             return False
         if self.pooled:
-            job.pool, job.speed = self.cluster.placed(jid, job.spec.job_type)
-        del self.waiting[jid]
-        self.running[jid] = job
+            table.pool[j], table.speed[j] = self.cluster.placed(j, table.job_type[j])
+        del self.waiting[j]
+        self.running[j] = gpus
         self.running_gpus += gpus
         if self.line is not None:
-            self.line.remove(job.priority, jid, gpus)
+            priority = table.priority[j]
+            self.line.remove(priority, j, gpus)
             if self.scheduler.preemptive:  # its waiting priority bounds its priority while it runs
-                job.token += 1
-                _heappush(self.bounds, (-job.priority, jid, job.token))
-        job.start(self.queue.now, self.restart_s)
-        self.schedule_next(job)
+                table.token[j] += 1
+                _heappush(self.bounds, (-priority, j, table.token[j]))
+        table.start(j, self.queue.now, self.restart_s)
+        self.schedule_next(j)
         if self._changes:
-            self.schedule_change(job)
+            self.schedule_change(j)
         return True
 
-    def schedule_change(self, job: SimJob) -> None:
-        """Queue the running ``job``'s next change of place in line (:meth:`Scheduler.change_after_s`)."""
+    def schedule_change(self, j: int) -> None:
+        """Queue the running job ``j``'s next change of place in line (:meth:`Scheduler.change_after_s`)."""
         now = self.queue.now
-        after = self.scheduler.change_after_s(job.snapshot(now))
+        after = self.scheduler.change_after_s(self.table.snapshot(j, now))
         if after is not None:
-            self.queue.push(now + max(after, 0.0), _RESCHEDULE, job.spec.job_id, job.version)
+            self.queue.push(now + max(after, 0.0), _RESCHEDULE, j, self.table.version[j])
 
-    def _preempt(self, job: SimJob) -> None:
-        self.leave(job)
-        job.preempt(self.queue.now)
-        self.wait(job)
+    def _preempt(self, j: int) -> None:
+        self.leave(j)
+        self.table.preempt(j, self.queue.now)
+        self.wait(j)
+
+    def snapshots(self, jobs) -> list[JobSnapshot]:
+        """Snapshots of ``jobs`` (ids) now, in that order."""
+        snapshot, now = self.table.snapshot, self.queue.now
+        return [snapshot(j, now) for j in jobs]
 
     # ------------------------------------------------------------------ the plan
     def plan(self, allow_preempt: bool) -> None:
@@ -137,25 +153,25 @@ class Dispatcher:
         """From the scheduler's order of snapshots (schedulers without a priority)."""
         sched, cluster, now = self.scheduler, self.cluster, self.queue.now
         if preempt:
-            active = [j.snapshot(now) for j in self.running.values()] + [j.snapshot(now) for j in self.waiting.values()]
+            active = self.snapshots([*self.running, *self.waiting])
             free, chosen = cluster.total_gpus, []
             for v in sched.order(active, now):  # the GPUs go down the order by count; placement may still refuse one
                 if v.gpus <= free:
                     chosen.append(v.job_id)
                     free -= v.gpus
             keep = set(chosen)
-            for jid in [jid for jid in self.running if jid not in keep]:
-                self._preempt(self.running[jid])
-            for jid in chosen:
-                if jid in self.waiting:
-                    self._start(self.jobs[jid])
+            for j in [j for j in self.running if j not in keep]:
+                self._preempt(j)
+            for j in chosen:
+                if j in self.waiting:
+                    self._start(j)
             return
         if not self.waiting or cluster.free == 0:
             return
-        for v in sched.order([j.snapshot(now) for j in self.waiting.values()], now):
+        for v in sched.order(self.snapshots(self.waiting), now):
             if cluster.free == 0:
                 break
-            if not self._start(self.jobs[v.job_id]) and not sched.backfill:
+            if not self._start(v.job_id) and not sched.backfill:
                 break
 
     def _plan_assign(self, preempt: bool) -> None:
@@ -164,74 +180,72 @@ class Dispatcher:
             return  # nobody to start, and on one pool the running jobs all fit: each keeps its GPUs
         if not preempt and self.cluster.free == 0:
             return  # between rounds only waiting jobs start, and none could
-        now = self.queue.now
-        active = [j.snapshot(now) for j in self.running.values()] + [j.snapshot(now) for j in self.waiting.values()]
-        plan = self.scheduler.assign(active, now, self.cluster_cfg)
+        plan = self.scheduler.assign(self.snapshots([*self.running, *self.waiting]), self.queue.now, self.cluster_cfg)
         if preempt:
-            where = dict(plan)
-            for jid in [jid for jid, j in self.running.items() if where.get(jid) != j.pool]:
-                self._preempt(self.running[jid])
-        for jid, pool in plan:
-            if jid in self.waiting:
-                self._start(self.jobs[jid], pool)
+            where, placed = dict(plan), self.table.pool
+            for j in [j for j in self.running if where.get(j) != placed[j]]:
+                self._preempt(j)
+        for j, pool in plan:
+            if j in self.waiting:
+                self._start(j, pool)
 
     def _plan_line(self) -> None:
         """Non-preemptive: start waiting jobs in priority order while GPUs are free."""
-        line, cluster, jobs = self.line, self.cluster, self.jobs
+        line, cluster = self.line, self.cluster
         backfill = self.scheduler.backfill
         blocked: set[int] = set()  # sizes placement refused in this plan (packing): it refuses them all
         while cluster.free and line.n:
             entry = line.first_fitting(cluster.free, blocked) if backfill else line.first()
             if entry is None:
                 break
-            if not self._start(jobs[entry[1]]):
+            if not self._start(entry[1]):
                 if not backfill:
                     break
                 blocked.add(entry[2])
 
     def _plan_cut(self) -> None:
         """Preemptive: the plan a sort of every active job by priority gives, from the jobs that matter."""
-        line, cluster, jobs = self.line, self.cluster, self.jobs
+        line, cluster = self.line, self.cluster
         if not line.n:
             return  # every running job keeps its GPUs
         if line.gpus <= cluster.free:  # every waiting job fits: nobody is preempted, all start in order
-            for _, jid, _ in line.in_order():
-                self._start(jobs[jid])
+            for _, j, _ in line.in_order():
+                self._start(j)
             return
         late = self._late_running(line.first())
         start, preempt = greedy_cut(cluster.total_gpus, self.running_gpus - sum(e[2] for e in late), late, line)
-        for jid in preempt:
-            self._preempt(jobs[jid])
-        for jid in start:
-            self._start(jobs[jid])
+        for j in preempt:
+            self._preempt(j)
+        for j in start:
+            self._start(j)
 
     def _late_running(self, first: Entry) -> list[Entry]:
         """Running jobs whose priority now is at or above the first waiting job's, sorted.
 
         Running priorities only fall, so each job's last computed priority bounds it from above; only
         jobs whose bound reaches ``first`` (less a margin for rounding) are re-evaluated."""
-        bounds, jobs, now, priority = self.bounds, self.jobs, self.queue.now, self.scheduler.priority
+        bounds, table, now, priority = self.bounds, self.table, self.queue.now, self.scheduler.priority
+        token, prio = table.token, table.priority
         threshold = first[0] - 1e-9 * (abs(first[0]) + 1.0)
         late, checked = [], []
         while bounds:
-            neg, jid, token = bounds[0]
-            job = jobs[jid]
-            if token != job.token:
+            neg, j, tok = bounds[0]
+            if tok != token[j]:
                 _heappop(bounds)  # the job left its GPUs or was re-evaluated since
                 continue
             if -neg < threshold:
                 break  # this job and all below it come before every waiting job
             _heappop(bounds)
-            p = job.priority = priority(job.snapshot(now))
-            checked.append(job)
-            entry = (p, jid, job.spec.gpus)
+            p = prio[j] = priority(table.snapshot(j, now))
+            checked.append(j)
+            entry = (p, j, table.gpus[j])
             if entry >= first:
                 late.append(entry)
-        for job in checked:
-            job.token += 1
-            _heappush(bounds, (-job.priority, job.spec.job_id, job.token))
+        for j in checked:
+            token[j] += 1
+            _heappush(bounds, (-prio[j], j, token[j]))
         if len(bounds) > 2 * len(self.running) + 64:  # drop stale entries now and then
-            self.bounds = [(-j.priority, jid, j.token) for jid, j in self.running.items()]
+            self.bounds = [(-prio[j], j, token[j]) for j in self.running]
             heapify(self.bounds)
         late.sort()
         return late

@@ -31,13 +31,14 @@ from __future__ import annotations
 import gc
 import inspect
 from dataclasses import dataclass
-from heapq import heappop as _heappop
+
+import numpy as np
 
 from .cluster import cluster_for
 from .config import SimConfig
 from .dispatch import Dispatcher
 from .events import Event, EventQueue
-from .jobs import Phase, SimJob, Timing
+from .jobs import PHASES, JobTable, Phase
 from .overlays import Overlay, eval_hook_name
 from .schedulers import Scheduler, check_rounds
 from .views import VirtualClock
@@ -47,7 +48,7 @@ __all__ = ["JobOutcome", "RunResult", "Simulation"]
 
 # bound once: Enum member lookups are slow on the hot path
 _EVAL_DUE, _ARRIVAL, _SCHED_ROUND, _RESCHEDULE = Event.EVAL_DUE, Event.ARRIVAL, Event.SCHED_ROUND, Event.RESCHEDULE
-_RUNNING = Phase.RUNNING
+_COMPLETED, _STOPPED = Phase.COMPLETED, Phase.STOPPED
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,24 +91,24 @@ class RunResult:
 class Simulation:
     """One run of one workload under one base scheduler and one overlay.
 
-    The event loop and the events' effects on jobs; who holds the GPUs is the
-    :class:`~platform_sim.dispatch.Dispatcher`'s (``dispatch``; ``waiting``, ``running`` and
-    ``cluster`` are its own)."""
+    The event loop and the events' effects on jobs; the jobs' state is the :class:`~platform_sim.jobs.JobTable`
+    (``table``: columns indexed by job id); who holds the GPUs is the
+    :class:`~platform_sim.dispatch.Dispatcher`'s (``dispatch``; ``waiting``, ``running`` and ``cluster``
+    are its own)."""
 
     def __init__(self, workload: Workload, cfg: SimConfig, scheduler: Scheduler, overlay: Overlay) -> None:
         self.workload, self.cfg, self.scheduler, self.overlay = workload, cfg, scheduler, overlay
         check_rounds(scheduler, cfg.workload.restart_overhead_s)
         self.queue = EventQueue()
         self.clock = VirtualClock()  # the overlays' copy of the time, set at every instant
-        n = workload.n_evals
-        self.jobs = [SimJob(s, t, Timing.of_truth(t, cfg, n)) for s, t in zip(workload.jobs, workload.truths, strict=True)]
-        self.dispatch = Dispatcher(self.jobs, cluster_for(cfg.cluster, {s.job_type for s in workload.jobs}), scheduler, self.queue,
+        self.table = JobTable(workload, cfg)
+        self.dispatch = Dispatcher(self.table, cluster_for(cfg.cluster, workload.type_names), scheduler, self.queue,
                                    cfg.workload.restart_overhead_s, cfg.cluster)
         self.cluster, self.waiting, self.running = self.dispatch.cluster, self.dispatch.waiting, self.dispatch.running
-        self._schedule_next = self.dispatch.schedule_next
+        self._queue_next = self.dispatch.queue_next
         self.events = 0
         self.departed = 0
-        self._arrival_order = sorted(self.jobs, key=lambda j: j.spec.arrival_s)  # stable: ties by job id
+        self._arrival_order = np.argsort(workload.arrival_s, kind="stable").tolist()  # ties by job id
         self._next_arrival = 0
         # overlays that do not override a hook are not called (no snapshot is built for them)
         kind = type(overlay)
@@ -116,9 +117,12 @@ class Simulation:
         self._eval_hook = getattr(overlay, hook) if hook else None
         self._eval_snapshot = hook == "on_eval"
         # per-example evidence only to a hook that asks for it and takes it (a subclass may override the hook
-        # with the plain signature)
+        # with the plain signature); per-example evals: all jobs or none
         self._evidence = (bool(getattr(overlay, "wants_evidence", False)) and _takes_evidence(self._eval_hook)
-                          and any(t.eval_n for t in workload.truths[:1]))  # per-example evals: all jobs or none
+                          and len(workload) > 0 and bool(workload.eval_n[0]))
+        self._eval_n = workload.eval_n.tolist() if self._evidence else []
+        self._eval_noise = memoryview(workload.eval_noise.reshape(-1))
+        self._proxies = memoryview(workload.proxies.reshape(-1))
         self._cuts = kind.cut_progress is not Overlay.cut_progress
 
     @property
@@ -129,10 +133,10 @@ class Simulation:
     def run(self) -> RunResult:
         """Run to the last departure and return the result.
 
-        The cyclic garbage collector is paused meanwhile, the result's records included (and
-        restored after): the engine makes no reference cycles, and at 100,000 jobs full collections
-        over the coordinator's growing store took about a third of the run; building the result's
-        records with it on took a sixth of a 50,000-job run."""
+        The cyclic garbage collector is paused meanwhile, the result's records included (and restored
+        after). The engine makes no reference cycles, but the EvalStop overlay's coordinator keeps
+        every job's records: with the collector on, its full collections over that growing store took 40%
+        of a 100,000-job run's CPU time (32.8 s against 19.6 s, BENCHMARKS.md, 2026-12-05)."""
         paused = gc.isenabled()
         gc.disable()
         try:
@@ -140,9 +144,9 @@ class Simulation:
             self._push_next_arrival()
             if self.scheduler.round_s:
                 self.queue.push(self.scheduler.round_s, _SCHED_ROUND)
-            heap, n_jobs = self.queue.heap, len(self.jobs)
+            heap, n_jobs, step = self.queue.heap, self.table.n, self.step
             while heap and self.departed < n_jobs:
-                self.step()
+                step()
             return self._result()
         finally:
             if paused:
@@ -153,116 +157,117 @@ class Simulation:
         per running job instead of one per job (a queue of all arrivals pops them in the same order)."""
         order = self._arrival_order
         if self._next_arrival < len(order):
-            job = order[self._next_arrival]
+            j = order[self._next_arrival]
             self._next_arrival += 1
-            self.queue.push(job.spec.arrival_s, _ARRIVAL, job.spec.job_id)
+            self.queue.push(self.table.arrival_s[j], _ARRIVAL, j)
 
     def step(self) -> None:
         """One instant: apply every event due now (in queue order, including events queued for this
-        same instant meanwhile), then plan once if anything changed."""
-        queue, jobs = self.queue, self.jobs
-        heap = queue.heap
-        t = queue.now = self.clock.now = heap[0][0]
+        same instant meanwhile), then plan once if anything changed. An event of a job is stale when the job
+        has left its GPUs since it was queued (its version is no longer the event's): it is counted, not
+        applied."""
+        queue, clock, version = self.queue, self.clock, self.table.version
         replan = round_now = False
         n = 0
-        while heap and heap[0][0] == t:
-            _, kind, _, jid, version = _heappop(heap)
+        for t, kind, _, j, v in queue.pop_due():
+            clock.now = t
             n += 1
             if kind is _EVAL_DUE:
-                job = jobs[jid]
-                if version == job.version and job.phase is _RUNNING:  # else stale: it left its GPUs since
-                    replan |= self._on_eval(job)
+                if v == version[j]:  # else stale: it left its GPUs since
+                    replan |= self._on_eval(j, v, t)
             elif kind is _ARRIVAL:
                 self._push_next_arrival()
-                self._on_arrival(jobs[jid])
+                self._on_arrival(j)
                 replan = True
             elif kind is _SCHED_ROUND:
                 round_now = replan = True
                 queue.push(t + self.scheduler.round_s, _SCHED_ROUND)
             elif kind is _RESCHEDULE:  # a running job's place in line changed (stale if it left its GPUs)
-                job = jobs[jid]
-                if version == job.version and job.phase is _RUNNING:
+                if v == version[j]:
                     round_now = replan = True
-                    self.dispatch.schedule_change(job)
-            else:  # FINISH: the work left before an oracle cut is done
-                job = jobs[jid]
-                if version == job.version and job.phase is _RUNNING:
-                    self._depart(job, stopped=True)
-                    replan = True
+                    self.dispatch.schedule_change(j)
+            elif v == version[j]:  # FINISH: the work left before an oracle cut is done
+                self._depart(j, stopped=True)
+                replan = True
         self.events += n
         if replan:
             self._plan(allow_preempt=self.scheduler.round_s is None or round_now)
 
     # ------------------------------------------------------------------ events
-    def _on_arrival(self, job: SimJob) -> None:
-        job.arrive()
-        self.dispatch.wait(job)
+    def _on_arrival(self, j: int) -> None:
+        table = self.table
+        table.arrive(j)
+        self.dispatch.wait(j)
         if self._watch_arrivals:
-            self.overlay.on_arrival(job.snapshot(self.queue.now))
+            self.overlay.on_arrival(table.snapshot(j, self.queue.now))
         if self._cuts:
-            cut = self.overlay.cut_progress(job.spec.job_id)
+            cut = self.overlay.cut_progress(j)
             if cut is not None and cut < 1.0:
-                job.end_work = job.timing.work_at(cut)
+                table.end_work[j] = table.work_at_progress(j, cut)
 
-    def _on_eval(self, job: SimJob) -> bool:
-        """Returns True if the job left the cluster."""
-        now = self.queue.now
-        i = job.next_eval
-        timing = job.timing
-        job.work = i * timing.seg_len
-        job.run_since = now  # work is exact at this instant
-        job.evals_done = i
-        job.next_eval = i + 1
-        job.eval_weight += 1.0 / job.speed
-        truth = job.truth
-        score, loss = truth.scores[i - 1], truth.losses[i - 1]
-        job.scores_seen += (score,)
-        job.loss_history += (((job.gpu_seconds + (now - job.started_at) * job.spec.gpus) / 3600.0, loss),)
-        if score > job.best_score:
-            job.best_score, job.best_eval = score, i
+    def _on_eval(self, j: int, version: int, now: float) -> bool:
+        """Eval ``next_eval[j]`` of the running job ``j`` (at ``version``) is done ``now``. Returns True if the
+        job left the cluster."""
+        table = self.table
+        i = table.next_eval[j]
+        table.next_eval[j] = i + 1
+        seg_len, speed = table.seg_len[j], table.speed[j]
+        work = table.work[j] = i * seg_len
+        table.run_since[j] = now  # work is exact at this instant
+        table.eval_weight[j] += 1.0 / speed
+        k = j * table.n_evals + i - 1
+        score = table.scores[k]
+        table.eval_gpu_hours[k] = (table.gpu_seconds[j] + (now - table.started_at[j]) * table.gpus[j]) / 3600.0
+        if score > table.best_score[j]:
+            table.best_score[j], table.best_eval[j] = score, i
         hook = self._eval_hook
         if hook is None:
             stop = False
-        elif self._evidence:  # per-example evals: their n and paired noise level (NaN: none)
-            noise = truth.eval_noise[i - 1]
-            stop = hook(job.snapshot(now) if self._eval_snapshot else job.spec.job_id, i, score, loss,
-                        truth.proxies[i - 1], eval_n=truth.eval_n, eval_noise=None if noise != noise else noise)
         else:
-            stop = hook(job.snapshot(now) if self._eval_snapshot else job.spec.job_id, i, score, loss,
-                        truth.proxies[i - 1])
-        if i >= timing.n:
-            self._depart(job, stopped=False)
+            job = table.snapshot(j, now) if self._eval_snapshot else j
+            if self._evidence:  # per-example evals: their n and paired noise level (NaN: none)
+                noise = self._eval_noise[k]
+                stop = hook(job, i, score, table.losses[k], self._proxies[k], eval_n=self._eval_n[j],
+                            eval_noise=None if noise != noise else noise)
+            else:
+                stop = hook(job, i, score, table.losses[k], self._proxies[k])
+        if i >= table.n_evals:
+            self._depart(j, stopped=False)
             return True
-        if stop or job.work >= job.end_work - 1e-9:
-            self._depart(job, stopped=True)
+        end_work = table.end_work[j]
+        if stop or work >= end_work - 1e-9:
+            self._depart(j, stopped=True)
             return True
-        self._schedule_next(job)
+        self._queue_next(j, now, work, (i + 1) * seg_len, end_work, speed, version)
         return False
 
     # ------------------------------------------------------------------ plan -> place -> apply
     def _plan(self, allow_preempt: bool) -> None:
         self.dispatch.plan(allow_preempt)
 
-    def _depart(self, job: SimJob, stopped: bool) -> None:
-        self.dispatch.leave(job)
-        job.depart(self.queue.now, stopped)
+    def _depart(self, j: int, stopped: bool) -> None:
+        self.dispatch.leave(j)
+        self.table.depart(j, self.queue.now, stopped)
         self.departed += 1
 
     # ------------------------------------------------------------------ result
     def _result(self) -> RunResult:
+        table, eval_progress = self.table, self.workload.eval_progress
+        stopped_code, completed_code = PHASES.index(_STOPPED), PHASES.index(_COMPLETED)
+        columns = table.columns("phase", "end_work", "work", "best_eval", "first_start", "departure", "gpu_seconds",
+                                "ovh_seconds", "eval_weight", "next_eval", "restarts", "ref_gpu_seconds")
+        fixed = (table.arrival_s.tolist(), table.total_work.tolist(), table.seg_eval.tolist(), table.gpus)
         outcomes = []
-        for j in self.jobs:
-            if j.stopped and j.end_work < j.timing.total_work and j.work >= j.end_work - 1e-6:
-                delivered = j.timing.progress_of(j.end_work)  # oracle cut: the state at the cut
+        for j, (phase, end_work, work, best, first, departure, gpu_seconds, ovh, weight, next_eval, restarts, ref,
+                arrival, total, seg_eval, gpus) in enumerate(zip(*columns, *fixed, strict=True)):
+            stopped = phase == stopped_code
+            if stopped and end_work < total and work >= end_work - 1e-6:
+                delivered = table.progress_of(j, end_work)  # oracle cut: the state at the cut
             else:
-                delivered = self.workload.eval_progress(j.best_eval) if j.best_eval else 0.0
-            outcomes.append(JobOutcome(
-                job_id=j.spec.job_id, arrival_s=j.spec.arrival_s, first_start_s=j.first_start,
-                departure_s=j.departure, completed=j.completed, stopped=j.stopped, gpu_seconds=j.gpu_seconds,
-                overhead_gpu_seconds=j.ovh_seconds + j.spec.gpus * j.timing.seg_eval * j.eval_weight,
-                work_done=j.work, evals_done=j.evals_done, best_eval=j.best_eval,
-                delivered_progress=delivered, restarts=j.restarts, ref_gpu_seconds=j.ref_gpu_seconds,
-            ))
+                delivered = eval_progress(best) if best else 0.0
+            outcomes.append(JobOutcome(j, arrival, first, departure, phase == completed_code, stopped, gpu_seconds,
+                                       ovh + gpus * seg_eval * weight, work, next_eval - 1, best, delivered, restarts,
+                                       ref))
         makespan = max(o.departure_s for o in outcomes)
         return RunResult(self.scheduler.name, self.overlay.name, self.overlay.is_oracle, self.workload.seed,
                          tuple(outcomes), makespan, self.events, self.cluster.total_gpus,

@@ -60,9 +60,8 @@ class Event(IntEnum):
 class EventQueue:
     """A min-heap of events and the simulation clock ``now`` (advanced only by popping).
 
-    ``heap`` is the heap itself: the engine drains an instant from it directly on its hot path
-    (pop with ``heapq.heappop``, set ``now``; see ``Simulation.step``), and pushes only through
-    :meth:`push`, which numbers the events."""
+    ``heap`` is the heap itself, for reading (the engine runs while it is not empty); events go in
+    through :meth:`push`, which numbers them, and come out through :meth:`pop` or :meth:`pop_due`."""
 
     __slots__ = ("now", "heap", "_seq")
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from .curves import CurveKind
+from .curves import FAMILIES, CurveKind
 from .engine import RunResult
-from .jobs import Timing
+from .jobs import Timing, layout
 from .workload import Workload
 
 __all__ = ["Changes", "Detection", "RunSummary", "compare", "detection", "summarize", "DEFINITIONS"]
@@ -150,14 +150,17 @@ class RunSummary:
 def delivered_gold(run: RunResult, workload: Workload) -> np.ndarray:
     """True gold of each job's delivered checkpoint (0 for a job that delivered none)."""
     out = np.zeros(len(run.outcomes))
-    for i, (o, t) in enumerate(zip(run.outcomes, workload.truths, strict=True)):
+    gao, plateau = FAMILIES.index("gao"), tuple(CurveKind).index(CurveKind.PLATEAU)
+    family, kind = workload.family_index.tolist(), workload.kind_index.tolist()
+    shape, height = workload.shape.tolist(), workload.height.tolist()
+    for i, o in enumerate(run.outcomes):
         p = o.delivered_progress
         if p > 0:
-            if t.family != "gao" or t.curve_progress:  # a family's or a measured run's curve
-                out[i] = t.gold_at(p)
+            if family[i] != gao or workload.measured.get(i, ("", ()))[1]:  # a family's or a measured run's curve
+                out[i] = workload.gold_at(i, p)
                 continue
-            x = p / t.shape
-            out[i] = t.height * (1.0 - math.exp(-x)) if t.kind is CurveKind.PLATEAU else t.height * x * (1.0 - math.log(x))
+            x = p / shape[i]
+            out[i] = height[i] * (1.0 - math.exp(-x)) if kind[i] == plateau else height[i] * x * (1.0 - math.log(x))
     return out
 
 
@@ -166,19 +169,20 @@ def detection_by_type(run: RunResult, workload: Workload, margin: float,
     """Detection counts per job type, over the ``watched`` job types (None: the RLHF types)."""
     gold = delivered_gold(run, workload)
     counts: dict[str, list[int]] = {}
-    for o, spec, truth, g in zip(run.outcomes, workload.jobs, workload.truths, gold, strict=True):
-        if (spec.job_type not in watched) if watched is not None else not spec.rlhf:
+    columns = (workload.job_types(), workload.rlhf.tolist(), workload.hacked.tolist(), workload.gold_end.tolist(), gold)
+    for j, (o, job_type, rlhf, hacked, gold_end, g) in enumerate(zip(run.outcomes, *columns, strict=True)):
+        if (job_type not in watched) if watched is not None else not rlhf:
             continue
-        c = counts.setdefault(spec.job_type, [0, 0, 0, 0, 0, 0])  # tp, fp_a, fp_b, hacked, healthy, flagged
-        c[3] += truth.hacked
-        c[4] += not truth.hacked
+        c = counts.setdefault(job_type, [0, 0, 0, 0, 0, 0])  # tp, fp_a, fp_b, hacked, healthy, flagged
+        c[3] += hacked
+        c[4] += not hacked
         c[5] += o.stopped
-        if o.stopped and truth.hacked:
+        if o.stopped and hacked:
             c[0] += 1
         elif o.stopped:
             c[1] += 1
-            own = truth.harm_margin  # a measured run's own margin, in its units (None: the configured one)
-            c[2] += bool(g < truth.gold_end - (margin if own is None else own))
+            own = workload.harm_margin(j)  # a measured run's own margin, in its units (None: the configured one)
+            c[2] += bool(g < gold_end - (margin if own is None else own))
     return {t: Detection(*c) for t, c in sorted(counts.items())}
 
 
@@ -194,11 +198,13 @@ def wasted(run: RunResult, workload: Workload, cfg) -> tuple[float, float, float
     """(W_post, W_unprod, W_ovh) in GPU-hours."""
     w_post = w_unprod = w_ovh = 0.0
     n = workload.n_evals
-    for o, spec, truth in zip(run.outcomes, workload.jobs, workload.truths, strict=True):
-        timing = Timing.of_truth(truth, cfg, n)
-        if spec.rlhf and truth.hacked:
-            w_post += spec.gpus * max(0.0, o.work_done - timing.work_at(truth.peak_progress))
-        w_unprod += spec.gpus * max(0.0, o.work_done - timing.work_at(o.delivered_progress))
+    columns = (*(c.tolist() for c in layout(workload.duration_s, workload.whole_run, cfg, n)), workload.rlhf.tolist(),
+               workload.hacked.tolist(), workload.gpus.tolist(), workload.peak_progress.tolist())
+    for o, d, seg_train, seg_eval, seg_len, total, rlhf, hacked, gpus, peak in zip(run.outcomes, *columns, strict=True):
+        timing = Timing(d, n, seg_train, seg_eval, seg_len, total)
+        if rlhf and hacked:
+            w_post += gpus * max(0.0, o.work_done - timing.work_at(peak))
+        w_unprod += gpus * max(0.0, o.work_done - timing.work_at(o.delivered_progress))
         w_ovh += o.overhead_gpu_seconds
     return w_post / 3600, w_unprod / 3600, w_ovh / 3600
 
@@ -206,8 +212,8 @@ def wasted(run: RunResult, workload: Workload, cfg) -> tuple[float, float, float
 def summarize(run: RunResult, workload: Workload, cfg, watched: frozenset[str] | None = None) -> RunSummary:
     """Per-run numbers; detection over the ``watched`` job types (None: the RLHF types)."""
     jct = np.array([o.jct_s for o in run.outcomes]) / 3600
-    types = np.array([s.job_type for s in workload.jobs])
-    rlhf = np.array([s.rlhf for s in workload.jobs])
+    types = np.array(workload.job_types())
+    rlhf = workload.rlhf
     gold = delivered_gold(run, workload)
     w_post, w_unprod, w_ovh = wasted(run, workload, cfg)
     gpu_h = sum(o.gpu_seconds for o in run.outcomes) / 3600
@@ -220,7 +226,7 @@ def summarize(run: RunResult, workload: Workload, cfg, watched: frozenset[str] |
         mean_queueing_h=float(np.mean([o.first_start_s - o.arrival_s for o in run.outcomes]) / 3600),
         utilisation=gpu_h / (run.total_gpus * run.makespan_s / 3600) if run.makespan_s else 0.0,
         gpu_hours=gpu_h, w_post=w_post, w_unprod=w_unprod, w_ovh=w_ovh,
-        restart_gpu_hours=sum(o.restarts * spec.gpus for o, spec in zip(run.outcomes, workload.jobs, strict=True))
+        restart_gpu_hours=sum(o.restarts * g for o, g in zip(run.outcomes, workload.gpus.tolist(), strict=True))
         * cfg.workload.restart_overhead_s / 3600,
         delivered_gold_rlhf=float(gold[rlhf].mean()) if rlhf.any() else float("nan"),
         n_stopped=sum(o.stopped for o in run.outcomes), events=run.events,
@@ -276,7 +282,7 @@ def compare(base: RunResult, run: RunResult, workload: Workload, cfg,
         p95_jct_change=_change(r.p95_jct_h, b.p95_jct_h),
         makespan_change=_change(r.makespan_h, b.makespan_h),
         gpu_hours_saved=b.gpu_hours - r.gpu_hours,
-        gpu_hours_saved_hacked=sum(ob.gpu_seconds - orun.gpu_seconds for ob, orun, t in
-                                   zip(base.outcomes, run.outcomes, workload.truths, strict=True) if t.hacked) / 3600,
+        gpu_hours_saved_hacked=sum(ob.gpu_seconds - orun.gpu_seconds for ob, orun, hacked in
+                                   zip(base.outcomes, run.outcomes, workload.hacked.tolist(), strict=True) if hacked) / 3600,
         delivered_gold_change=r.delivered_gold_rlhf - b.delivered_gold_rlhf,
     )

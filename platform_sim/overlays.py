@@ -180,11 +180,9 @@ class OracleOverlay(Overlay):
     is_oracle = True
 
     def __init__(self, workload: Workload) -> None:
-        self._cut = {
-            spec.job_id: truth.peak_progress
-            for spec, truth in zip(workload.jobs, workload.truths, strict=True)
-            if truth.hacked
-        }
+        self._cut = {j: peak for j, (hacked, peak) in enumerate(zip(workload.hacked.tolist(),
+                                                                     workload.peak_progress.tolist(), strict=True))
+                     if hacked}
 
     def cut_progress(self, job_id):
         return self._cut.get(job_id)

@@ -229,9 +229,9 @@ GPU_CLASSES = (("1", 1, 1), ("2-4", 2, 4), ("5-8", 5, 8), ("9-32", 9, 32), (">32
 
 
 def _type_rows(wl: Workload, label: str) -> list[str]:
-    gpus = np.array([j.gpus for j in wl.jobs])
-    hours = np.array([t.duration_s for t in wl.truths]) / 3600.0
-    types = np.array([j.job_type for j in wl.jobs])
+    gpus = np.asarray(wl.gpus)
+    hours = wl.duration_s / 3600.0
+    types = np.array(wl.job_types())
     total_gh = float(np.sum(gpus * hours))
     rows = []
     for name in [*sorted(set(types.tolist())), "all"]:
@@ -252,7 +252,7 @@ def trace_lines(wl: Workload) -> list[str]:
     dropped = ", ".join(f"{v} {k}" for k, v in src.dropped) or "none"
     skipped = ", ".join(f"{v} {k}" for k, v in src.skipped) or "none"
     return [f"trace {src.format} {src.path}: {src.rows} usable jobs (rows skipped: {skipped})",
-            f"window: {len(wl.jobs)} jobs from {src.start_s / 3600:.1f} h over {src.span_s / 3600:.1f} h recorded, "
+            f"window: {len(wl)} jobs from {src.start_s / 3600:.1f} h over {src.span_s / 3600:.1f} h recorded, "
             f"offered load {src.recorded_load:.3g} as recorded; arrival times x{src.time_scale:.3g}; dropped in the "
             f"window: {dropped}"]
 

@@ -27,20 +27,25 @@ from __future__ import annotations
 
 import csv
 import math
+import operator
 import secrets
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from .config import SimConfig
 from .curves import FAMILIES, CurveKind, Family, family_gold, gao, gold, peak_of
 
-__all__ = ["SALT_BITS", "JobSpec", "JobTruth", "TraceWindow", "Workload", "generate_workload", "per_example_scores",
-           "read_trace", "secret_salt", "write_trace"]
+__all__ = ["COLUMNS", "SALT_BITS", "JobSpec", "JobTruth", "Records", "TraceWindow", "Workload", "generate_workload",
+           "per_example_scores", "read_trace", "secret_salt", "write_trace"]
 
 #: bits of a :func:`secret_salt`: far beyond any search over candidate salts
 SALT_BITS = 128
+
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,23 +88,233 @@ class JobTruth:
     harm_margin: float | None = None  # measured curves: the run's own harm margin (None: metrics.harmful_margin)
 
     def gold_at(self, p: float) -> float:
-        if self.curve_progress:  # measured: the run's gold, linear between its evals
-            return float(np.interp(p, self.curve_progress, self.curve_gold))
-        return float(gold(self.kind, self.height, self.shape, p, self.family, self.extra))
+        return _gold_at(self.kind, self.height, self.shape, self.family, self.extra, self.curve_progress,
+                        self.curve_gold, p)
 
 
-@dataclass(frozen=True)
+def _gold_at(kind: CurveKind, height: float, shape: float, family: str, extra: tuple, curve_progress: tuple,
+             curve_gold: tuple, p: float) -> float:
+    """A job's true gold at progress ``p`` (:meth:`JobTruth.gold_at`, :meth:`Workload.gold_at`)."""
+    if curve_progress:  # measured: the run's gold, linear between its evals
+        return float(np.interp(p, curve_progress, curve_gold))
+    return float(gold(kind, height, shape, p, family, extra))
+
+
+_KINDS = tuple(CurveKind)  # a truth's kind is stored as its index here
+_MAX_EXTRA = 3  # the most parameters a hacked-curve family has (oscillating's)
+_CHUNK = 65_536  # records built per block when iterating: memory bounded by the block, not the workload
+_NO_MEASURED = ("", (), (), None)  # a fitted truth's run, curve_progress, curve_gold, harm_margin
+
+#: the per-job columns (arrays indexed by job id), in the order they are compared
+COLUMNS = ("type_index", "rlhf", "gpus", "arrival_s", "est_duration_s", "duration_s", "whole_run", "kind_index",
+           "height", "shape", "hacked", "peak_progress", "gold_end", "family_index", "extra", "n_extra", "scores",
+           "losses", "proxies", "eval_n", "noisy", "eval_noise")
+
+
 class Workload:
-    jobs: tuple[JobSpec, ...]
-    truths: tuple[JobTruth, ...]
-    n_evals: int
-    seed: int
-    salt: int | None = None  # the secret salt of the hidden streams (None: unsalted, rebuildable from seed)
-    source: TraceWindow | None = None  # the trace window the jobs came from (None: synthetic)
+    """One seed's jobs: what the platform knows of each (:class:`JobSpec`) and its hidden truth
+    (:class:`JobTruth`), held as columns, one read-only numpy array per field indexed by job id (a
+    job's id is its index). The eval series are ``(jobs, n_evals)`` float arrays (``scores``,
+    ``losses``, ``proxies``; ``eval_noise`` where per-example evals give one, else ``(jobs, 0)``): a
+    million jobs take about 0.3 GiB, where a record per job took about 3 GiB.
+
+    ``jobs`` and ``truths`` give the same jobs as records, built when read (nothing is cached); the
+    engine and the metrics read the columns. A job's type is ``type_names[type_index[j]]``, its curve
+    kind ``tuple(CurveKind)[kind_index[j]]``, its family ``FAMILIES[family_index[j]]`` with the first
+    ``n_extra[j]`` of ``extra[j]`` as its parameters; a measured run's name and gold (sparse) are in
+    ``measured``: ``{job id: (run, curve_progress, curve_gold, harm_margin)}``.
+
+    Args:
+        jobs, truths: the jobs as records, job ``i`` with ``job_id == i``.
+        n_evals: evals per job: every truth's scores, losses and proxies (and its ``eval_noise``, if
+            any) have this many values.
+        seed, salt, source: as :func:`generate_workload` drew them.
+
+    Raises:
+        ValueError: a job id that is not its index, a series of another length, or a truth with more
+            than three family parameters.
+    """
+
+    __slots__ = ("n_evals", "seed", "salt", "source", "type_names", "measured", *COLUMNS)
+
+    def __init__(self, jobs: Sequence[JobSpec], truths: Sequence[JobTruth], n_evals: int, seed: int,
+                 salt: int | None = None, source: TraceWindow | None = None) -> None:
+        if len(jobs) != len(truths):
+            raise ValueError(f"a workload needs one truth per job, but got {len(jobs)} jobs and {len(truths)} truths")
+        for j, (spec, t) in enumerate(zip(jobs, truths, strict=True)):
+            if spec.job_id != j:
+                raise ValueError(f"job {j}'s job_id is {spec.job_id}: a workload's job ids are their indices 0..n-1")
+            if not len(t.scores) == len(t.losses) == len(t.proxies) == n_evals or len(t.eval_noise) not in (0, n_evals):
+                raise ValueError(f"job {j}'s truth has {len(t.scores)} scores, {len(t.losses)} losses, "
+                                 f"{len(t.proxies)} proxies and {len(t.eval_noise)} noise levels; n_evals={n_evals}")
+            if len(t.extra) > _MAX_EXTRA:
+                raise ValueError(f"job {j}'s truth has {len(t.extra)} family parameters; at most {_MAX_EXTRA}")
+        n = len(jobs)
+        names = tuple(dict.fromkeys(s.job_type for s in jobs))
+
+        def column(field: str, records: Sequence, dtype: type = float) -> np.ndarray:
+            return np.array([getattr(r, field) for r in records], dtype=dtype)
+
+        def series(field: str) -> np.ndarray:
+            return np.array([getattr(t, field) or (math.nan,) * n_evals for t in truths], dtype=float).reshape(n, n_evals)
+
+        noisy = np.array([bool(t.eval_noise) for t in truths], dtype=bool)
+        extra = np.zeros((n, _MAX_EXTRA))
+        for j, t in enumerate(truths):
+            extra[j, :len(t.extra)] = t.extra
+        measured = {j: m for j, t in enumerate(truths)
+                    if (m := (t.run, t.curve_progress, t.curve_gold, t.harm_margin)) != _NO_MEASURED}
+        self._set(n_evals, seed, salt, source, names, measured, {
+            "type_index": np.array([names.index(s.job_type) for s in jobs], dtype=np.int16),
+            "rlhf": column("rlhf", jobs, bool), "gpus": column("gpus", jobs, np.int64),
+            "arrival_s": column("arrival_s", jobs), "est_duration_s": column("est_duration_s", jobs),
+            "duration_s": column("duration_s", truths), "whole_run": column("whole_run", truths, bool),
+            "kind_index": np.array([_KINDS.index(CurveKind(t.kind)) for t in truths], dtype=np.int8),
+            "height": column("height", truths), "shape": column("shape", truths), "hacked": column("hacked", truths, bool),
+            "peak_progress": column("peak_progress", truths), "gold_end": column("gold_end", truths),
+            "family_index": np.array([FAMILIES.index(t.family) for t in truths], dtype=np.int8), "extra": extra,
+            "n_extra": np.array([len(t.extra) for t in truths], dtype=np.int8), "scores": series("scores"),
+            "losses": series("losses"), "proxies": series("proxies"), "eval_n": column("eval_n", truths, np.int64),
+            "noisy": noisy, "eval_noise": series("eval_noise") if noisy.any() else np.zeros((n, 0)),
+        })
+
+    @classmethod
+    def of_columns(cls, n_evals: int, seed: int, salt: int | None, source: TraceWindow | None,
+                   type_names: tuple[str, ...], measured: dict[int, tuple], **columns: np.ndarray) -> Workload:
+        """A workload from its columns (every name of :data:`COLUMNS`, see the class docstring)."""
+        wl = cls.__new__(cls)
+        wl._set(n_evals, seed, salt, source, type_names, measured, columns)
+        return wl
+
+    def _set(self, n_evals, seed, salt, source, type_names, measured, columns) -> None:
+        if set(columns) != set(COLUMNS):
+            raise ValueError(f"a workload's columns are {', '.join(COLUMNS)}; got {', '.join(columns)}")
+        self.n_evals, self.seed, self.salt, self.source = n_evals, seed, salt, source
+        self.type_names, self.measured = tuple(type_names), dict(measured)
+        for name in COLUMNS:
+            a = np.ascontiguousarray(columns[name])
+            a.flags.writeable = False
+            setattr(self, name, a)
+
+    # ------------------------------------------------------------------ records
+    @property
+    def jobs(self) -> Records[JobSpec]:
+        """Every job's :class:`JobSpec`, built when read."""
+        return Records(self, self._specs)
+
+    @property
+    def truths(self) -> Records[JobTruth]:
+        """Every job's :class:`JobTruth`, built when read."""
+        return Records(self, self._truths)
+
+    def _specs(self, lo: int, hi: int) -> list[JobSpec]:
+        names = self.type_names
+        return [JobSpec(j, names[t], r, g, a, e) for j, t, r, g, a, e in zip(
+            range(lo, hi), *(getattr(self, c)[lo:hi].tolist() for c in (
+                "type_index", "rlhf", "gpus", "arrival_s", "est_duration_s")), strict=True)]
+
+    def _truths(self, lo: int, hi: int) -> list[JobTruth]:
+        cols = [getattr(self, c)[lo:hi].tolist() for c in (
+            "duration_s", "kind_index", "height", "shape", "hacked", "peak_progress", "gold_end", "scores", "losses",
+            "proxies", "family_index", "extra", "n_extra", "eval_n", "noisy", "whole_run")]
+        noise = self.eval_noise[lo:hi].tolist() if self.eval_noise.shape[1] else None
+        out = []
+        for j, (d, k, h, s, hk, pk, e, sc, lo_, px, f, ex, ne, en, nz, w) in enumerate(zip(*cols, strict=True), lo):
+            run, curve_progress, curve_gold, harm_margin = self.measured.get(j, _NO_MEASURED)
+            out.append(JobTruth(
+                duration_s=d, kind=_KINDS[k], height=h, shape=s, hacked=hk, peak_progress=pk, gold_end=e,
+                scores=tuple(sc), losses=tuple(lo_), proxies=tuple(px), family=FAMILIES[f], extra=tuple(ex[:ne]),
+                eval_n=en, eval_noise=tuple(noise[j - lo]) if nz else (), whole_run=w, run=run,
+                curve_progress=curve_progress, curve_gold=curve_gold, harm_margin=harm_margin))
+        return out
+
+    # ------------------------------------------------------------------ values
+    def __len__(self) -> int:
+        return len(self.gpus)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Workload):
+            return NotImplemented
+        return ((self.n_evals, self.seed, self.salt, self.source, self.type_names, self.measured)
+                == (other.n_evals, other.seed, other.salt, other.source, other.type_names, other.measured)
+                and all(np.array_equal(getattr(self, c), getattr(other, c), equal_nan=getattr(self, c).dtype.kind == "f")
+                        for c in COLUMNS))
+
+    __hash__ = None  # type: ignore[assignment]  # arrays: compared by value, not hashed
+
+    def __reduce__(self):
+        return (_rebuild, (self.n_evals, self.seed, self.salt, self.source, self.type_names, self.measured,
+                           {c: getattr(self, c) for c in COLUMNS}))
+
+    def __repr__(self) -> str:
+        return (f"Workload({len(self)} jobs, n_evals={self.n_evals}, seed={self.seed}, "
+                f"salt={'set' if self.salt is not None else None}, source={self.source!r})")
 
     def eval_progress(self, i: int) -> float:
         """Progress of eval ``i`` (1-based)."""
         return i / self.n_evals
+
+    def job_types(self) -> list[str]:
+        """Each job's type name."""
+        names = self.type_names
+        return [names[i] for i in self.type_index.tolist()]
+
+    def gold_at(self, j: int, p: float) -> float:
+        """Job ``j``'s true gold at progress ``p`` (:meth:`JobTruth.gold_at`)."""
+        _, curve_progress, curve_gold, _ = self.measured.get(j, _NO_MEASURED)
+        return _gold_at(_KINDS[self.kind_index[j]], float(self.height[j]), float(self.shape[j]),
+                        FAMILIES[self.family_index[j]], tuple(self.extra[j, :self.n_extra[j]].tolist()), curve_progress,
+                        curve_gold, p)
+
+    def harm_margin(self, j: int) -> float | None:
+        """A measured run's own harm margin (None: the configured one applies)."""
+        return self.measured.get(j, _NO_MEASURED)[3]
+
+
+def _rebuild(n_evals, seed, salt, source, type_names, measured, columns) -> Workload:
+    """Unpickle a :class:`Workload` (worker processes receive them)."""
+    return Workload.of_columns(n_evals, seed, salt, source, type_names, measured, **columns)
+
+
+class Records(Sequence[_R]):
+    """A workload's jobs as records (:class:`JobSpec` or :class:`JobTruth`), built from its columns when
+    read: an index or a slice, or a pass over all of them (a block at a time). Compares equal to any
+    sequence of the same records."""
+
+    __slots__ = ("_workload", "_make")
+
+    def __init__(self, workload: Workload, make: Callable[[int, int], list[_R]]) -> None:
+        self._workload, self._make = workload, make
+
+    def __len__(self) -> int:
+        return len(self._workload)
+
+    def __getitem__(self, i):
+        n = len(self)
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(n)
+            if step != 1:
+                return tuple(self[lo:hi])[::step]
+            return tuple(self._make(lo, hi)) if lo < hi else ()
+        i = operator.index(i)
+        if not -n <= i < n:
+            raise IndexError(f"job {i} is not in a workload of {n} jobs")
+        i %= n
+        return self._make(i, i + 1)[0]
+
+    def __iter__(self) -> Iterator[_R]:
+        for lo in range(0, len(self), _CHUNK):
+            yield from self._make(lo, min(lo + _CHUNK, len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} records of {self._workload!r}>"
 
 
 def _label(kind: CurveKind, height: float, shape: float, min_drop: float) -> tuple[bool, float, float]:
@@ -198,43 +413,44 @@ def generate_workload(cfg: SimConfig, seed: int, salt: int | None = None) -> Wor
     tau_l = lerp(cfg.loss.tau, u[:, 5])
     pe = cfg.noise.per_example
     if pe.n:
-        observed, paired = per_example_scores(pe, cfg.noise.sigma, g, s_examples)
-        scores, eval_noise = observed.tolist(), paired.tolist()
+        scores, eval_noise = per_example_scores(pe, cfg.noise.sigma, g, s_examples)
     else:
-        scores, eval_noise = (g + noise).tolist(), None
-    losses = (0.3 + 0.7 * np.exp(-p[None, :] / tau_l[:, None]) + loss_noise).tolist()
-    proxies = (kappa[:, None] * p[None, :] + proxy_noise).tolist()
-    kinds = np.where(hacked_form, 0, np.where(rising_form, 1, 2))
-    kind_enum = (CurveKind.HACKED, CurveKind.RISING, CurveKind.PLATEAU)
-    gpus_l, arr_l, est_l, dur_l = gpus.tolist(), arrivals.tolist(), estimates.tolist(), durations.tolist()
-    shape_l, height_l = shape.tolist(), height.tolist()
-
-    family_l = family.tolist()
-    extra_l = np.stack(extra, axis=1).tolist()
+        scores, eval_noise = g + noise, np.zeros((n, 0))
+    losses = 0.3 + 0.7 * np.exp(-p[None, :] / tau_l[:, None]) + loss_noise
+    proxies = kappa[:, None] * p[None, :] + proxy_noise
+    kind_index = np.where(hacked_form, 0, np.where(rising_form, 1, 2)).astype(np.int8)  # HACKED, RISING, PLATEAU
+    extra = np.stack(extra, axis=1)
+    n_extra = np.array([_N_EXTRA[f] for f in FAMILIES], dtype=np.int8)[family]
+    hacked, peak, end = np.zeros(n, dtype=bool), np.empty(n), np.empty(n)
     measured = _measured_runs(cfg, rlhf, hacked_form, s_curve) if cfg.measured_path is not None else None
+    runs: dict[int, tuple] = {}
 
-    jobs, truths = [], []
+    # the labels from each noiseless curve (scalar math, as the recorded results were computed)
+    kind_l, family_l, shape_l, height_l, extra_l = (x.tolist() for x in (kind_index, family, shape, height, extra))
     for j in range(n):
         if measured is not None and measured[j] is not None:  # an RLHF job on a corpus run's curves
-            jobs.append(JobSpec(j, types[j], True, gpus_l[j], arr_l[j], est_l[j]))
-            truths.append(_measured_truth(measured[j], p, dur_l[j], source is not None))
+            t = _measured_truth(measured[j], p, durations[j], source is not None)
+            kind_index[j], family[j], n_extra[j] = _KINDS.index(CurveKind.MEASURED), _GAO, 0
+            height[j], shape[j], hacked[j], peak[j], end[j] = t.height, t.shape, t.hacked, t.peak_progress, t.gold_end
+            scores[j], losses[j], proxies[j] = t.scores, t.losses, t.proxies
+            runs[j] = (t.run, t.curve_progress, t.curve_gold, t.harm_margin)
             continue
-        kind = kind_enum[kinds[j]]
-        fam, ext = FAMILIES[family_l[j]], ()
+        fam = FAMILIES[family_l[j]]
         if fam == "gao":
-            hacked, peak, end = _label(kind, height_l[j], shape_l[j], cv.label_min_drop)
+            hacked[j], peak[j], end[j] = _label(_KINDS[kind_l[j]], height_l[j], shape_l[j], cv.label_min_drop)
         else:
-            ext = tuple(extra_l[j][:_N_EXTRA[fam]])
-            peak, top, end = peak_of(fam, height_l[j], shape_l[j], ext)
-            hacked = peak < 1.0 and top - end >= cv.label_min_drop
-        jobs.append(JobSpec(j, types[j], bool(rlhf[j]), gpus_l[j], arr_l[j], est_l[j]))
-        truths.append(JobTruth(
-            duration_s=dur_l[j], kind=kind, height=height_l[j], shape=shape_l[j], hacked=hacked,
-            peak_progress=peak, gold_end=end, scores=tuple(scores[j]), losses=tuple(losses[j]),
-            proxies=tuple(proxies[j]), family=fam, extra=ext, whole_run=source is not None,
-            **({} if eval_noise is None else {"eval_n": pe.n, "eval_noise": tuple(eval_noise[j])}),
-        ))
-    return Workload(tuple(jobs), tuple(truths), m, seed, salt, source)
+            top_peak, top, end[j] = peak_of(fam, height_l[j], shape_l[j], tuple(extra_l[j][:_N_EXTRA[fam]]))
+            peak[j], hacked[j] = top_peak, top_peak < 1.0 and top - end[j] >= cv.label_min_drop
+    type_names = tuple(dict.fromkeys(types))
+    index = {name: i for i, name in enumerate(type_names)}
+    return Workload.of_columns(
+        m, seed, salt, source, type_names, runs,
+        type_index=np.array([index[t] for t in types], dtype=np.int16), rlhf=rlhf, gpus=gpus.astype(np.int64),
+        arrival_s=arrivals.astype(float), est_duration_s=estimates, duration_s=durations.astype(float),
+        whole_run=np.full(n, source is not None), kind_index=kind_index, height=height, shape=shape, hacked=hacked,
+        peak_progress=peak, gold_end=end, family_index=family.astype(np.int8), extra=extra, n_extra=n_extra,
+        scores=scores, losses=losses, proxies=proxies, eval_n=np.full(n, pe.n if pe.n else 0, dtype=np.int64),
+        noisy=np.full(n, bool(pe.n)), eval_noise=eval_noise)
 
 
 def _measured_runs(cfg: SimConfig, rlhf: np.ndarray, hacked_form: np.ndarray, s_curve: np.random.Generator) -> list:

@@ -11,7 +11,7 @@ from platform_sim.config import DEFAULT_CONFIG, load_config
 from platform_sim.curves import CurveKind
 from platform_sim.engine import Simulation
 from platform_sim.experiments import simulate
-from platform_sim.jobs import Timing
+from platform_sim.jobs import Phase, Timing
 from platform_sim.overlays import DetectorOverlay, Overlay
 from platform_sim.policies import build_overlay, build_scheduler
 from platform_sim.schedulers import SCHEDULERS
@@ -27,11 +27,14 @@ class CheckedSimulation(Simulation):
 
     def _plan(self, allow_preempt):
         super()._plan(allow_preempt)
-        in_use = sum(j.spec.gpus for j in self.running.values())
+        table = self.table
+        in_use = sum(table.gpus[j] for j in self.running)
+        assert in_use == sum(self.running.values())
         c = self.cluster
         assert 0 <= c.free == c.total_gpus - in_use
         assert sum(c.node_free) == c.free and min(c.node_free) >= 0
-        assert all(j.running for j in self.running.values()) and not any(j.running for j in self.waiting.values())
+        assert all(table.state(j).phase is Phase.RUNNING for j in self.running)
+        assert not any(table.running(j) for j in self.waiting)
         self.max_in_use = max(self.max_in_use, in_use)
 
 
@@ -193,7 +196,7 @@ def test_snapshots_enforce_the_information_boundary():
     cfg = small_config()
     wl = workload(job(0, 8, 0, 4))
     sim = Simulation(wl, cfg, build_scheduler(cfg, "fifo"), build_overlay(cfg, wl, "none"))
-    view = sim.jobs[0].snapshot(0.0)
+    view = sim.table.snapshot(0, 0.0)
     assert view.gpus == 8 and view.est_duration_s == 4 * 3600 and view.progress == 0.0
     assert view._fields == VISIBLE_FIELDS
     for hidden in ("duration_s", "truth", "hacked", "scores", "peak_progress", "spec"):
@@ -338,7 +341,7 @@ def test_a_job_on_a_slower_pool_takes_longer_and_its_evals_too():
     assert slow.overhead_gpu_seconds == pytest.approx(4 * 4 * 120)  # each eval took 120 s on 4 slow GPUs
     assert dict(res.pool_gpu_seconds) == pytest.approx({"fast": 4 * work, "slow": 8 * work})
     assert res.total_gpus == 8
-    seen = sim.jobs[1].snapshot(0.0)  # what a policy sees: the pool and its speed, and still no truth
+    seen = sim.table.snapshot(1, 0.0)  # what a policy sees: the pool and its speed, and still no truth
     assert (seen.pool, seen.speed) == ("slow", 0.5) and set(VISIBLE_FIELDS) >= {"pool", "speed"}
     with pytest.raises(InformationBoundaryError):
         _ = seen.duration_s
@@ -372,7 +375,7 @@ class CheckedPools(Simulation):
         super()._plan(allow_preempt)
         pools = self.cluster
         for name, c in zip(pools.names, pools.pools, strict=True):
-            in_use = sum(j.spec.gpus for j in self.running.values() if j.pool == name)
+            in_use = sum(g for j, g in self.running.items() if self.table.pool[j] == name)
             assert 0 <= c.free == c.total_gpus - in_use and sum(c.node_free) == c.free
         assert pools.free == sum(c.free for c in pools.pools)
 

@@ -106,7 +106,7 @@ def test_planning_work_per_job_does_not_grow_with_the_cluster():
         sim = Simulation(wl, cfg, sched, build_overlay(cfg, wl, "none"))
         sim.run()
         per_job[n] = sched.calls / n
-        assert len(sim.dispatch.bounds) <= 2 * len(sim.jobs) + 64
+        assert len(sim.dispatch.bounds) <= 2 * sim.table.n + 64
     assert per_job[10_000] <= 1.5 * per_job[1_000] and per_job[10_000] < 5, per_job
 
 

@@ -2,7 +2,7 @@
 
 Every object a policy is handed in a real run (job snapshots, the lists of them, the overlay's clock,
 the overlay's own state after the run) is attacked with the bypasses an audit used on the old
-read-only views, and the test fails if any reaches a ``JobTruth``, the ``Workload``, a ``SimJob``, the
+read-only views, and the test fails if any reaches a ``JobTruth``, the ``Workload``, the ``JobTable``, the
 ``Simulation`` or one of its parts:
 
 * attribute names: the old name-mangled slots (``_JobView__job``, ``_JobView__sim``), ``job``,
@@ -43,13 +43,13 @@ from platform_sim.config import load_config
 from platform_sim.dispatch import Dispatcher
 from platform_sim.engine import Simulation
 from platform_sim.events import EventQueue
-from platform_sim.jobs import SimJob, Timing
+from platform_sim.jobs import JobTable, Timing
 from platform_sim.overlays import DetectorOverlay, Overlay, create_overlay
 from platform_sim.schedulers import LossAware, SRTFEst, create_scheduler
 from platform_sim.views import JobSnapshot, VirtualClock
 from platform_sim.workload import JobSpec, JobTruth, Workload, generate_workload
 
-FORBIDDEN = (JobTruth, Workload, SimJob, Simulation, Dispatcher, JobSpec, EventQueue, Cluster, Timing)
+FORBIDDEN = (JobTruth, Workload, JobTable, Simulation, Dispatcher, JobSpec, EventQueue, Cluster, Timing)
 NAMES = ("_JobView__job", "_JobView__sim", "_JobSnapshot__job", "_VirtualClock__sim", "job", "_job", "truth",
          "spec", "sim", "simulation", "queue", "workload", "__dict__", "__closure__", "__wrapped__")
 
@@ -226,11 +226,11 @@ def test_the_walk_finds_what_the_old_views_leaked():
         __slots__ = ("_JobView__job", "_JobView__sim")
 
     old = OldView()
-    object.__setattr__(old, "_JobView__job", sim.jobs[0])
+    object.__setattr__(old, "_JobView__job", sim.table)
     object.__setattr__(old, "_JobView__sim", queue)
     assert by_name(old) and walk(old)
     assert closures_and_globals(lambda: queue.now)  # the old coordinator clock
-    assert referrers(sim.jobs[0].truth)  # a truth's referrers include its SimJob
+    assert referrers(sim.table.scores)  # the observed scores' referrers include the job table
 
 
 def test_snapshots_reach_nothing(recorded):
@@ -281,8 +281,6 @@ def test_what_the_overlay_holds_reaches_nothing(recorded):
 def steal(obj: Any) -> JobTruth | None:
     """Every bypass above, turned into a way to read the true duration."""
     for _, value in named(obj):
-        if isinstance(value, SimJob):
-            return value.truth
         if isinstance(value, JobTruth):
             return value
     seen, frontier = {id(obj)}, [obj]
@@ -293,8 +291,6 @@ def steal(obj: Any) -> JobTruth | None:
                 if id(ref) in seen or isinstance(ref, types.ModuleType):
                     continue
                 seen.add(id(ref))
-                if isinstance(ref, SimJob):
-                    return ref.truth
                 if isinstance(ref, Simulation):
                     return ref.workload.truths[obj.job_id]
                 if isinstance(ref, Workload):

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from platform_sim.config import load_config
+from platform_sim.config import DEFAULT_CONFIG, load_config
 from platform_sim.curves import FAMILIES, CurveKind, Family, family_gold, gao, gold, peak_of
 from platform_sim.workload import generate_workload, read_trace, write_trace
 
@@ -270,3 +270,43 @@ def test_an_overlay_whose_hook_takes_no_evidence_still_runs_on_per_example_evals
 
     cfg = load_config().replace(**{"workload.n_jobs": 30, "noise.per_example.n": 20})
     Simulation(generate_workload(cfg, 0), cfg, create_scheduler("fifo"), Plain("decline", {"k": 2})).run()
+
+
+def test_the_columns_and_the_records_are_the_same_jobs():
+    """A workload holds columns; its records (``jobs``, ``truths``) are built from them, and a workload
+    built from those records is equal to it, as is one sent through pickle (worker processes)."""
+    import pickle
+
+    from platform_sim.workload import COLUMNS, Workload
+
+    cfg = load_config(DEFAULT_CONFIG.parent / "hack_families.yaml").replace(
+        **{"workload.n_jobs": 120, "noise.per_example.n": 30})
+    wl = generate_workload(cfg, 5, salt=77)
+    jobs, truths = tuple(wl.jobs), tuple(wl.truths)
+    assert Workload(jobs, truths, wl.n_evals, wl.seed, wl.salt, wl.source) == wl
+    assert pickle.loads(pickle.dumps(wl)) == wl and wl != generate_workload(cfg, 6, salt=77)
+    assert wl.jobs == jobs and wl.jobs[3] == jobs[3] and wl.jobs[-1] == jobs[-1]
+    assert repr(wl.truths[10:13]) == repr(truths[10:13])  # (their first noise level is NaN: equal only to itself)
+    assert [list(t.scores) for t in truths] == wl.scores.tolist() and len({t.family for t in truths}) > 1
+    assert all(getattr(wl, c).flags.writeable is False for c in COLUMNS)
+    # what a million jobs of ten evals cost: the three series and the noise levels, and 25 numbers more
+    per_job = sum(getattr(wl, c).nbytes for c in COLUMNS) / len(wl)
+    assert per_job <= 8 * (4 * wl.n_evals + 25), per_job
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"job_id": 1}, "job 0's job_id is 1"),
+    ({"scores": (0.1, 0.2)}, "job 0's truth has 2 scores, 4 losses, 4 proxies and 0 noise levels; n_evals=4"),
+    ({"extra": (1.0, 2.0, 3.0, 4.0)}, "job 0's truth has 4 family parameters; at most 3"),
+])
+def test_a_workload_refuses_records_it_cannot_hold(change, message):
+    from dataclasses import replace
+
+    from platform_sim.workload import Workload
+    from tests.sim_helpers import job
+
+    spec, truth = job(0, 8, 0, 4)
+    spec = replace(spec, **{k: v for k, v in change.items() if k == "job_id"})
+    truth = replace(truth, **{k: v for k, v in change.items() if k != "job_id"})
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Workload((spec,), (truth,), 4, 0)
