@@ -118,28 +118,25 @@ def detector_rows(with_evidence: bool = True) -> list[Row]:
 
 def replay_stop(run: cp.RunRecord, detector: str, params: dict[str, Any], evidence: bool,
                 gate: bool = False) -> tuple[int | None, int | None, str]:
-    """(stop step, kept step, reason) of ``detector`` replayed on the run's world feedback: the first
-    STOP (with ``gate``: the first at an eval whose KL is past the KL clock's forecast peak)."""
+    """(stop step, kept step, reason) of ``detector`` replayed on the run's world feedback: its first
+    STOP. With ``gate``, the policy's ``gate: kl_past_peak`` (``core/detectors/klgate.py``, what the
+    service runs): each eval also carries the run's KL, and a stop stands only past the KL clock's
+    forecast peak."""
     from evalstop_trl.core.detectors import Action, Observation
-    from evalstop_trl.core.klclock import fit
     from evalstop_trl.core.records import Policy
 
-    det = Policy.from_dict({"detector": detector, **params}).build()
+    det = Policy.from_dict({"detector": detector, **params, **({"gate": "kl_past_peak"} if gate else {})}).build()
     planned = run.config.max_steps
     ev = run.evidence if evidence else ((None, None),) * len(run.steps)
+    kls = run.kl if gate else (None,) * len(run.steps)
     best = None
-    for i, (step, score, loss, (n, noise)) in enumerate(zip(run.steps, run.world_feedback, run.train_loss, ev,
-                                                            strict=True)):
+    for step, score, loss, (n, noise), kl in zip(run.steps, run.world_feedback, run.train_loss, ev, kls,
+                                                 strict=True):
         d = det.observe(Observation(job_id="corpus", step=step, eval_score=score, train_loss=loss,
-                                    progress=step / planned, eval_n=n, eval_noise=noise))
+                                    progress=step / planned, eval_n=n, eval_noise=noise, kl=kl))
         best = d.best_step
-        if d.action is not Action.STOP:
-            continue
-        if not gate:
+        if d.action is Action.STOP:
             return step, d.best_step, d.reason
-        clock = fit(run.kl[: i + 1], run.world_feedback[: i + 1])
-        if clock is not None and run.kl[i] is not None and clock.past_peak(run.kl[i]):
-            return step, d.best_step, f"{d.reason}; {clock.describe(run.kl[i])}"
     return None, best, ""
 
 

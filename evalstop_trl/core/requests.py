@@ -75,8 +75,8 @@ class ReportRequest:
     eval_n: int | None = doc("per-example evidence: the number of examples eval_score is the mean of")
     eval_noise: float | None = doc("per-example evidence: eval_score's paired noise level, sd(d)/sqrt(2m) over "
                                    "the m examples this eval and the previous one scored (d: their differences)")
-    kl: float | None = doc("evidence: the policy's KL to its reference (or initial) model at this step, >= 0, as the "
-                           "trainer logs it (TRL objective/kl); a policy's KL-clock gate reads it")
+    kl: float | None = doc("evidence: the policy's KL to its reference (or initial) model at this step, as the trainer "
+                           "logs its estimate (TRL objective/kl; slightly negative at times); a KL-clock gate reads it")
 
 
 @dataclass(frozen=True, slots=True)

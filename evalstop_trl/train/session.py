@@ -443,7 +443,7 @@ class EvalStopSession:
         """Remember the train loss, the proxy reward and the KL of a trainer's log (reported with the next eval)."""
         loss = next((logs[k] for k in LOSS_KEYS if finite(logs.get(k))), None)
         reward = next((logs[k] for k in REWARD_KEYS if finite(logs.get(k))), None)
-        kl = next((logs[k] for k in KL_KEYS if finite(logs.get(k)) and logs[k] >= 0), None)
+        kl = next((logs[k] for k in KL_KEYS if finite(logs.get(k))), None)
         self.train_loss = float(loss) if loss is not None else self.train_loss
         self.proxy_reward = float(reward) if reward is not None else self.proxy_reward
         self.kl = float(kl) if kl is not None else self.kl

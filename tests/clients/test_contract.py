@@ -283,7 +283,7 @@ def _script(c: Any, other: Any, capped: Any, stranger: Any) -> list[tuple[str, A
     # the clock's evidence; a bad KL is refused
     call("register gated", c.register_job, "kl", "grpo", policy={"detector": "decline", "k": 1, "gate": "kl_past_peak"})
     call("register bad gate", c.register_job, "kl2", "grpo", policy={"detector": "decline", "gate": "kl_before"})
-    call("report negative kl", c.report, "kl", 1, eval_score=0.9, kl=-0.5)
+    call("report kl not a number", c.report, "kl", 1, eval_score=0.9, kl="0.5")
     for step, (kl, score) in enumerate(KL_EVALS, start=1):
         call(f"report kl {step}", c.report, "kl", step, eval_score=score, kl=kl)
     call("audit gated", lambda: [a for a in c.audit("kl") if a.kind.value == "stop"])
@@ -370,7 +370,7 @@ def test_the_script_means_what_it_says(results):
     assert r["stop"]["status"] == "stopped" and r["stop"]["decision"]["evidence"] == {"manual": True}
     assert r["status unknown"]["error"] == 404 and r["list_jobs bad status"]["error"] == 422
     assert [j["job_id"] for j in r["list_jobs stopped"]] == ["j1", "j4"]
-    assert r["register bad gate"]["error"] == 422 and r["report negative kl"]["error"] == 422
+    assert r["register bad gate"]["error"] == 422 and r["report kl not a number"]["error"] == 422
     assert r["report kl 3"]["action"] == "continue" and r["report kl 3"]["evidence"]["held"]  # before the peak
     gated = r["report kl 7"]
     assert gated["action"] == "stop" and "past the forecast peak" in gated["reason"], gated

@@ -142,7 +142,7 @@ def test_the_report_carries_the_trainers_kl_and_a_gated_policy_reads_it():
     coord = Coordinator()
     session = _session(coord, k=1, gate="kl_past_peak")
     assert coord.status("local", "j").policy["gate"] == "kl_past_peak"
-    session.observe_logs({"loss": 1.0, "kl": -1.0})  # not a KL: ignored
+    session.observe_logs({"loss": 1.0, "kl": float("nan")})  # not a number: ignored
     assert session.kl is None
     evals = [(0.5, 0.93), (1.0, 1.1), (2.0, 1.05), (3.0, 1.356), (5.0, 1.436), (8.0, 1.458), (12.0, 1.412)]
     stops = []
