@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.codec import json_safe
 from ..core.detectors import MAX_EXAMPLES, Action, Decision, Observation, create_detector
+from ..core.detectors.klgate import GATES
 from ..core.examples import EVIDENCE_NAMES, evidence_keys
+from ..core.klclock import KL_KEYS
 
 __all__ = ["Curve", "ReplayError", "ReplayResult", "load_curve", "replay_curve"]
 
@@ -61,7 +64,9 @@ class ReplayError(ValueError):
 @dataclass(frozen=True)
 class Curve:
     """One job's eval curve: steps in increasing order, a score per step, the train loss if known;
-    ``evidence``: each eval's per-example (n, paired noise) when recorded (empty: plain scores)."""
+    ``evidence``: each eval's per-example (n, paired noise) when recorded (empty: plain scores);
+    ``kls``: the policy's KL to its reference model at each eval, the latest logged at or before its
+    step (empty: the log has none)."""
 
     metric: str
     steps: tuple[int, ...]
@@ -70,6 +75,7 @@ class Curve:
     planned_steps: int | None = None
     source: str = ""
     evidence: tuple[tuple[int | None, float | None], ...] = ()
+    kls: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,12 +88,14 @@ class ReplayResult:
     decisions: tuple[Decision, ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """The outcome, and the last decision's evidence (a stop's: the falls, the noise, the KL clock)."""
         return {
             "stopped": self.stopped,
             "stop_step": self.stop_step,
             "best_step": self.best_step,
             "best_score": self.best_score,
             "reason": self.reason,
+            "evidence": json_safe(dict(self.decisions[-1].evidence)) if self.decisions else {},
         }
 
 
@@ -185,9 +193,10 @@ def _step_of(path: Path, row: dict[str, Any], i: int) -> int:
     raise ReplayError(f"{path}: entry {i + 1} has step {step!r}; steps must be non-negative integers")
 
 
-def load_curve(path: str | Path, metric: str | None = None, fmt: str | None = None) -> Curve:
+def load_curve(path: str | Path, metric: str | None = None, fmt: str | None = None, kl_metric: str | None = None) -> Curve:
     """Read ``path`` (its format detected, or ``fmt``: a name of :data:`.logs.FORMATS` or
-    ``tensorboard``) and return the curve of ``metric`` (chosen as documented when None)."""
+    ``tensorboard``) and return the curve of ``metric`` (chosen as documented when None), with the
+    KL of ``kl_metric`` (default: the first of :data:`~evalstop_trl.core.klclock.KL_KEYS` the log has)."""
     path = Path(path)
     rows, fmt, planned = _read_rows(path, fmt)
     if metric is None:
@@ -197,14 +206,22 @@ def load_curve(path: str | Path, metric: str | None = None, fmt: str | None = No
         raise ReplayError(
             f"{path}: metric {metric!r} not found; metrics in the file: {', '.join(present) or '(none)'}"
         )
+    if kl_metric is not None and not any(kl_metric in row for row in rows):
+        raise ReplayError(f"{path}: KL metric {kl_metric!r} not found")
+    kl_keys = (kl_metric,) if kl_metric is not None else KL_KEYS
     points: dict[int, float] = {}
     loss_at: dict[int, float] = {}
+    kl_at: dict[int, float] = {}
     evidence: dict[int, tuple[int | None, float | None]] = {}
     n_key, noise_key = evidence_keys(metric) or (None, None)
     for i, row in enumerate(rows):
         for key in _LOSS_KEYS:
             if _is_number(row.get(key)) and math.isfinite(row[key]) and "step" in row:
                 loss_at[_step_of(path, row, i)] = float(row[key])
+                break
+        for key in kl_keys:
+            if _is_number(row.get(key)) and math.isfinite(row[key]):
+                kl_at[_step_of(path, row, i)] = float(row[key])
                 break
         if metric not in row or row[metric] is None:
             continue
@@ -222,31 +239,45 @@ def load_curve(path: str | Path, metric: str | None = None, fmt: str | None = No
     if not points:
         raise ReplayError(f"{path}: no entry has a value for {metric!r}")
     steps = tuple(sorted(points))
-    loss_steps = sorted(loss_at)
-    losses: list[float | None] = []
+    losses = _latest(loss_at, steps)
+    kls = tuple(_latest(kl_at, steps)) if kl_at else ()
+    recorded = tuple(evidence.get(s, (None, None)) for s in steps) if evidence else ()
+    return Curve(metric, steps, tuple(points[s] for s in steps), tuple(losses), planned, fmt, recorded, kls)
+
+
+def _latest(values: dict[int, float], steps: tuple[int, ...]) -> list[float | None]:
+    """At each of ``steps``, the latest of ``values`` logged at or before it (None before the first)."""
+    logged = sorted(values)
+    out: list[float | None] = []
     j, last = 0, None
     for s in steps:
-        while j < len(loss_steps) and loss_steps[j] <= s:
-            last = loss_at[loss_steps[j]]
+        while j < len(logged) and logged[j] <= s:
+            last = values[logged[j]]
             j += 1
-        losses.append(last)
-    recorded = tuple(evidence.get(s, (None, None)) for s in steps) if evidence else ()
-    return Curve(metric, steps, tuple(points[s] for s in steps), tuple(losses), planned, fmt, recorded)
+        out.append(last)
+    return out
 
 
 def replay_curve(
-    curve: Curve, detector: str = "decline", planned_steps: int | None = None, **params: Any
+    curve: Curve, detector: str = "decline", planned_steps: int | None = None, gate: str | None = None,
+    **params: Any
 ) -> ReplayResult:
-    """Feed ``curve`` to a fresh detector; stop at the first STOP."""
+    """Feed ``curve`` to a fresh detector (with ``gate``, the policy's gate around it: ``kl_past_peak``
+    reads the curve's KL); stop at the first STOP."""
     det = create_detector(detector, **params)
+    if gate is not None:
+        if gate not in GATES:
+            raise ReplayError(f"gate must be one of {', '.join(GATES)}, but got {gate!r}")
+        det = GATES[gate](det)
     planned = planned_steps or curve.planned_steps
     decisions: list[Decision] = []
     decision: Decision | None = None
     evidence = curve.evidence or ((None, None),) * len(curve.steps)
-    for step, score, loss, (n, noise) in zip(curve.steps, curve.scores, curve.losses, evidence, strict=True):
+    kls = curve.kls or (None,) * len(curve.steps)
+    for step, score, loss, (n, noise), kl in zip(curve.steps, curve.scores, curve.losses, evidence, kls, strict=True):
         obs = Observation(
             job_id="replay", step=step, eval_score=score, train_loss=loss,
-            progress=step / planned if planned else None, eval_n=n, eval_noise=noise,
+            progress=step / planned if planned else None, eval_n=n, eval_noise=noise, kl=kl,
         )
         decision = det.observe(obs)
         decisions.append(decision)

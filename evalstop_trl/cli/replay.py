@@ -8,6 +8,7 @@ import sys
 
 from ..analysis.logs import FORMATS as LOG_FORMATS
 from ..core.detectors import DEFAULT_DETECTOR, DETECTORS, RECOMMENDED_DETECTOR
+from ..core.detectors.klgate import GATES
 from .common import CLIError
 
 __all__ = ["add_replay_command"]
@@ -41,6 +42,9 @@ def add_replay_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="any other detector parameter, e.g. --detector trend --param window=5 --param noise_prior=0.03")
     p.add_argument("--planned-steps", type=int, dest="planned_steps", help="planned steps (for progress)")
+    p.add_argument("--gate", choices=sorted(GATES), help="kl_past_peak: a stop only past the KL clock's forecast peak "
+                   "(reads the log's KL: objective/kl or kl, or --kl-metric)")
+    p.add_argument("--kl-metric", dest="kl_metric", help="the log's key of the policy's KL to its reference model")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="OUT.png", help="also draw the curve with the best and stop steps (.png, .svg, .pdf)")
     p.set_defaults(func=_cmd_replay)
@@ -62,8 +66,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.planned_steps is not None and args.planned_steps < 1:
         raise CLIError(f"--planned-steps must be a positive number of steps, got {args.planned_steps}")
     try:
-        curve = _store_curve(args) if _is_sqlite(args.file) else load_curve(args.file, args.metric, args.fmt)
-        result = replay_curve(curve, args.detector, planned_steps=args.planned_steps, **params)
+        curve = _store_curve(args) if _is_sqlite(args.file) else load_curve(args.file, args.metric, args.fmt,
+                                                                            args.kl_metric)
+        result = replay_curve(curve, args.detector, planned_steps=args.planned_steps, gate=args.gate, **params)
     except ReplayError as exc:
         raise CLIError(str(exc)) from None
     except ValueError as exc:
@@ -125,8 +130,9 @@ def _store_curve(args: argparse.Namespace):
         raise ReplayError(f"{args.file}: job {job.job_id!r} has no report with an eval score")
     if args.planned_steps is None:
         args.planned_steps = job.planned_steps
+    kls = tuple(r.kl for r in scored) if any(r.kl is not None for r in scored) else ()
     return Curve("eval_score", tuple(r.step for r in scored), tuple(r.eval_score for r in scored),
-                 tuple(r.train_loss for r in scored), job.planned_steps, f"evalstop.db job {job.job_id}")
+                 tuple(r.train_loss for r in scored), job.planned_steps, f"evalstop.db job {job.job_id}", kls=kls)
 
 
 def _value(raw: str):

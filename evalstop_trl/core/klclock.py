@@ -30,7 +30,12 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["KLClock", "MIN_POINTS", "fit"]
+__all__ = ["KLClock", "KL_KEYS", "MIN_POINTS", "fit"]
+
+#: Keys of a trainer's logs read as the policy's KL to its reference model, the first present wins
+#: (TRL's RLOO and online DPO log ``objective/kl``, GRPO ``kl``): the callback reports it with each eval,
+#: ``evalstop replay`` reads it back
+KL_KEYS = ("objective/kl", "kl")
 
 #: the fewest evals with a positive KL the clock fits (three coefficients and one degree of freedom)
 MIN_POINTS = 4

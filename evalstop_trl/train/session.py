@@ -44,6 +44,7 @@ from ..core.detectors import DETECTORS, Action, Decision, Detector, Observation,
 from ..core.errors import Conflict, EvalStopError, InvalidInput, NotFound
 from ..core.examples import evidence_keys
 from ..core.job import SHADOW_REASON, shadowed
+from ..core.klclock import KL_KEYS
 from ..core.labels import check_hparams, check_tags
 from ..core.records import Report
 from .ranks import RankMessage
@@ -61,9 +62,6 @@ log = logging.getLogger("evalstop.callback")
 REWARD_KEYS = ("reward", "rewards/mean", "objective/scores", "objective/rlhf_reward", "rewards/margins",
                "rewards/chosen")
 LOSS_KEYS = ("loss", "train_loss")
-#: Keys of a trainer's logs read as the policy's KL to its reference model (TRL's RLOO and online DPO
-#: log ``objective/kl``, GRPO ``kl``): reported with each eval, for a policy's KL-clock gate
-KL_KEYS = ("objective/kl", "kl")
 _LOSS_LIKE = re.compile(r"(loss|perplexity|ppl|error|err|wer|cer)(\b|_|$)", re.IGNORECASE)
 _EVAL_ERRORS = ("skip", "stop", "raise")
 _FAIL_MODES = ("local", "open")

@@ -95,4 +95,4 @@ def test_the_committed_traces_cover_the_design():
 def test_replay_cli_reads_the_trace_files(path, capsys):
     assert main(["replay", str(path), "--metric", "world_feedback", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"stopped", "stop_step", "best_step", "best_score", "reason"}
+    assert set(out) == {"stopped", "stop_step", "best_step", "best_score", "reason", "evidence"}

@@ -51,7 +51,7 @@ def test_replay_matches_the_rule_on_random_curves(tmp_path, capsys, fmt, seed):
     code, out, _ = run_cli(capsys, "replay", p, "--k", k, "--min-delta", min_delta, "--json")
     assert code == 0
     got = json.loads(out)
-    assert set(got) == {"stopped", "stop_step", "best_step", "best_score", "reason"}
+    assert set(got) == {"stopped", "stop_step", "best_step", "best_score", "reason", "evidence"}
     stop, best = reference_decline(scores, k, min_delta, "max")
     assert got["stopped"] == (stop is not None)
     assert got["stop_step"] == stop
@@ -225,3 +225,38 @@ def test_an_integer_too_long_to_read_names_the_file(tmp_path):
     state.write_text('{"log_history": [{"step": 1, "eval_loss": ' + "9" * 5001 + "}]}")
     with pytest.raises(ReplayError, match=r"trainer_state.json: a number too long to read"):
         load_curve(state)
+
+
+def test_replay_reads_the_logs_kl_and_a_gate_puts_the_clock_in_the_json(tmp_path, capsys):
+    """A trainer's log with its KL (TRL's ``objective/kl``, logged apart from the eval): ``--gate
+    kl_past_peak`` holds the fall before the forecast peak and ``--json`` carries the clock's evidence."""
+    from evalstop_trl import Coordinator
+    from evalstop_trl.core.requests import JobRequest, ReportRequest
+    from evalstop_trl.stores.sqlite import SQLiteStore
+
+    evals = [(0.5, 0.93), (1.0, 1.1), (2.0, 1.05), (3.0, 1.356), (5.0, 1.436), (8.0, 1.458), (12.0, 1.412)]
+    log = tmp_path / "log.jsonl"
+    rows = []
+    for i, (kl, score) in enumerate(evals, start=1):
+        rows += [{"step": 10 * i - 5, "objective/kl": kl, "loss": 1.0}, {"step": 10 * i, "eval_reward": score}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    curve = load_curve(log, "eval_reward")
+    assert curve.kls == tuple(kl for kl, _ in evals)  # the latest KL logged at or before each eval
+    assert main(["replay", str(log), "--metric", "eval_reward", "--k", "1", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["stop_step"] == 30 and "kl_peak" not in plain["evidence"]
+    assert main(["replay", str(log), "--metric", "eval_reward", "--k", "1", "--gate", "kl_past_peak", "--json"]) == 0
+    gated = json.loads(capsys.readouterr().out)
+    assert gated["stop_step"] == 70 and "past the forecast peak" in gated["reason"]
+    assert gated["evidence"]["kl"] == 12.0 and gated["evidence"]["kl_peak"] < 12.0
+    # the same from an embedded coordinator's store: its reports' kl
+    db = tmp_path / "evalstop.db"
+    c = Coordinator(SQLiteStore(db))
+    c.register_job("local", JobRequest("run"))
+    for i, (kl, score) in enumerate(evals, start=1):
+        c.report("local", "run", ReportRequest(10 * i, score, kl=kl))
+    c.close()
+    assert main(["replay", str(db), "--k", "1", "--gate", "kl_past_peak", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["evidence"] == gated["evidence"]
+    with pytest.raises(SystemExit):
+        main(["replay", str(log), "--metric", "eval_reward", "--gate", "soon"])
