@@ -33,9 +33,10 @@ from dataclasses import dataclass
 __all__ = ["KLClock", "KL_KEYS", "MIN_POINTS", "fit"]
 
 #: Keys of a trainer's logs read as the policy's KL to its reference model, the first present wins
-#: (TRL's RLOO and online DPO log ``objective/kl``, GRPO ``kl``): the callback reports it with each eval,
-#: ``evalstop replay`` reads it back
-KL_KEYS = ("objective/kl", "kl")
+#: (TRL's RLOO and online DPO log ``objective/kl``, GRPO and OpenRLHF ``kl``, verl ``actor/kl_loss``
+#: with a KL loss and ``critic/kl`` with a KL penalty in the reward): the callback reports it with each
+#: eval, ``evalstop run --metric-from`` with each eval it reads, ``evalstop replay`` reads it back
+KL_KEYS = ("objective/kl", "kl", "actor/kl_loss", "critic/kl")
 
 #: the fewest evals with a positive KL the clock fits (three coefficients and one degree of freedom)
 MIN_POINTS = 4

@@ -45,6 +45,7 @@ from ..clients.api import EvalStopAPI
 from ..core.browse import finite_float
 from ..core.detectors import MAX_STEP
 from ..core.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unauthorized
+from ..core.klclock import KL_KEYS
 from .watch import log_text
 
 __all__ = ["KINDS", "MAX_KEYS", "MAX_LINE", "MAX_PENDING", "READ_CHUNK", "ConsoleTail", "JsonlTail", "MetricFrom",
@@ -59,7 +60,7 @@ MAX_KEYS = 200  # key names remembered for the "metric not found" message
 MAX_PENDING = 10_000  # points waiting for the coordinator; the oldest are dropped beyond (said)
 #: records seen without the metric before the launcher says, once, which keys the log has
 MISSING_AFTER = 3
-Point = tuple[int, "float | None"]
+Point = tuple[int, "float | None", "float | None"]  # step, the metric's value, the latest KL read (KL_KEYS)
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,9 @@ class _Keys:
 
 
 class LineTail:
-    """Follows a text file of one record per line: :meth:`poll` returns the (step, value) points of
-    the lines written since. ``record(line)`` parses one line (``(raw step, values)`` or None)."""
+    """Follows a text file of one record per line: :meth:`poll` returns the (step, value, KL) points of
+    the lines written since (KL: the latest of :data:`~evalstop_trl.core.klclock.KL_KEYS` read at or
+    before the point, None if none). ``record(line)`` parses one line (``(raw step, values)`` or None)."""
 
     kind = ""
 
@@ -120,6 +122,7 @@ class LineTail:
         self._said_irregular = False
         self.exists = False
         self.seen = _Keys()
+        self.kl: float | None = None  # the latest KL the log gave
         # a file already there is an earlier run's log: read what is appended from now on (its old evals
         # would be reported as this job's, and this run's lower steps then skipped as "not increasing")
         try:
@@ -182,6 +185,9 @@ class LineTail:
             return None
         raw, values = rec
         self.seen.saw(values)
+        kl = next((v for k in KL_KEYS if (v := finite_float(values.get(k))) is not None), None)
+        if kl is not None:
+            self.kl = kl
         if self.key not in values:
             return None
         try:
@@ -189,7 +195,7 @@ class LineTail:
         except LogError as exc:
             log.warning("evalstop run: %s (for %s): skipped", log_text(str(exc), 300), log_text(self.key))
             return None
-        return step, finite_float(values[self.key])  # NaN, inf, a string: a failed eval (missing)
+        return step, finite_float(values[self.key]), self.kl  # NaN, inf, a string: a failed eval (missing)
 
     def close(self) -> None:
         if self._file is not None:
@@ -256,7 +262,7 @@ class TensorBoardTail:
                         elif value.tag == self.key:
                             scalar = tb_scalar(value, tensor_util)
                             points.append((int(event.step), None if scalar is None or not math.isfinite(scalar)
-                                           else scalar))
+                                           else scalar, None))  # (a TensorBoard log's KL is not read)
             except Exception as exc:  # noqa: BLE001 - a file being written, or not an event file
                 log.debug("evalstop run: %s: %s", file, exc)
         return sorted(points)
@@ -323,12 +329,12 @@ class MetricReporter:
         One poller at a time: the thread's, then close()'s last one once the thread has ended."""
         newest_before = self.pending[-1][0] if self.pending else self.last_step
         skipped = 0
-        for step, value in self._tail.poll():
+        for point in self._tail.poll():
             newest = self.pending[-1][0] if self.pending else self.last_step
-            if newest is not None and step <= newest:
+            if newest is not None and point[0] <= newest:
                 skipped += 1
                 continue
-            self.pending.append((step, value))
+            self.pending.append(point)
         if skipped and "skipped" not in self._said_errors:
             self._said_errors.add("skipped")
             log.warning("evalstop run: %d eval(s) of %s at or before step %s were skipped: a job's steps must "
@@ -340,9 +346,9 @@ class MetricReporter:
             del self.pending[:-MAX_PENDING]
         n = 0
         while self.pending:
-            step, value = self.pending[0]
+            step, value, kl = self.pending[0]
             try:
-                self.client.report(self.job_id, step, eval_score=value)
+                self.client.report(self.job_id, step, eval_score=value, kl=kl)
             except (InvalidInput, NotFound, Unauthorized, Conflict) as exc:  # refused for good: say it, go on
                 log.warning("evalstop run: the coordinator refused step %d of %s: %s", step, log_text(self.job_id),
                             log_text(exc, 300))
