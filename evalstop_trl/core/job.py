@@ -72,6 +72,7 @@ class JobState(NamedTuple):
     version: int = 0
     would_stop: Decision | None = None  # shadow mode: the first stop the detector decided
     would_stop_step: int | None = None  # ... and the step of the eval that decided it
+    best_proxy: float | None = None  # the proxy reward reported with the best step (a stop's evidence)
 
     @classmethod
     def new(cls, record: JobRecord, max_reports: int = 10**9, detector: Detector | None = None) -> JobState:
@@ -249,6 +250,7 @@ def observe(state: JobState, rep: Report, stored: Report | None = None) -> Step:
     if rep.planned_steps != record.planned_steps:  # stored with the plan it is decided under (see replay)
         rep = rep._replace(planned_steps=record.planned_steps)
     memory, decision = detector.decide(state.memory, rep)  # the report is the observation (checked on arrival)
+    best_proxy = rep.proxy_reward if memory.best_step == rep.step else state.best_proxy
     status = record.status
     new_record, audit, deliveries, stopped = record, (), (), False
     would_stop, would_stop_step = state.would_stop, state.would_stop_step
@@ -264,6 +266,7 @@ def observe(state: JobState, rep: Report, stored: Report | None = None) -> Step:
     if status.terminal:
         pass  # recorded; changes nothing
     elif decision.action is Action.STOP:
+        decision = _with_proxy(decision, best_proxy, rep)
         actor = f"detector:{record.policy.detector}"
         now = rep.received_at
         new_record = record.evolve(status=status.to(JobStatus.STOPPED), updated_at=now, decision=decision,
@@ -280,10 +283,21 @@ def observe(state: JobState, rep: Report, stored: Report | None = None) -> Step:
         audit = (*audit, _seen_again(state, rep.received_at, f"report of step {rep.step}"))
     new = JobState(new_record, detector, memory, state.first or rep, rep, state.n_reports + 1,
                    rep.checkpoint if memory.best_step == rep.step else state.best_checkpoint, decision,
-                   state.max_reports, state.version + 1, would_stop, would_stop_step)
+                   state.max_reports, state.version + 1, would_stop, would_stop_step, best_proxy)
     # job None: only the report is written (the fast path), so a step with audit lines writes the record too
     commit = Commit(None if new_record is record and not audit else new_record, rep, audit, deliveries, state.version)
     return Step(new, new.current() if new_record.status.terminal else decision, commit, stopped)
+
+
+def _with_proxy(decision: Decision, best_proxy: float | None, rep: Report) -> Decision:
+    """A detector's stop with the proxy/world divergence as evidence: how the proxy reward moved since
+    the best eval (a proxy still rising while world feedback falls is the mark of reward hacking).
+    Unchanged when the job reports no proxy reward."""
+    if best_proxy is None or rep.proxy_reward is None:
+        return decision
+    moved = rep.proxy_reward - best_proxy
+    return Decision(decision.action, f"{decision.reason}; proxy {moved:+.3g} since the best eval",
+                    decision.best_step, decision.best_score, {**decision.evidence, "proxy_since_best": moved})
 
 
 #: how a shadow-mode job's answer to a decided stop begins (then the detector's reason)
@@ -492,7 +506,7 @@ def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**
     memory = detector.start()
     first = last = None
     n = 0
-    best_checkpoint = decision = would_stop = would_stop_step = None
+    best_checkpoint = decision = would_stop = would_stop_step = best_proxy = None
     planned = record.planned_steps
     shadow = record.policy.mode is PolicyMode.SHADOW
     for rep in reports:
@@ -510,9 +524,9 @@ def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**
         last = rep
         n += 1
         if memory.best_step == rep.step:
-            best_checkpoint = rep.checkpoint
+            best_checkpoint, best_proxy = rep.checkpoint, rep.proxy_reward
     return JobState(record, detector, memory, first, last, n, best_checkpoint, decision, max_reports, record.version,
-                    would_stop, would_stop_step)
+                    would_stop, would_stop_step, best_proxy)
 
 
 def counted(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**9) -> JobState:

@@ -407,3 +407,21 @@ def test_a_tenants_stored_audit_bytes_are_capped_until_retention_reclaims_them(m
     assert c.store.prune(1e18, "t", audit_before=1e18).audit == 4
     again = Coordinator(c.store, clock=FakeClock())  # a restart after the operator's retention
     again.fail("t", "f", ReasonRequest(reason))
+
+
+def test_a_stop_says_how_the_proxy_moved_since_the_best_eval(make):
+    """Issue 44: the proxy/world divergence as evidence. A job reporting its proxy reward gets, on a
+    detector's stop, how the proxy moved since the best eval (rising while world feedback falls: the
+    mark of a hack), in the reason, the evidence and the audit line; a job without one, nothing."""
+    c = make()
+    c.register_job("a", JobRequest("hacked", "grpo"))
+    for step, (world, proxy) in enumerate([(0.5, 0.1), (0.7, 0.2), (0.6, 0.45), (0.5, 0.5)], start=1):
+        decision = c.report("a", "hacked", ReportRequest(10 * step, world, proxy_reward=proxy))
+    assert decision.stop and decision.evidence["proxy_since_best"] == pytest.approx(0.3)
+    assert decision.reason.endswith("; proxy +0.3 since the best eval")
+    (stop,) = [a for a in c.audit("a", "hacked") if a.kind is AuditKind.STOP]
+    assert stop.evidence["proxy_since_best"] == pytest.approx(0.3) and stop.reason == decision.reason
+    c.register_job("a", JobRequest("plain", "grpo"))
+    for step, world in enumerate([0.5, 0.7, 0.6, 0.5], start=1):
+        decision = c.report("a", "plain", ReportRequest(10 * step, world))
+    assert decision.stop and "proxy_since_best" not in decision.evidence and "proxy" not in decision.reason
