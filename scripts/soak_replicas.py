@@ -8,7 +8,7 @@ as a 503, and every report a replica acknowledged is stored.
     python scripts/soak_replicas.py --seconds 600            # a throwaway PostgreSQL, 3 replicas
     python scripts/soak_replicas.py --dsn postgresql://... --replicas 2 --seconds 60
 
-``make test`` runs :func:`soak` for about a minute (``tests/service/test_replica_soak.py``).
+``make test`` runs :func:`soak` for 45 s (``tests/stores/test_replicas.py``).
 """
 
 from __future__ import annotations
