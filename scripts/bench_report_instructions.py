@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import shutil
-import subprocess
 import sys
 from datetime import date
 from pathlib import Path
@@ -45,13 +43,9 @@ def _child(evals: int, report: bool) -> None:
 
 
 def instructions(evals: int, report: bool) -> int:
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
-           "--child", str(evals), "1" if report else "0"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    found = re.search(r"Collected : (\d+)", out)
-    if found is None:
-        raise RuntimeError(f"valgrind printed no instruction count:\n{out[-2000:]}")
-    return int(found.group(1))
+    from bench_sim_instructions import callgrind_count  # the one callgrind counter (this script's folder)
+
+    return callgrind_count([__file__, "--child", str(evals), "1" if report else "0"])
 
 
 def main() -> None:

@@ -39,8 +39,12 @@ def _child(scheduler: str, overlay: str, runs: int) -> None:
 
 def instructions(scheduler: str, overlay: str, runs: int) -> int:
     """Instructions valgrind counts for a whole child process doing ``runs`` runs."""
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
-           "--child", scheduler, overlay, str(runs)]
+    return callgrind_count([__file__, "--child", scheduler, overlay, str(runs)])
+
+
+def callgrind_count(argv: list[str]) -> int:
+    """Instructions valgrind (callgrind) counts for ``python argv...``, start-up included."""
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, *argv]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     found = re.search(r"Collected : (\d+)", out)
     if found is None:
