@@ -46,7 +46,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from .browse import JobPage, JobQuery, select
 from .buckets import TokenBuckets
-from .detectors import Decision
+from .detectors import Decision, Detector
 from .errors import Conflict, EvalStopError, InvalidInput, NotFound, QuotaExceeded
 from .evals import ExternalEvals
 from .export import export_format
@@ -166,18 +166,6 @@ class PendingReport(NamedTuple):
     stopped: JobRecord | None  # the job's record if this report stopped it
 
 
-def _check_job_quotas(jobs: JobCache, tenant: str, quotas: Quotas) -> None:
-    """QuotaExceeded if the tenant may not register another job (under the registration lock)."""
-    total = jobs.total(tenant)
-    if total >= quotas.max_jobs:
-        raise QuotaExceeded(f"tenant {tenant!r} has {total} jobs, the most allowed (max_jobs={quotas.max_jobs},"
-                            " finished ones included); prune old ones ('evalstop prune') or ask for more")
-    active = jobs.active(tenant)
-    if active >= quotas.max_active_jobs:
-        raise QuotaExceeded(f"tenant {tenant!r} has {active} active jobs, the most allowed "
-                            f"(max_active_jobs={quotas.max_active_jobs}); finish or stop some first")
-
-
 def _asked(reg: Registration, tags: Mapping | None, hparams: Mapping | None) -> tuple[Mapping | None, Mapping | None]:
     """The tags and hparams a re-registration asks for (None: it says nothing of them)."""
     return None if tags is None else reg.tags, None if hparams is None else reg.hparams
@@ -227,7 +215,6 @@ class Coordinator:
         self.jobs = repository(store, lambda t: self.tenants.quotas(t).max_reports_per_job, clock)
         self.external = ExternalEvals(store, self.jobs.read, self.tenants.quotas, clock, self._feed, eval_gap_timeout_s)
         self._stop_listeners: list[StopListener] = []
-        self._report_limits: dict[str, int] = {}  # tenant -> max_reports_per_tenant, read at registration
         self._events = TokenBuckets()  # each tenant's event_rate: launcher events, snapshots, amendments
         self._audit_lines, self._audit_bytes = TokenBuckets(), TokenBuckets()  # each tenant's audit budget
         self._audit: dict[str, _AuditUse] = {}  # tenant -> its audit quotas and stored bytes (see _audit_count)
@@ -356,52 +343,55 @@ class Coordinator:
         return self._register(tenant, request)[1]
 
     def _register(self, tenant: str, request: JobRequest) -> tuple[JobState, bool]:
-        return self._retrying(lambda: self._register_once(tenant, request))  # another replica registered it: attach
+        """Register or attach. A store of one process never refuses an insert as stale: a new job is
+        the repository's one call (:meth:`JobCache.register`, the common path), a job already there
+        the general path (:meth:`_register_once`), and no retry is set up. A shared store's
+        registration is made again from the start when another replica's write beat it (it
+        registered or amended the job first)."""
+        if self.jobs.shared:
+            return self._retrying(lambda: self._register_once(tenant, request, *self._registration(tenant, request)))
+        reg, quotas = self._registration(tenant, request)
+        state = self.jobs.register(tenant, reg, quotas, self._detector(reg))
+        return (state, True) if state is not None else self._register_once(tenant, request, reg, quotas)
 
-    def _register_once(self, tenant: str, request: JobRequest) -> tuple[JobState, bool]:
-        job_id, job_type, planned_steps, policy, webhook, tags, hparams = (
-            request.job_id, request.job_type, request.planned_steps, request.policy, request.webhook, request.tags,
-            request.hparams)
+    def _registration(self, tenant: str, request: JobRequest) -> tuple[Registration, Quotas]:
+        """The request checked (the one validation: :meth:`Registration.parse`) and the tenant's quotas."""
         quotas = self.tenants.quotas(tenant)
-        reg = Registration.parse(job_id, JobType.RLHF if job_type is None else job_type, planned_steps, policy,
-                                 webhook, default_policy=self.default_policy, default_mode=quotas.default_mode,
-                                 tags=tags, hparams=hparams)
-        jobs = self.jobs
-        with jobs.register_lock:
-            existing = jobs.find(tenant, job_id)
+        job_type = request.job_type
+        reg = Registration.parse(request.job_id, JobType.RLHF if job_type is None else job_type, request.planned_steps,
+                                 request.policy, request.webhook, default_policy=self.default_policy,
+                                 default_mode=quotas.default_mode, tags=request.tags, hparams=request.hparams)
+        return reg, quotas
+
+    def _detector(self, reg: Registration) -> Detector | None:
+        """The new job's rule: the coordinator's shared default one, or None (built from its policy)."""
+        return self._default_detector if reg.policy is self.default_policy else None
+
+    def _register_once(self, tenant: str, request: JobRequest, reg: Registration, quotas: Quotas) -> tuple[JobState, bool]:
+        """The general path: attach to the job (amending it if the request changes something), or
+        register it if it is not there (the repository's call)."""
+        jobs, job_id = self.jobs, reg.job_id
+        while True:
+            with jobs.register_lock:
+                existing = jobs.find(tenant, job_id)
+                if existing is not None:
+                    changes = amendments(existing.head, None if request.job_type is None else reg.job_type,
+                                         request.planned_steps, _asked_policy(reg, request.policy, existing.head),
+                                         request.webhook, *_asked(reg, request.tags, request.hparams))
+                    if not changes:
+                        return existing.head, False
+                    amend = Amend(changes, f"tenant:{tenant}", self.clock())
             if existing is not None:
-                changes = amendments(existing.head, None if job_type is None else reg.job_type, planned_steps,
-                                     _asked_policy(reg, policy, existing.head), webhook, *_asked(reg, tags, hparams))
-                if not changes:
-                    return existing.head, False
-                amend = Amend(changes, f"tenant:{tenant}", self.clock())
-        if existing is not None:
-            self._event_budget(tenant, "registration amendments")
-            self._audit_count(tenant)
-            out, ticket = self._run(existing, amend, self._counted(tenant, job_id, existing))
-            self._settle(ticket, tenant, job_id)
-            return out.state, False
-        with jobs.register_lock:
-            if jobs.find(tenant, job_id) is not None:  # registered meanwhile: attach
-                return self._register_once(tenant, request)
-            self._report_limits[tenant] = quotas.max_reports_per_tenant
-            _check_job_quotas(jobs, tenant, quotas)
-            record = JobRecord.new(tenant, reg, self.clock())
-            detector = self._default_detector if reg.policy is self.default_policy else None
-            state = JobState.new(record, quotas.max_reports_per_job, detector)._replace(version=1)
-            # a shared store checks the quotas again inside the insert's transaction (replicas race)
-            ticket = self.store.register(record, JobLimits(quotas.max_jobs, quotas.max_active_jobs))
-            slot = jobs.insert(state, committed=False)
-            slot.push(state, ticket)
-        if ticket is not DONE:
-            try:
-                wait_durable(ticket)
-            except StoreError as exc:
-                jobs.remove(slot)
-                if isinstance(exc, LimitReached):
-                    raise QuotaExceeded(str(exc)) from None
-                raise
-        return state, True
+                break
+            state = jobs.register(tenant, reg, quotas, self._detector(reg))
+            if state is not None:
+                return state, True
+            # registered meanwhile: attach
+        self._event_budget(tenant, "registration amendments")
+        self._audit_count(tenant)
+        out, ticket = self._run(existing, amend, self._counted(tenant, job_id, existing))
+        self._settle(ticket, tenant, job_id)
+        return out.state, False
 
     def report(self, tenant: str, job_id: str, request: ReportRequest) -> Decision:
         """Record one report (durably, before returning) and return the job's decision."""
@@ -423,8 +413,8 @@ class Coordinator:
     def submit_report(self, tenant: str, job_id: str, request: ReportRequest, nonblocking: bool = False) -> PendingReport:
         """Decide on one report, queue its write; :meth:`complete` (or awaiting ``pending.ticket``) waits.
         ``nonblocking``: :class:`WouldBlock` instead of a store read (the service's event-loop path)."""
-        if nonblocking and (tenant not in self._report_limits or not self.jobs.in_memory(tenant, job_id,
-                                                                                          request.step)):
+        if nonblocking and (tenant not in self.jobs.report_limits or not self.jobs.in_memory(tenant, job_id,
+                                                                                              request.step)):
             raise WouldBlock(job_id)
         out, ticket = self._report(tenant, job_id, request)
         return PendingReport(tenant, job_id, request, out.decision, ticket, out.state.record if out.stopped else None)
@@ -433,7 +423,7 @@ class Coordinator:
         """Check ``request`` and decide it: on the repository's common path in one call, else here."""
         check_report(request)
         now = self.clock()
-        common = self.jobs.observe(tenant, job_id, request, now, self._report_limits.get(tenant))
+        common = self.jobs.observe(tenant, job_id, request, now)
         if common is not None:
             return common
         slot = self.jobs.for_report(tenant, job_id, request.step)  # a replica reads no version before a new step
@@ -441,9 +431,9 @@ class Coordinator:
         rep = Report.of(request, now, slot.head.record.planned_steps)
         step, last = request.step, slot.head.last
         if last is None or step > last.step:  # a new report (a retry is answered whatever the quota)
-            limit = self._report_limits.get(tenant)
+            limit = self.jobs.report_limits.get(tenant)
             if limit is None:  # the tenant's quota as of its latest registration (as max_reports_per_job)
-                limit = self._report_limits[tenant] = self.tenants.quotas(tenant).max_reports_per_tenant
+                limit = self.jobs.report_limits[tenant] = self.tenants.quotas(tenant).max_reports_per_tenant
             if self.jobs.reports(tenant) >= limit:
                 raise QuotaExceeded(f"tenant {tenant!r} has {limit} stored reports, the most allowed "
                                     f"(max_reports_per_tenant={limit}); prune finished jobs ('evalstop prune')")

@@ -75,10 +75,13 @@ class JobState(NamedTuple):
     best_proxy: float | None = None  # the proxy reward reported with the best step (a stop's evidence)
 
     @classmethod
-    def new(cls, record: JobRecord, max_reports: int = 10**9, detector: Detector | None = None) -> JobState:
-        """A job with no report yet (a new registration, or a stored job before its replay)."""
+    def new(cls, record: JobRecord, max_reports: int = 10**9, detector: Detector | None = None,
+            version: int | None = None) -> JobState:
+        """A job with no report yet: a stored job before its replay (at the record's ``version``), or a
+        new registration (``version=1``: the insert is the job's first write)."""
         detector = detector or record.policy.build()
-        return cls(record, detector, detector.start(), max_reports=max_reports, version=record.version)
+        return cls(record, detector, detector.start(), max_reports=max_reports,
+                   version=record.version if version is None else version)
 
     @property
     def last_seen(self) -> float:

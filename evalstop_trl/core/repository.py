@@ -7,7 +7,9 @@
 * :class:`JobCache` — the single-process repository (SQLite, memory): every job's record is loaded
   once at start and the store is only written. A job that is over (stopped, finished, failed) is
   loaded lazily: its record at start, its reports replayed on first access, so start-up does not
-  grow with finished history.
+  grow with finished history. A new job's registration and a report's common case are one call each
+  (:meth:`JobCache.register`, :meth:`JobCache.observe`); anything else returns None to the
+  coordinator's general path.
 * :class:`ReplicatedJobs` — several coordinators over one shared store (PostgreSQL): a job is
   re-read when another replica wrote it since (version check), listing and quotas ask the store. A
   new report reads nothing first: its write names the version it replaces, and the store refuses it
@@ -29,13 +31,14 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from .browse import RunRow
-from .errors import NotFound
+from .errors import NotFound, QuotaExceeded
 from .job import Fail, JobState, Step, counted, observe, replay, step
-from .records import JobRecord, JobStatus, Report
+from .records import JobRecord, JobStatus, Quotas, Registration, Report
 from .requests import ReportRequest
-from .store import DONE, JobLimits, Store, wait_durable
+from .store import DONE, JobLimits, LimitReached, Store, StoreError, wait_durable
 
 if TYPE_CHECKING:
+    from .detectors import Detector
     from .job import Commit
 
 __all__ = ["JobCache", "ReplicatedJobs", "Slot", "load_state"]
@@ -140,6 +143,8 @@ class JobCache:
         self._by_tenant: dict[str, dict[str, Slot]] = {}  # registration order, for listing
         self._active: dict[str, int] = {}  # tenant -> jobs not yet stopped, finished or failed (heads)
         self._reports: dict[str, list[float]] = {}  # tenant -> [stored reports, when counted]
+        # tenant -> max_reports_per_tenant, read at its latest registration (or at its first report since start)
+        self.report_limits: dict[str, int] = {}
         self._load_all()
 
     # ------------------------------------------------------------------ loading
@@ -324,16 +329,17 @@ class JobCache:
         return [RunRow.of(s.committed.record) for s in list(self._by_tenant.get(tenant, {}).values())
                 if s.committed is not None]
 
-    def observe(self, tenant: str, job_id: str, request: ReportRequest, now: float,
-                tenant_limit: int | None) -> tuple[Step, Future] | None:
+    def observe(self, tenant: str, job_id: str, request: ReportRequest, now: float) -> tuple[Step, Future] | None:
         """A report on the common path, in one call: a new step of a running job in memory whose rule
-        continues. The job is looked up, the tenant's stored reports counted against ``tenant_limit``
-        (its ``max_reports_per_tenant``), the report built, the pure step computed under the job's
-        lock, its write queued and swapped in when durable. None: not the common case (a first report,
-        a retry, a stop, a lost, lazy or broken job, an unknown tenant count); the coordinator's
-        general path then decides it from the start (nothing here changed anything)."""
+        continues. The job is looked up, the tenant's stored reports counted against its
+        ``max_reports_per_tenant`` (:attr:`report_limits`), the report built, the pure step computed
+        under the job's lock, its write queued and swapped in when durable. None: not the common case
+        (a first report, a retry, a stop, a lost, lazy or broken job, an unknown tenant count or
+        limit); the coordinator's general path then decides it from the start (nothing here changed
+        anything)."""
         slot = self._slots.get((tenant, job_id))
         count = self._reports.get(tenant)
+        tenant_limit = self.report_limits.get(tenant)
         if slot is None or count is None or tenant_limit is None or count[0] >= tenant_limit or slot.lazy \
                 or slot.broken:
             return None
@@ -351,6 +357,44 @@ class JobCache:
             ticket = self.store.add_report(tenant, job_id, c.report, c.expect)
             slot.push(out.state, ticket)
         return out, ticket
+
+    def register(self, tenant: str, reg: Registration, quotas: Quotas, detector: Detector | None) -> JobState | None:
+        """A new job, in one call: under :attr:`register_lock` the id is looked up, the tenant's job
+        quotas checked (:class:`QuotaExceeded`), the job's record and state built, its insert queued
+        and the job put in memory (seen by readers once the insert is durable); then the insert is
+        awaited holding no lock (a failed one forgets the job and is re-raised; a shared store's
+        :class:`LimitReached` is the quota's :class:`QuotaExceeded`). ``detector``: the job's rule
+        if it is the coordinator's shared default (else built from the policy). Returns the new job's
+        state, or None when the id is taken (a re-registration, a retry: the caller attaches to it;
+        nothing here changed anything). A store of one process registers a job in this one call; a
+        shared store's caller retries it when another replica inserted the job first (StaleState)."""
+        with self.register_lock:
+            if self.find(tenant, reg.job_id) is not None:
+                return None
+            self.report_limits[tenant] = quotas.max_reports_per_tenant
+            total = self.total(tenant)
+            if total >= quotas.max_jobs:
+                raise QuotaExceeded(f"tenant {tenant!r} has {total} jobs, the most allowed (max_jobs={quotas.max_jobs},"
+                                    " finished ones included); prune old ones ('evalstop prune') or ask for more")
+            active = self.active(tenant)
+            if active >= quotas.max_active_jobs:
+                raise QuotaExceeded(f"tenant {tenant!r} has {active} active jobs, the most allowed "
+                                    f"(max_active_jobs={quotas.max_active_jobs}); finish or stop some first")
+            record = JobRecord.new(tenant, reg, self._clock())
+            state = JobState.new(record, quotas.max_reports_per_job, detector, version=1)
+            # a shared store checks the quotas again inside the insert's transaction (replicas race)
+            ticket = self.store.register(record, JobLimits(quotas.max_jobs, quotas.max_active_jobs))
+            slot = self.insert(state, committed=False)
+            slot.push(state, ticket)
+        if ticket is not DONE:
+            try:
+                wait_durable(ticket)
+            except StoreError as exc:
+                self.remove(slot)
+                if isinstance(exc, LimitReached):
+                    raise QuotaExceeded(str(exc)) from None
+                raise
+        return state
 
     def commit(self, c: Commit, tenant: str, job_id: str, revive: JobLimits | None = None) -> Future:
         """Queue a step's rows (the caller holds the job's lock). ``revive``: a lost job runs again
@@ -380,7 +424,7 @@ class ReplicatedJobs(JobCache):
         # no process-wide lock around a registration's store reads: the store refuses a second
         # insert of the same job (StaleState: the client retries and finds the job)
         self.register_lock = contextlib.nullcontext()
-        self._slots, self._by_tenant, self._active, self._reports = {}, {}, {}, {}
+        self._slots, self._by_tenant, self._active, self._reports, self.report_limits = {}, {}, {}, {}, {}
         self._load_all()
 
     _REPORTS_TTL_S = 5.0  # other replicas add reports too: count again this often
@@ -388,8 +432,7 @@ class ReplicatedJobs(JobCache):
     def in_memory(self, tenant: str, job_id: str, step: int) -> bool:
         return False  # another replica may have written the job: its version is read first
 
-    def observe(self, tenant: str, job_id: str, request: ReportRequest, now: float,
-                tenant_limit: int | None) -> None:
+    def observe(self, tenant: str, job_id: str, request: ReportRequest, now: float) -> None:
         return None  # a shared store: the general path (another replica may have written the job)
 
     def reports(self, tenant: str) -> int:
