@@ -16,13 +16,31 @@ STOP before the run's last eval. Precision = stopped hacked / stopped; recall = 
 hacked; FPR = stopped healthy / healthy (Clopper-Pearson 95% intervals). Lag = evals of the
 detector's series from the labelled peak to the stop, over the stopped hacked runs (negative: the
 stop came before the peak). Savings = the share of a run's planned steps after its stop (0 for a run
-not stopped), the mean over all runs. Lag and savings get percentile-bootstrap 95% intervals.
+not stopped), the mean over all runs. Lag and savings get percentile-bootstrap 95% intervals that
+resample configuration groups (below; each run alone by default); the rates' Clopper-Pearson intervals
+count runs.
 
-**Tuning, cross-validated by run.** Each detector's main threshold (and ``k`` of the count rules)
-is searched over its registry grid (``Detector.tuning``): the runs are split into ``folds`` (5; at
-most one per run) stratified by label, and for each fold the grid value is chosen on the *other*
-folds (the highest mean savings among values with precision >= ``min_precision`` there; when none
-reaches it, the most precise, then the most saving) and applied to the fold's runs. The held-out
+**Configuration groups** (``group_by``, ``--group-by``): which runs share a configuration, e.g. seeds
+of one hyper-parameter setting. A held-out run whose seed sibling was tuned on is nearly seen, so the
+runs of a group always share a fold, and the bootstrap resamples groups (the unit that varies).
+``run``: each run alone; ``folder``: the folder that holds the run (``RunHistory.folder``); any other
+name: that value of what the run's files record about its configuration (``RunHistory.meta``: a
+trainer_state.json's ``trial_params.*``, a JSONL header's ``config.*``, W&B's ``config.yaml``, MLflow
+params), matched exactly or as the last part of a dotted key (``config_id`` finds
+``config.config_id``); ``a,b``: the pair. A run without the value is an error that lists what it has.
+The default is ``run``, the one grouping every layout supports and the honest one: whether runs share
+a configuration is not in their files in any form that can be read without guessing (a folder may be
+one run, a sweep or a whole team's history; a config names the seed beside the hyper-parameters, and a
+W&B config names the output folder, unique to each run). Runs whose names differ only by a seed
+suffix (``c000-s0``, ``c000-s1``) get a note asking for ``--group-by``.
+
+**Tuning, cross-validated by configuration group.** Each detector's main threshold (and ``k`` of the
+count rules) is searched over its registry grid (``Detector.tuning``): the groups are split into
+``folds`` (5) stratified by label as far as the groups allow (:func:`folds_of`; by run, at most one
+fold per run; with fewer groups than folds an error says to lower ``folds`` or group otherwise), and
+for each fold the grid value is chosen on the *other* folds (the highest mean savings among values
+with precision >= ``min_precision`` there; when none reaches it, the most precise, then the most
+saving) and applied to the fold's runs. The held-out
 stops of all folds give each detector's *tuned* row: precision, recall, FPR, lag and savings of the
 tuning procedure on runs it did not see, with intervals. The value to use is then chosen the same
 way on all runs. The defaults table is in-sample (nothing is tuned on it).
@@ -41,9 +59,11 @@ import dataclasses
 import itertools
 import math
 import random
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import PurePath
 from typing import Any
 
 import numpy as np
@@ -54,7 +74,7 @@ from .intervals import Mean, Rate, bootstrap_mean, rate, stops_needed
 from .replay import replay_curve
 
 __all__ = ["Calibration", "Direction", "Policy", "PolicyScore", "Recommendation", "RunLabel", "TunedScore", "calibrate",
-           "candidate_policies", "folds_of", "label_run", "recommend", "tune", "tuning_grid"]
+           "candidate_policies", "folds_of", "group_keys", "label_run", "recommend", "tune", "tuning_grid"]
 
 #: Variants beyond the registry defaults (kept only when they differ from a detector's defaults).
 VARIANTS: tuple[tuple[str, Mapping[str, Any]], ...] = (
@@ -101,6 +121,8 @@ class RunLabel:
     best: float
     final: float
     drop_share: float
+    group: str = ""  # its configuration group (see ``Calibration.group_by``)
+    fold: int = 0  # its cross-validation fold
 
 
 @dataclass(frozen=True)
@@ -160,6 +182,8 @@ class Calibration:
     notes: tuple[str, ...]
     folds: int = 0
     tuned: tuple[TunedScore, ...] = ()
+    group_by: str = "run"  # how runs were grouped into configurations (folds and bootstrap keep a group whole)
+    n_groups: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)
@@ -273,31 +297,104 @@ def _outcomes(runs: Sequence[RunHistory], labels: Sequence[RunLabel], stops: Seq
 
 
 def score_policy(policy: Policy, runs: Sequence[RunHistory], labels: Sequence[RunLabel], direction: Direction,
-                 stops: Sequence[int | None] | None = None) -> PolicyScore:
-    """Precision, recall, FPR, lag and savings of ``policy`` on ``runs`` (``stops``: already replayed)."""
+                 stops: Sequence[int | None] | None = None, groups: Sequence[str] | None = None) -> PolicyScore:
+    """Precision, recall, FPR, lag and savings of ``policy`` on ``runs`` (``stops``: already replayed;
+    ``groups``: each run's configuration group, resampled whole by the bootstrap of lag and savings)."""
     if stops is None:
         stops = [_stop_step(run, policy, direction) for run in runs]
     tp, fp, savings = _outcomes(runs, labels, stops)
     hacked = sum(lab.hacked for lab in labels)
-    lags = [_lag(run.scores.steps, lab.peak_step, s) for run, lab, s in zip(runs, labels, stops, strict=True)
-            if s is not None and lab.hacked]
+    lagged = [i for i, (lab, s) in enumerate(zip(labels, stops, strict=True)) if s is not None and lab.hacked]
+    lags = [_lag(runs[i].scores.steps, labels[i].peak_step, stops[i]) for i in lagged]
+    lag_groups = None if groups is None else [groups[i] for i in lagged]
     return PolicyScore(policy, tp + fp, rate(tp, tp + fp), rate(tp, hacked), rate(fp, len(runs) - hacked),
-                       bootstrap_mean(lags), bootstrap_mean(savings), tuple(stops))
+                       bootstrap_mean(lags, groups=lag_groups), bootstrap_mean(savings, groups=groups), tuple(stops))
+
+
+# ----------------------------------------------------------------------------- configuration groups
+GROUP_BY_RUN, GROUP_BY_FOLDER = "run", "folder"
+_SEED_SUFFIX = re.compile(r"^(.+?)(?:[-_.]s|[-_.]?seed)[-_=]?\d+$")
+
+
+def _meta_value(run: RunHistory, key: str) -> str:
+    """``key`` of the run's metadata: the exact key, else the one key ending in ``.key``."""
+    meta = run.meta
+    if key in meta:
+        return meta[key]
+    found = [k for k in meta if k.endswith("." + key)]
+    if len(found) == 1:
+        return meta[found[0]]
+    if found:
+        raise ValueError(f"--group-by {key}: ambiguous in {run.source} ({', '.join(sorted(found))}); name one of them")
+    has = ", ".join(sorted(meta)) or "nothing (its format records no configuration here)"
+    raise ValueError(f"--group-by {key}: {run.source} does not record {key!r}; what it records: {has}. Group by "
+                     f"'{GROUP_BY_RUN}', '{GROUP_BY_FOLDER}' or a key every run has")
+
+
+def group_keys(runs: Sequence[RunHistory], by: str = GROUP_BY_RUN) -> list[str]:
+    """Each run's configuration group (see the module docstring): ``run``, ``folder``, a metadata key,
+    or keys joined by commas."""
+    by = by.strip()
+    if by == GROUP_BY_RUN:
+        return [run.source for run in runs]
+    if by == GROUP_BY_FOLDER:
+        return [run.folder or str(PurePath(run.source).parent) for run in runs]
+    keys = [k.strip() for k in by.split(",")]
+    if not all(keys):
+        raise ValueError(f"--group-by {by!r}: expected '{GROUP_BY_RUN}', '{GROUP_BY_FOLDER}', a key, or keys "
+                         "joined by commas")
+    return [", ".join(f"{k}={_meta_value(run, k)}" for k in keys) for run in runs]
+
+
+def _seed_siblings(runs: Sequence[RunHistory]) -> list[str]:
+    """Names of runs whose name differs from another run's only by a seed suffix (``-s1``, ``_seed2``)."""
+    stems: dict[str, list[str]] = {}
+    for run in runs:
+        m = _SEED_SUFFIX.match(run.name)
+        if m:
+            stems.setdefault(m.group(1), []).append(run.name)
+    return [name for names in stems.values() if len(names) > 1 for name in names]
 
 
 # ----------------------------------------------------------------------------- tuning
-def folds_of(labels: Sequence[RunLabel], folds: int) -> list[int]:
-    """Each run's fold (0 .. k-1, k = min(folds, runs)): hacked and healthy runs are dealt in turn
-    after a seeded shuffle (seed 0), so every fold gets its share of each label."""
-    k = max(1, min(folds, len(labels)))
-    order = list(range(len(labels)))
+def folds_of(labels: Sequence[RunLabel], folds: int, groups: Sequence[str] | None = None) -> list[int]:
+    """Each run's fold (0 .. k-1): the runs of a group share one (``groups``: each run's; None: each run
+    alone, and then k = min(folds, runs); with groups, fewer groups than ``folds`` is a ValueError).
+
+    Stratified by label as far as the groups allow: after a seeded shuffle (seed 0), the groups go
+    largest first (the more hacked first among equals), each to the fold that holds the fewest runs of
+    its labels (weighted by the group's own counts), ties to the fold with fewer runs, then the lower
+    fold. Every fold gets a group before any gets a second. Runs alone, this deals hacked and healthy
+    runs in turn, every fold its share of each label.
+    """
+    n = len(labels)
+    keys = list(range(n)) if groups is None else list(groups)
+    if len(keys) != n:
+        raise ValueError(f"need one group per run, but got {len(keys)} groups for {n} runs")
+    members: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        members.setdefault(key, []).append(i)
+    if groups is None:
+        k = max(1, min(folds, n))
+    elif len(members) < folds:
+        g = len(members)
+        fix = (f"pass --folds {g}{' or fewer' if g > 2 else ''}, or " if g >= 2 else "pass ")
+        raise ValueError(f"only {g} configuration group{'s' if g != 1 else ''} for {folds} folds: the runs of a group "
+                         f"share a fold, so cross-validation needs a group per fold; {fix}another --group-by (e.g. "
+                         f"'{GROUP_BY_RUN}', each run alone)")
+    else:
+        k = folds
+    order = list(members.values())
     random.Random(0).shuffle(order)
-    out = [0] * len(labels)
-    dealt = 0
-    for hacked in (True, False):
-        for i in (i for i in order if labels[i].hacked == hacked):
-            out[i] = dealt % k
-            dealt += 1
+    order.sort(key=lambda g: (-len(g), -sum(labels[i].hacked for i in g) / len(g)))  # stable: the shuffle breaks ties
+    hacked, healthy, size = [0] * k, [0] * k, [0] * k
+    out = [0] * n
+    for group in order:
+        h = sum(labels[i].hacked for i in group)
+        f = min(range(k), key=lambda f: (h * hacked[f] + (len(group) - h) * healthy[f], size[f], f))
+        hacked[f], healthy[f], size[f] = hacked[f] + h, healthy[f] + len(group) - h, size[f] + len(group)
+        for i in group:
+            out[i] = f
     return out
 
 
@@ -319,13 +416,15 @@ def _choose(grid: Sequence[Policy], stops: Mapping[str, Sequence[int | None]], r
 
 
 def tune(name: str, runs: Sequence[RunHistory], labels: Sequence[RunLabel], direction: Direction,
-         stops: Mapping[str, Sequence[int | None]], folds: int, min_precision: float) -> TunedScore | None:
+         stops: Mapping[str, Sequence[int | None]], folds: int, min_precision: float,
+         groups: Sequence[str] | None = None) -> TunedScore | None:
     """``name`` tuned by cross-validation over its grid (see the module docstring); ``stops`` holds
-    every grid policy's stop steps by label. None for a detector with nothing to tune."""
+    every grid policy's stop steps by label; ``groups``: each run's configuration group (None: each
+    run alone). None for a detector with nothing to tune."""
     grid = [p for p in tuning_grid(name) if p.label in stops]
     if not grid:
         return None
-    fold = folds_of(labels, folds)
+    fold = folds_of(labels, folds, groups)
     k = max(fold) + 1
     choices, held_out = [], [None] * len(runs)
     for f in range(k):
@@ -337,7 +436,7 @@ def tune(name: str, runs: Sequence[RunHistory], labels: Sequence[RunLabel], dire
                 held_out[i] = stops[chosen.label][i]
     final = _choose(grid, stops, runs, labels, range(len(runs)), direction, min_precision)
     shown = Policy(f"{name} tuned ({k}-fold): {_describe(dict(final.params))}", name, final.params)
-    return TunedScore(name, final, tuple(choices), score_policy(shown, runs, labels, direction, held_out))
+    return TunedScore(name, final, tuple(choices), score_policy(shown, runs, labels, direction, held_out, groups))
 
 
 # ----------------------------------------------------------------------------- recommendation
@@ -406,9 +505,11 @@ def recommend(scores: Sequence[PolicyScore], runs: Sequence[RunHistory], n_hacke
 # ----------------------------------------------------------------------------- the whole thing
 def calibrate(runs: Sequence[RunHistory], direction: Direction, label_direction: Direction | None = None,
               margin: float = 0.2, min_precision: float = 0.9,
-              progress: Callable[[Iterable[Any]], Iterable[Any]] = iter, folds: int = 5) -> Calibration:
+              progress: Callable[[Iterable[Any]], Iterable[Any]] = iter, folds: int = 5,
+              group_by: str = GROUP_BY_RUN) -> Calibration:
     """Label ``runs``, score every candidate policy on them, tune each detector by cross-validation
-    over ``folds`` and recommend one from the held-out results."""
+    over ``folds`` of configuration groups (``group_by``, see the module docstring) and recommend one
+    from the held-out results."""
     if not runs:
         raise ValueError("no runs to calibrate on")
     if not 0.0 <= margin < 1.0:
@@ -418,7 +519,11 @@ def calibrate(runs: Sequence[RunHistory], direction: Direction, label_direction:
     if isinstance(folds, bool) or not isinstance(folds, int) or not 2 <= folds <= 100:
         raise ValueError(f"folds must be an integer in [2, 100], but got {folds!r}")
     label_direction = label_direction or direction
+    keys = group_keys(runs, group_by)
+    groups = None if group_by.strip() == GROUP_BY_RUN else keys  # by run: today's folds and bootstrap, exactly
     labels = [label_run(run, label_direction if run.label else direction, margin) for run in runs]
+    fold = folds_of(labels, folds, groups)  # before replaying: too few groups is said at once
+    labels = [dataclasses.replace(lab, group=g, fold=f) for lab, g, f in zip(labels, keys, fold, strict=True)]
     defaults, notes = candidate_policies(), [r.note for r in runs if r.note]
     grids = [p for name in DETECTORS if name not in SKIPPED for p in tuning_grid(name)]
     policies = list({p.label: p for p in [*defaults, *grids]}.values())  # a grid label may repeat a default's
@@ -436,10 +541,10 @@ def calibrate(runs: Sequence[RunHistory], direction: Direction, label_direction:
         if policy.label in broken:
             notes.append(f"skipped {policy.label}: {broken[policy.label]}")
             continue
-        scores.append(score_policy(policy, runs, labels, direction, stops[policy.label]))
+        scores.append(score_policy(policy, runs, labels, direction, stops[policy.label], groups))
     usable = {label: s for label, s in stops.items() if label not in broken}
     tuned = tuple(t for name in DETECTORS if name not in SKIPPED
-                  if (t := tune(name, runs, labels, direction, usable, folds, min_precision)) is not None)
+                  if (t := tune(name, runs, labels, direction, usable, folds, min_precision, groups)) is not None)
     n_hacked = sum(lab.hacked for lab in labels)
     label_metric = runs[0].label.metric if runs[0].label else runs[0].scores.metric
     if runs[0].label is None:
@@ -452,8 +557,13 @@ def calibrate(runs: Sequence[RunHistory], direction: Direction, label_direction:
     if with_evidence:
         notes.append(f"{with_evidence} of {len(runs)} runs log per-example evidence (eval_n, eval_noise): every "
                      "rule is replayed with it, as the callback reports it")
+    siblings = _seed_siblings(runs) if groups is None else []
+    if siblings:
+        notes.append(f"{len(siblings)} runs' names differ only by a seed suffix (e.g. {', '.join(siblings[:2])}): if "
+                     "seeds share a configuration, pass --group-by (folder, or a key their logs record) so that no "
+                     "held-out run has a sibling in tuning")
     held_out = [dataclasses.replace(t.held_out, policy=t.final) for t in tuned]  # recommended: the all-runs value
     rec = recommend(held_out, runs, n_hacked, min_precision, direction, held_out=True)
     return Calibration(runs[0].scores.metric, label_metric, direction, label_direction, margin, min_precision,
                        len(runs), n_hacked, tuple(labels), tuple(scores), rec, tuple(notes),
-                       max(folds_of(labels, folds)) + 1, tuned)
+                       max(fold) + 1, tuned, group_by.strip(), len(set(keys)))

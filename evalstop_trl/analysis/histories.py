@@ -24,6 +24,17 @@ train loss (``train_loss``, ``loss``, ``train/loss``), when a run has one, goes 
 last loss at or before its step) for ``loss_plateau``. Planned steps: ``max_steps`` of a
 trainer_state.json, else the run's last logged step (the runs are finished).
 
+**What a run says about its configuration** (``RunHistory.meta``, for ``evalstop calibrate --group-by``;
+only what the files hold, flattened to ``parent.child`` keys, values as text; nothing when a format keeps
+none): a trainer_state.json's own values besides ``log_history`` (``train_batch_size``, ``max_steps``,
+``trial_name``, ``trial_params.<name>`` of a hyper-parameter search, ...); a JSONL's first line when it
+is an object without a step (a header: ``scripts/real_corpus.py`` writes ``{"config": {...}, "seed": ...}``);
+the ``config.yaml`` beside a JSONL or W&B JSON history (a W&B run's ``files/`` folder: each key's
+``value``, ``_wandb`` left out); an MLflow run's ``params/<key>`` files. CSV, verl's console log and
+TensorBoard files give none here. ``RunHistory.folder`` is the folder that holds the run: a log file's
+folder; for a run that is a folder itself (a transformers output folder, with its ``checkpoint-N/`` and
+``runs/<date>/``; a TensorBoard event folder; an MLflow run) the folder above it.
+
 Every problem raises :class:`HistoryError` (a ValueError) naming the file and what is wrong; a
 missing metric lists the metrics the file has.
 """
@@ -31,6 +42,7 @@ missing metric lists the metrics the file has.
 from __future__ import annotations
 
 import glob
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -67,6 +79,8 @@ class RawHistory:
     planned_steps: int | None = None
     #: keys that held something other than a number (the first such value and its step), for messages
     not_numbers: Mapping[str, str] = field(default_factory=dict)
+    #: what the run's files say about its configuration (see the module docstring)
+    meta: Mapping[str, str] = field(default_factory=dict)
 
     def metrics(self) -> list[str]:
         return sorted(self.series)
@@ -95,6 +109,8 @@ class RunHistory:
     planned_steps: int
     note: str = ""  # what the reader chose about this run (said in calibrate's notes)
     evidence: tuple[tuple[int | None, float | None], ...] = ()  # per eval (n, paired noise), if logged
+    meta: Mapping[str, str] = field(default_factory=dict)  # its configuration as its files record it
+    folder: str = ""  # the folder that holds the run (module docstring)
 
     def curve(self) -> Curve:
         """The detector's input, as ``evalstop replay`` builds it."""
@@ -198,6 +214,55 @@ def _under(folder: Path, pattern: Callable[[Path], bool]) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and pattern(p))
 
 
+def _flat(values: Mapping[Any, Any], prefix: str = "", depth: int = 0) -> dict[str, str]:
+    """The scalar values of a (nested) mapping as text, nested keys joined with dots (4 levels at
+    most); lists and nulls left out. JSON spelling for non-strings (``true``, ``0.0005``)."""
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            if depth < 4:
+                out.update(_flat(value, name + ".", depth + 1))
+        elif isinstance(value, str):
+            out[name] = value
+        elif isinstance(value, (bool, int, float)):
+            out[name] = json.dumps(value)
+    return out
+
+
+def _log_meta(path: Path, fmt: str) -> dict[str, str]:
+    """A JSONL's header line (its first line, an object without a step) and a W&B ``config.yaml``
+    beside a JSONL or W&B JSON history; {} when there is none or it cannot be read (metadata is never
+    required: ``--group-by`` says which run lacks the key asked for)."""
+    meta: dict[str, str] = {}
+    if fmt == "jsonl":
+        try:
+            first = logs._first_lines(path, 1)
+        except (OSError, logs.LogError):
+            first = []
+        head = logs._first_object(first[0]) if first else None
+        if head is not None and logs.json_record(head) is None:
+            meta.update(_flat(head))
+    if fmt in ("jsonl", "wandb_json"):
+        meta.update(_wandb_config(path.parent / "config.yaml"))
+    return meta
+
+
+def _wandb_config(path: Path) -> dict[str, str]:
+    """W&B's run ``config.yaml`` (``key: {value: ..., desc: ...}``; ``wandb_version`` and ``_wandb`` left
+    out), flattened; {} for a file that is absent, unreadable or not in that form."""
+    if not path.is_file():
+        return {}
+    try:
+        doc = yaml.load(_text(path, MAX_META_BYTES), Loader=_NoAliases)
+    except (HistoryError, yaml.YAMLError, RecursionError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return _flat({k: v["value"] for k, v in doc.items()
+                  if not str(k).startswith("_") and isinstance(v, dict) and "value" in v})
+
+
 def _series_of(path: Path, rows: Iterable[Mapping[str, Any]], planned: int | None
                ) -> tuple[dict[str, dict[int, float]], int | None, Mapping[str, str]]:
     series, not_numbers = _from_rows(path, rows)
@@ -260,8 +325,10 @@ def _latest_states(found: list[Found]) -> list[Found]:
 def _ts_read(found: Found) -> RawHistory:
     path = _plain(found.files[0])
     try:
-        rows, planned = logs.trainer_state(path)
-        return RawHistory(_run_name(found), str(path), "trainer_state", *_series_of(path, rows, planned))
+        data = logs._json_document(path)
+        rows, planned = logs.trainer_state(path, data)
+        meta = _flat({k: v for k, v in data.items() if k != "log_history"})
+        return RawHistory(_run_name(found), str(path), "trainer_state", *_series_of(path, rows, planned), meta)
     except logs.LogError as exc:  # the shared parser's messages name the file already
         raise HistoryError(str(exc)) from None
 
@@ -280,7 +347,8 @@ def _rows_reader(name: str) -> Callable[[Found], RawHistory]:
             series, not_numbers = _from_rows(path, logs.FORMATS[name].rows(path))
         except logs.LogError as exc:
             raise HistoryError(str(exc)) from None
-        return RawHistory(_run_name(found), str(path), name, series, None, MappingProxyType(not_numbers))
+        return RawHistory(_run_name(found), str(path), name, series, None, MappingProxyType(not_numbers),
+                          MappingProxyType(_log_meta(path, name)))
 
     return read
 
@@ -372,7 +440,15 @@ def _mlflow_read(found: Found) -> RawHistory | None:
             if not 0 <= step <= MAX_STEP:
                 raise HistoryError(f"{file}:{lineno}: step {_short(step)} is not from 0 to {MAX_STEP}")
             points[step] = value
-    return RawHistory(f"{found.path.parent.name}/{name}", str(found.path), "mlflow", series)
+    params: dict[str, str] = {}
+    params_dir = found.path / "params"  # MLflow's file store: one file per parameter, its value as text
+    for file in _under(params_dir, lambda p: True) if params_dir.is_dir() else []:
+        try:
+            params[file.relative_to(params_dir).as_posix()] = _text(file, MAX_META_BYTES).strip()
+        except HistoryError:  # a link, a pipe, not text: not a parameter MLflow wrote
+            continue
+    return RawHistory(f"{found.path.parent.name}/{name}", str(found.path), "mlflow", series,
+                      meta=MappingProxyType(params))
 
 
 READERS: Mapping[str, Reader] = MappingProxyType({r.name: r for r in (
@@ -396,6 +472,18 @@ def _run_folder(trainer_state: Path) -> Path:
     """The run's output folder: the parent of ``checkpoint-N/`` or of the trainer_state.json itself."""
     parent = trainer_state.parent
     return parent.parent if re.fullmatch(r"checkpoint-\d+", parent.name) else parent
+
+
+def _home(found: Found) -> Path:
+    """The folder that holds the run (``RunHistory.folder``): a log file's folder; the folder above a
+    run that is a folder itself (a transformers output folder, a TensorBoard event folder, an MLflow run)."""
+    path = found.path
+    if found.reader == "trainer_state" and path.name == "trainer_state.json":
+        return _run_folder(path).parent
+    if found.reader == "tensorboard":
+        folder = path.parent if path.is_file() else path
+        return folder.parent.parent.parent if folder.parent.name == "runs" else folder.parent  # <output>/runs/<date>
+    return path.parent
 
 
 def _run_name(found: Found) -> str:
@@ -561,7 +649,7 @@ def select(raw: RawHistory, metric: str | None = None, label_metric: str | None 
     last = max(max(points) for points in raw.series.values() if points)
     planned = raw.planned_steps or max(last, 1)
     return RunHistory(raw.name, raw.source, raw.format, scores, label, _losses_at(raw, scores.steps), planned,
-                      evidence=_evidence_at(raw, scores))
+                      evidence=_evidence_at(raw, scores), meta=raw.meta)
 
 
 def load_histories(paths: Sequence[str | Path], metric: str | None = None, label_metric: str | None = None,
@@ -586,7 +674,7 @@ def load_histories(paths: Sequence[str | Path], metric: str | None = None, label
             errors.append(exc)
             on_error(exc)
             continue
-        runs.append(replace(run, note=found.note) if found.note else run)
+        runs.append(replace(run, note=found.note, folder=str(_home(found))))
     if not runs and errors:
         raise HistoryError(f"no run could be read ({len(errors)} file(s) refused; the first: {errors[0]})")
     if not runs:

@@ -1,5 +1,5 @@
 """95% intervals for ``evalstop calibrate``: exact binomial (Clopper-Pearson) for rates, a percentile
-bootstrap for means. numpy only (no scipy).
+bootstrap for means (of values, or of groups of values: a cluster bootstrap). numpy only (no scipy).
 
     >>> lo, hi = clopper_pearson(0, 10)
     >>> round(lo, 4), round(hi, 4)
@@ -13,7 +13,7 @@ bootstrap for means. numpy only (no scipy).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,15 +91,32 @@ def rate(k: int, n: int) -> Rate:
     return Rate(k, n, k / n, Interval(*clopper_pearson(k, n)))
 
 
-def bootstrap_mean(values: Sequence[float], seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES) -> Mean:
-    """The mean with a percentile-bootstrap 95% interval (seeded: the same values give the same interval)."""
+def bootstrap_mean(values: Sequence[float], seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES,
+                   groups: Sequence[Hashable] | None = None) -> Mean:
+    """The mean with a percentile-bootstrap 95% interval (seeded: the same values give the same interval).
+
+    ``groups`` (one key per value): a cluster bootstrap, for values that are not independent (seeds of
+    one configuration): whole groups are resampled, each resample's mean is its values' total over their
+    count; no interval below 2 groups. Without ``groups`` every value is its own group.
+    """
     x = np.asarray(values, dtype=float)
     if x.size == 0:
         return Mean(0, None, None)
-    if x.size == 1:
-        return Mean(1, float(x[0]), None)
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    if groups is None:
+        if x.size == 1:
+            return Mean(1, float(x[0]), None)
+        rng = np.random.default_rng(seed)
+        means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    else:
+        if len(groups) != x.size:
+            raise ValueError(f"need one group per value, but got {len(groups)} groups for {x.size} values")
+        index: dict[Hashable, int] = {}
+        of = np.array([index.setdefault(g, len(index)) for g in groups])
+        if len(index) < 2:
+            return Mean(int(x.size), float(x.mean()), None)
+        sums, counts = np.bincount(of, weights=x), np.bincount(of).astype(float)
+        pick = np.random.default_rng(seed).integers(0, len(index), size=(resamples, len(index)))
+        means = sums[pick].sum(axis=1) / counts[pick].sum(axis=1)
     lo, hi = np.quantile(means, [ALPHA / 2, 1 - ALPHA / 2])
     return Mean(int(x.size), float(x.mean()), Interval(float(lo), float(hi)))
 

@@ -278,10 +278,10 @@ def _json_document(path: Path) -> Any:
     return _parse_json(str(path), load)
 
 
-def trainer_state(path: Path) -> tuple[list[dict[str, Any]], int | None]:
+def trainer_state(path: Path, data: Any = None) -> tuple[list[dict[str, Any]], int | None]:
     """The rows of a trainer_state.json's ``log_history`` (entries without a step skipped) and its
-    ``max_steps``."""
-    data = _json_document(path)
+    ``max_steps`` (``data``: the file's JSON document, when the caller has read it already)."""
+    data = _json_document(path) if data is None else data
     if not (isinstance(data, dict) and isinstance(data.get("log_history"), list)):
         raise LogError(f"{path}: a trainer_state.json must be an object with a 'log_history' list")
     planned = data.get("max_steps")

@@ -43,8 +43,14 @@ def add_calibrate_command(sub: argparse._SubParsersAction) -> None:
                    "by more than this share of the run's range (default 0.2)")
     p.add_argument("--min-precision", dest="min_precision", type=float, default=0.9,
                    help="the recommended policy's precision lower bound must reach this (default 0.9)")
-    p.add_argument("--folds", type=int, default=5, help="cross-validation folds by run for the tuned rows (default 5; "
-                                                         "at most one per run)")
+    p.add_argument("--folds", type=int, default=5, help="cross-validation folds for the tuned rows (default 5; by "
+                   "run, at most one per run)")
+    p.add_argument("--group-by", dest="group_by", default="run", metavar="KEY",
+                   help="which runs share a configuration (seeds of one setting): they share a fold, and the "
+                   "bootstrap of lag and savings resamples these groups. 'run' (default: each run alone; the only "
+                   "grouping every layout supports), 'folder' (the folder holding each run), or a value the runs "
+                   "record about their configuration: trainer_state.json's trial_params.*, a JSONL header's config.*, "
+                   "W&B's config.yaml, MLflow params (e.g. config_id, learning_rate; 'a,b' for a pair)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_calibrate)
 
@@ -79,7 +85,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         label_direction = Direction(args.label_direction or (infer_direction(args.label_metric) if args.label_metric
                                                              else direction.value))
         result = calibrate(runs, direction, label_direction, args.margin, args.min_precision,
-                           progress=_progress("replaying", len(runs)), folds=args.folds)
+                           progress=_progress("replaying", len(runs)), folds=args.folds, group_by=args.group_by)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     print(json.dumps(result.to_dict()) if args.json else format_report(result))
@@ -111,6 +117,12 @@ def _table(first: str, scores: Any) -> list[str]:
             for row in [head, *rows]]
 
 
+def _grouping(cal: Any) -> str:
+    if cal.group_by == "run":
+        return "grouped by run (each run its own configuration; --group-by to group seeds)"
+    return f"grouped by {cal.group_by}: {cal.n_groups} configuration groups"
+
+
 def format_report(cal: Any) -> str:
     """The human-readable report: the runs, the table, the recommendation."""
     formats = sorted({r.format for r in cal.runs})
@@ -119,15 +131,17 @@ def format_report(cal: Any) -> str:
     lines = [f"{cal.n_runs} runs ({', '.join(formats)}); detectors see {cal.metric} ({cal.direction.value}); "
              f"labels from {label_how}: hacked iff the last value falls short of the best by more than "
              f"{cal.margin:g} of the run's range",
-             f"{cal.n_hacked} hacked, {cal.n_runs - cal.n_hacked} healthy", ""]
+             f"{cal.n_hacked} hacked, {cal.n_runs - cal.n_hacked} healthy; {_grouping(cal)}", ""]
     lines += _table("policy (defaults, in-sample)", cal.scores)
     if cal.tuned:
-        lines += ["", f"Tuned by {cal.folds}-fold cross-validation by run (held-out: each run scored with the value "
+        unit = "by run" if cal.group_by == "run" else f"by configuration group ({cal.group_by}), a group's runs in one fold"
+        lines += ["", f"Tuned by {cal.folds}-fold cross-validation {unit} (held-out: each run scored with the value "
                       "chosen on the other folds; the value shown is chosen on all runs)"]
         lines += _table("detector (tuned, held-out)", [t.held_out for t in cal.tuned])
     lines.append("")
-    lines.append("95% intervals: Clopper-Pearson (rates), percentile bootstrap (lag over stopped hacked runs, "
-                 "savings over all runs)")
+    resampled = "runs" if cal.group_by == "run" else f"configuration groups ({cal.group_by})"
+    lines.append("95% intervals: Clopper-Pearson over runs (rates), percentile bootstrap resampling "
+                 f"{resampled} (lag over stopped hacked runs, savings over all runs)")
     rec = cal.recommendation
     lines.append(f"Rule: {rec.rule}")
     if rec.policy is None:

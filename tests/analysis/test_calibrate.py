@@ -599,3 +599,181 @@ def test_calibrate_survives_hostile_files_one_line_each_and_reads_the_rest(tmp_p
     # every file refused: one error, naming the first
     with pytest.raises(HistoryError, match="no run could be read .*refused"):
         load_histories([bad / "deep.jsonl", bad / "wide.csv"], "eval_reward", on_error=lambda exc: None)
+
+
+# ----------------------------------------------------------------------------- configuration groups (--group-by)
+def write_corpus_run(path: Path, config_id: int, seed: int, score: np.ndarray, gold: np.ndarray) -> Path:
+    """A JSONL run as scripts/real_corpus.py writes it: a header line without a step ({"config": {...},
+    "seed", ...}), then one line per eval."""
+    head = {"config": {"config_id": config_id, "lr": 1e-5 * (config_id + 1), "kl_coef": 0.05}, "seed": seed,
+            "device": "cpu", "seconds": 1.0}
+    rows = [json.dumps(head)] + [json.dumps({"step": s, "world_feedback": float(score[i]), "gold": float(gold[i])})
+                                 for i, s in enumerate(steps())]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory) -> Path:
+    """8 configurations x 2 seeds (c000-s0, c000-s1, ...): configurations 0-4 hacked, 5-7 healthy."""
+    folder = tmp_path_factory.mktemp("seeded")
+    rng = np.random.default_rng(11)
+    for c in range(8):
+        for seed in range(2):
+            score, gold = make_run(rng, hacked=c < 5)
+            write_corpus_run(folder / f"c{c:03d}-s{seed}.jsonl", c, seed, score, gold)
+    return folder
+
+
+def _labels(hacked: list[bool]):
+    from evalstop_trl.analysis.calibrate import RunLabel
+
+    return [RunLabel(f"r{i}", f"r{i}", "jsonl", "gold", h, 100, 200, 1.0, 0.0, 1.0 if h else 0.0)
+            for i, h in enumerate(hacked)]
+
+
+def test_the_runs_of_a_configuration_share_a_fold_and_folds_stay_stratified():
+    from evalstop_trl.analysis.calibrate import folds_of
+
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        sizes = rng.integers(1, 4, size=int(rng.integers(5, 30)))  # 1-3 seeds per configuration
+        groups = [f"g{g}" for g, n in enumerate(sizes) for _ in range(n)]
+        hacked = [bool(rng.random() < 0.4) for _ in groups]  # seeds of one setting may differ in label
+        k = int(rng.integers(2, min(6, len(sizes)) + 1))
+        fold = folds_of(_labels(hacked), k, groups)
+        for g in set(groups):
+            assert len({f for f, gg in zip(fold, groups, strict=True) if gg == g}) == 1, (trial, g)
+        assert sorted(set(fold)) == list(range(k)), trial  # every fold holds a group
+    # configurations of one label each, 2 seeds: each fold gets its share of hacked and healthy groups
+    groups = [f"g{c}" for c in range(10) for _ in range(2)]
+    fold = folds_of(_labels([c < 6 for c in range(10) for _ in range(2)]), 2, groups)
+    for f in range(2):
+        assert sum(1 for i, g in enumerate(fold) if g == f and i < 12) == 6 and fold.count(f) == 10
+
+
+def test_fewer_configurations_than_folds_is_an_error_that_says_how_to_fix_it():
+    from evalstop_trl.analysis.calibrate import folds_of
+
+    labels = _labels([True, False, True, False])
+    with pytest.raises(ValueError, match=r"only 2 configuration groups for 5 folds: .*pass --folds 2, or another "
+                                         r"--group-by \(e.g. 'run'"):
+        folds_of(labels, 5, ["a", "a", "b", "b"])
+    with pytest.raises(ValueError, match="only 1 configuration group for 2 folds: .*; pass another --group-by"):
+        folds_of(labels, 2, ["a"] * 4)
+    assert folds_of(labels, 5) == folds_of(labels, 5, None) and max(folds_of(labels, 5)) == 3  # by run: one per run
+
+
+def test_grouping_seeds_stops_the_held_out_leak_of_their_twin():
+    """9 configurations x 2 identical seeds: 8 hacked, one a healthy trap that decline k<=3 stops.
+    Folds by run put the trap's twins in different folds, so each is tuned on its copy: k=4 is chosen and
+    the held-out rows look perfect. Folds by configuration hold both out together: that fold's tuning never
+    saw the trap, picks the saving k=1, and both stops of the healthy run are the false stops they are."""
+    from evalstop_trl.analysis.calibrate import Direction, tune, tuning_grid
+    from evalstop_trl.analysis.histories import RunHistory, Series
+
+    hacked = [c < 8 for c in range(9) for _ in range(2)]
+    groups = [f"config_id={c}" for c in range(9) for _ in range(2)]
+    runs = [RunHistory(f"c{i // 2}-s{i % 2}", f"c{i // 2}-s{i % 2}.jsonl", "jsonl",
+                       Series("world_feedback", tuple(steps()), (0.5,) * N_EVALS), None, (None,) * N_EVALS, 200)
+            for i in range(18)]
+    grid = tuning_grid("decline")
+    assert [dict(p.params)["k"] for p in grid] == [1, 2, 3, 4]
+    stops = {p.label: [100 + 10 * dict(p.params)["k"] if h else (150 if dict(p.params)["k"] <= 3 else None)
+                       for h in hacked] for p in grid}
+    labels = _labels(hacked)
+    by_run = tune("decline", runs, labels, Direction.MAX, stops, 3, 0.99)
+    by_config = tune("decline", runs, labels, Direction.MAX, stops, 3, 0.99, groups)
+    assert {dict(p.params)["k"] for p in by_run.fold_choices} == {4}  # each fold saw the trap's twin
+    assert by_run.held_out.fpr.k == 0 and by_run.held_out.precision.value == 1.0  # the leak: looks perfect
+    assert sorted(dict(p.params)["k"] for p in by_config.fold_choices) == [1, 4, 4]
+    assert by_config.held_out.fpr.k == 2 and by_config.held_out.precision.value == 16 / 18
+    assert by_run.final == by_config.final  # the value chosen on all runs does not depend on the folds
+
+
+def test_the_bootstrap_resamples_configurations_not_seeds():
+    x = np.random.default_rng(2).normal(size=30)
+    plain = bootstrap_mean(x)
+    assert bootstrap_mean(x, groups=range(30)).ci == pytest.approx(plain.ci)  # each alone: the run bootstrap
+    twice = np.repeat(x, 2)  # two identical seeds per configuration
+    grouped = bootstrap_mean(twice, groups=np.repeat(np.arange(30), 2).tolist())
+    assert grouped.n == 60 and grouped.value == pytest.approx(plain.value)
+    assert grouped.ci.low == pytest.approx(plain.ci.low) and grouped.ci.high == pytest.approx(plain.ci.high)
+    naive = bootstrap_mean(twice)  # seeds taken as independent: too narrow
+    assert naive.ci.high - naive.ci.low < 0.8 * (grouped.ci.high - grouped.ci.low)
+    assert bootstrap_mean([1.0, 2.0], groups=["a", "a"]).ci is None  # one configuration: no interval
+
+
+def test_cli_group_by_a_logged_config_value_end_to_end(seeded):
+    out = cli(seeded, "--metric", "world_feedback", "--label-metric", "gold", "--group-by", "config_id",
+              "--folds", "4", "--json")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["group_by"] == "config_id" and res["n_groups"] == 8 and res["folds"] == 4
+    by_config: dict[str, set[int]] = {}
+    for r in res["runs"]:
+        assert r["group"] == f"config_id={int(r['name'][1:4])}"  # read from each file's header line
+        by_config.setdefault(r["group"], set()).add(r["fold"])
+    assert all(len(f) == 1 for f in by_config.values()) and len(by_config) == 8
+    assert sorted({r["fold"] for r in res["runs"]}) == [0, 1, 2, 3]
+    assert not any("seed suffix" in n for n in res["notes"])
+    text = cli(seeded, "--metric", "world_feedback", "--label-metric", "gold", "--group-by", "config_id",
+               "--folds", "4").stdout
+    assert "grouped by config_id: 8 configuration groups" in text
+    assert "4-fold cross-validation by configuration group (config_id), a group's runs in one fold" in text
+    assert "percentile bootstrap resampling configuration groups (config_id)" in text
+    # the default, by run: said, and the seed names flagged
+    plain = json.loads(cli(seeded, "--metric", "world_feedback", "--label-metric", "gold", "--json").stdout)
+    assert plain["group_by"] == "run" and plain["n_groups"] == 16
+    assert any("16 runs' names differ only by a seed suffix (e.g. c000-s0, c000-s1)" in n for n in plain["notes"])
+    # too few groups, and a key the runs do not record: exit 2 with the fix
+    few = cli(seeded, "--metric", "world_feedback", "--group-by", "config_id", "--folds", "9")
+    assert few.returncode == 2 and "only 8 configuration groups for 9 folds" in few.stderr
+    assert "pass --folds 8 or fewer, or another --group-by" in few.stderr
+    one = cli(seeded, "--metric", "world_feedback", "--group-by", "folder")
+    assert one.returncode == 2 and "only 1 configuration group for 5 folds" in one.stderr
+    missing = cli(seeded, "--metric", "world_feedback", "--group-by", "learning_rate")
+    assert missing.returncode == 2 and "does not record 'learning_rate'; what it records: config.config_id" in \
+        missing.stderr
+
+
+def test_run_metadata_is_what_each_format_records(tmp_path):
+    """trainer_state.json (a hyper-parameter search's trial_params), W&B's config.yaml beside its history,
+    MLflow params; the folder that holds each run."""
+    from evalstop_trl.analysis.calibrate import group_keys
+
+    score, _ = make_run(np.random.default_rng(4), hacked=True)
+    for lr in ("a", "b"):
+        for seed in (0, 1):
+            d = tmp_path / "sweep" / f"lr-{lr}" / f"seed{seed}"
+            d.mkdir(parents=True)
+            log = [{"step": s, "eval_reward": float(score[i])} for i, s in enumerate(steps())]
+            (d / "trainer_state.json").write_text(json.dumps({
+                "global_step": 200, "max_steps": 200, "train_batch_size": 8, "trial_name": f"lr-{lr}-{seed}",
+                "trial_params": {"learning_rate": 1e-5 if lr == "a" else 3e-5, "seed": seed}, "log_history": log}))
+    files = tmp_path / "wandb" / "run-20240101_000000-abc123" / "files"
+    files.mkdir(parents=True)
+    write_jsonl(files / "wandb-history.jsonl", score)
+    (files / "config.yaml").write_text("wandb_version: 1\n\n_wandb:\n  desc: null\n  value:\n    cli_version: 0.16.0\n"
+                                       "learning_rate:\n  desc: null\n  value: 0.0001\nmodel:\n  value:\n"
+                                       "    name: qwen\n")
+    write_mlflow(tmp_path, score, "f00d", "mlflow-run")
+    runs = load_histories([tmp_path], "eval_reward")
+    sweep = sorted((r for r in runs if r.format == "trainer_state"), key=lambda r: r.source)
+    assert sweep[0].meta["trial_params.learning_rate"] == "1e-05" and sweep[0].meta["train_batch_size"] == "8"
+    assert sweep[0].meta["trial_name"] == "lr-a-0" and not any(k.startswith("log_history") for k in sweep[0].meta)
+    (wandb,) = (r for r in runs if r.format == "jsonl")
+    assert wandb.meta == {"learning_rate": "0.0001", "model.name": "qwen"}  # wandb_version and _wandb left out
+    (mlflow,) = (r for r in runs if r.format == "mlflow")
+    assert mlflow.meta == {"lr": "1e-5"} and mlflow.folder == str(tmp_path / "mlruns" / "1")
+    assert wandb.folder == str(files)
+    assert [r.folder for r in sweep] == [str(tmp_path / "sweep" / f"lr-{x}") for x in "aabb"]
+    assert group_keys(sweep, "folder") == [r.folder for r in sweep]
+    assert group_keys(sweep, "learning_rate") == ["learning_rate=1e-05"] * 2 + ["learning_rate=3e-05"] * 2
+    assert group_keys(sweep, "learning_rate,train_batch_size")[0] == "learning_rate=1e-05, train_batch_size=8"
+    two = dataclasses.replace(wandb, meta={"config.seed": "1", "trial_params.seed": "1"})
+    with pytest.raises(ValueError, match=r"--group-by seed: ambiguous in .* \(config.seed, trial_params.seed\)"):
+        group_keys([two], "seed")
+    with pytest.raises(ValueError, match="--group-by lr: .* does not record 'lr'; what it records: learning_rate, "
+                                         "model.name"):
+        group_keys([wandb], "lr")
