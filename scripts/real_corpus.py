@@ -96,6 +96,7 @@ def write_labels(folder: Path = cp.CORPUS) -> list[cp.RunRecord]:
 # ----------------------------------------------------------------------------- scoring
 Row = tuple[str, str, dict[str, Any], bool, bool]  # label, detector, params (a policy's), paired noise, KL gate
 CONVERGED = {"stop_on": ["hacked", "converged"]}  # the opt-in converged stop (counted apart, never a true stop)
+PAPER = "decline, noise none (the paper's exact rule)"
 
 
 def detector_rows(with_evidence: bool = True) -> list[Row]:
@@ -107,6 +108,7 @@ def detector_rows(with_evidence: bool = True) -> list[Row]:
 
     names = [n for n in DETECTORS.names() if n != "never"]
     rows: list[Row] = [(n, n, {}, False, False) for n in names]
+    rows.insert(1, (PAPER, "decline", {"noise": "none"}, False, False))  # the default before issue 44
     if with_evidence:
         rows += [(f"{n} + paired noise", n, {}, True, False) for n in names]
         rows += [(f"{n} + KL gate", n, {}, False, True) for n in names]
@@ -188,6 +190,21 @@ def by_factor(runs: list[cp.RunRecord], rows: list[Row], rule: cp.LabelRule, fac
     return "\n".join(lines)
 
 
+#: ``--sweep-decline``: the grid the default ``decline``'s ``noise_z`` was chosen from, on the tuning half only
+DECLINE_SWEEP = {"noise": ("run", "paired"), "noise_z": (1.0, 1.5, 2.0, 2.5, 3.0)}
+
+
+def sweep_decline(runs: list[cp.RunRecord], rule: cp.LabelRule) -> str:
+    """The tuning half's table for ``decline`` (k=2) over :data:`DECLINE_SWEEP`, each eval with its
+    paired noise: how the default ``noise_z`` was chosen (``noise: run`` by design, a level a fixed-seed
+    eval cannot fool; among its rows the highest precision counting any stop with recall >= 0.6 on
+    this half; docs/results.md)."""
+    rows: list[Row] = [(PAPER, "decline", {"noise": "none"}, True, False)]
+    rows += [(f"decline, noise {n}, noise_z {z:g}", "decline", {"noise": n, "noise_z": z}, True, False)
+             for n in DECLINE_SWEEP["noise"] for z in DECLINE_SWEEP["noise_z"]]
+    return markdown(score_all(runs, rows, rule))
+
+
 def half_of(runs: list[cp.RunRecord], prereg: dict[str, Any], half: str) -> list[cp.RunRecord]:
     if half == "all":
         return runs
@@ -204,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="verify the stored runs against the preregistration")
     ap.add_argument("--score", action="store_true", help="replay every registered detector and print the table")
     ap.add_argument("--half", default="held_out", choices=("held_out", "tuning", "all"))
+    ap.add_argument("--sweep-decline", action="store_true", dest="sweep_decline",
+                    help="the tuning half's table for decline's noise and noise_z (how the default was chosen)")
     ap.add_argument("--json", help="write the scored table as JSON")
     ap.add_argument("--by", choices=sorted(FACTORS), help="with --score: healthy runs stopped and recall per group "
                     "of a design factor, for decline and sequential (with and without the paired noise)")
@@ -234,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             return 1
         print("the stored runs match their preregistration")
+    if args.sweep_decline:
+        runs = half_of(cp.read_corpus(folder), prereg, "tuning")  # never the held-out half
+        print(f"tuning half: {len(runs)} runs; decline k=2, each eval with its paired noise\n")
+        print(sweep_decline(runs, cp.rule_of(prereg)))
     if args.score:
         rule = cp.rule_of(prereg)
         runs = half_of(cp.read_corpus(folder), prereg, args.half)
@@ -246,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
               f"configurations ({len({r.config.config_id for r in runs})})\n")
         print(markdown(table))
         if args.by:
-            chosen = [r for r in detector_rows() if r[0] in ("decline", "sequential", "decline + paired noise",
+            chosen = [r for r in detector_rows() if r[0] in (PAPER, "decline", "sequential", "decline + paired noise",
                                                               "sequential + paired noise")]
             print(f"\nby {args.by} (healthy runs stopped at all / recall; counts in brackets)\n")
             print(by_factor(runs, chosen, rule, args.by))

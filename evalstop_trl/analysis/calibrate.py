@@ -78,7 +78,8 @@ __all__ = ["Calibration", "Direction", "Policy", "PolicyScore", "Recommendation"
 
 #: Variants beyond the registry defaults (kept only when they differ from a detector's defaults).
 VARIANTS: tuple[tuple[str, Mapping[str, Any]], ...] = (
-    ("decline", {"k": 1}), ("decline", {"k": 2}), ("decline", {"k": 3}), ("patience", {"k": 2}))
+    ("decline", {"k": 1}), ("decline", {"k": 2}), ("decline", {"k": 3}), ("patience", {"k": 2}),
+    ("decline", {"k": 1, "noise": "none"}), ("decline", {"k": 2, "noise": "none"}))  # the paper's exact rule
 SKIPPED = frozenset({"never"})
 
 

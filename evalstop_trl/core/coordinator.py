@@ -27,7 +27,7 @@ Example::
     >>> from evalstop_trl.core.requests import JobRequest, ReportRequest
     >>> coord = Coordinator()  # an in-memory store
     >>> _ = coord.register_job("acme", JobRequest("run-1", "grpo", planned_steps=100))
-    >>> for step, score in [(10, 0.2), (20, 0.5), (30, 0.4), (40, 0.3)]:
+    >>> for step, score in [(10, 0.2), (20, 0.5), (30, 0.4), (40, 0.2)]:
     ...     decision = coord.report("acme", "run-1", ReportRequest(step, eval_score=score))
     >>> decision.action.value, decision.best_step
     ('stop', 20)

@@ -14,7 +14,7 @@ directly::
     >>> from evalstop_trl.core.coordinator import Coordinator
     >>> session = EvalStopSession(SessionConfig.build("decline", k=2))
     >>> session.attach(EmbeddedClient(Coordinator()), "my-run")
-    >>> [session.report(step, score) for step, score in [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.55)]]
+    >>> [session.report(step, score) for step, score in [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.4)]]
     [False, False, False, True]
     >>> session.best_step, session.best_score
     (20, 0.7)

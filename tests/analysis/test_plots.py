@@ -80,7 +80,8 @@ def test_a_shadow_job_s_plot_marks_where_it_would_have_stopped(monkeypatch, tmp_
     from evalstop_trl.core.codec import to_wire
 
     c = Coordinator(MemoryStore())
-    c.register_job("acme", JobRequest("s", "grpo", 60, policy={"detector": "decline", "k": 2, "mode": "shadow"}))
+    c.register_job("acme", JobRequest("s", "grpo", 60, policy={"detector": "decline", "k": 2, "mode": "shadow",
+                                                                  "noise": "none"}))  # the paper's rule: any falls
     for step, score in ((10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.6)):
         c.report("acme", "s", ReportRequest(step, eval_score=score))
     drawn = {}
@@ -112,7 +113,7 @@ def test_replay_plot(tmp_path):
     out = tmp_path / "replay.png"
     r = run("replay", "configs/examples/hacked_trainer_state.json", "--plot", str(out), "--json")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("{") and '"stop_step": 120' in r.stdout  # stdout stays one JSON object
+    assert r.stdout.startswith("{") and '"stop_step": 140' in r.stdout  # stdout stays one JSON object
     assert f"plot written to {out}" in r.stderr
     assert_sensible_png(out)
 
@@ -130,7 +131,7 @@ def test_status_plot(server, tmp_path):
     server.start()
     with EvalStopClient(server.url, token) as c:
         c.register_job("hacked", "grpo", planned_steps=100)
-        for i, s in enumerate([0.2, 0.5, 0.7, 0.65, 0.6]):
+        for i, s in enumerate([0.2, 0.5, 0.7, 0.6, 0.4]):
             c.report("hacked", 10 * (i + 1), eval_score=s, train_loss=1.0 - 0.1 * i, proxy_reward=0.3 * i,
                      checkpoint=f"ckpt-{10 * (i + 1)}")
         c.register_job("empty", "grpo")

@@ -43,8 +43,9 @@ def test_the_label_comes_from_gold_and_the_detector_sees_world_feedback(fixture_
     runs = {r["name"]: r["hacked"] for r in res["runs"]}
     assert runs == {"grpo-hacked-s0": True, "rloo-hacked-s0": True, "grpo-healthy-s0": False, "rloo-healthy-s0": False}
     (row,) = res["table"]
-    # 0.6 -> 0.55 (step 75) -> 0.4 (step 90): the second decline stops
-    assert row["stops"] == {"grpo-hacked-s0": 90, "rloo-hacked-s0": None, "grpo-healthy-s0": None, "rloo-healthy-s0": 90}
+    # 0.6 -> 0.55 (step 75) -> 0.4 (step 90) -> 0.3 (step 105): the falls add up beyond the run's noise (the
+    # rise's changes of 0.1-0.2 are in it) at the third
+    assert row["stops"] == {"grpo-hacked-s0": 105, "rloo-hacked-s0": None, "grpo-healthy-s0": None, "rloo-healthy-s0": 105}
     assert (row["tp"], row["fp_a"], row["fp_b"], row["hacked"], row["healthy"]) == (1, 1, 1, 2, 2)
     assert row["recall"]["rate"] == 0.5 and row["precision"]["rate"] == 0.5 and row["fpr"]["rate"] == 0.5
 

@@ -48,8 +48,8 @@ def test_replay_matches_the_rule_on_random_curves(tmp_path, capsys, fmt, seed):
     k = rng.randint(1, 3)
     min_delta = rng.choice([0.0, 0.02])
     p = write(tmp_path, fmt, steps, scores)
-    code, out, _ = run_cli(capsys, "replay", p, "--k", k, "--min-delta", min_delta, "--json")
-    assert code == 0
+    code, out, _ = run_cli(capsys, "replay", p, "--k", k, "--min-delta", min_delta, "--param", "noise=none", "--json")
+    assert code == 0  # the paper's exact rule (noise none) against its reference implementation
     got = json.loads(out)
     assert set(got) == {"stopped", "stop_step", "best_step", "best_score", "reason", "evidence"}
     stop, best = reference_decline(scores, k, min_delta, "max")
@@ -64,7 +64,7 @@ def test_replay_matches_the_rule_on_random_curves(tmp_path, capsys, fmt, seed):
 
 def test_human_table_marks_best_and_stop(tmp_path, capsys):
     p = write(tmp_path, "csv", [1, 2, 3, 4, 5], [0.1, 0.5, 0.4, 0.3, 0.2])
-    code, out, _ = run_cli(capsys, "replay", p)
+    code, out, _ = run_cli(capsys, "replay", p, "--param", "noise=none")
     assert code == 0
     assert "<- best" in out and "<- STOP" in out and "(after stop)" in out
     assert "STOP at step 4; best step 2" in out
@@ -155,7 +155,7 @@ def test_several_eval_metrics_are_refused_with_the_list_and_evalstop_score_wins(
 
 def test_any_detector_parameter_through_param(tmp_path, capsys):
     p = write(tmp_path, "jsonl", [1, 2, 3, 4], [0.5, 0.7, 0.6, 0.5])
-    assert main(["replay", str(p), "--detector", "decline", "--param", "k=1", "--json"]) == 0
+    assert main(["replay", str(p), "--detector", "decline", "--param", "k=1", "--param", "noise=none", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stop_step"] == 3
     assert main(["replay", str(p), "--param", "k"]) == 2
     assert "--param must look like NAME=VALUE" in capsys.readouterr().err
@@ -173,14 +173,14 @@ def _state_with_evidence(tmp_path, noise: float | None = 0.002, n: object = 250)
 
 def test_the_logged_paired_noise_is_replayed_with_the_scores(tmp_path, capsys):
     """Two falls of 0.01 each: the paper's rule stops on them; with a logged paired noise of 0.02 they
-    are within the noise and it does not (the callback would have decided the same)."""
+    are within the noise and ``noise: paired`` does not (the callback would have decided the same)."""
     plain = load_curve(_state_with_evidence(tmp_path, noise=None))
-    assert plain.evidence == ((250, None),) * 4 and replay_curve(plain).stopped
+    assert plain.evidence == ((250, None),) * 4 and replay_curve(plain, noise="none").stopped
     noisy = load_curve(_state_with_evidence(tmp_path, noise=0.02))
     assert noisy.metric == "evalstop/score" and noisy.evidence[1] == (250, 0.02)
-    assert not replay_curve(noisy).stopped
+    assert not replay_curve(noisy, noise="paired").stopped
     small = load_curve(_state_with_evidence(tmp_path, noise=0.001))
-    assert replay_curve(small).stopped  # falls of 0.01 are beyond a noise of 0.001
+    assert replay_curve(small, noise="paired").stopped  # falls of 0.01 are beyond a noise of 0.001
 
 
 @pytest.mark.parametrize("n, noise, message", [
@@ -242,10 +242,11 @@ def test_replay_reads_the_logs_kl_and_a_gate_puts_the_clock_in_the_json(tmp_path
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     curve = load_curve(log, "eval_reward")
     assert curve.kls == tuple(kl for kl, _ in evals)  # the latest KL logged at or before each eval
-    assert main(["replay", str(log), "--metric", "eval_reward", "--k", "1", "--json"]) == 0
-    plain = json.loads(capsys.readouterr().out)
+    assert main(["replay", str(log), "--metric", "eval_reward", "--k", "1", "--param", "noise=none", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)  # the bare paper's rule stops at the first fall
     assert plain["stop_step"] == 30 and "kl_peak" not in plain["evidence"]
-    assert main(["replay", str(log), "--metric", "eval_reward", "--k", "1", "--gate", "kl_past_peak", "--json"]) == 0
+    assert main(["replay", str(log), "--metric", "eval_reward", "--k", "1", "--param", "noise=none", "--gate",
+                 "kl_past_peak", "--json"]) == 0
     gated = json.loads(capsys.readouterr().out)
     assert gated["stop_step"] == 70 and "past the forecast peak" in gated["reason"]
     assert gated["evidence"]["kl"] == 12.0 and gated["evidence"]["kl_peak"] < 12.0
@@ -256,7 +257,7 @@ def test_replay_reads_the_logs_kl_and_a_gate_puts_the_clock_in_the_json(tmp_path
     for i, (kl, score) in enumerate(evals, start=1):
         c.report("local", "run", ReportRequest(10 * i, score, kl=kl))
     c.close()
-    assert main(["replay", str(db), "--k", "1", "--gate", "kl_past_peak", "--json"]) == 0
+    assert main(["replay", str(db), "--k", "1", "--param", "noise=none", "--gate", "kl_past_peak", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["evidence"] == gated["evidence"]
     with pytest.raises(SystemExit):
         main(["replay", str(log), "--metric", "eval_reward", "--gate", "soon"])

@@ -58,8 +58,8 @@ def test_stop_after_two_declines_with_audit(make):
     assert view.status == "stopped" and view.best_step == 20 and view.best_score == 0.5
     (rec,) = c.audit("a")
     assert rec.kind is AuditKind.STOP and rec.actor == "detector:decline"
-    assert rec.reason == "2 consecutive declines: 0.5 → 0.45 → 0.4 at step 40"
-    assert rec.evidence["best_step"] == 20
+    assert rec.reason.startswith("2 consecutive declines: 0.5 → 0.45 → 0.4 at step 40: falls of ")
+    assert rec.evidence["best_step"] == 20 and rec.evidence["noise_units"] > rec.evidence["noise_z"] == 2.0
 
 
 def test_reports_after_stop_are_recorded_but_never_unstop(make):

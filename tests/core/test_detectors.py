@@ -81,13 +81,13 @@ def reference_decline(series, k, min_delta, direction):
     ],
 )
 def test_decline_table(k, min_delta, direction, series, stop_step, best_step):
-    got_stop, got_best, _, _ = run(series, "decline", k=k, min_delta=min_delta, direction=direction)
+    got_stop, got_best, _, _ = run(series, "decline", k=k, min_delta=min_delta, direction=direction, noise="none")
     assert (got_stop, got_best) == (stop_step, best_step)
     assert (got_stop, got_best) == reference_decline(series, k, min_delta, direction)
 
 
 def test_decline_reason_reads_like_a_sentence():
-    _, _, _, decisions = run([0.71, 0.69, 0.66], k=2)
+    _, _, _, decisions = run([0.71, 0.69, 0.66], k=2, noise="none")
     d = decisions[-1]
     assert d.action is Action.STOP
     assert d.reason == "2 consecutive declines: 0.71 → 0.69 → 0.66 at step 30"
@@ -95,24 +95,28 @@ def test_decline_reason_reads_like_a_sentence():
     assert d.best_step == 10 and d.best_score == 0.71
 
 
+_BAR = "the declines must add up to more than {} = noise_z 2 × √2 × noise {}, paired per-example"
+
+
 @pytest.mark.parametrize(
     "params, scores_noises, reasons",
     [
-        # a fall of 0.02 within the noise threshold 1 x sqrt(2) x 0.05 = 0.07071 resets the count: the reason says why
+        # a fall of 0.02 counts as a decline, but a run of declines stops only beyond 2 x sqrt(2) x 0.05 = 0.1414
         ({}, [(0.7, 0.05), (0.68, 0.05)],
-         ["0 consecutive decline(s) of 2 (a decline must exceed the noise threshold 0.07071 = noise_z 1 × √2 × "
-          "eval noise 0.05)"] * 2),
+         [f"0 consecutive decline(s) of 2 ({_BAR.format('0.1414', '0.05')})",
+          f"1 consecutive decline(s) of 2 ({_BAR.format('0.1414', '0.05')})"]),
         ({"k": 1}, [(0.7, 0.01), (0.6, 0.01)],
-         ["0 consecutive decline(s) of 1 (a decline must exceed the noise threshold 0.01414 = noise_z 1 × √2 × "
-          "eval noise 0.01)",
-          "1 consecutive declines: 0.7 → 0.6 at step 20 (a decline must exceed the noise threshold 0.01414 = "
-          "noise_z 1 × √2 × eval noise 0.01)"]),
+         [f"0 consecutive decline(s) of 1 ({_BAR.format('0.02828', '0.01')})",
+          "1 consecutive declines: 0.7 → 0.6 at step 20: falls of 7.1 noise units, 7.1 in all (needed 2; noise 0.01, "
+          "paired per-example)"]),
         ({"min_delta": 0.2}, [(0.7, 0.01), (0.6, 0.01)],
-         ["0 consecutive decline(s) of 2 (a decline must exceed min_delta 0.2)"] * 2),
-        ({"direction": "min", "noise_z": 2.0}, [(1.0, 0.1)],
-         ["0 consecutive rise(s) of 2 (a rise must exceed the noise threshold 0.2828 = noise_z 2 × √2 × eval noise "
-          "0.1)"]),
-        ({}, [(0.7, None), (0.6, None)], ["0 consecutive decline(s) of 2", "1 consecutive decline(s) of 2"]),  # as before
+         [f"0 consecutive decline(s) of 2 (each decline must exceed min_delta 0.2; {_BAR.format('0.02828', '0.01')})"]
+         * 2),
+        ({"direction": "min", "noise_z": 3.0}, [(1.0, 0.1)],
+         ["0 consecutive rise(s) of 2 (the rises must add up to more than 0.4243 = noise_z 3 × √2 × noise 0.1, paired "
+          "per-example)"]),
+        ({}, [(0.7, None), (0.6, None)], ["0 consecutive decline(s) of 2", "1 consecutive decline(s) of 2"]),
+        ({"noise": "none"}, [(0.7, 0.1), (0.6, 0.1)], ["0 consecutive decline(s) of 2", "1 consecutive decline(s) of 2"]),
     ],
 )
 def test_a_per_example_evals_reason_names_the_noise_threshold_that_decided_it(params, scores_noises, reasons):
@@ -180,7 +184,7 @@ def test_never_tracks_best_but_never_stops():
     "name, params, message",
     [
         ("nope", {}, "valid detectors are: cusum, decline, drop, loss_plateau, never, patience, sequential, stop_at, trend"),
-        ("decline", {"kk": 2}, "Unknown parameter(s) kk for detector 'decline'; valid parameters are: k, min_delta, noise_z, direction"),
+        ("decline", {"kk": 2}, "Unknown parameter(s) kk for detector 'decline'; valid parameters are: k, min_delta, noise, noise_z, direction"),
         ("decline", {"k": 0}, "k must be an integer in [1, 1000], but got k=0."),
         ("decline", {"k": 1.5}, "k must be an integer in [1, 1000]"),
         ("patience", {"min_delta": -1}, "min_delta must be a finite number in [0, 1e+06]"),
@@ -215,7 +219,7 @@ def test_registry_errors(name, params, message):
 
 def test_registry_lists_every_detector_with_params():
     assert set(DETECTORS) == {"decline", "patience", "stop_at", "loss_plateau", "drop", "trend", "cusum", "sequential", "never"}
-    assert detector_params("decline") == {"k": 2, "min_delta": 0.0, "noise_z": 1.0, "direction": "max"}
+    assert detector_params("decline") == {"k": 2, "min_delta": 0.0, "noise": "run", "noise_z": 2.0, "direction": "max"}
 
 
 @pytest.mark.parametrize("field", ["eval_score", "train_loss", "proxy_reward"])
@@ -252,7 +256,7 @@ def test_non_decreasing_never_stops(values, k):
 @settings(max_examples=200, deadline=None)
 @given(series_st, st.integers(1, 4), st.sampled_from([0.0, 0.01, 0.1]), st.sampled_from(["max", "min"]))
 def test_decline_matches_reference(series, k, min_delta, direction):
-    got = run(series, "decline", k=k, min_delta=min_delta, direction=direction)
+    got = run(series, "decline", k=k, min_delta=min_delta, direction=direction, noise="none")
     assert (got[0], got[1]) == reference_decline(series, k, min_delta, direction)
 
 
@@ -263,7 +267,7 @@ def test_stops_exactly_at_kth_consecutive_decline(start, drops, k):
     series = [start]
     for d in drops:
         series.append(series[-1] - d)
-    stop = run(series, "decline", k=k)[0]
+    stop = run(series, "decline", k=k, noise="none")[0]
     expected = 10 * (k + 1) if len(drops) >= k else None
     assert stop == expected
 
@@ -687,7 +691,12 @@ def _feed_safely(name, params, rows):
 def test_bounds_table_covers_every_detector_and_parameter():
     assert set(BOUNDS) == set(DETECTORS)
     for name, bounds in BOUNDS.items():
-        assert set(bounds) == set(detector_params(name)) - {"direction"}, name
+        assert set(bounds) == set(detector_params(name)) - {"direction", "noise"}, name  # two choices, not numbers
+
+
+def test_decline_names_its_noise_choices():
+    with pytest.raises(ValueError, match=r"^noise must be one of run, paired, none, but got noise='paper'\.$"):
+        create_detector("decline", noise="paper")
 
 
 @pytest.mark.parametrize("name, param", [(n, p) for n, b in BOUNDS.items() for p in b])

@@ -84,11 +84,11 @@ def test_an_observation_checks_its_evidence(kwargs, message):
         Observation("j", 1, **kwargs)
 
 
-def _stops(detector, scores, noise=None, n=250, **params):
+def _stops(detector, scores, eval_noise=None, n=250, **params):
     det = create_detector(detector, **params)
     for i, s in enumerate(scores):
-        d = det.observe(Observation("j", 10 * i, s, eval_n=None if noise is None else n,
-                                    eval_noise=None if noise is None or i == 0 else noise))
+        d = det.observe(Observation("j", 10 * i, s, eval_n=None if eval_noise is None else n,
+                                    eval_noise=None if eval_noise is None or i == 0 else eval_noise))
         if d.action is Action.STOP:
             return 10 * i, d
     return None, d
@@ -96,12 +96,15 @@ def _stops(detector, scores, noise=None, n=250, **params):
 
 def test_decline_counts_only_falls_beyond_the_paired_noise():
     wobble = [0.50, 0.52, 0.515, 0.51, 0.53, 0.525, 0.52]  # falls of 0.005: noise at a level of 0.01
-    assert _stops("decline", wobble)[0] == 30  # the paper's rule on plain numbers stops at the wobble
-    assert _stops("decline", wobble, noise=0.01)[0] is None  # within sqrt(2) * 0.01 of the eval before
+    assert _stops("decline", wobble, noise="none")[0] == 30  # the paper's rule on plain numbers stops at the wobble
+    for noise in ("paired", "run"):  # 0.01 in all is within 2 x sqrt(2) x 0.01 of the eval before the declines
+        assert _stops("decline", wobble, eval_noise=0.01, noise=noise)[0] is None
     real = [0.50, 0.55, 0.60, 0.55, 0.50, 0.45]
-    step, d = _stops("decline", real, noise=0.01)
-    assert step == 40 and d.evidence["noise"] == 0.01 and d.evidence["needed"] == pytest.approx(math.sqrt(2) * 0.01)
-    assert _stops("decline", real, noise=0.01, noise_z=0.0)[0] == _stops("decline", real)[0]  # noise_z=0: the paper's
+    step, d = _stops("decline", real, eval_noise=0.01, noise="paired")
+    assert step == 40 and d.evidence["noise"] == 0.01 and d.evidence["needed"] == pytest.approx(2 * math.sqrt(2) * 0.01)
+    step, d = _stops("decline", real, eval_noise=0.01)  # the default: the larger of the paired and the run's own noise
+    assert step == 40 and d.evidence["noise"] >= 0.01 and d.evidence["noise_units"] > 2
+    assert _stops("decline", real, eval_noise=0.01, noise_z=0.0)[0] == _stops("decline", real, noise="none")[0]  # z=0: the paper's
 
 
 @pytest.mark.parametrize("name", sorted(DETECTORS.names()))
@@ -121,6 +124,6 @@ def test_the_noise_robust_rules_use_a_supplied_level(name):
     same curve with a tiny level is stopped no later than with the rule's own estimate."""
     curve = [0.30 + 0.04 * i for i in range(10)] + [0.66 - 0.03 * i for i in range(10)]
     own = _stops(name, curve)[0]
-    tiny = _stops(name, curve, noise=1e-4)[0]
-    huge = _stops(name, curve, noise=1.0)[0]
+    tiny = _stops(name, curve, eval_noise=1e-4)[0]
+    huge = _stops(name, curve, eval_noise=1.0)[0]
     assert tiny is not None and (own is None or tiny <= own) and huge is None, (own, tiny, huge)

@@ -143,7 +143,9 @@ def test_an_evaluator_posts_per_example_evidence(server, tmp_path):
     assert len(reports) >= 3 and [r.eval_n for r in reports] == [32] * len(reports)
     assert reports[0].eval_noise is None and all(r.eval_noise > 0 for r in reports[1:]), reports
     decided = {r.step: r for r in reports}[job.decision.evidence["steps"][-1]]  # later snapshots may be scored too
-    assert job.decision.evidence["noise"] == decided.eval_noise
+    ev = job.decision.evidence  # the larger of the paired noise and the run's own eval-to-eval noise
+    assert ev["noise"] >= decided.eval_noise and (ev["noise"] == decided.eval_noise) == (
+        ev["noise_source"] == "paired per-example"), ev
 
 
 def test_an_evaluator_pairs_each_job_with_its_own_earlier_snapshot_and_keeps_few():

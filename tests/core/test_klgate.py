@@ -33,7 +33,7 @@ def test_falls_before_the_peak_are_held_and_a_stop_past_it_carries_the_clock():
     true one, never earlier than the bare rule's."""
     early = 0
     for seed in range(8):
-        rule, gated = create_detector("decline", k=1), KLGate(create_detector("decline", k=1))
+        rule, gated = create_detector("decline", k=1, noise="none"), KLGate(create_detector("decline", k=1, noise="none"))
         bare_kl = stop = None
         for i, (kl, score) in enumerate(_gao_run(seed, noise=0.04)):
             obs = Observation("j", i, score, kl=kl)

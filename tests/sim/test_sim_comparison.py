@@ -64,7 +64,7 @@ def test_watched_types():
 
 def test_detector_params_come_from_the_registry_and_the_config():
     cfg = load_config().replace(**{"overlay.evalstop.k": 3, "overlay.stop_at.fraction": 0.5})
-    assert detector_params(cfg, "decline") == {"k": 3, "min_delta": 0.0, "noise_z": 1.0}
+    assert detector_params(cfg, "decline") == {"k": 3, "min_delta": 0.0, "noise": "none", "noise_z": 2.0}
     assert detector_params(cfg, "stop_at") == {"fraction": 0.5}
     assert detector_params(cfg, "loss_plateau") == {"window": 2, "tolerance": 0.03}
     assert detector_params(cfg, "drop") == {"window": 2, "z": 1.4, "noise_prior": None, "noise_rel": 0.05,

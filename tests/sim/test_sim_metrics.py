@@ -147,7 +147,7 @@ def test_reproduce_smoke(tmp_path, capsys):
         for k in ("precision", "recall", "fpr", "retention"):
             assert r[k] is None or 0 <= r[k] <= 1.5
     decline = next(r for r in rows if r["detector"] == "decline" and r["sigma"] == 0.04 and r["evals_per_job"] == 10)
-    assert decline["params"] == {"k": 2, "min_delta": 0.0, "noise_z": 1.0}
+    assert decline["params"] == {"k": 2, "min_delta": 0.0, "noise": "none", "noise_z": 2.0}  # the paper's rule
     assert decline["precision"] == res["headline"]["precision"]  # the same runs as the headline
     assert decline["harmful_stops"] == res["headline"]["harmful_stops"]
     assert 0.3 < res["quality"]["retention"] < 1.0

@@ -207,11 +207,12 @@ def test_bad_per_example_configs_are_clear_errors(over, message):
 
 
 def test_the_detector_sees_the_paired_noise_and_stops_fewer_healthy_runs():
-    """The paper's decline k=2 on the same jobs, with and without per-example evidence: with the
-    paired noise, a fall within the noise does not count (fewer label stops of healthy runs)."""
+    """decline k=2 reading the paired noise (``noise: paired``) on the same jobs, with and without
+    per-example evidence: with the paired noise, a fall within the noise does not count (fewer label
+    stops of healthy runs)."""
     from platform_sim.experiments import detect_only
 
-    cfg = load_config().replace(**{"workload.n_jobs": 200})
+    cfg = load_config().replace(**{"workload.n_jobs": 200, "overlay.evalstop.noise": "paired"})
     pe = cfg.replace(**{"noise.per_example.n": 250})
     plain = detect_only(cfg, generate_workload(cfg, 11), "srtf_est", "evalstop")
     paired = detect_only(pe, generate_workload(pe, 11), "srtf_est", "evalstop")

@@ -140,7 +140,7 @@ def test_the_report_carries_the_trainers_kl_and_a_gated_policy_reads_it():
     """TRL logs the policy's KL (``objective/kl``, GRPO's ``kl``): the session reports the latest with
     each eval, and a ``gate: kl_past_peak`` policy holds a fall before the KL clock's forecast peak."""
     coord = Coordinator()
-    session = _session(coord, k=1, gate="kl_past_peak")
+    session = _session(coord, k=1, gate="kl_past_peak", noise="none")  # the bare rule stops at every fall
     assert coord.status("local", "j").policy["gate"] == "kl_past_peak"
     session.observe_logs({"loss": 1.0, "kl": float("nan")})  # not a number: ignored
     assert session.kl is None
@@ -156,7 +156,7 @@ def test_the_report_carries_the_trainers_kl_and_a_gated_policy_reads_it():
 
 def test_lower_is_better_with_direction_min():
     session = _session(direction="min")
-    assert _run(session, [(10, 2.0), (20, 1.0), (30, 1.5), (40, 1.7)]) == 40
+    assert _run(session, [(10, 2.0), (20, 1.0), (30, 1.5), (40, 2.5)]) == 40  # rises of 1.5 in all: beyond the noise
     assert (session.best_step, session.best_score) == (20, 1.0)
     # issue 20.8: a minimised metric that goes up "rose"; the evidence keys stay the same
     assert session.decision.reason == "2 consecutive rises: 1 → 1.5 → 1.7 at step 40"
@@ -513,9 +513,10 @@ def test_the_eval_line_names_the_noise_threshold_and_every_line_spells_a_missing
         session.report(30, None)
         session.log_eval(30, None)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("EvalStop step")]
-    assert lines[1] == ("EvalStop step 20: score 0.68, best 0.7 (step 10), declines 0, 0 consecutive decline(s) "
-                        "of 2 (a decline must exceed the noise threshold 0.07071 = noise_z 1 × √2 × eval noise 0.05)")
-    assert lines[2].startswith("EvalStop step 30: score failed, best 0.7 (step 10), declines 0, ")
+    assert lines[1] == ("EvalStop step 20: score 0.68, best 0.7 (step 10), declines 1, 1 consecutive decline(s) "
+                        "of 2 (the declines must add up to more than 0.1414 = noise_z 2 × √2 × noise 0.05, paired "
+                        "per-example)")
+    assert lines[2].startswith("EvalStop step 30: score failed, best 0.7 (step 10), declines 1, ")
 
     early = _session(coord, "early")  # stopped by hand before any eval: nothing known, one spelling
     caplog.clear()

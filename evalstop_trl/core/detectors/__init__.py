@@ -17,9 +17,11 @@ Missing and non-finite values (the documented policy):
 Per-example evidence (optional): ``eval_n`` is the number of examples the eval score is a mean of,
 and ``eval_noise`` its noise level in score units, estimated from the per-example differences
 with the previous eval on the same examples (:func:`evalstop_trl.core.examples.paired_noise`).
-With ``eval_noise`` a ``decline`` counts only a fall larger than the noise of a difference of two
-evals (``noise_z`` times ``sqrt(2) * eval_noise``), and the noise-robust rules use it as their noise
-level instead of their estimate; without it every rule decides exactly as before.
+``decline`` (the default) stops a run of ``k`` consecutive declines only once it has fallen in all
+by more than ``noise_z`` (2) times ``sqrt(2)`` noise levels: the larger of ``eval_noise`` and the
+run's own eval-to-eval noise (``noise: run``; ``noise: none`` is the paper's exact rule). The
+noise-robust rules use ``eval_noise`` as their noise level instead of their estimate; without it
+they decide exactly as before.
 
 Safe arithmetic: for every allowed parameter value and any finite scores, no detector raises
 (ZeroDivisionError, OverflowError) and all evidence is finite. The noise-robust rules (``drop``,
@@ -51,10 +53,12 @@ statistics of the noise-robust rules in ``noise``; this package registers them (
 Example::
 
     >>> det = create_detector("decline", k=2)
-    >>> for step, score in [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.55)]:
+    >>> for step, score in [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.55), (50, 0.45)]:
     ...     decision = det.observe(Observation(job_id="j", step=step, eval_score=score))
     >>> decision.action, decision.best_step
     (<Action.STOP: 'stop'>, 20)
+    >>> decision.reason.split(":")[0]
+    '3 consecutive declines'
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ from .base import (
     is_decline,
 )
 from .cusum import CusumDetector
-from .decline import DeclineDetector
+from .decline import DeclineDetector, DeclineNoise
 from .drop import DropDetector
 from .loss_plateau import LossPlateauDetector, relative_improvement
 from .never import NeverDetector
@@ -116,6 +120,7 @@ __all__ = [
     "CUSUM_NOISE_REL",
     "CusumDetector",
     "DEFAULT_DETECTOR",
+    "DeclineNoise",
     "DETECTORS",
     "DROP_NOISE_REL",
     "Decision",
@@ -164,7 +169,8 @@ __all__ = [
     "third_difference",
 ]
 
-#: the detector of a policy that names none: the paper's rule
+#: the detector of a policy that names none: the paper's rule, its declines counted beyond the run's noise
+#: (``decline``'s ``noise: none`` is the paper's exact rule)
 DEFAULT_DETECTOR = "decline"
 #: the detector recommended to new users (the README and ``evalstop replay --help`` say so; tests/test_readme.py)
 RECOMMENDED_DETECTOR = "sequential"

@@ -8,7 +8,7 @@ carries the clock: the KL, the forecast peak and its interval ("KL 0.21 past the
 [0.11, 0.19]"). A run that logs no KL is judged by its rule alone (evidence is never required).
 
     >>> from evalstop_trl.core.detectors import Observation, create_detector
-    >>> gated = KLGate(create_detector("decline", k=1))
+    >>> gated = KLGate(create_detector("decline", k=1, noise="none"))  # the bare paper rule: any fall
     >>> evals = [(0.5, 0.93), (1, 1.1), (2, 1.05), (3, 1.356), (5, 1.436), (8, 1.458), (12, 1.412)]  # (KL, score)
     >>> d = [gated.observe(Observation("j", i, s, kl=k)) for i, (k, s) in enumerate(evals)]
     >>> d[2].action.value, d[2].reason.startswith("held by the KL gate")   # a fall before the peak: held

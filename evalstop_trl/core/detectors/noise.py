@@ -79,10 +79,11 @@ class NoiseLevel(NamedTuple):
 
 
 class RelativeNoiseLevel(NamedTuple):
-    """Online eval-noise level of one job in the job's own units: third differences of consecutive
-    evals (as :class:`NoiseLevel`) pooled with a prior of ``rel`` times the range of the evals so far
-    (max - min), worth ``prior_evals`` terms. Under ``a * score + b`` (a > 0) the level scales by
-    ``a``: rules that measure in its units are invariant. An immutable value; O(1) memory.
+    """Online eval-noise level of one job in the job's own units: differences of consecutive evals
+    of ``order`` 3 (as :class:`NoiseLevel`: a smooth curve's trend cancels) or 1 (every change from
+    one eval to the next counts as noise, a checkpoint's drift included) pooled with a prior of
+    ``rel`` times the range of the evals so far (max - min), worth ``prior_evals`` terms. Under
+    ``a * score + b`` (a > 0) the level scales by ``a``: rules that measure in its units are invariant. An immutable value; O(1) memory.
 
     The sum of squared differences is kept in units of the current range (rescaled when the range
     grows; a third difference is at most 8 ranges), so nothing overflows or underflows to a zero
@@ -96,9 +97,10 @@ class RelativeNoiseLevel(NamedTuple):
     n: int = 0
     low: float = 0.0
     high: float = 0.0
+    order: int = 3
 
     def add(self, y: float) -> RelativeNoiseLevel:
-        last, sum_sq, n, low, high = self.last, self.sum_sq, self.n, self.low, self.high
+        last, sum_sq, n, low, high, order = self.last, self.sum_sq, self.n, self.low, self.high, self.order
         if not last and not n:
             low = high = y
         elif y < low or y > high:
@@ -106,13 +108,17 @@ class RelativeNoiseLevel(NamedTuple):
             low, high = min(low, y), max(high, y)
             if sum_sq:
                 sum_sq *= (old / (high - low)) ** 2
-        if len(last) == 3:
+        if len(last) == order:
             rng = high - low
             if rng > 0:
-                d = third_difference(last[0], last[1], last[2], y) / rng  # |d| <= 8
-                sum_sq += d * d / 20.0
+                if order == 3:
+                    d = third_difference(last[0], last[1], last[2], y) / rng  # |d| <= 8
+                    sum_sq += d * d / 20.0
+                else:
+                    d = (y - last[-1]) / rng  # |d| <= 1
+                    sum_sq += d * d / 2.0
             n += 1
-        return RelativeNoiseLevel(self.rel, self.prior_evals, _push(last, y, 3), sum_sq, n, low, high)
+        return RelativeNoiseLevel(self.rel, self.prior_evals, _push(last, y, order), sum_sq, n, low, high, order)
 
     @property
     def range(self) -> float:
