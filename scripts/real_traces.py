@@ -76,11 +76,13 @@ def trace_line(row: dict[str, Any]) -> str:
 EVAL_NOISE_PRIOR = 0.5 / math.sqrt(FEEDBACK_PROMPTS * FEEDBACK_SAMPLES * 8)
 
 #: (label, detector, params): every registered detector but ``never``, at its registry defaults,
-#: plus the paper's rule at k = 1 and 3 and the noise-robust ones with the eval's own noise prior.
+#: plus the paper's exact rule (``noise: none``) at k = 1, 2 and 3 and the noise-robust ones with the
+#: eval's own noise prior.
 DETECTORS = [
-    ("decline k=1", "decline", {"k": 1}),
-    ("decline k=2 (paper)", "decline", {"k": 2}),
-    ("decline k=3", "decline", {"k": 3}),
+    ("decline k=1", "decline", {"k": 1, "noise": "none"}),
+    ("decline k=2 (paper)", "decline", {"k": 2, "noise": "none"}),
+    ("decline k=3", "decline", {"k": 3, "noise": "none"}),
+    ("decline k=2 (default: beyond the run's noise)", "decline", {"k": 2}),
     ("patience k=2", "patience", {"k": 2}),
     ("stop_at 0.65", "stop_at", {"fraction": 0.65}),
     ("loss_plateau w=2 tol=3%", "loss_plateau", {"window": 2, "tolerance": 0.03}),

@@ -195,7 +195,8 @@ def test_the_docs_state_what_the_per_example_traces_give():
 
 def test_a_plain_float_trace_decides_as_before_and_the_noise_only_gates(tmp_path):
     """With the paired noise ``decline`` counts only falls beyond it: a wobble within the noise is no
-    stop, the same trace without the evidence is the paper's rule."""
+    stop. Without the evidence the default measures the falls against the run's own eval-to-eval
+    noise (no stop either); the paper's exact rule stops at the wobble."""
     wobble = [0.50, 0.52, 0.515, 0.51, 0.53, 0.525, 0.52, 0.55, 0.56, 0.57]
     path = write(tmp_path / "grpo-judge-s00.jsonl", wobble, [0.1 * i for i in range(1, 11)])
     rows = rows_of(path)
@@ -204,7 +205,12 @@ def test_a_plain_float_trace_decides_as_before_and_the_noise_only_gates(tmp_path
     res = jt.evaluate([path], planned_steps=100, detectors=["decline"])
     plain, paired = res["table"]
     assert (plain["detector"], paired["detector"]) == ("decline", "decline + paired noise")
-    assert plain["stops"]["grpo-judge-s00"] == 40 and paired["stops"]["grpo-judge-s00"] is None
+    assert plain["stops"]["grpo-judge-s00"] is None and paired["stops"]["grpo-judge-s00"] is None
+    from evalstop_trl.analysis.replay import Curve, replay_curve
+
+    paper = replay_curve(Curve("world_feedback", tuple(r["step"] for r in rows), tuple(wobble), (None,) * 10), "decline",
+                         noise="none")
+    assert paper.stop_step == 40  # the paper's rule: two falls of 0.005
 
 
 # ----------------------------------------------------------------------------- the generator
