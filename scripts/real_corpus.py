@@ -205,6 +205,36 @@ def sweep_decline(runs: list[cp.RunRecord], rule: cp.LabelRule) -> str:
     return markdown(score_all(runs, rows, rule))
 
 
+#: ``--paired``: each rule alone against the same rule with the evidence a run logs, on the same runs
+PAIRED_METRICS = ("precision_any", "healthy_stopped", "recall", "post_peak_saved")
+
+
+def paired_table(runs: list[cp.RunRecord], rule: cp.LabelRule) -> str:
+    """For ``decline`` and ``sequential``: the change from the rule on plain scores to the rule with
+    the paired noise, and with the paired noise and the KL gate, on the same runs (a bootstrap over
+    configurations shared by both sides: a paired comparison)."""
+    def outcomes(detector: str, evidence: bool, gate: bool) -> list[cp.Outcome]:
+        out = []
+        for r in runs:
+            stop, kept, reason = replay_stop(r, detector, {}, evidence, gate)
+            out.append(cp.outcome(r, stop, kept, rule, converged=reason.startswith("converged")))
+        return out
+
+    lines = ["| change, same runs | " + " | ".join(m.replace("_", " ") for m in PAIRED_METRICS) + " |",
+             "|---" * (len(PAIRED_METRICS) + 1) + "|"]
+    for detector in ("decline", "sequential"):
+        plain = outcomes(detector, False, False)
+        for label, evidence, gate in (("+ paired noise", True, False), ("+ paired noise + KL gate", True, True)):
+            after = outcomes(detector, evidence, gate)
+            cells = []
+            for m in PAIRED_METRICS:
+                d = cp.paired_difference(plain, after, m)
+                cells.append("n/a" if d.value is None else
+                             f"{100 * d.value:+.0f} [{100 * (d.low or 0):+.0f}, {100 * (d.high or 0):+.0f}] points")
+            lines.append(f"| {detector} -> {detector} {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def half_of(runs: list[cp.RunRecord], prereg: dict[str, Any], half: str) -> list[cp.RunRecord]:
     if half == "all":
         return runs
@@ -223,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--half", default="held_out", choices=("held_out", "tuning", "all"))
     ap.add_argument("--sweep-decline", action="store_true", dest="sweep_decline",
                     help="the tuning half's table for decline's noise and noise_z (how the default was chosen)")
+    ap.add_argument("--paired", action="store_true", help="with --score: each rule against itself with the "
+                    "paired noise and the KL gate, on the same runs (paired bootstrap over configurations)")
     ap.add_argument("--json", help="write the scored table as JSON")
     ap.add_argument("--by", choices=sorted(FACTORS), help="with --score: healthy runs stopped and recall per group "
                     "of a design factor, for decline and sequential (with and without the paired noise)")
@@ -273,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                                                               "sequential + paired noise")]
             print(f"\nby {args.by} (healthy runs stopped at all / recall; counts in brackets)\n")
             print(by_factor(runs, chosen, rule, args.by))
+        if args.paired:
+            print(f"\nthe evidence a run logs, paired on the same {len(runs)} runs (change: with minus without)\n")
+            print(paired_table(runs, rule))
         if args.json:
             Path(args.json).write_text(json.dumps({k: v.__dict__ for k, v in table.items()}, default=lambda o: o.__dict__,
                                                   indent=1))

@@ -360,6 +360,35 @@ def score(outcomes: Sequence[Outcome], resamples: int = 2000, seed: int = 0) -> 
     )
 
 
+def paired_difference(before: Sequence[Outcome], after: Sequence[Outcome], metric: str, resamples: int = 2000,
+                      seed: int = 0) -> Stat:
+    """``metric`` of ``after`` minus that of ``before`` on the same runs, with a 95% percentile interval
+    from one bootstrap over configurations shared by both (a paired comparison: each resample draws
+    the same configurations for both sides). ``metric`` is a column of the table (e.g.
+    ``healthy_stopped``, ``precision_any``, ``recall``)."""
+    if sorted(o.name for o in before) != sorted(o.name for o in after):
+        raise ValueError("a paired difference needs the same runs on both sides")
+    if metric not in _METRICS:
+        raise ValueError(f"metric must be one of {', '.join(_METRICS)}, but got {metric!r}")
+    ids = sorted({o.config_id for o in before})
+    tables = [np.array([_counts([o for o in side if o.config_id == c]) for c in ids]) for side in (before, after)]
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(ids), size=(resamples, len(ids)))
+
+    def value(table: np.ndarray, rows: Any) -> np.ndarray:
+        num, den = _METRICS[metric](table[rows].sum(axis=-2).T if rows is not None else table.sum(axis=0))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.asarray(num, dtype=float) / np.asarray(den, dtype=float)
+
+    point = float(value(tables[1], None) - value(tables[0], None))
+    diffs = value(tables[1], pick) - value(tables[0], pick)
+    diffs = diffs[np.isfinite(diffs)]
+    if math.isnan(point) or len(diffs) == 0:
+        return Stat(None if math.isnan(point) else point, None, None)
+    lo, hi = np.quantile(diffs, [0.025, 0.975])
+    return Stat(point, float(lo), float(hi))
+
+
 # ----------------------------------------------------------------------------- the preregistration
 def load_preregistration(path: Path = PREREGISTRATION) -> dict[str, Any]:
     import yaml

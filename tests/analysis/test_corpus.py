@@ -93,6 +93,23 @@ def test_intervals_resample_configurations_not_runs():
     assert (s.recall.high - s.recall.low) > (doubled.recall.high - doubled.recall.low)
 
 
+def test_a_paired_difference_draws_the_same_configurations_for_both_sides():
+    """Twenty configurations, each with a healthy run: stopping one more of them is +5 points of healthy
+    runs stopped, exactly, in every resample (both sides draw the same configurations), where two
+    separate intervals would overlap widely."""
+    runs = [run_of([0.1, 0.3, 0.5, 0.6, 0.7], cid=cid) for cid in range(20)]
+    before = [cp.outcome(r, 30 if r.config.config_id < 5 else None, 20, RULE) for r in runs]
+    after = [cp.outcome(r, 30 if r.config.config_id < 6 else None, 20, RULE) for r in runs]
+    d = cp.paired_difference(before, after, "healthy_stopped", resamples=500)
+    assert d.value == pytest.approx(0.05) and 0.0 <= d.low <= d.value <= d.high <= 0.2
+    apart = cp.score(before, resamples=500), cp.score(after, resamples=500)
+    assert apart[0].healthy_stopped.high > apart[1].healthy_stopped.low  # the separate intervals overlap
+    with pytest.raises(ValueError, match="the same runs on both sides"):
+        cp.paired_difference(before, after[1:], "recall")
+    with pytest.raises(ValueError, match="metric must be one of"):
+        cp.paired_difference(before, after, "speed")
+
+
 def test_the_preregistration_matches_the_code():
     prereg = cp.load_preregistration()
     assert cp.check_preregistration(prereg) == []
@@ -141,12 +158,13 @@ def test_the_scoring_script_prints_every_registered_detector_and_the_factor_tabl
     from evalstop_trl.core.detectors import DETECTORS
 
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "real_corpus.py"), "--score", "--half", "tuning",
-                          "--by", "task"], capture_output=True, text=True, timeout=300)
+                          "--by", "task", "--paired"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {line.split("|")[1].strip() for line in out.stdout.splitlines() if line.startswith("| ")}
     assert {n for n in DETECTORS.names() if n != "never"} <= rows
     assert {"sequential + paired noise + KL gate", "decline + paired noise, stop_on converged"} <= rows
     assert "tuning half: 64 runs" in out.stdout and "letter: healthy stopped / recall" in out.stdout
+    assert "| decline -> decline + paired noise + KL gate |" in out.stdout  # the paired comparison
 
 
 def test_a_converged_stop_of_a_hacked_run_is_a_false_stop_not_a_caught_hack():
