@@ -1,6 +1,6 @@
 """Every registered detector on each hacked-curve family (``curves.hacked_families``), paired per seed.
 
-    .venv/bin/python scripts/detector_families.py --seed-start 5000 --seeds 30 --json families.json
+    .venv/bin/python scripts/detector_families.py --seed-start 5000 --seeds 30 [--decline-noise run] --json families.json
 
 For each family, every hacked RLHF job's curve is of that family (shares 1.0); healthy jobs, LoRA and
 DPO are unchanged. Each detector runs as EvalStop's rule on SRTF-Est at eval noise 0.04 and 0.12 with
@@ -32,8 +32,9 @@ def _seed(args: tuple[dict, int]) -> dict:
     return detector_seed(cfg, seed, cfg.scheduler.name, settings=SETTINGS)
 
 
-def family_config(family: str):
-    return load_config().replace(**{"curves.hacked_families.shares": {f: float(f == family) for f in FAMILIES}})
+def family_config(family: str, decline_noise: str = "none"):
+    return load_config().replace(**{"curves.hacked_families.shares": {f: float(f == family) for f in FAMILIES},
+                                    "overlay.evalstop.noise": decline_noise})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=30)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--decline-noise", dest="decline_noise", default="none", choices=("none", "paired", "run"),
+                    help="decline's noise: none (the paper's exact rule, the config's; default) or run (the "
+                    "service's default decline)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| family | detector | sigma | precision | recall | FPR (B) | retention | harmful stops | hacked jobs |")
     print("|---|---|---|---|---|---|---|---|---|")
     for family in args.families.split(","):
-        cfg = family_config(family)
+        cfg = family_config(family, args.decline_noise)
         per_seed = _map(_seed, [(cfg.to_dict(), args.seed_start + s) for s in range(args.seeds)], args.workers,
                         False, family)
         rows = aggregate_detectors(cfg, per_seed, SETTINGS)

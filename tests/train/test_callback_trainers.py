@@ -105,7 +105,7 @@ def test_bests_never_go_backwards_the_best_is_loaded_and_later_checkpoints_go(tm
 
     out = tmp_path / "out"
     common = dict(save_strategy="steps", save_steps=5)
-    first = EvalStopCallback(_scripted([0.5, 0.7, 0.6, 0.55]), eval_every=5, job_id="run", load_best_at_end=True)
+    first = EvalStopCallback(_scripted([0.5, 0.7, 0.6, 0.4]), eval_every=5, job_id="run", load_best_at_end=True)
     trainer = _trainer(out, first, max_steps=40, **common)
     trainer.train()
     assert (first.stopped_at, first.best_step) == (20, 10)

@@ -20,7 +20,7 @@ from evalstop_trl.train.ranks import RankMessage, share
 from evalstop_trl.train.session import EvalFailures, EvalStopSession, SessionConfig, infer_direction
 
 ROOT = Path(__file__).resolve().parents[2]
-HACKED = [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.55), (50, 0.5)]  # k=2 declines at 40
+HACKED = [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.4), (50, 0.35)]  # k=2 declines at 40, 0.3 in all: beyond the noise
 
 
 def _session(coord: Coordinator | None = None, job_id: str = "j", step: int = 0, **config) -> EvalStopSession:
@@ -159,8 +159,9 @@ def test_lower_is_better_with_direction_min():
     assert _run(session, [(10, 2.0), (20, 1.0), (30, 1.5), (40, 2.5)]) == 40  # rises of 1.5 in all: beyond the noise
     assert (session.best_step, session.best_score) == (20, 1.0)
     # issue 20.8: a minimised metric that goes up "rose"; the evidence keys stay the same
-    assert session.decision.reason == "2 consecutive rises: 1 → 1.5 → 1.7 at step 40"
-    assert session.decision.evidence["declines"] == 2 and session.history[-1]["eval_score"] == 1.7
+    assert session.decision.reason.startswith("2 consecutive rises: 1 → 1.5 → 2.5 at step 40: ")
+    assert session.decision.reason.endswith(" 3.3 in all (needed 2; noise 0.3253, the run's eval-to-eval)")
+    assert session.decision.evidence["declines"] == 2 and session.history[-1]["eval_score"] == 2.5
     half = _session(direction="min", job_id="half")
     _run(half, [(10, 1.0), (20, 1.5)])
     assert half.decision.reason == "1 consecutive rise(s) of 2"

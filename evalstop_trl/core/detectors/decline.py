@@ -31,7 +31,7 @@ class DeclineNoise(str, Enum):
     """What ``decline``'s run of declines must fall beyond (its ``noise`` parameter)."""
 
     #: the default: the larger of the eval's paired per-example noise and the run's own eval-to-eval
-    #: noise (third differences of its evals, so checkpoint-to-checkpoint drift counts as noise: a
+    #: noise (the changes between its consecutive evals, so checkpoint-to-checkpoint drift counts as noise: a
     #: fixed-seed eval, whose paired noise is tiny, cannot make a drifting plateau look like a fall)
     RUN = "run"
     #: the eval's paired noise when it carries one (``eval_noise``), else none
@@ -40,7 +40,8 @@ class DeclineNoise(str, Enum):
     NONE = "none"
 
 
-#: The run's own noise level (``noise: run``): third differences of its evals pooled with a prior of
+#: The run's own noise level (``noise: run``): the changes between its consecutive evals (first
+#: differences, :class:`RelativeNoiseLevel` of order 1) pooled with a prior of
 #: this fraction of the range of its evals so far, worth :data:`RUN_PRIOR_EVALS` evals (``drop``'s
 #: prior: one home for both; the corpus's tuning half barely moves with either, see docs/results.md)
 RUN_NOISE_REL = DROP_NOISE_REL
@@ -64,7 +65,7 @@ class DeclineDetector(Detector):
     eval is still caught once it adds up. ``sigma`` is (:class:`DeclineNoise`):
 
     * ``run`` (default): the larger of the eval's paired per-example noise (``eval_noise``) and the
-      run's own eval-to-eval noise (third differences of its evals, with a prior of
+      run's own eval-to-eval noise (the root mean square of the changes between consecutive evals, with a prior of
       :data:`RUN_NOISE_REL` of their range): checkpoint-to-checkpoint drift is in it, so a fixed-seed
       eval (whose paired noise is tiny) of a drifting plateau reads as noise, not as a fall;
     * ``paired``: the eval's paired noise when it carries one, else 0;
@@ -143,7 +144,8 @@ class DeclineDetector(Detector):
         falls = " and ".join(f"{_saturated((a - b) * self._sign / unit):.1f}" for (_, a), (_, b) in zip(run, run[1:], strict=False))
         evidence.update(noise=sigma, noise_source=source, fall=fall, noise_units=units, needed=self.noise_z * unit,
                         noise_z=self.noise_z)
-        said = (f"falls of {falls} noise units, {units:.1f} in all (needed {_fmt(self.noise_z)}; noise {_fmt(sigma)}, "
+        shown = "" if count == self.k else f" (the last {self.k} of {count})"
+        said = (f"{'falls' if self._max else 'rises'} of {falls} noise units{shown}, {units:.1f} in all (needed {_fmt(self.noise_z)}; noise {_fmt(sigma)}, "
                 f"{source})")
         if exceeds(units, self.noise_z):
             return state, _stop(f"{count} consecutive {what}: {path} at step {obs.step}: {said}", best_step,
