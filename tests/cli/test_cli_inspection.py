@@ -12,7 +12,7 @@ import pytest
 from evalstop_trl import Coordinator, SQLiteStore
 from evalstop_trl.core.requests import AckRequest, JobRequest, ReportRequest
 
-HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3)]
+HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.2), (50, 0.3)]  # the default decline k=2 stops at 40, best 20
 
 
 def _evalstop(*args: str, ok: bool = True) -> subprocess.CompletedProcess:

@@ -9,8 +9,9 @@ import pytest
 from evalstop_trl.core.detectors import Observation, create_detector
 from tests.proc_helpers import local_ray
 
-# world feedback per step: rises, then the run over-optimises its proxy and the score falls
-HACKED = [0.30, 0.42, 0.51, 0.55, 0.53, 0.49, 0.44, 0.40, 0.35, 0.31]
+# world feedback per step: rises, then the run over-optimises its proxy and the score falls (the
+# default decline k=2 stops at step 6: 0.55 -> 0.53 -> 0.40, beyond the run's eval-to-eval noise)
+HACKED = [0.30, 0.42, 0.51, 0.55, 0.53, 0.40, 0.34, 0.29, 0.25, 0.22]
 HEALTHY = [0.30, 0.36, 0.41, 0.45, 0.48, 0.50, 0.52, 0.53, 0.54, 0.55]
 CURVES = {"hacked": HACKED, "healthy": HEALTHY}
 

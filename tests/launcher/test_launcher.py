@@ -31,7 +31,7 @@ STUBBORN = textwrap.dedent(
         signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM, exiting", flush=True), sys.exit(0)))
     c = EvalStopClient(os.environ["EVALSTOP_URL"], os.environ["EVALSTOP_TOKEN"])
     job = os.environ["EVALSTOP_JOB_ID"]
-    for i, s in enumerate([0.2, 0.5, 0.4, 0.3]):
+    for i, s in enumerate([0.2, 0.5, 0.45, 0.2]):
         d = c.report(job, i, eval_score=s)
     print("decision", d.action.value, flush=True)
     if mode == "cooperative":
@@ -85,7 +85,7 @@ def test_a_stopped_job_exits_with_the_chosen_code(server, tmp_path):
 def test_a_crashing_command_marks_its_job_failed(server, tmp_path):
     token = server.add_tenant("acme")
     server.start()
-    # k=3: the three-eval curve never stops, the child exits 3 while the job is running
+    # --k 5: the four-eval curve never stops, the child exits 3 while the job is running
     cmd = [sys.executable, "-m", "evalstop_trl", "run", "--url", server.url, "--token", token, "--job-id", "crashy",
            "--k", "5", "--", sys.executable, "-c", STUBBORN, "crash"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

@@ -53,7 +53,7 @@ def test_a_batch_job_that_ignores_sigterm_is_cancelled_through_slurm(slurm, two)
     try:
         with EvalStopClient(two.url, two.alice) as c:
             assert until(lambda: any(v.job_id == "hacked" for v in c.list_jobs()))
-            for i, s in enumerate([0.2, 0.5, 0.4, 0.3]):
+            for i, s in enumerate([0.2, 0.5, 0.45, 0.2]):
                 decision = c.report("hacked", i, eval_score=s)
             assert decision.action.value == "stop"
             _, err = watcher.communicate(timeout=60)
