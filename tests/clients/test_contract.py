@@ -245,24 +245,25 @@ def _script(c: Any, other: Any, capped: Any, stranger: Any) -> list[tuple[str, A
     call("list_jobs after delete", c.list_jobs)
     shadow = {"detector": "decline", "k": 2, "mode": "shadow"}
     call("register shadow", c.register_job, "sh", "grpo", planned_steps=60, policy=shadow)
-    for step, score in ((10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3)):
+    for step, score in ((10, 0.2), (20, 0.5), (30, 0.45), (40, 0.2), (50, 0.3)):  # would stop at 40
         call(f"report shadow {step}", c.report, "sh", step, eval_score=score)
     call("status shadow", c.status, "sh")
     call("audit shadow", c.audit, "sh")
     call("register bad mode", c.register_job, "sh2", policy={"detector": "decline", "mode": "dry-run"})
     call("summary with shadow", _summary, c.summary)
-    call("register pe", c.register_job, "pe", "grpo")  # per-example evidence (issue 28): falls within the noise
+    # per-example evidence (issue 28): k=2 declines within the eval's paired noise go on, a fall beyond it stops
+    call("register pe", c.register_job, "pe", "grpo")
     call("report pe 10", c.report, "pe", 10, eval_score=0.5, eval_n=100)
     call("report pe 20 within noise", c.report, "pe", 20, eval_score=0.46, eval_n=100, eval_noise=0.05)
     call("report pe 30 within noise", c.report, "pe", 30, eval_score=0.42, eval_n=100, eval_noise=0.05)
-    call("report pe 40 beyond", c.report, "pe", 40, eval_score=0.30, eval_n=100, eval_noise=0.01)
-    call("report pe 40 again", c.report, "pe", 40, eval_score=0.30, eval_n=100, eval_noise=0.01)
-    call("report pe 40 other noise", c.report, "pe", 40, eval_score=0.30, eval_n=100, eval_noise=0.02)
+    call("report pe 40 beyond", c.report, "pe", 40, eval_score=0.30, eval_n=100, eval_noise=0.02)
+    call("report pe 40 again", c.report, "pe", 40, eval_score=0.30, eval_n=100, eval_noise=0.02)
+    call("report pe 40 other noise", c.report, "pe", 40, eval_score=0.30, eval_n=100, eval_noise=0.01)
     call("report pe n 0", c.report, "pe", 45, eval_score=0.3, eval_n=0)
     call("report pe n float", c.report, "pe", 45, eval_score=0.3, eval_n=2.5)
     call("report pe negative noise", c.report, "pe", 45, eval_score=0.3, eval_noise=-1.0)
     call("report pe noise no score", c.report, "pe", 45, eval_noise=0.1)
-    call("report pe 50 stop", c.report, "pe", 50, eval_score=0.20, eval_n=100, eval_noise=0.01)
+    call("report pe 50 after stop", c.report, "pe", 50, eval_score=0.20, eval_n=100, eval_noise=0.01)
     call("reports pe", c.reports, "pe")
     # a quota is the same refusal from both clients (QuotaExceeded, 429), and nothing is kept for later
     call("capped register 1", capped.register_job, "c1", "grpo")
@@ -279,9 +280,10 @@ def _script(c: Any, other: Any, capped: Any, stranger: Any) -> list[tuple[str, A
     call("stranger report", stranger.report, "j1", 60, eval_score=0.1)
     call("stranger register", stranger.register_job, "s1")
     call("stranger pending", lambda: stranger.pending)
-    # the KL clock as a gate (issue 44): a fall before the forecast peak is held, one past it stops with
-    # the clock's evidence; a bad KL is refused
-    call("register gated", c.register_job, "kl", "grpo", policy={"detector": "decline", "k": 1, "gate": "kl_past_peak"})
+    # the KL clock as a gate (issue 44): a fall of the paper's rule (noise: none, so each fall is one) before
+    # the forecast peak is held, one past it stops with the clock's evidence; a bad KL is refused
+    call("register gated", c.register_job, "kl", "grpo",
+         policy={"detector": "decline", "k": 1, "noise": "none", "gate": "kl_past_peak"})
     call("register bad gate", c.register_job, "kl2", "grpo", policy={"detector": "decline", "gate": "kl_before"})
     call("report kl not a number", c.report, "kl", 1, eval_score=0.9, kl="0.5")
     for step, (kl, score) in enumerate(KL_EVALS, start=1):
@@ -376,16 +378,22 @@ def test_the_script_means_what_it_says(results):
     assert gated["action"] == "stop" and "past the forecast peak" in gated["reason"], gated
     assert gated["evidence"]["kl"] == 12.0 and gated["evidence"]["kl_peak"] < 12.0 <= r["reports gated"][-1]
     assert r["audit gated"][0]["evidence"]["kl_peak"] == gated["evidence"]["kl_peak"]  # the stop's audit line
-    for label in ("report pe 20 within noise", "report pe 30 within noise"):  # falls of 0.04 < sqrt(2) * 0.05
-        assert r[label]["action"] == "continue" and r[label]["evidence"]["declines"] == 0, label
-    assert r["report pe 40 beyond"]["evidence"]["declines"] == 1 and r["report pe 40 again"] == r["report pe 40 beyond"]
+    # two declines of 0.04, 0.08 in all: within 2 x sqrt(2) x the paired noise 0.05 (the paper's rule would stop)
+    within = r["report pe 30 within noise"]
+    assert r["report pe 20 within noise"]["action"] == "continue" and "noise 0.05, paired per-example" in r[
+        "report pe 20 within noise"]["reason"]
+    assert within["action"] == "continue" and within["reason"].startswith("2 consecutive declines, within the noise")
+    assert (within["evidence"]["declines"], within["evidence"]["noise"], within["evidence"]["noise_source"]) == (
+        2, 0.05, "paired per-example")
+    pe = r["report pe 40 beyond"]  # 0.2 in all, beyond 2 x sqrt(2) x the paired noise 0.02
+    assert pe["action"] == "stop" and pe["evidence"]["declines"] == 3 and pe["best_step"] == 10
+    assert (pe["evidence"]["noise"], pe["evidence"]["noise_source"]) == (0.02, "paired per-example")
+    assert r["report pe 40 again"] == pe and r["report pe 50 after stop"] == pe
     assert r["report pe 40 other noise"]["error"] == 409
     for label in ("report pe n 0", "report pe n float", "report pe negative noise", "report pe noise no score"):
         assert r[label]["error"] == 422, label
-    pe = r["report pe 50 stop"]
-    assert pe["action"] == "stop" and pe["evidence"]["noise"] == 0.01 and pe["best_step"] == 10
     assert [(x["eval_n"], x["eval_noise"]) for x in r["reports pe"]] == [(100, None), (100, 0.05), (100, 0.05),
-                                                                        (100, 0.01), (100, 0.01)]
+                                                                        (100, 0.02), (100, 0.01)]
     assert [x["step"] for x in r["reports"]] == [10, 20, 25, 30, 40, 50]
     assert [x["step"] for x in r["reports after 20"]] == [25, 30, 40, 50]
     assert [x["step"] for x in r["reports limit 2"]] == [10, 20]

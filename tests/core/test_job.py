@@ -38,7 +38,7 @@ def test_a_step_never_changes_its_input_state():
 
 
 @pytest.mark.parametrize(("scores", "stop_at", "statuses"), [
-    ([0.2, 0.5, 0.4, 0.3], 3, ["running", "running", "running", "stopped"]),
+    ([0.2, 0.5, 0.4, 0.1], 3, ["running", "running", "running", "stopped"]),  # a fall beyond the run's noise
     ([0.2, 0.5, 0.6, 0.7], None, ["running"] * 4),
     ([0.2, None, 0.1, None, 0.05], 4, ["running", "running", "running", "running", "stopped"]),
 ])

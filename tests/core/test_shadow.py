@@ -21,9 +21,10 @@ from evalstop_trl.core.records import AuditKind, Policy, PolicyMode, Report
 from evalstop_trl.core.requests import JobRequest, ReportRequest
 from evalstop_trl.train.session import EvalStopSession, SessionConfig
 
-HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.3), (60, 0.25)]  # decline k=2 fires at 40
+# the default decline (k=2) fires at 40: the run of declines 0.5 → 0.45 → 0.2 falls beyond the run's own noise
+HACKED = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.2), (50, 0.15), (60, 0.1)]
 HEALTHY = [(10, 0.2), (20, 0.3), (30, 0.35), (40, 0.5), (50, 0.55), (60, 0.6)]
-DIP = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.4), (50, 0.7), (60, 0.8)]  # fires at 40, then the run recovers
+DIP = [(10, 0.2), (20, 0.5), (30, 0.45), (40, 0.2), (50, 0.7), (60, 0.8)]  # fires at 40, then the run recovers
 SLOW = [(10, 0.2), (20, 0.6), (30, 0.61), (40, 0.3), (50, 0.62), (60, 0.2)]  # declines, never 2 in a row
 
 SHADOW = {"detector": "decline", "k": 2, "mode": "shadow"}
@@ -108,12 +109,12 @@ def test_the_session_goes_on_in_shadow_mode_and_says_so_once(tmp_path, caplog):
         stops = [session.report(s, v) for s, v in HACKED]
     assert stops == [False] * 6 and session.shadow.step == 40
     said = [r.getMessage() for r in caplog.records if "would stop at step 40" in r.getMessage()]
-    assert len(said) == 1 and "would stop at step 40: 2 consecutive declines: 0.5 → 0.45 → 0.4 at step 40: falls of " \
+    assert len(said) == 1 and "would stop at step 40: 2 consecutive declines: 0.5 → 0.45 → 0.2 at step 40: falls of " \
         in said[0], said
     assert session.eval_metrics(0.25, False)["evalstop/would_stop"] == 1
     # the evals after it decline again: the decision still says why the run would have stopped, at 40
     assert session.decision.reason.startswith("shadow mode, not stopped: would stop: 2 consecutive declines: 0.5 → "
-                                              "0.45 → 0.4 at step 40: falls of ")
+                                              "0.45 → 0.2 at step 40: falls of ")
     assert session.decision.evidence["would_stop"] == 40
     resumed = EvalStopSession(SessionConfig.build("decline", k=2, shadow=True), "run", heartbeat_s=None)
     resumed.attach(EmbeddedClient(c, tenant="local"), step=60, planned_steps=60)

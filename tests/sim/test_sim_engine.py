@@ -168,7 +168,8 @@ def test_the_eval_hook_defined_lowest_in_the_class_hierarchy_is_called():
 
     class Watching(DetectorOverlay):  # an on_eval_id overlay whose subclass overrides on_eval
         def __init__(self) -> None:
-            super().__init__("decline", {"k": 2}, "all", name="evalstop")
+            # the paper's rule, as the simulator's config pins it (noise: none): built here without the config
+            super().__init__("decline", {"k": 2, "noise": "none"}, "all", name="evalstop")
             self.seen: list = []
 
         def on_eval(self, job, step, score, loss, proxy):

@@ -151,7 +151,7 @@ def test_run_detector_and_score_cell_by_hand():
                      [0.1, 0.3, 0.5, 0.7, 0.9, 1.0],    # healthy, rising
                      [0.5, 0.9, 0.8, 0.7, 0.8, 0.9]])   # healthy with a dip
     pop = Population(gold, np.array([True, False, False]), np.array([0.5, 1.0, 1.0]), gold[:, -1])
-    stop, best = run_detector(create_detector("decline", k=2), gold)
+    stop, best = run_detector(create_detector("decline", k=2, noise="none"), gold)  # the paper's rule, by hand
     assert stop.tolist() == [4, -1, 3] and best.tolist() == [2, -1, 1]
     r = score_cell(pop, stop, best, margin=0.05)
     # the dip's stop delivers eval 2 (gold 0.9, the end's 0.9): not harmful by definition B
@@ -232,11 +232,16 @@ def test_a_gao_kl_cell_has_every_curve_in_the_form_healthy_ones_peaking_past_the
     assert 0.1 < pop.hacked.mean() < cfg.curves.hack_fraction
 
 
+#: decline reading only the eval's paired noise (``noise: paired``): without evidence, the paper's rule
+PAIRED = {"noise": "paired"}
+
+
 def _kl_plan(**kw) -> SweepPlan:
     base = dict(sigmas=(0.04,), evals=(10,), scales=((1.0, 0.0), (10.0, 50.0)), families=("gao_kl",),
                 noises=("win_rate", "examples"), curves_per_cell=60, seed=20000,
                 detectors=(DetectorSpec("seq", "sequential"), DetectorSpec("seq plain", "sequential", evidence=False),
-                           DetectorSpec("decline", "decline"), DetectorSpec("decline plain", "decline", evidence=False)))
+                           DetectorSpec("decline", "decline", PAIRED),
+                           DetectorSpec("decline plain", "decline", PAIRED, evidence=False)))
     return SweepPlan(**{**base, **kw})
 
 
@@ -251,7 +256,8 @@ def test_per_example_cells_give_the_detectors_the_paired_noise_in_every_unit():
             a, b = (c for c in cells if c.detector == label and c.noise == noise)
             assert key(a) == key(b), (label, noise)  # the level is scaled with the scores
     by = {(c.detector, c.noise, c.scale): c for c in cells}
-    # the level changes decisions: decline counts only falls beyond it, so it stops far fewer healthy runs
+    # the level changes decisions: decline (noise: paired) stops only once its falls add up to more than
+    # the paired noise, so it stops far fewer healthy runs than the paper's rule (no level without evidence)
     for noise in ("win_rate", "examples"):
         with_level, plain = by[("decline", noise, 1.0)], by[("decline plain", noise, 1.0)]
         assert with_level.healthy_stopped < plain.healthy_stopped / 2

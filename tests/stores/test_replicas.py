@@ -132,12 +132,13 @@ def test_a_killed_replica_loses_no_acknowledged_report(replicas):
         assert c.status("k").n_reports == 200
 
 
+# a trainer that ignores SIGTERM; its fourth eval, a fall beyond the run's own noise, stops it
 STUBBORN = """
 import os, signal, sys, time
 from evalstop_trl.clients.http import EvalStopClient
 signal.signal(signal.SIGTERM, lambda *a: None)
 c = EvalStopClient(os.environ["EVALSTOP_URL"], os.environ["EVALSTOP_TOKEN"], retries=3)
-for i, s in enumerate([0.2, 0.5, 0.4, 0.3]):
+for i, s in enumerate([0.2, 0.5, 0.4, 0.1]):
     c.report(os.environ["EVALSTOP_JOB_ID"], i, eval_score=s)
     time.sleep(0.3)
 while True:
