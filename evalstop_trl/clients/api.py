@@ -75,10 +75,12 @@ class EvalStopAPI(abc.ABC):
 
     def report(self, job_id: str, step: int, eval_score: float | None = None, train_loss: float | None = None,
                proxy_reward: float | None = None, checkpoint: str | None = None, eval_n: int | None = None,
-               eval_noise: float | None = None, kl: float | None = None) -> Decision:
+               eval_noise: float | None = None, kl: float | None = None, length: float | None = None) -> Decision:
         """Record one eval and return the job's decision (CONTINUE while the coordinator is away).
         ``eval_n``, ``eval_noise``: the eval's per-example evidence (:mod:`evalstop_trl.core.examples`);
-        ``kl``: the policy's KL to its reference model at this step (a KL-clock gate reads it)."""
+        ``kl``: the policy's KL to its reference model at this step (a KL-clock gate reads it);
+        ``length``: the mean completion length (tokens) of the latest rollouts (a stop says how it
+        moved since the best eval, :data:`evalstop_trl.core.length.LENGTH_KEYS`)."""
         return self._call("report", _args(locals())) or _KEPT
 
     def ack(self, job_id: str, checkpoint: str | None = None, step: int | None = None) -> JobView | None:

@@ -13,7 +13,7 @@ Example::
 
     >>> from evalstop_trl.core.records import Report
     >>> "".join(FORMATS["csv"].reports([[Report(10, 0.5)]]))
-    'step,eval_score,train_loss,proxy_reward,checkpoint,eval_n,eval_noise,kl,received_at,planned_steps\\r\\n10,0.5,,,,,,,0.0,\\r\\n'
+    'step,eval_score,train_loss,proxy_reward,checkpoint,eval_n,eval_noise,kl,length,received_at,planned_steps\\r\\n10,0.5,,,,,,,,0.0,\\r\\n'
 """
 
 from __future__ import annotations

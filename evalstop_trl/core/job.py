@@ -29,6 +29,8 @@ from typing import Any, NamedTuple
 from .codec import to_wire
 from .detectors import Action, Decision, Detector, DetectorState
 from .errors import Conflict, QuotaExceeded
+from .length import describe as describe_length
+from .length import since_best as length_since_best
 from .records import (
     AuditKind,
     AuditRecord,
@@ -73,6 +75,7 @@ class JobState(NamedTuple):
     would_stop: Decision | None = None  # shadow mode: the first stop the detector decided
     would_stop_step: int | None = None  # ... and the step of the eval that decided it
     best_proxy: float | None = None  # the proxy reward reported with the best step (a stop's evidence)
+    best_length: float | None = None  # the completion length reported with the best step (a stop's evidence)
 
     @classmethod
     def new(cls, record: JobRecord, max_reports: int = 10**9, detector: Detector | None = None,
@@ -253,7 +256,9 @@ def observe(state: JobState, rep: Report, stored: Report | None = None) -> Step:
     if rep.planned_steps != record.planned_steps:  # stored with the plan it is decided under (see replay)
         rep = rep._replace(planned_steps=record.planned_steps)
     memory, decision = detector.decide(state.memory, rep)  # the report is the observation (checked on arrival)
-    best_proxy = rep.proxy_reward if memory.best_step == rep.step else state.best_proxy
+    best = memory.best_step == rep.step
+    best_proxy = rep.proxy_reward if best else state.best_proxy
+    best_length = rep.length if best else state.best_length
     status = record.status
     new_record, audit, deliveries, stopped = record, (), (), False
     would_stop, would_stop_step = state.would_stop, state.would_stop_step
@@ -269,7 +274,7 @@ def observe(state: JobState, rep: Report, stored: Report | None = None) -> Step:
     if status.terminal:
         pass  # recorded; changes nothing
     elif decision.action is Action.STOP:
-        decision = _with_proxy(decision, best_proxy, rep)
+        decision = _with_evidence(decision, best_proxy, best_length, rep)
         actor = f"detector:{record.policy.detector}"
         now = rep.received_at
         new_record = record.evolve(status=status.to(JobStatus.STOPPED), updated_at=now, decision=decision,
@@ -285,22 +290,29 @@ def observe(state: JobState, rep: Report, stored: Report | None = None) -> Step:
         new_record = record.evolve(status=JobStatus.RUNNING, updated_at=rep.received_at)
         audit = (*audit, _seen_again(state, rep.received_at, f"report of step {rep.step}"))
     new = JobState(new_record, detector, memory, state.first or rep, rep, state.n_reports + 1,
-                   rep.checkpoint if memory.best_step == rep.step else state.best_checkpoint, decision,
-                   state.max_reports, state.version + 1, would_stop, would_stop_step, best_proxy)
+                   rep.checkpoint if best else state.best_checkpoint, decision,
+                   state.max_reports, state.version + 1, would_stop, would_stop_step, best_proxy, best_length)
     # job None: only the report is written (the fast path), so a step with audit lines writes the record too
     commit = Commit(None if new_record is record and not audit else new_record, rep, audit, deliveries, state.version)
     return Step(new, new.current() if new_record.status.terminal else decision, commit, stopped)
 
 
-def _with_proxy(decision: Decision, best_proxy: float | None, rep: Report) -> Decision:
-    """A detector's stop with the proxy/world divergence as evidence: how the proxy reward moved since
-    the best eval (a proxy still rising while world feedback falls is the mark of reward hacking).
-    Unchanged when the job reports no proxy reward."""
-    if best_proxy is None or rep.proxy_reward is None:
+def _with_evidence(decision: Decision, best_proxy: float | None, best_length: float | None, rep: Report) -> Decision:
+    """A detector's stop with what the run logs beside its evals as evidence, each when the job reports
+    it: how the proxy reward moved since the best eval (a proxy still rising while world feedback falls
+    is the mark of reward hacking; evidence ``proxy_since_best``) and the relative change of the
+    completion length since then (length growth is a classic symptom of it; ``length_since_best``,
+    :mod:`.length`). Never changes the decision; unchanged when the job reports neither."""
+    reason, evidence = decision.reason, {}
+    if best_proxy is not None and rep.proxy_reward is not None:
+        moved = rep.proxy_reward - best_proxy
+        reason, evidence["proxy_since_best"] = f"{reason}; proxy {moved:+.3g} since the best eval", moved
+    change = length_since_best(best_length, rep.length)
+    if change is not None:
+        reason, evidence["length_since_best"] = f"{reason}; {describe_length(change)}", change
+    if not evidence:
         return decision
-    moved = rep.proxy_reward - best_proxy
-    return Decision(decision.action, f"{decision.reason}; proxy {moved:+.3g} since the best eval",
-                    decision.best_step, decision.best_score, {**decision.evidence, "proxy_since_best": moved})
+    return Decision(decision.action, reason, decision.best_step, decision.best_score, {**decision.evidence, **evidence})
 
 
 #: how a shadow-mode job's answer to a decided stop begins (then the detector's reason)
@@ -509,7 +521,7 @@ def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**
     memory = detector.start()
     first = last = None
     n = 0
-    best_checkpoint = decision = would_stop = would_stop_step = best_proxy = None
+    best_checkpoint = decision = would_stop = would_stop_step = best_proxy = best_length = None
     planned = record.planned_steps
     shadow = record.policy.mode is PolicyMode.SHADOW
     for rep in reports:
@@ -527,9 +539,9 @@ def replay(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**
         last = rep
         n += 1
         if memory.best_step == rep.step:
-            best_checkpoint, best_proxy = rep.checkpoint, rep.proxy_reward
+            best_checkpoint, best_proxy, best_length = rep.checkpoint, rep.proxy_reward, rep.length
     return JobState(record, detector, memory, first, last, n, best_checkpoint, decision, max_reports, record.version,
-                    would_stop, would_stop_step, best_proxy)
+                    would_stop, would_stop_step, best_proxy, best_length)
 
 
 def counted(record: JobRecord, reports: Iterable[Report], max_reports: int = 10**9) -> JobState:

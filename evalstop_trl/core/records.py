@@ -112,6 +112,14 @@ def check_report(report: Any) -> None:
             check_finite("kl", kl)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
+    length = report.length  # tokens: a mean over the latest step's completions
+    if length is not None and (type(length) is not float or not 0.0 <= length < math.inf):
+        try:
+            check_finite("length", length)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        if length < 0:
+            raise InvalidInput(f"length must be >= 0 (a mean completion length in tokens), but got {length!r}.")
 
 
 # no control character (nor line separator) in a path or a name; free text may hold tabs and line breaks;
@@ -427,6 +435,7 @@ class Report(NamedTuple):
     eval_n: int | None = None  # per-example evidence: the eval's number of examples
     eval_noise: float | None = None  # and its paired noise level (core/examples.py)
     kl: float | None = None  # the policy's KL to its reference model (a KL-clock gate reads it)
+    length: float | None = None  # the mean completion length of the latest rollouts (a stop's evidence)
     # what the coordinator adds
     received_at: float = 0.0
     planned_steps: int | None = None  # the job's plan when it was decided (a later amendment changes not it)

@@ -18,7 +18,7 @@ Example::
 
     >>> from dataclasses import fields
     >>> [f.name for f in fields(ReportRequest)]
-    ['step', 'eval_score', 'train_loss', 'proxy_reward', 'checkpoint', 'eval_n', 'eval_noise', 'kl']
+    ['step', 'eval_score', 'train_loss', 'proxy_reward', 'checkpoint', 'eval_n', 'eval_noise', 'kl', 'length']
 """
 
 from __future__ import annotations
@@ -77,6 +77,9 @@ class ReportRequest:
                                    "the m examples this eval and the previous one scored (d: their differences)")
     kl: float | None = doc("evidence: the policy's KL to its reference (or initial) model at this step, as the trainer "
                            "logs its estimate (TRL objective/kl; slightly negative at times); a KL-clock gate reads it")
+    length: float | None = doc("evidence: the mean completion length (tokens) of the latest training step's rollouts, "
+                               ">= 0, as the trainer logs it (TRL completions/mean_length, verl response_length/mean); "
+                               "a stop says how it moved since the best eval, never decided on")
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ from ..core.browse import finite_float
 from ..core.detectors import MAX_STEP
 from ..core.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unauthorized
 from ..core.klclock import KL_KEYS
+from ..core.length import LENGTH_KEYS
 from .watch import log_text
 
 __all__ = ["KINDS", "MAX_KEYS", "MAX_LINE", "MAX_PENDING", "READ_CHUNK", "ConsoleTail", "JsonlTail", "MetricFrom",
@@ -60,7 +61,8 @@ MAX_KEYS = 200  # key names remembered for the "metric not found" message
 MAX_PENDING = 10_000  # points waiting for the coordinator; the oldest are dropped beyond (said)
 #: records seen without the metric before the launcher says, once, which keys the log has
 MISSING_AFTER = 3
-Point = tuple[int, "float | None", "float | None"]  # step, the metric's value, the latest KL read (KL_KEYS)
+#: step, the metric's value, the latest KL read (KL_KEYS) and the latest completion length read (LENGTH_KEYS)
+Point = tuple[int, "float | None", "float | None", "float | None"]
 
 
 @dataclass(frozen=True)
@@ -107,9 +109,11 @@ class _Keys:
 
 
 class LineTail:
-    """Follows a text file of one record per line: :meth:`poll` returns the (step, value, KL) points of
-    the lines written since (KL: the latest of :data:`~evalstop_trl.core.klclock.KL_KEYS` read at or
-    before the point, None if none). ``record(line)`` parses one line (``(raw step, values)`` or None)."""
+    """Follows a text file of one record per line: :meth:`poll` returns the (step, value, KL, length)
+    points of the lines written since (KL: the latest of :data:`~evalstop_trl.core.klclock.KL_KEYS` read
+    at or before the point, None if none; length: the same of
+    :data:`~evalstop_trl.core.length.LENGTH_KEYS`, a mean completion length >= 0). ``record(line)``
+    parses one line (``(raw step, values)`` or None)."""
 
     kind = ""
 
@@ -123,6 +127,7 @@ class LineTail:
         self.exists = False
         self.seen = _Keys()
         self.kl: float | None = None  # the latest KL the log gave
+        self.length: float | None = None  # the latest mean completion length the log gave
         # a file already there is an earlier run's log: read what is appended from now on (its old evals
         # would be reported as this job's, and this run's lower steps then skipped as "not increasing")
         try:
@@ -188,6 +193,9 @@ class LineTail:
         kl = next((v for k in KL_KEYS if (v := finite_float(values.get(k))) is not None), None)
         if kl is not None:
             self.kl = kl
+        length = next((v for k in LENGTH_KEYS if (v := finite_float(values.get(k))) is not None and v >= 0), None)
+        if length is not None:
+            self.length = length
         if self.key not in values:
             return None
         try:
@@ -195,7 +203,7 @@ class LineTail:
         except LogError as exc:
             log.warning("evalstop run: %s (for %s): skipped", log_text(str(exc), 300), log_text(self.key))
             return None
-        return step, finite_float(values[self.key]), self.kl  # NaN, inf, a string: a failed eval (missing)
+        return step, finite_float(values[self.key]), self.kl, self.length  # NaN, inf, text: a failed eval (missing)
 
     def close(self) -> None:
         if self._file is not None:
@@ -262,7 +270,7 @@ class TensorBoardTail:
                         elif value.tag == self.key:
                             scalar = tb_scalar(value, tensor_util)
                             points.append((int(event.step), None if scalar is None or not math.isfinite(scalar)
-                                           else scalar, None))  # (a TensorBoard log's KL is not read)
+                                           else scalar, None, None))  # (nor its KL nor its length is read)
             except Exception as exc:  # noqa: BLE001 - a file being written, or not an event file
                 log.debug("evalstop run: %s: %s", file, exc)
         return sorted(points)
@@ -346,9 +354,9 @@ class MetricReporter:
             del self.pending[:-MAX_PENDING]
         n = 0
         while self.pending:
-            step, value, kl = self.pending[0]
+            step, value, kl, length = self.pending[0]
             try:
-                self.client.report(self.job_id, step, eval_score=value, kl=kl)
+                self.client.report(self.job_id, step, eval_score=value, kl=kl, length=length)
             except (InvalidInput, NotFound, Unauthorized, Conflict) as exc:  # refused for good: say it, go on
                 log.warning("evalstop run: the coordinator refused step %d of %s: %s", step, log_text(self.job_id),
                             log_text(exc, 300))

@@ -61,7 +61,7 @@ from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 _LOCK_KEY = 0x45564C53  # "EVLS": the advisory lock that serialises schema creation and migrations
 _TENANT_LOCK = 0x45565154  # "EVQT" + hashtext(tenant): serialises a tenant's registrations (its quotas)
 
@@ -83,7 +83,7 @@ _SCHEMA = [
         tenant TEXT NOT NULL, job_id TEXT NOT NULL, step BIGINT NOT NULL, eval_score DOUBLE PRECISION,
         train_loss DOUBLE PRECISION, proxy_reward DOUBLE PRECISION, checkpoint TEXT,
         received_at DOUBLE PRECISION NOT NULL, planned_steps BIGINT, eval_n BIGINT, eval_noise DOUBLE PRECISION,
-        kl DOUBLE PRECISION, PRIMARY KEY (tenant, job_id, step))""",
+        kl DOUBLE PRECISION, length DOUBLE PRECISION, PRIMARY KEY (tenant, job_id, step))""",
     """CREATE TABLE IF NOT EXISTS audit (
         seq BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, job_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,
         kind TEXT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL, evidence TEXT NOT NULL)""",
@@ -121,6 +121,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     4: tuple(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}"  # per-example evidence (core/examples.py)
              for table in ("reports", "evals") for column in ("eval_n BIGINT", "eval_noise DOUBLE PRECISION")),
     5: ("ALTER TABLE reports ADD COLUMN IF NOT EXISTS kl DOUBLE PRECISION",),  # issue 44: the KL a gate reads
+    6: ("ALTER TABLE reports ADD COLUMN IF NOT EXISTS length DOUBLE PRECISION",),  # issue 44: a stop's evidence
 }
 
 _JOB_COLS = ("tenant, job_id, job_type, planned_steps, policy, webhook, status, created_at, updated_at, decision, "

@@ -50,7 +50,7 @@ from .writer import Batch, WriteQueue, store_error
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS reports (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, job_id TEXT NOT NULL,
     step INTEGER NOT NULL, eval_score REAL, train_loss REAL, proxy_reward REAL, checkpoint TEXT,
-    received_at REAL NOT NULL, planned_steps INTEGER, eval_n INTEGER, eval_noise REAL, kl REAL,
+    received_at REAL NOT NULL, planned_steps INTEGER, eval_n INTEGER, eval_noise REAL, kl REAL, length REAL,
     UNIQUE (tenant, job_id, step));
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, job_id TEXT NOT NULL,
@@ -109,6 +109,7 @@ _MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL, or a function of the connect
           for table in ("reports", "evals") for column in ("eval_n INTEGER", "eval_noise REAL")),
         "DROP TRIGGER IF EXISTS audit_append_only_d"),  # the schema makes it again, open to retention
     7: (lambda db: _add_column(db, "reports", "kl REAL"),),  # issue 44: the KL a KL-clock gate reads
+    8: (lambda db: _add_column(db, "reports", "length REAL"),),  # issue 44: the completion length (a stop's evidence)
 }
 
 

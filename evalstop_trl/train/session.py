@@ -46,6 +46,7 @@ from ..core.examples import evidence_keys
 from ..core.job import SHADOW_REASON, shadowed
 from ..core.klclock import KL_KEYS
 from ..core.labels import check_hparams, check_tags
+from ..core.length import LENGTH_KEYS
 from ..core.records import Report
 from .ranks import RankMessage
 from .scores import finite, to_number
@@ -54,7 +55,7 @@ from .scores import finite, to_number
 _N_KEY, _NOISE_KEY = evidence_keys("evalstop/score") or ()
 
 __all__ = ["DEFAULT_HEARTBEAT_S", "EvalFailures", "EvalStopSession", "Heartbeat", "SessionConfig", "infer_direction",
-           "KL_KEYS", "LOSS_KEYS", "REWARD_KEYS"]
+           "KL_KEYS", "LENGTH_KEYS", "LOSS_KEYS", "REWARD_KEYS"]
 
 log = logging.getLogger("evalstop.callback")
 
@@ -357,6 +358,7 @@ class EvalStopSession:
         self.train_loss: float | None = None
         self.proxy_reward: float | None = None
         self.kl: float | None = None
+        self.length: float | None = None  # the latest mean completion length logged (LENGTH_KEYS)
         self.heartbeat = Heartbeat(heartbeat_s, clock)
         self._local = config.new_detector()
         self._gave_up = False
@@ -438,13 +440,16 @@ class EvalStopSession:
 
     # ------------------------------------------------------------------ signals and evals
     def observe_logs(self, logs: Mapping[str, Any]) -> None:
-        """Remember the train loss, the proxy reward and the KL of a trainer's log (reported with the next eval)."""
+        """Remember the train loss, the proxy reward, the KL and the mean completion length of a trainer's
+        log (reported with the next eval)."""
         loss = next((logs[k] for k in LOSS_KEYS if finite(logs.get(k))), None)
         reward = next((logs[k] for k in REWARD_KEYS if finite(logs.get(k))), None)
         kl = next((logs[k] for k in KL_KEYS if finite(logs.get(k))), None)
+        length = next((logs[k] for k in LENGTH_KEYS if finite(logs.get(k)) and logs[k] >= 0), None)
         self.train_loss = float(loss) if loss is not None else self.train_loss
         self.proxy_reward = float(reward) if reward is not None else self.proxy_reward
         self.kl = float(kl) if kl is not None else self.kl
+        self.length = float(length) if length is not None else self.length
 
     def improves(self, score: float | None) -> bool:
         """Whether ``score`` beats the best so far (a new best model is worth keeping)."""
@@ -459,7 +464,8 @@ class EvalStopSession:
         the eval's per-example evidence (:mod:`evalstop_trl.core.examples`). Returns whether to stop."""
         entry: dict[str, Any] = {"step": step, "eval_score": score, "train_loss": self.train_loss,
                                  "proxy_reward": self.proxy_reward}
-        for key, value in (("checkpoint", checkpoint), ("eval_n", eval_n), ("eval_noise", eval_noise), ("kl", self.kl)):
+        for key, value in (("checkpoint", checkpoint), ("eval_n", eval_n), ("eval_noise", eval_noise), ("kl", self.kl),
+                           ("length", self.length)):
             if value is not None:
                 entry[key] = value
         improves = self.improves(score)
@@ -493,7 +499,7 @@ class EvalStopSession:
         if self.client is None:
             return Decision(Action.CONTINUE, "no coordinator attached"), False
         try:
-            evidence = {k: entry[k] for k in ("eval_n", "eval_noise", "kl") if k in entry}  # a plain score: as before
+            evidence = {k: entry[k] for k in ("eval_n", "eval_noise", "kl", "length") if k in entry}  # else as before
             return self.client.report(self.job_id, entry["step"], eval_score=entry["eval_score"],
                                       train_loss=entry.get("train_loss"), proxy_reward=entry.get("proxy_reward"),
                                       checkpoint=entry.get("checkpoint"), **evidence), True
@@ -650,4 +656,5 @@ def register(client: Any, job_id: str, config: SessionConfig, planned_steps: int
 def _as_report(entry: Mapping[str, Any]) -> Report:
     """A history entry seen as a stored report (to replay into the local detector)."""
     return Report(entry["step"], entry.get("eval_score"), entry.get("train_loss"), entry.get("proxy_reward"),
-                  eval_n=entry.get("eval_n"), eval_noise=entry.get("eval_noise"), kl=entry.get("kl"))
+                  eval_n=entry.get("eval_n"), eval_noise=entry.get("eval_noise"), kl=entry.get("kl"),
+                  length=entry.get("length"))

@@ -55,6 +55,6 @@ def test_a_stored_report_is_the_request_and_what_the_coordinator_adds():
     from evalstop_trl.core.requests import field_names
 
     assert Report._fields == (*field_names(ReportRequest), "received_at", "planned_steps")
-    request = ReportRequest(7, 0.25, 1.5, 0.75, "ckpt-7", 64, 0.01)
+    request = ReportRequest(7, 0.25, 1.5, 0.75, "ckpt-7", 64, 0.01, 0.125, 312.5)
     report = Report.of(request, 12.5, 100)
     assert report.request() == request and (report.received_at, report.planned_steps) == (12.5, 100)

@@ -42,22 +42,22 @@ def test_a_jsonl_follower_reads_verl_and_plain_lines_partial_lines_and_rotation(
         f.write(json.dumps({"step": 5, "elapsed_seconds": 7.0, "data": {KEY: 0.4, "actor/loss": 0.2}}) + "\n")
         f.write(json.dumps({"step": 10, KEY: 0.5}) + "\n")  # plain JSONL
         f.write('{"step": 15, "data": {"' + KEY)  # a line being written
-    assert tail.poll() == [(5, 0.4, None), (10, 0.5, None)]
+    assert tail.poll() == [(5, 0.4, None, None), (10, 0.5, None, None)]
     with path.open("a") as f:
         f.write('": NaN}}\n' + "not json\n" + json.dumps({"step": 20, "data": {KEY: "x"}}) + "\n")
-    assert tail.poll() == [(15, None, None), (20, None, None)]  # NaN and a string: failed evals
+    assert tail.poll() == [(15, None, None, None), (20, None, None, None)]  # NaN and a string: failed evals
     with path.open("a") as f:
         f.write('{"step": 21, "x": "' + "y" * (MAX_LINE + 10) + '"}\n' + json.dumps({"step": 25, KEY: 0.6}) + "\n")
-    assert tail.poll() == [(25, 0.6, None)]  # the line over MAX_LINE skipped, the next one read
+    assert tail.poll() == [(25, 0.6, None, None)]  # the line over MAX_LINE skipped, the next one read
     with path.open("a") as f:  # a long line still being written: dropped up to its end, never buffered
         f.write('{"step": 26, "x": "' + "y" * (MAX_LINE + 10))
     assert tail.poll() == [] and tail._partial == b""
     with path.open("a") as f:
         f.write('"}\n' + json.dumps({"step": 27, KEY: 0.65}) + "\n")
-    assert tail.poll() == [(27, 0.65, None)]
+    assert tail.poll() == [(27, 0.65, None, None)]
     path.rename(tmp_path / "metrics.jsonl.1")  # rotated: a new file under the same name
     path.write_text(json.dumps({"step": 30, KEY: 0.7}) + "\n")
-    assert tail.poll() == [(30, 0.7, None)]
+    assert tail.poll() == [(30, 0.7, None, None)]
     tail.close()
 
 
@@ -209,7 +209,7 @@ class _FlakyClient:
     def __init__(self, down: int) -> None:
         self.down, self.got = down, []
 
-    def report(self, job_id, step, eval_score=None, kl=None):
+    def report(self, job_id, step, eval_score=None, kl=None, length=None):
         if self.down:
             self.down -= 1
             raise ConnectionError("coordinator unreachable")
@@ -223,7 +223,7 @@ def test_a_report_the_coordinator_could_not_take_is_tried_again_in_order(tmp_pat
     client = _FlakyClient(down=2)
     rep = MetricReporter(MetricFrom("jsonl", path, KEY), client, "j")  # before the run writes its log
     path.write_text("".join(json.dumps({"step": s, "data": {KEY: v}}) + "\n" for s, v in [(5, 0.3), (10, 0.4)]))
-    assert rep.poll_once() == 0 and rep.pending == [(5, 0.3, None), (10, 0.4, None)]  # nothing lost
+    assert rep.poll_once() == 0 and rep.pending == [(5, 0.3, None, None), (10, 0.4, None, None)]  # nothing lost
     assert rep.poll_once() == 0
     with path.open("a") as f:
         f.write(json.dumps({"step": 15, "data": {KEY: 0.5}}) + "\n")
@@ -234,7 +234,7 @@ def test_a_report_the_coordinator_could_not_take_is_tried_again_in_order(tmp_pat
 class _Refusing(_FlakyClient):
     """A coordinator that already holds steps up to 10 of this job: an earlier step is refused for good."""
 
-    def report(self, job_id, step, eval_score=None, kl=None):
+    def report(self, job_id, step, eval_score=None, kl=None, length=None):
         from evalstop_trl.core.errors import Conflict
 
         if step <= 10:
@@ -312,4 +312,46 @@ def test_the_launcher_reports_the_kl_the_log_gives_with_each_eval(tmp_path):
     rep = MetricReporter(MetricFrom("jsonl", plain, KEY), EmbeddedClient(coord), "p")
     plain.write_text(json.dumps({"step": 5, "data": {KEY: 0.4}}) + "\n")
     assert rep.poll_once() == 1 and coord.reports("local", "p")[0].kl is None
+    rep.close()
+
+
+def test_the_launcher_reports_the_completion_length_the_log_gives_with_each_eval(tmp_path):
+    """verl logs ``response_length/mean`` each training step: each eval goes out with the latest length
+    read at or before it (exactly as the KL), and the job's stop says how it changed since the best eval;
+    a console log's (OpenRLHF's ``response_length``) is read the same; a log without one sends none."""
+    from evalstop_trl.clients.embedded import EmbeddedClient
+    from evalstop_trl.core.requests import JobRequest
+    from evalstop_trl.launcher.metrics import MetricReporter
+
+    path = tmp_path / "m.jsonl"
+    coord = Coordinator()
+    coord.register_job("local", JobRequest("j", "grpo", policy={"detector": "decline", "k": 2, "noise": "none"}))
+    rep = MetricReporter(MetricFrom("jsonl", path, KEY), EmbeddedClient(coord), "j")
+    lines = [{"step": 1, "data": {"response_length/mean": 180.0, "response_length/max": 512, "actor/kl_loss": 0.01}},
+             {"step": 2, "data": {KEY: 0.5}},
+             {"step": 3, "data": {"response_length/mean": 200.0}}, {"step": 4, "data": {KEY: 0.7}},
+             {"step": 5, "data": {"response_length/mean": float("nan")}},  # not a length: the latest stays
+             {"step": 6, "data": {KEY: 0.6, "response_length/mean": 240.0}},
+             {"step": 7, "data": {"response_length/mean": -1}}, {"step": 8, "data": {"response_length/mean": 270.0}},
+             {"step": 9, "data": {KEY: 0.5}}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert rep.poll_once() == 4
+    reports = coord.reports("local", "j")
+    assert [(r.step, r.eval_score, r.length) for r in reports] == [(2, 0.5, 180.0), (4, 0.7, 200.0), (6, 0.6, 240.0),
+                                                                    (9, 0.5, 270.0)]
+    decision = coord.status("local", "j").decision
+    assert decision.stop and decision.evidence["length_since_best"] == pytest.approx(0.35)
+    assert decision.reason.endswith("; length +35% since the best eval")
+    rep.close()
+    console = tmp_path / "out.log"
+    coord.register_job("local", JobRequest("c", "grpo"))
+    rep = MetricReporter(MetricFrom("verl_console", console, "val/score"), EmbeddedClient(coord), "c")
+    console.write_text("step:1 - response_length:312.5 - kl:0.02\nstep:2 - val/score:0.4\n")
+    assert rep.poll_once() == 1 and [(r.length, r.kl) for r in coord.reports("local", "c")] == [(312.5, 0.02)]
+    rep.close()
+    plain = tmp_path / "plain.jsonl"
+    coord.register_job("local", JobRequest("p", "grpo"))
+    rep = MetricReporter(MetricFrom("jsonl", plain, KEY), EmbeddedClient(coord), "p")
+    plain.write_text(json.dumps({"step": 5, "data": {KEY: 0.4}}) + "\n")
+    assert rep.poll_once() == 1 and coord.reports("local", "p")[0].length is None
     rep.close()

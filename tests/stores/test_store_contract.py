@@ -50,10 +50,13 @@ def test_reports_in_step_order_and_paged(store):
 
 def test_every_field_of_a_report_request_is_stored_and_read_back(store):
     """A report field is declared on the request record; every store keeps it (its column) and gives it
-    back by name, so a field missing from a store's schema or migration fails here."""
+    back by name, so a field missing from a store's schema or migration fails here (and a new field
+    fails here until it is given a value below)."""
+    from evalstop_trl.core.requests import field_names
+
     wait_durable(store.commit(_job(), expect=0))
-    request = ReportRequest(**{name: value for name, value in zip(
-        Report._fields, (7, 0.25, 1.5, 0.75, "ckpt-7", 64, 0.01), strict=False)})
+    request = ReportRequest(**dict(zip(field_names(ReportRequest), (7, 0.25, 1.5, 0.75, "ckpt-7", 64, 0.01, 0.125,
+                                                                      312.5), strict=True)))
     wait_durable(store.add_report("a", "j", Report.of(request, 3.5, 100), expect=1))
     stored = store.report("a", "j", 7)
     assert stored.request() == request and (stored.received_at, stored.planned_steps) == (3.5, 100)
@@ -320,6 +323,50 @@ def test_postgres_migrates_version_5_to_6_reports_keep_their_kl(pg_dsn):
         db.execute("ALTER TABLE reports DROP COLUMN kl")
         db.execute("UPDATE schema_version SET version = 5")
     _kl_roundtrip(lambda: Coordinator(PostgresStore(pg_dsn)))
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(PG_SCHEMA_VERSION,)]
+
+
+def _length_roundtrip(reopen) -> None:
+    """A database from before reports kept a completion length: its old report reads back without one,
+    and a new report's length is stored (a stop's evidence after a restart)."""
+    c = reopen()
+    assert c.reports("old", "j")[0].length is None
+    c.report("old", "j", ReportRequest(20, 0.6, length=312.5))
+    c.close()
+    c = reopen()
+    assert [r.length for r in c.reports("old", "j")] == [None, 312.5]
+    c.close()
+
+
+def test_sqlite_migrates_version_8_to_9_reports_keep_their_length(tmp_path):
+    path = tmp_path / "v8.db"
+    c = Coordinator(SQLiteStore(path))
+    c.register_job("old", JobRequest("j", "grpo"))
+    c.report("old", "j", ReportRequest(10, 0.5, kl=0.1))
+    c.close()
+    db = sqlite3.connect(path)  # what evalstop wrote before: no length, version 8
+    db.executescript("ALTER TABLE reports DROP COLUMN length; UPDATE schema_version SET version = 8;")
+    db.close()
+    _length_roundtrip(lambda: Coordinator(SQLiteStore(path)))
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+    assert [r.kl for r in Coordinator(SQLiteStore(path)).reports("old", "j")] == [0.1, None]
+
+
+def test_postgres_migrates_version_6_to_7_reports_keep_their_length(pg_dsn):
+    import psycopg
+
+    from evalstop_trl.stores.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
+    from evalstop_trl.stores.postgres import PostgresStore
+
+    c = Coordinator(PostgresStore(pg_dsn))
+    c.register_job("old", JobRequest("j", "grpo"))
+    c.report("old", "j", ReportRequest(10, 0.5))
+    c.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        db.execute("ALTER TABLE reports DROP COLUMN length")
+        db.execute("UPDATE schema_version SET version = 6")
+    _length_roundtrip(lambda: Coordinator(PostgresStore(pg_dsn)))
     with psycopg.connect(pg_dsn, autocommit=True) as db:
         assert db.execute("SELECT version FROM schema_version").fetchall() == [(PG_SCHEMA_VERSION,)]
 

@@ -154,6 +154,35 @@ def test_the_report_carries_the_trainers_kl_and_a_gated_policy_reads_it():
     assert "past the forecast peak" in session.decision.reason and session.decision.evidence["kl"] == 12.0
 
 
+def test_the_report_carries_the_trainers_completion_length_and_a_stop_says_its_change():
+    """TRL's GRPO logs ``completions/mean_length`` with each training step (older TRL
+    ``completion_length``): the session sends the latest with each eval, exactly as the KL; a stop says
+    how it changed since the best eval. A log without one sends none (the report as before)."""
+    coord = Coordinator()
+    session = _session(coord, k=2, noise="none")
+    session.observe_logs({"loss": 0.1, "reward": 0.2, "completions/mean_length": float("nan"),
+                          "completion_length": -3.0})  # neither a length: ignored
+    assert session.length is None
+    session.report(10, 0.5)
+    logs = [{"loss": 0.1, "reward": 0.2, "kl": 0.01, "completions/mean_length": 150.0, "completions/max_length": 512},
+            {"loss": 0.1, "completions/mean_length": 200.0},
+            {"loss": 0.1, "completion_length": 240.0},  # older TRL's key
+            {"loss": 0.1, "completions/mean_length": 255.0}, {"loss": 0.1, "completions/mean_length": 270.0}]
+    stops = []
+    for step, (log_, score) in zip((20, 30, 40), ((logs[:2], 0.7), (logs[2:3], 0.6), (logs[3:], 0.5)), strict=True):
+        for entry in log_:
+            session.observe_logs(entry)
+        stops.append(session.report(step, score))
+    assert [r.length for r in coord.reports("local", "j")] == [None, 200.0, 240.0, 270.0]  # the latest logged
+    assert stops == [False, False, True]
+    assert session.decision.reason.endswith("; length +35% since the best eval")
+    assert session.decision.evidence["length_since_best"] == pytest.approx(0.35)
+    plain = _session(coord, "p", k=2, noise="none")
+    assert [plain.report(10 * i, s) for i, s in enumerate((0.5, 0.7, 0.6, 0.5), start=1)] == [False] * 3 + [True]
+    assert all("length" not in h for h in plain.history) and coord.reports("local", "p")[-1].length is None
+    assert "length" not in plain.decision.reason
+
+
 def test_lower_is_better_with_direction_min():
     session = _session(direction="min")
     assert _run(session, [(10, 2.0), (20, 1.0), (30, 1.5), (40, 2.5)]) == 40  # rises of 1.5 in all: beyond the noise
