@@ -23,12 +23,12 @@ from ..core.detectors import MAX_EXAMPLES, Action, Decision, Observation, create
 from ..core.detectors.klgate import GATES
 from ..core.examples import EVIDENCE_NAMES, evidence_keys
 from ..core.klclock import KL_KEYS
+from ..core.logged import LENGTH_KEYS, LOSS_KEYS, REWARD_KEYS, with_evidence
 
 __all__ = ["Curve", "ReplayError", "ReplayResult", "load_curve", "replay_curve"]
 
 _NOT_METRICS = {"step", "epoch", "total_flos", "global_step"}
 _NOT_SCORES = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_model_preparation_time"}
-_LOSS_KEYS = ("train_loss", "loss")
 
 
 def is_evidence(key: str) -> bool:
@@ -66,7 +66,8 @@ class Curve:
     """One job's eval curve: steps in increasing order, a score per step, the train loss if known;
     ``evidence``: each eval's per-example (n, paired noise) when recorded (empty: plain scores);
     ``kls``: the policy's KL to its reference model at each eval, the latest logged at or before its
-    step (empty: the log has none)."""
+    step (empty: the log has none); ``proxies`` and ``lengths`` the same for the proxy reward and the
+    mean completion length (:mod:`~evalstop_trl.core.logged`), a stop's evidence."""
 
     metric: str
     steps: tuple[int, ...]
@@ -76,6 +77,8 @@ class Curve:
     source: str = ""
     evidence: tuple[tuple[int | None, float | None], ...] = ()
     kls: tuple[float | None, ...] = ()
+    proxies: tuple[float | None, ...] = ()
+    lengths: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -212,13 +215,18 @@ def load_curve(path: str | Path, metric: str | None = None, fmt: str | None = No
     points: dict[int, float] = {}
     loss_at: dict[int, float] = {}
     kl_at: dict[int, float] = {}
+    logged: dict[tuple[str, ...], dict[int, float]] = {REWARD_KEYS: {}, LENGTH_KEYS: {}}  # a stop's evidence
     evidence: dict[int, tuple[int | None, float | None]] = {}
     n_key, noise_key = evidence_keys(metric) or (None, None)
     for i, row in enumerate(rows):
-        for key in _LOSS_KEYS:
+        for key in LOSS_KEYS:
             if _is_number(row.get(key)) and math.isfinite(row[key]) and "step" in row:
                 loss_at[_step_of(path, row, i)] = float(row[key])
                 break
+        for keys, at in logged.items():
+            key = next((k for k in keys if _is_number(row.get(k)) and math.isfinite(row[k])), None)
+            if key is not None and "step" in row:
+                at[_step_of(path, row, i)] = float(row[key])
         for key in kl_keys:
             if _is_number(row.get(key)) and math.isfinite(row[key]):
                 kl_at[_step_of(path, row, i)] = float(row[key])
@@ -241,8 +249,10 @@ def load_curve(path: str | Path, metric: str | None = None, fmt: str | None = No
     steps = tuple(sorted(points))
     losses = _latest(loss_at, steps)
     kls = tuple(_latest(kl_at, steps)) if kl_at else ()
+    proxies, lengths = (tuple(_latest(at, steps)) if at else () for at in logged.values())
     recorded = tuple(evidence.get(s, (None, None)) for s in steps) if evidence else ()
-    return Curve(metric, steps, tuple(points[s] for s in steps), tuple(losses), planned, fmt, recorded, kls)
+    return Curve(metric, steps, tuple(points[s] for s in steps), tuple(losses), planned, fmt, recorded, kls,
+                 proxies, lengths)
 
 
 def _latest(values: dict[int, float], steps: tuple[int, ...]) -> list[float | None]:
@@ -263,7 +273,8 @@ def replay_curve(
     **params: Any
 ) -> ReplayResult:
     """Feed ``curve`` to a fresh detector (with ``gate``, the policy's gate around it: ``kl_past_peak``
-    reads the curve's KL); stop at the first STOP."""
+    reads the curve's KL); stop at the first STOP, which carries the proxy reward's and the completion
+    length's change since the best eval when the curve has them (as the coordinator's stop does)."""
     det = create_detector(detector, **params)
     if gate is not None:
         if gate not in GATES:
@@ -274,12 +285,20 @@ def replay_curve(
     decision: Decision | None = None
     evidence = curve.evidence or ((None, None),) * len(curve.steps)
     kls = curve.kls or (None,) * len(curve.steps)
-    for step, score, loss, (n, noise), kl in zip(curve.steps, curve.scores, curve.losses, evidence, kls, strict=True):
+    proxies = curve.proxies or (None,) * len(curve.steps)
+    lengths = curve.lengths or (None,) * len(curve.steps)
+    best_proxy = best_length = None
+    for step, score, loss, (n, noise), kl, proxy, length in zip(curve.steps, curve.scores, curve.losses, evidence,
+                                                                kls, proxies, lengths, strict=True):
         obs = Observation(
             job_id="replay", step=step, eval_score=score, train_loss=loss,
             progress=step / planned if planned else None, eval_n=n, eval_noise=noise, kl=kl,
         )
         decision = det.observe(obs)
+        if decision.best_step == step:
+            best_proxy, best_length = proxy, length
+        if decision.action is Action.STOP:
+            decision = with_evidence(decision, best_proxy, best_length, proxy, length)
         decisions.append(decision)
         if decision.action is Action.STOP:
             return ReplayResult(True, step, decision.best_step, decision.best_score, decision.reason, tuple(decisions))

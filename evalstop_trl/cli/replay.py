@@ -130,9 +130,13 @@ def _store_curve(args: argparse.Namespace):
         raise ReplayError(f"{args.file}: job {job.job_id!r} has no report with an eval score")
     if args.planned_steps is None:
         args.planned_steps = job.planned_steps
-    kls = tuple(r.kl for r in scored) if any(r.kl is not None for r in scored) else ()
+    def column(name: str) -> tuple:  # empty when no report has it
+        values = tuple(getattr(r, name) for r in scored)
+        return values if any(v is not None for v in values) else ()
+
     return Curve("eval_score", tuple(r.step for r in scored), tuple(r.eval_score for r in scored),
-                 tuple(r.train_loss for r in scored), job.planned_steps, f"evalstop.db job {job.job_id}", kls=kls)
+                 tuple(r.train_loss for r in scored), job.planned_steps, f"evalstop.db job {job.job_id}",
+                 kls=column("kl"), proxies=column("proxy_reward"), lengths=column("length"))
 
 
 def _value(raw: str):

@@ -80,7 +80,7 @@ class EvalStopAPI(abc.ABC):
         ``eval_n``, ``eval_noise``: the eval's per-example evidence (:mod:`evalstop_trl.core.examples`);
         ``kl``: the policy's KL to its reference model at this step (a KL-clock gate reads it);
         ``length``: the mean completion length (tokens) of the latest rollouts (a stop says how it
-        moved since the best eval, :data:`evalstop_trl.core.length.LENGTH_KEYS`)."""
+        moved since the best eval, :data:`evalstop_trl.core.logged.LENGTH_KEYS`)."""
         return self._call("report", _args(locals())) or _KEPT
 
     def ack(self, job_id: str, checkpoint: str | None = None, step: int | None = None) -> JobView | None:

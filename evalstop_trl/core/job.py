@@ -29,8 +29,7 @@ from typing import Any, NamedTuple
 from .codec import to_wire
 from .detectors import Action, Decision, Detector, DetectorState
 from .errors import Conflict, QuotaExceeded
-from .length import describe as describe_length
-from .length import since_best as length_since_best
+from .logged import with_evidence
 from .records import (
     AuditKind,
     AuditRecord,
@@ -274,7 +273,7 @@ def observe(state: JobState, rep: Report, stored: Report | None = None) -> Step:
     if status.terminal:
         pass  # recorded; changes nothing
     elif decision.action is Action.STOP:
-        decision = _with_evidence(decision, best_proxy, best_length, rep)
+        decision = with_evidence(decision, best_proxy, best_length, rep.proxy_reward, rep.length)
         actor = f"detector:{record.policy.detector}"
         now = rep.received_at
         new_record = record.evolve(status=status.to(JobStatus.STOPPED), updated_at=now, decision=decision,
@@ -295,24 +294,6 @@ def observe(state: JobState, rep: Report, stored: Report | None = None) -> Step:
     # job None: only the report is written (the fast path), so a step with audit lines writes the record too
     commit = Commit(None if new_record is record and not audit else new_record, rep, audit, deliveries, state.version)
     return Step(new, new.current() if new_record.status.terminal else decision, commit, stopped)
-
-
-def _with_evidence(decision: Decision, best_proxy: float | None, best_length: float | None, rep: Report) -> Decision:
-    """A detector's stop with what the run logs beside its evals as evidence, each when the job reports
-    it: how the proxy reward moved since the best eval (a proxy still rising while world feedback falls
-    is the mark of reward hacking; evidence ``proxy_since_best``) and the relative change of the
-    completion length since then (length growth is a classic symptom of it; ``length_since_best``,
-    :mod:`.length`). Never changes the decision; unchanged when the job reports neither."""
-    reason, evidence = decision.reason, {}
-    if best_proxy is not None and rep.proxy_reward is not None:
-        moved = rep.proxy_reward - best_proxy
-        reason, evidence["proxy_since_best"] = f"{reason}; proxy {moved:+.3g} since the best eval", moved
-    change = length_since_best(best_length, rep.length)
-    if change is not None:
-        reason, evidence["length_since_best"] = f"{reason}; {describe_length(change)}", change
-    if not evidence:
-        return decision
-    return Decision(decision.action, reason, decision.best_step, decision.best_score, {**decision.evidence, **evidence})
 
 
 #: how a shadow-mode job's answer to a decided stop begins (then the detector's reason)

@@ -46,7 +46,7 @@ from ..core.browse import finite_float
 from ..core.detectors import MAX_STEP
 from ..core.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unauthorized
 from ..core.klclock import KL_KEYS
-from ..core.length import LENGTH_KEYS
+from ..core.logged import LENGTH_KEYS
 from .watch import log_text
 
 __all__ = ["KINDS", "MAX_KEYS", "MAX_LINE", "MAX_PENDING", "READ_CHUNK", "ConsoleTail", "JsonlTail", "MetricFrom",
@@ -112,7 +112,7 @@ class LineTail:
     """Follows a text file of one record per line: :meth:`poll` returns the (step, value, KL, length)
     points of the lines written since (KL: the latest of :data:`~evalstop_trl.core.klclock.KL_KEYS` read
     at or before the point, None if none; length: the same of
-    :data:`~evalstop_trl.core.length.LENGTH_KEYS`, a mean completion length >= 0). ``record(line)``
+    :data:`~evalstop_trl.core.logged.LENGTH_KEYS`, a mean completion length >= 0). ``record(line)``
     parses one line (``(raw step, values)`` or None)."""
 
     kind = ""

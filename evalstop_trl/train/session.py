@@ -46,7 +46,7 @@ from ..core.examples import evidence_keys
 from ..core.job import SHADOW_REASON, shadowed
 from ..core.klclock import KL_KEYS
 from ..core.labels import check_hparams, check_tags
-from ..core.length import LENGTH_KEYS
+from ..core.logged import LENGTH_KEYS, LOSS_KEYS, REWARD_KEYS
 from ..core.records import Report
 from .ranks import RankMessage
 from .scores import finite, to_number
@@ -59,10 +59,6 @@ __all__ = ["DEFAULT_HEARTBEAT_S", "EvalFailures", "EvalStopSession", "Heartbeat"
 
 log = logging.getLogger("evalstop.callback")
 
-#: Keys of a trainer's logs read as the proxy reward, and as the train loss (the first present wins).
-REWARD_KEYS = ("reward", "rewards/mean", "objective/scores", "objective/rlhf_reward", "rewards/margins",
-               "rewards/chosen")
-LOSS_KEYS = ("loss", "train_loss")
 _LOSS_LIKE = re.compile(r"(loss|perplexity|ppl|error|err|wer|cer)(\b|_|$)", re.IGNORECASE)
 _EVAL_ERRORS = ("skip", "stop", "raise")
 _FAIL_MODES = ("local", "open")

@@ -261,3 +261,39 @@ def test_replay_reads_the_logs_kl_and_a_gate_puts_the_clock_in_the_json(tmp_path
     assert json.loads(capsys.readouterr().out)["evidence"] == gated["evidence"]
     with pytest.raises(SystemExit):
         main(["replay", str(log), "--metric", "eval_reward", "--gate", "soon"])
+
+
+def test_a_replayed_stop_says_how_the_proxy_and_the_length_moved_since_the_best(tmp_path, capsys):
+    """As the coordinator's stop does (core/logged.py): a TRL-shaped log with the proxy reward
+    (``reward``) and the completion length (``completions/mean_length``) logged at training steps; the
+    replayed stop carries both changes since the best eval, from a log and from an evalstop.db."""
+    from evalstop_trl import Coordinator
+    from evalstop_trl.core.requests import JobRequest, ReportRequest
+    from evalstop_trl.stores.sqlite import SQLiteStore
+
+    evals = [(0.2, 0.1, 100.0), (0.5, 0.3, 110.0), (0.45, 0.5, 130.0), (0.2, 0.8, 160.0)]  # (score, proxy, length)
+    rows = []
+    for i, (score, proxy, length) in enumerate(evals, start=1):
+        rows += [{"step": 10 * i - 5, "reward": proxy, "completions/mean_length": length, "loss": 1.0},
+                 {"step": 10 * i, "eval_reward": score}]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["replay", str(log), "--metric", "eval_reward", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["stop_step"] == 40 and got["best_step"] == 20
+    assert got["evidence"]["proxy_since_best"] == pytest.approx(0.5)
+    assert got["evidence"]["length_since_best"] == pytest.approx(160 / 110 - 1)
+    assert got["reason"].endswith("; proxy +0.5 since the best eval; length +45% since the best eval")
+    db = tmp_path / "evalstop.db"
+    c = Coordinator(SQLiteStore(db))
+    c.register_job("local", JobRequest("run"))
+    for i, (score, proxy, length) in enumerate(evals, start=1):
+        decision = c.report("local", "run", ReportRequest(10 * i, score, proxy_reward=proxy, length=length))
+    c.close()
+    assert main(["replay", str(db), "--json"]) == 0
+    from_db = json.loads(capsys.readouterr().out)
+    assert from_db["reason"] == got["reason"] == decision.reason  # the coordinator's own stop says the same
+    plain = tmp_path / "plain.jsonl"  # a log of scores alone: the rule's reason, nothing added
+    plain.write_text("".join(json.dumps({"step": 10 * i, "eval_reward": s}) + "\n" for i, (s, _, _) in enumerate(evals, 1)))
+    assert main(["replay", str(plain), "--metric", "eval_reward", "--json"]) == 0
+    assert "since the best eval" not in json.loads(capsys.readouterr().out)["reason"]

@@ -12,7 +12,7 @@ import pytest
 from evalstop_trl import Coordinator, SQLiteStore
 from evalstop_trl.clients.embedded import EmbeddedClient
 from evalstop_trl.core.errors import InvalidInput
-from evalstop_trl.core.length import LENGTH_KEYS, describe, since_best
+from evalstop_trl.core.logged import LENGTH_KEYS, describe, since_best
 from evalstop_trl.core.records import AuditKind, Report, check_report
 from evalstop_trl.core.requests import JobRequest, ReportRequest
 

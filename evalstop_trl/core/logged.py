@@ -1,0 +1,62 @@
+"""What a run logs beside its evals, as a stop's evidence (issue 44): the keys read from a trainer's
+logs (:data:`REWARD_KEYS`, :data:`LOSS_KEYS`, :data:`LENGTH_KEYS`; the KL's are the KL clock's,
+:data:`~evalstop_trl.core.klclock.KL_KEYS`) and :func:`with_evidence`, which a stop carries in the
+coordinator and in ``evalstop replay``. A proxy reward still rising while world feedback falls is
+the mark of reward hacking; response length that grows with it is a classic symptom (a policy padding
+its answers for a reward model that likes long ones). Evidence only: never required, never decided on.
+
+    >>> since_best(200.0, 270.0)
+    0.35
+    >>> describe(0.35)
+    'length +35% since the best eval'
+    >>> since_best(0.0, 10.0) is None, since_best(None, 10.0) is None
+    (True, True)
+"""
+
+from __future__ import annotations
+
+from .detectors import Decision
+
+__all__ = ["LENGTH_KEYS", "LOSS_KEYS", "REWARD_KEYS", "describe", "since_best", "with_evidence"]
+
+#: Keys of a trainer's logs read as the proxy reward, and as the train loss (the first present wins)
+REWARD_KEYS = ("reward", "rewards/mean", "objective/scores", "objective/rlhf_reward", "rewards/margins",
+               "rewards/chosen")
+LOSS_KEYS = ("loss", "train_loss")
+
+#: Keys of a trainer's logs read as the mean completion length of the latest step's rollouts (tokens),
+#: the first present wins (TRL's GRPO and RLOO log ``completions/mean_length``, older TRL
+#: ``completion_length``, verl ``response_length/mean``, OpenRLHF ``response_length``): the callback
+#: reports it with each eval, ``evalstop run --metric-from`` with each eval it reads
+LENGTH_KEYS = ("completions/mean_length", "completion_length", "response_length/mean", "response_length")
+
+
+def since_best(best: float | None, now: float | None) -> float | None:
+    """The relative change of the length from the best eval's report to ``now`` (+0.35: 35% longer);
+    None when either is unknown or the best's length is 0 (no relative change)."""
+    if best is None or now is None or not best > 0:
+        return None
+    return (now - best) / best
+
+
+def describe(change: float) -> str:
+    """A stop's reason suffix for a relative change (see :func:`since_best`)."""
+    return f"length {change:+.0%} since the best eval"
+
+
+def with_evidence(decision: Decision, best_proxy: float | None, best_length: float | None, proxy: float | None,
+                  length: float | None) -> Decision:
+    """A detector's stop with what the run logs beside its evals as evidence, each when known at both
+    the best eval and the stop: how the proxy reward moved since the best eval (``proxy_since_best``)
+    and the relative change of the completion length (``length_since_best``). Never changes the
+    decision; the same decision when neither is known."""
+    reason, evidence = decision.reason, {}
+    if best_proxy is not None and proxy is not None:
+        moved = proxy - best_proxy
+        reason, evidence["proxy_since_best"] = f"{reason}; proxy {moved:+.3g} since the best eval", moved
+    change = since_best(best_length, length)
+    if change is not None:
+        reason, evidence["length_since_best"] = f"{reason}; {describe(change)}", change
+    if not evidence:
+        return decision
+    return Decision(decision.action, reason, decision.best_step, decision.best_score, {**decision.evidence, **evidence})
