@@ -15,6 +15,8 @@ its answers for a reward model that likes long ones). Evidence only: never requi
 
 from __future__ import annotations
 
+import math
+
 from .detectors import Decision
 
 __all__ = ["LENGTH_KEYS", "LOSS_KEYS", "REWARD_KEYS", "describe", "since_best", "with_evidence"]
@@ -49,13 +51,13 @@ def with_evidence(decision: Decision, best_proxy: float | None, best_length: flo
     """A detector's stop with what the run logs beside its evals as evidence, each when known at both
     the best eval and the stop: how the proxy reward moved since the best eval (``proxy_since_best``)
     and the relative change of the completion length (``length_since_best``). Never changes the
-    decision; the same decision when neither is known."""
+    decision; the same decision when neither is known (or a change overflows a float)."""
     reason, evidence = decision.reason, {}
-    if best_proxy is not None and proxy is not None:
-        moved = proxy - best_proxy
+    moved = proxy - best_proxy if best_proxy is not None and proxy is not None else None
+    if moved is not None and math.isfinite(moved):  # finite reports 1e308 apart differ by infinity: unsaid
         reason, evidence["proxy_since_best"] = f"{reason}; proxy {moved:+.3g} since the best eval", moved
     change = since_best(best_length, length)
-    if change is not None:
+    if change is not None and math.isfinite(change):
         reason, evidence["length_since_best"] = f"{reason}; {describe(change)}", change
     if not evidence:
         return decision

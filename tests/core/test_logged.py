@@ -6,6 +6,7 @@ changes a decision."""
 from __future__ import annotations
 
 import math
+import uuid
 
 import pytest
 
@@ -148,3 +149,25 @@ def test_a_stop_over_http_says_the_length_change(server):
         plain = _run(client, "plain")
         assert plain.stop and "length_since_best" not in plain.evidence
         assert plain.reason + "; length +35% since the best eval" == decision.reason
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_extreme_proxies_and_lengths_never_break_a_stop_over_http(store, tmp_path, request):
+    """An attack on the evidence: finite reports whose change since the best overflows (a proxy from
+    -1e308 to 1e308, a length from 1e-300 to 1e308). A real service on loopback, both stores: the stop
+    is answered, stored and read back as JSON, and says nothing of a change it cannot give as a number."""
+    from evalstop_trl.clients.http import EvalStopClient
+    from evalstop_trl.clients.local import LocalServer
+
+    db = tmp_path / "c.db" if store == "sqlite" else request.getfixturevalue("postgres_cluster").create_database(
+        "extreme_" + uuid.uuid4().hex[:8])
+    with LocalServer(db, tenants=("alice",), log=tmp_path / "s.log") as srv, \
+            EvalStopClient(srv.url, srv.tokens["alice"], retries=0) as client:
+        client.register_job("x", "grpo")
+        reports = [(0.2, -1e308, 1e-300), (0.5, -1e308, 1e-300), (0.45, 0.0, 1.0), (0.1, 1e308, 1e308)]
+        for i, (score, proxy, length) in enumerate(reports, start=1):
+            decision = client.report("x", 10 * i, eval_score=score, proxy_reward=proxy, length=length)
+        assert decision.stop and "since the best eval" not in decision.reason
+        assert not {"proxy_since_best", "length_since_best"} & set(decision.evidence)
+        assert client.status("x").decision == decision
+        assert [r.length for r in client.reports("x")] == [length for _, _, length in reports]
