@@ -112,11 +112,9 @@ class DeclineDetector(Detector):
         score = obs.eval_score
         if score is None:
             return rule, _continue("no eval score in this report", best_step, best_score, declines=count)
-        if level is not None:  # the level before this eval: a fall never raises its own bar
-            sigma, source = self._sigma(obs, level)
+        before = level  # the level before this eval: a fall never raises its own bar
+        if level is not None:
             level = level.add(_saturated(self._sign * score))
-        else:
-            sigma, source = self._sigma(obs, None)
         if run and is_decline(score, run[-1][1], self.direction, self.min_delta):
             count, run = count + 1, _push(run, (obs.step, score), self.k + 1)
         else:
@@ -128,10 +126,14 @@ class DeclineDetector(Detector):
             if said is None:
                 said = self._said[count] = (f"{count} consecutive {what[:-1]}(s) of {self.k}",
                                             MappingProxyType({"declines": count}))
-            if sigma or self.min_delta:  # the log line says what the run of declines must beat
+            # a per-example eval's log line says what the run of declines must beat (a plain score's
+            # says it once the run reaches k: formatting the bar at every eval would double a report's cost)
+            if (obs.eval_noise and self.noise is not DeclineNoise.NONE) or self.min_delta:
+                sigma, source = self._sigma(obs, before)
                 return state, Decision(Action.CONTINUE, said[0] + self._bar(sigma, source), best_step, best_score,
                                        said[1])
             return state, Decision(Action.CONTINUE, said[0], best_step, best_score, said[1])
+        sigma, source = self._sigma(obs, before)
         path = " → ".join(_fmt(s) for _, s in run)
         evidence: dict[str, Any] = dict(declines=count, scores=[s for _, s in run], steps=[st for st, _ in run],
                                         k=self.k, min_delta=self.min_delta)
