@@ -357,6 +357,11 @@ class Policy:
         stop_on = _stop_on(data["stop_on"]) if "stop_on" in data else _HACKED_ONLY
         if not stored:
             return cls(detector=detector, params=params, mode=mode, stop_on=stop_on, gate=gate)
+        if detector == "decline" and "noise_z" in params and "noise" not in params:
+            # stored before issue 44 (every parameter is written, and "noise" was not one): that default
+            # counted each fall beyond the eval's paired noise, else every fall. A job keeps deciding so:
+            # the paper's rule on plain scores exactly, the paired noise when its evals carry it
+            params["noise"] = "paired"
         try:
             return cls(detector=detector, params=params, mode=mode, stop_on=stop_on, gate=gate)
         except InvalidInput:

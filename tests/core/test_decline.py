@@ -92,3 +92,35 @@ def test_a_steady_fall_of_about_one_noise_unit_per_eval_adds_up_to_a_stop():
     assert "falls of 1.2 and 1.2 noise units, 2.4 in all (needed 2; noise 0.01, paired per-example)" in stop.reason
     within = decisions[3]  # one fall of 1.2: counted, not yet a stop
     assert within.evidence["declines"] == 1 and not within.stop
+
+
+def test_a_job_stored_before_the_default_changed_keeps_deciding_as_it_did(tmp_path):
+    """A decline policy stored before issue 44 (every parameter written, no ``noise``) loads as
+    ``noise: paired``: on plain scores the paper's rule, exactly as it decided then, after a restart
+    of the coordinator on its SQLite file; a policy stored now keeps its own ``noise``."""
+    import sqlite3
+
+    from evalstop_trl import Coordinator, SQLiteStore
+    from evalstop_trl.core.records import Policy
+    from evalstop_trl.core.requests import JobRequest, ReportRequest
+
+    before = {"detector": "decline", "k": 2, "min_delta": 0.0, "noise_z": 1.0, "direction": "max"}
+    assert dict(Policy.from_dict(before, stored=True).params)["noise"] == "paired"
+    assert Policy.from_dict(before).params["noise"] == "run"  # a caller's policy: today's default applies
+    now = Policy.from_dict({"detector": "decline"}).to_dict()
+    assert Policy.from_dict(now, stored=True).to_dict() == now
+    db = tmp_path / "c.db"
+    c = Coordinator(SQLiteStore(db))
+    c.register_job("t", JobRequest("old", planned_steps=100))
+    scores = [0.2, 0.5, 0.45, 0.4, 0.3]  # the paper's rule stops at the second small fall (step 40)
+    for i, s in enumerate(scores[:3], start=1):
+        c.report("t", "old", ReportRequest(10 * i, s))
+    c.close()
+    with sqlite3.connect(db) as conn:  # what an older evalstop wrote: its policy without "noise"
+        conn.execute("UPDATE jobs SET policy = ? WHERE job_id = 'old'", (json.dumps(before),))
+    c = Coordinator(SQLiteStore(db))
+    assert c.report("t", "old", ReportRequest(40, scores[3])).stop
+    det = create_detector("decline")  # today's default would not have stopped there
+
+    assert not any(det.observe(Observation("j", 10 * i, s)).stop for i, s in enumerate(scores[:4], start=1))
+    c.close()
