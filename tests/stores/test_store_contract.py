@@ -284,32 +284,44 @@ def test_sqlite_migrates_version_6_to_7_reports_keep_their_evidence(tmp_path):
         sqlite3.connect(path).execute("DELETE FROM audit")
 
 
-def _kl_roundtrip(reopen) -> None:
-    """A database from before reports kept a KL: its old report reads back without one, and a new
-    report's KL is stored (what a ``gate: kl_past_peak`` policy reads after a restart)."""
+#: report columns added after the first schema, each with a value and the SQLite and PostgreSQL
+#: schema versions before it, and the earlier added columns a report then had (with a value each)
+ADDED_COLUMNS = [
+    pytest.param("kl", 0.25, 7, 5, {}, id="kl"),  # what a gate: kl_past_peak policy reads after a restart
+    pytest.param("length", 312.5, 8, 6, {"kl": 0.1}, id="length"),  # a stop's evidence after a restart
+]
+
+
+def _added_column_roundtrip(reopen, column: str, value: float, earlier: dict) -> None:
+    """A database from before reports kept ``column``: its old report reads back without one (and with
+    the earlier columns it had), and a new report's value is stored."""
     c = reopen()
-    assert c.reports("old", "j")[0].kl is None
-    c.report("old", "j", ReportRequest(20, 0.6, kl=0.25))
+    old = c.reports("old", "j")[0]
+    assert getattr(old, column) is None and all(getattr(old, k) == v for k, v in earlier.items())
+    c.report("old", "j", ReportRequest(20, 0.6, **{column: value}))
     c.close()
     c = reopen()
-    assert [r.kl for r in c.reports("old", "j")] == [None, 0.25]
+    assert [getattr(r, column) for r in c.reports("old", "j")] == [None, value]
+    assert [[getattr(r, k) for r in c.reports("old", "j")] for k in earlier] == [[v, None] for v in earlier.values()]
     c.close()
 
 
-def test_sqlite_migrates_version_7_to_8_reports_keep_their_kl(tmp_path):
-    path = tmp_path / "v7.db"
+@pytest.mark.parametrize("column, value, sqlite_before, pg_before, earlier", ADDED_COLUMNS)
+def test_sqlite_migrates_a_report_column_added_later(tmp_path, column, value, sqlite_before, pg_before, earlier):
+    path = tmp_path / f"v{sqlite_before}.db"
     c = Coordinator(SQLiteStore(path))
     c.register_job("old", JobRequest("j", "grpo"))
-    c.report("old", "j", ReportRequest(10, 0.5))
+    c.report("old", "j", ReportRequest(10, 0.5, **earlier))
     c.close()
-    db = sqlite3.connect(path)  # what evalstop wrote before: no KL, version 7
-    db.executescript("ALTER TABLE reports DROP COLUMN kl; UPDATE schema_version SET version = 7;")
+    db = sqlite3.connect(path)  # what evalstop wrote before: no such column, the version before it
+    db.executescript(f"ALTER TABLE reports DROP COLUMN {column}; UPDATE schema_version SET version = {sqlite_before};")
     db.close()
-    _kl_roundtrip(lambda: Coordinator(SQLiteStore(path)))
+    _added_column_roundtrip(lambda: Coordinator(SQLiteStore(path)), column, value, earlier)
     assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
 
 
-def test_postgres_migrates_version_5_to_6_reports_keep_their_kl(pg_dsn):
+@pytest.mark.parametrize("column, value, sqlite_before, pg_before, earlier", ADDED_COLUMNS)
+def test_postgres_migrates_a_report_column_added_later(pg_dsn, column, value, sqlite_before, pg_before, earlier):
     import psycopg
 
     from evalstop_trl.stores.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
@@ -317,56 +329,12 @@ def test_postgres_migrates_version_5_to_6_reports_keep_their_kl(pg_dsn):
 
     c = Coordinator(PostgresStore(pg_dsn))
     c.register_job("old", JobRequest("j", "grpo"))
-    c.report("old", "j", ReportRequest(10, 0.5))
+    c.report("old", "j", ReportRequest(10, 0.5, **earlier))
     c.close()
     with psycopg.connect(pg_dsn, autocommit=True) as db:
-        db.execute("ALTER TABLE reports DROP COLUMN kl")
-        db.execute("UPDATE schema_version SET version = 5")
-    _kl_roundtrip(lambda: Coordinator(PostgresStore(pg_dsn)))
-    with psycopg.connect(pg_dsn, autocommit=True) as db:
-        assert db.execute("SELECT version FROM schema_version").fetchall() == [(PG_SCHEMA_VERSION,)]
-
-
-def _length_roundtrip(reopen) -> None:
-    """A database from before reports kept a completion length: its old report reads back without one,
-    and a new report's length is stored (a stop's evidence after a restart)."""
-    c = reopen()
-    assert c.reports("old", "j")[0].length is None
-    c.report("old", "j", ReportRequest(20, 0.6, length=312.5))
-    c.close()
-    c = reopen()
-    assert [r.length for r in c.reports("old", "j")] == [None, 312.5]
-    c.close()
-
-
-def test_sqlite_migrates_version_8_to_9_reports_keep_their_length(tmp_path):
-    path = tmp_path / "v8.db"
-    c = Coordinator(SQLiteStore(path))
-    c.register_job("old", JobRequest("j", "grpo"))
-    c.report("old", "j", ReportRequest(10, 0.5, kl=0.1))
-    c.close()
-    db = sqlite3.connect(path)  # what evalstop wrote before: no length, version 8
-    db.executescript("ALTER TABLE reports DROP COLUMN length; UPDATE schema_version SET version = 8;")
-    db.close()
-    _length_roundtrip(lambda: Coordinator(SQLiteStore(path)))
-    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
-    assert [r.kl for r in Coordinator(SQLiteStore(path)).reports("old", "j")] == [0.1, None]
-
-
-def test_postgres_migrates_version_6_to_7_reports_keep_their_length(pg_dsn):
-    import psycopg
-
-    from evalstop_trl.stores.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
-    from evalstop_trl.stores.postgres import PostgresStore
-
-    c = Coordinator(PostgresStore(pg_dsn))
-    c.register_job("old", JobRequest("j", "grpo"))
-    c.report("old", "j", ReportRequest(10, 0.5))
-    c.close()
-    with psycopg.connect(pg_dsn, autocommit=True) as db:
-        db.execute("ALTER TABLE reports DROP COLUMN length")
-        db.execute("UPDATE schema_version SET version = 6")
-    _length_roundtrip(lambda: Coordinator(PostgresStore(pg_dsn)))
+        db.execute(f"ALTER TABLE reports DROP COLUMN {column}")
+        db.execute(f"UPDATE schema_version SET version = {pg_before}")
+    _added_column_roundtrip(lambda: Coordinator(PostgresStore(pg_dsn)), column, value, earlier)
     with psycopg.connect(pg_dsn, autocommit=True) as db:
         assert db.execute("SELECT version FROM schema_version").fetchall() == [(PG_SCHEMA_VERSION,)]
 
