@@ -23,7 +23,7 @@ from ..core.detectors import MAX_EXAMPLES, Action, Decision, Observation, create
 from ..core.detectors.klgate import GATES
 from ..core.examples import EVIDENCE_NAMES, evidence_keys
 from ..core.klclock import KL_KEYS
-from ..core.logged import LENGTH_KEYS, LOSS_KEYS, REWARD_KEYS, with_evidence
+from ..core.logged import LENGTH_KEYS, LOSS_KEYS, REWARD_KEYS, first_logged, with_evidence
 
 __all__ = ["Curve", "ReplayError", "ReplayResult", "load_curve", "replay_curve"]
 
@@ -215,22 +215,16 @@ def load_curve(path: str | Path, metric: str | None = None, fmt: str | None = No
     points: dict[int, float] = {}
     loss_at: dict[int, float] = {}
     kl_at: dict[int, float] = {}
-    logged: dict[tuple[str, ...], dict[int, float]] = {REWARD_KEYS: {}, LENGTH_KEYS: {}}  # a stop's evidence
+    proxy_at: dict[int, float] = {}  # a stop's evidence, as the length's
+    length_at: dict[int, float] = {}
     evidence: dict[int, tuple[int | None, float | None]] = {}
     n_key, noise_key = evidence_keys(metric) or (None, None)
     for i, row in enumerate(rows):
-        for key in LOSS_KEYS:
-            if _is_number(row.get(key)) and math.isfinite(row[key]) and "step" in row:
-                loss_at[_step_of(path, row, i)] = float(row[key])
-                break
-        for keys, at in logged.items():
-            key = next((k for k in keys if _is_number(row.get(k)) and math.isfinite(row[k])), None)
-            if key is not None and "step" in row:
-                at[_step_of(path, row, i)] = float(row[key])
-        for key in kl_keys:
-            if _is_number(row.get(key)) and math.isfinite(row[key]):
-                kl_at[_step_of(path, row, i)] = float(row[key])
-                break
+        for keys, at, low in ((LOSS_KEYS, loss_at, None), (REWARD_KEYS, proxy_at, None), (LENGTH_KEYS, length_at, 0.0),
+                              (kl_keys, kl_at, None)):
+            value = first_logged(row, keys, low)
+            if value is not None and (at is kl_at or "step" in row):
+                at[_step_of(path, row, i)] = value
         if metric not in row or row[metric] is None:
             continue
         value = row[metric]
@@ -249,7 +243,7 @@ def load_curve(path: str | Path, metric: str | None = None, fmt: str | None = No
     steps = tuple(sorted(points))
     losses = _latest(loss_at, steps)
     kls = tuple(_latest(kl_at, steps)) if kl_at else ()
-    proxies, lengths = (tuple(_latest(at, steps)) if at else () for at in logged.values())
+    proxies, lengths = (tuple(_latest(at, steps)) if at else () for at in (proxy_at, length_at))
     recorded = tuple(evidence.get(s, (None, None)) for s in steps) if evidence else ()
     return Curve(metric, steps, tuple(points[s] for s in steps), tuple(losses), planned, fmt, recorded, kls,
                  proxies, lengths)

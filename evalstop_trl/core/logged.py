@@ -16,10 +16,14 @@ its answers for a reward model that likes long ones). Evidence only: never requi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from .browse import finite_float
 from .detectors import Decision
 
-__all__ = ["LENGTH_KEYS", "LOSS_KEYS", "REWARD_KEYS", "describe", "since_best", "with_evidence"]
+__all__ = ["LENGTH_KEYS", "LOSS_KEYS", "REWARD_KEYS", "describe", "first_logged", "logged_length", "since_best",
+           "with_evidence"]
 
 #: Keys of a trainer's logs read as the proxy reward, and as the train loss (the first present wins)
 REWARD_KEYS = ("reward", "rewards/mean", "objective/scores", "objective/rlhf_reward", "rewards/margins",
@@ -31,6 +35,22 @@ LOSS_KEYS = ("loss", "train_loss")
 #: ``completion_length``, verl ``response_length/mean``, OpenRLHF ``response_length``): the callback
 #: reports it with each eval, ``evalstop run --metric-from`` with each eval it reads
 LENGTH_KEYS = ("completions/mean_length", "completion_length", "response_length/mean", "response_length")
+
+
+def first_logged(values: Mapping[str, Any], keys: Sequence[str], low: float | None = None) -> float | None:
+    """The value of the first of ``keys`` that a log record holds as a finite number (at least ``low``
+    when given): what the session, ``evalstop run --metric-from`` and ``evalstop replay`` read. None
+    when it holds none (text, a bool, NaN, an infinity and an integer beyond a float are not numbers)."""
+    for key in keys:
+        value = finite_float(values.get(key))
+        if value is not None and (low is None or value >= low):
+            return value
+    return None
+
+
+def logged_length(values: Mapping[str, Any]) -> float | None:
+    """A log record's mean completion length (:data:`LENGTH_KEYS`, a number >= 0), else None."""
+    return first_logged(values, LENGTH_KEYS, 0.0)
 
 
 def since_best(best: float | None, now: float | None) -> float | None:

@@ -46,7 +46,7 @@ from ..core.browse import finite_float
 from ..core.detectors import MAX_STEP
 from ..core.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unauthorized
 from ..core.klclock import KL_KEYS
-from ..core.logged import LENGTH_KEYS
+from ..core.logged import first_logged, logged_length
 from .watch import log_text
 
 __all__ = ["KINDS", "MAX_KEYS", "MAX_LINE", "MAX_PENDING", "READ_CHUNK", "ConsoleTail", "JsonlTail", "MetricFrom",
@@ -190,10 +190,10 @@ class LineTail:
             return None
         raw, values = rec
         self.seen.saw(values)
-        kl = next((v for k in KL_KEYS if (v := finite_float(values.get(k))) is not None), None)
+        kl = first_logged(values, KL_KEYS)
         if kl is not None:
             self.kl = kl
-        length = next((v for k in LENGTH_KEYS if (v := finite_float(values.get(k))) is not None and v >= 0), None)
+        length = logged_length(values)
         if length is not None:
             self.length = length
         if self.key not in values:
