@@ -31,8 +31,8 @@ class DeclineNoise(str, Enum):
     """What ``decline``'s run of declines must fall beyond (its ``noise`` parameter)."""
 
     #: the default: the larger of the eval's paired per-example noise and the run's own eval-to-eval
-    #: noise (the changes between its consecutive evals, so checkpoint-to-checkpoint drift counts as noise: a
-    #: fixed-seed eval, whose paired noise is tiny, cannot make a drifting plateau look like a fall)
+    #: noise (the changes between its consecutive evals, so checkpoint-to-checkpoint drift counts as
+    #: noise: a fixed-seed eval, whose paired noise is tiny, cannot make a drifting plateau look like a fall)
     RUN = "run"
     #: the eval's paired noise when it carries one (``eval_noise``), else none
     PAIRED = "paired"
@@ -65,8 +65,8 @@ class DeclineDetector(Detector):
     eval is still caught once it adds up. ``sigma`` is (:class:`DeclineNoise`):
 
     * ``run`` (default): the larger of the eval's paired per-example noise (``eval_noise``) and the
-      run's own eval-to-eval noise (the root mean square of the changes between consecutive evals, with a prior of
-      :data:`RUN_NOISE_REL` of their range): checkpoint-to-checkpoint drift is in it, so a fixed-seed
+      run's own eval-to-eval noise (the root mean square of the changes between consecutive evals,
+      with a prior of :data:`RUN_NOISE_REL` of their range): checkpoint-to-checkpoint drift is in it, so a fixed-seed
       eval (whose paired noise is tiny) of a drifting plateau reads as noise, not as a fall;
     * ``paired``: the eval's paired noise when it carries one, else 0;
     * ``none``: 0, **the paper's exact rule** (``platform-sim reproduce`` runs it).
@@ -96,7 +96,8 @@ class DeclineDetector(Detector):
         self._said: dict[int, tuple[str, Mapping[str, Any]]] = {}
 
     def _start(self) -> tuple[int, tuple[tuple[int, float], ...], float | None, RelativeNoiseLevel | None]:
-        level = RelativeNoiseLevel(RUN_NOISE_REL, RUN_PRIOR_EVALS, order=1) if self.noise is DeclineNoise.RUN else None
+        run_noise = self.noise is DeclineNoise.RUN
+        level = RelativeNoiseLevel(RUN_NOISE_REL, RUN_PRIOR_EVALS, order=1) if run_noise else None
         return 0, (), None, level
 
     def _sigma(self, obs: Observed, level: RelativeNoiseLevel | None) -> tuple[float, str]:
@@ -140,15 +141,16 @@ class DeclineDetector(Detector):
         if not sigma:
             return state, _stop(f"{self.k} consecutive {what}: {path} at step {obs.step}", best_step, best_score,
                                 **evidence)
-        unit = _SQRT2 * sigma  # the standard error of the difference of two evals
+        unit = _saturated(_SQRT2 * sigma)  # the standard error of the difference of two evals (finite)
         fall = _saturated((ref - score) * self._sign)
         units = _saturated(fall / unit)
-        falls = " and ".join(f"{_saturated((a - b) * self._sign / unit):.1f}" for (_, a), (_, b) in zip(run, run[1:], strict=False))
+        falls = " and ".join(f"{_saturated((a - b) * self._sign / unit):.1f}"
+                             for (_, a), (_, b) in zip(run, run[1:], strict=False))
         evidence.update(noise=sigma, noise_source=source, fall=fall, noise_units=units, needed=self.noise_z * unit,
                         noise_z=self.noise_z)
         shown = "" if count == self.k else f" (the last {self.k} of {count})"
-        said = (f"{'falls' if self._max else 'rises'} of {falls} noise units{shown}, {units:.1f} in all (needed {_fmt(self.noise_z)}; noise {_fmt(sigma)}, "
-                f"{source})")
+        said = (f"{'falls' if self._max else 'rises'} of {falls} noise units{shown}, {units:.1f} in all "
+                f"(needed {_fmt(self.noise_z)}; noise {_fmt(sigma)}, {source})")
         if exceeds(units, self.noise_z):
             return state, _stop(f"{count} consecutive {what}: {path} at step {obs.step}: {said}", best_step,
                                 best_score, **evidence)
@@ -161,6 +163,6 @@ class DeclineDetector(Detector):
         what = "decline" if self._max else "rise"
         parts = [f"each {what} must exceed min_delta {_fmt(self.min_delta)}"] if self.min_delta else []
         if sigma:
-            parts.append(f"the {what}s must add up to more than {_fmt(self.noise_z * _SQRT2 * sigma)} = noise_z "
+            parts.append(f"the {what}s must add up to more than {_fmt(self.noise_z * _saturated(_SQRT2 * sigma))} = noise_z "
                          f"{_fmt(self.noise_z)} × √2 × noise {_fmt(sigma)}, {source}")
         return f" ({'; '.join(parts)})"
