@@ -94,48 +94,51 @@ def write_labels(folder: Path = cp.CORPUS) -> list[cp.RunRecord]:
 
 
 # ----------------------------------------------------------------------------- scoring
-Row = tuple[str, str, dict[str, Any], bool, bool]  # label, detector, params (a policy's), paired noise, KL gate
+Row = tuple[str, str, dict[str, Any], bool, str | None]  # label, detector, params (a policy's), paired noise, gate
 CONVERGED = {"stop_on": ["hacked", "converged"]}  # the opt-in converged stop (counted apart, never a true stop)
 PAPER = "decline, noise none (the paper's exact rule)"
+#: each policy gate (``core/detectors``' GATES) as the tables name it
+GATE_LABELS = {"kl_past_peak": "KL gate", "proxy_diverges": "proxy gate"}
 
 
 def detector_rows(with_evidence: bool = True) -> list[Row]:
-    """(label, detector, params, reads the paired noise, gated by the KL clock) for every registered
+    """(label, detector, params, reads the paired noise, the policy's gate) for every registered
     detector at its registry defaults but ``never``; with ``with_evidence`` also each one given the
-    paired noise, the KL clock as a gate (a stop only once the run's KL is past the forecast peak of
-    Gao's form fitted to its world feedback so far, ``core/klclock.py``), and both."""
+    paired noise, each policy gate (:data:`GATE_LABELS`: the KL clock, a stop only once the run's KL
+    is past the forecast peak of Gao's form fitted to its world feedback so far; the proxy gate, a
+    stop only while the proxy reward is above its value at the best eval), and both."""
     from evalstop_trl.core.detectors import DETECTORS
 
     names = [n for n in DETECTORS.names() if n != "never"]
-    rows: list[Row] = [(n, n, {}, False, False) for n in names]
-    rows.insert(1, (PAPER, "decline", {"noise": "none"}, False, False))  # the default before issue 44
+    rows: list[Row] = [(n, n, {}, False, None) for n in names]
+    rows.insert(1, (PAPER, "decline", {"noise": "none"}, False, None))  # the default before issue 44
     if with_evidence:
-        rows += [(f"{n} + paired noise", n, {}, True, False) for n in names]
-        rows += [(f"{n} + KL gate", n, {}, False, True) for n in names]
-        rows += [(f"{n} + paired noise + KL gate", n, {}, True, True) for n in names]
-        rows += [(f"{n} + paired noise, stop_on converged", n, CONVERGED, True, False)
+        rows += [(f"{n} + paired noise", n, {}, True, None) for n in names]
+        for gate, label in GATE_LABELS.items():
+            rows += [(f"{n} + {label}", n, {}, False, gate) for n in names]
+            rows += [(f"{n} + paired noise + {label}", n, {}, True, gate) for n in names]
+        rows += [(f"{n} + paired noise, stop_on converged", n, CONVERGED, True, None)
                  for n in ("decline", "sequential")]
     return rows
 
 
 def replay_stop(run: cp.RunRecord, detector: str, params: dict[str, Any], evidence: bool,
-                gate: bool = False) -> tuple[int | None, int | None, str]:
-    """(stop step, kept step, reason) of ``detector`` replayed on the run's world feedback: its first
-    STOP. With ``gate``, the policy's ``gate: kl_past_peak`` (``core/detectors/klgate.py``, what the
-    service runs): each eval also carries the run's KL, and a stop stands only past the KL clock's
-    forecast peak."""
+                gate: str | None = None) -> tuple[int | None, int | None, str]:
+    """(stop step, kept step, reason) of the policy (``detector``, ``params``, ``gate``: what the
+    service runs) replayed on the run's world feedback: its first STOP. Each eval carries the run's
+    train loss, KL and proxy reward (only a gate reads the last two) and, with ``evidence``, its
+    per-example n and paired noise."""
     from evalstop_trl.core.detectors import Action, Observation
     from evalstop_trl.core.records import Policy
 
-    det = Policy.from_dict({"detector": detector, **params, **({"gate": "kl_past_peak"} if gate else {})}).build()
+    det = Policy.from_dict({"detector": detector, **params, **({"gate": gate} if gate else {})}).build()
     planned = run.config.max_steps
     ev = run.evidence if evidence else ((None, None),) * len(run.steps)
-    kls = run.kl if gate else (None,) * len(run.steps)
     best = None
-    for step, score, loss, (n, noise), kl in zip(run.steps, run.world_feedback, run.train_loss, ev, kls,
-                                                 strict=True):
+    for step, score, loss, (n, noise), kl, proxy in zip(run.steps, run.world_feedback, run.train_loss, ev, run.kl,
+                                                        run.proxy_reward, strict=True):
         d = det.observe(Observation(job_id="corpus", step=step, eval_score=score, train_loss=loss,
-                                    progress=step / planned, eval_n=n, eval_noise=noise, kl=kl))
+                                    progress=step / planned, eval_n=n, eval_noise=noise, kl=kl, proxy_reward=proxy))
         best = d.best_step
         if d.action is Action.STOP:
             return step, d.best_step, d.reason
@@ -199,8 +202,8 @@ def sweep_decline(runs: list[cp.RunRecord], rule: cp.LabelRule) -> str:
     paired noise: how the default ``noise_z`` was chosen (``noise: run`` by design, a level a fixed-seed
     eval cannot fool; among its rows the highest precision counting any stop with recall >= 0.6 on
     this half; docs/results.md)."""
-    rows: list[Row] = [(PAPER, "decline", {"noise": "none"}, True, False)]
-    rows += [(f"decline, noise {n}, noise_z {z:g}", "decline", {"noise": n, "noise_z": z}, True, False)
+    rows: list[Row] = [(PAPER, "decline", {"noise": "none"}, True, None)]
+    rows += [(f"decline, noise {n}, noise_z {z:g}", "decline", {"noise": n, "noise_z": z}, True, None)
              for n in DECLINE_SWEEP["noise"] for z in DECLINE_SWEEP["noise_z"]]
     return markdown(score_all(runs, rows, rule))
 
@@ -211,9 +214,9 @@ PAIRED_METRICS = ("precision_any", "healthy_stopped", "recall", "post_peak_saved
 
 def paired_table(runs: list[cp.RunRecord], rule: cp.LabelRule) -> str:
     """For ``decline`` and ``sequential``: the change from the rule on plain scores to the rule with
-    the paired noise, and with the paired noise and the KL gate, on the same runs (a bootstrap over
+    the paired noise, and with the paired noise and each gate, on the same runs (a bootstrap over
     configurations shared by both sides: a paired comparison)."""
-    def outcomes(detector: str, evidence: bool, gate: bool) -> list[cp.Outcome]:
+    def outcomes(detector: str, evidence: bool, gate: str | None) -> list[cp.Outcome]:
         out = []
         for r in runs:
             stop, kept, reason = replay_stop(r, detector, {}, evidence, gate)
@@ -223,8 +226,10 @@ def paired_table(runs: list[cp.RunRecord], rule: cp.LabelRule) -> str:
     lines = ["| change, same runs | " + " | ".join(m.replace("_", " ") for m in PAIRED_METRICS) + " |",
              "|---" * (len(PAIRED_METRICS) + 1) + "|"]
     for detector in ("decline", "sequential"):
-        plain = outcomes(detector, False, False)
-        for label, evidence, gate in (("+ paired noise", True, False), ("+ paired noise + KL gate", True, True)):
+        plain = outcomes(detector, False, None)
+        changes = [("+ paired noise", True, None)] + [(f"+ paired noise + {label}", True, gate)
+                                                      for gate, label in GATE_LABELS.items()]
+        for label, evidence, gate in changes:
             after = outcomes(detector, evidence, gate)
             cells = []
             for m in PAIRED_METRICS:
@@ -254,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-decline", action="store_true", dest="sweep_decline",
                     help="the tuning half's table for decline's noise and noise_z (how the default was chosen)")
     ap.add_argument("--paired", action="store_true", help="with --score: each rule against itself with the "
-                    "paired noise and the KL gate, on the same runs (paired bootstrap over configurations)")
+                    "paired noise and each gate (KL, proxy), on the same runs (paired bootstrap over configurations)")
     ap.add_argument("--json", help="write the scored table as JSON")
     ap.add_argument("--by", choices=sorted(FACTORS), help="with --score: healthy runs stopped and recall per group "
                     "of a design factor, for decline and sequential (with and without the paired noise)")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from evalstop_trl.core.detectors import DEFAULT_DETECTOR, DETECTORS, RECOMMENDED_DETECTOR
+from evalstop_trl.core.detectors import DEFAULT_DETECTOR, DETECTORS, GATES, RECOMMENDED_POLICY
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -29,7 +29,9 @@ def test_the_readme_is_a_guide_of_at_most_300_lines_without_test_counts_or_timin
 
 
 def test_the_readme_says_the_default_and_the_recommendation_the_registry_holds():
-    assert f"**Recommendation for new users: `{RECOMMENDED_DETECTOR}`**" in README
+    rule, gate = RECOMMENDED_POLICY["detector"], RECOMMENDED_POLICY["gate"]
+    assert rule in DETECTORS and gate in GATES and set(RECOMMENDED_POLICY) == {"detector", "gate"}
+    assert f"**Recommendation for new users: `{rule}` with `gate: {gate}`**" in README
     assert f"| `{DEFAULT_DETECTOR}` (the default" in README
     table = README[README.index("## Choose a detector"):README.index("## The service")]
     named = set(re.findall(r"`([a-z_]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()

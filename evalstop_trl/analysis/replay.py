@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core.codec import json_safe
 from ..core.detectors import MAX_EXAMPLES, Action, Decision, Observation, create_detector
-from ..core.detectors.klgate import GATES
+from ..core.detectors import GATES
 from ..core.examples import EVIDENCE_NAMES, evidence_keys
 from ..core.klclock import KL_KEYS
 from ..core.logged import LENGTH_KEYS, LOSS_KEYS, REWARD_KEYS, first_logged, with_evidence
@@ -267,7 +267,7 @@ def replay_curve(
     **params: Any
 ) -> ReplayResult:
     """Feed ``curve`` to a fresh detector (with ``gate``, the policy's gate around it: ``kl_past_peak``
-    reads the curve's KL); stop at the first STOP, which carries the proxy reward's and the completion
+    reads the curve's KL, ``proxy_diverges`` its proxy reward); stop at the first STOP, which carries the proxy reward's and the completion
     length's change since the best eval when the curve has them (as the coordinator's stop does)."""
     det = create_detector(detector, **params)
     if gate is not None:
@@ -286,7 +286,7 @@ def replay_curve(
                                                                 kls, proxies, lengths, strict=True):
         obs = Observation(
             job_id="replay", step=step, eval_score=score, train_loss=loss,
-            progress=step / planned if planned else None, eval_n=n, eval_noise=noise, kl=kl,
+            progress=step / planned if planned else None, eval_n=n, eval_noise=noise, kl=kl, proxy_reward=proxy,
         )
         decision = det.observe(obs)
         if decision.best_step == step:

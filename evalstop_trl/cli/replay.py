@@ -7,8 +7,8 @@ import json
 import sys
 
 from ..analysis.logs import FORMATS as LOG_FORMATS
-from ..core.detectors import DEFAULT_DETECTOR, DETECTORS, RECOMMENDED_DETECTOR
-from ..core.detectors.klgate import GATES
+from ..core.detectors import DEFAULT_DETECTOR, DETECTORS, RECOMMENDED_POLICY
+from ..core.detectors import GATES
 from .common import CLIError
 
 __all__ = ["add_replay_command"]
@@ -32,7 +32,7 @@ def add_replay_command(sub: argparse._SubParsersAction) -> None:
                    help="the log's format (default: detected from the file)")
     p.add_argument("--detector", default=DEFAULT_DETECTOR,
                    help=f"one of {', '.join(DETECTORS.names())} (default {DEFAULT_DETECTOR}; recommended for new "
-                        f"users: {RECOMMENDED_DETECTOR})")
+                        f"users: {RECOMMENDED_POLICY['detector']} with --gate {RECOMMENDED_POLICY['gate']})")
     p.add_argument("--k", type=int, help="consecutive declines (decline) or evals without improvement (patience)")
     p.add_argument("--min-delta", type=float, dest="min_delta", help="a change must exceed this to count")
     p.add_argument("--direction", choices=("max", "min"), help="max (default): higher is better")
@@ -43,7 +43,8 @@ def add_replay_command(sub: argparse._SubParsersAction) -> None:
                    help="any other detector parameter, e.g. --detector trend --param window=5 --param noise_prior=0.03")
     p.add_argument("--planned-steps", type=int, dest="planned_steps", help="planned steps (for progress)")
     p.add_argument("--gate", choices=sorted(GATES), help="kl_past_peak: a stop only past the KL clock's forecast peak "
-                   "(reads the log's KL: objective/kl or kl, or --kl-metric)")
+                   "(reads the log's KL: objective/kl or kl, or --kl-metric); proxy_diverges: a stop only while "
+                   "the proxy reward (the log's reward) is above its value at the best eval")
     p.add_argument("--kl-metric", dest="kl_metric", help="the log's key of the policy's KL to its reference model")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="OUT.png", help="also draw the curve with the best and stop steps (.png, .svg, .pdf)")

@@ -21,6 +21,7 @@ from typing import Any
 
 from .browse import finite_float
 from .detectors import Decision
+from .detectors.proxygate import describe_proxy
 
 __all__ = ["LENGTH_KEYS", "LOSS_KEYS", "REWARD_KEYS", "describe", "first_logged", "logged_length", "since_best",
            "with_evidence"]
@@ -71,11 +72,13 @@ def with_evidence(decision: Decision, best_proxy: float | None, best_length: flo
     """A detector's stop with what the run logs beside its evals as evidence, each when known at both
     the best eval and the stop: how the proxy reward moved since the best eval (``proxy_since_best``)
     and the relative change of the completion length (``length_since_best``). Never changes the
-    decision; the same decision when neither is known (or a change overflows a float)."""
+    decision; the same decision when neither is known (or a change overflows a float). A stop that
+    already says how the proxy moved (a policy's ``gate: proxy_diverges``) keeps its own clause."""
     reason, evidence = decision.reason, {}
     moved = proxy - best_proxy if best_proxy is not None and proxy is not None else None
-    if moved is not None and math.isfinite(moved):  # finite reports 1e308 apart differ by infinity: unsaid
-        reason, evidence["proxy_since_best"] = f"{reason}; proxy {moved:+.3g} since the best eval", moved
+    if moved is not None and math.isfinite(moved) and "proxy_since_best" not in decision.evidence:
+        # finite reports 1e308 apart differ by infinity: unsaid
+        reason, evidence["proxy_since_best"] = f"{reason}; {describe_proxy(moved)}", moved
     change = since_best(best_length, length)
     if change is not None and math.isfinite(change):
         reason, evidence["length_since_best"] = f"{reason}; {describe(change)}", change

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 from .detectors import DEFAULT_DETECTOR, DETECTORS, Decision, check_evidence, check_finite
 from .detectors import MAX_STEP as _MAX_STEP
-from .detectors.klgate import GATES
+from .detectors import GATES
 from .errors import InvalidInput
 from .labels import EMPTY as _NO_LABELS
 from .labels import check_hparams, check_tags
@@ -285,14 +285,16 @@ class Policy:
     read-only. Every parameter is bounded (see each detector's docstring): no work or memory grows
     with a number a caller sends. In a dict (:meth:`to_dict`, the API) the mode is the key ``mode``,
     present only for ``shadow``, ``stop_on`` is present only when it adds ``converged``, and ``gate``
-    only when set (``kl_past_peak``: a stop stands only once the run's KL is past the KL clock's
-    forecast peak, :mod:`.detectors.klgate`; a run that reports no KL is judged by its rule alone)."""
+    only when set (:data:`~.detectors.GATES`: ``kl_past_peak``, a stop stands only once the run's KL is
+    past the KL clock's forecast peak, :mod:`.detectors.klgate`; ``proxy_diverges``, only while the
+    proxy reward is above its value at the best eval, :mod:`.detectors.proxygate`; a run that reports
+    neither is judged by its rule alone)."""
 
     detector: str = DEFAULT_DETECTOR
     params: Mapping[str, Any] = field(default_factory=dict)
     mode: PolicyMode = PolicyMode.ENFORCE
     stop_on: tuple[StopKind, ...] = _HACKED_ONLY
-    gate: str | None = None  # "kl_past_peak": a stop only past the KL clock's forecast peak (detectors/klgate.py)
+    gate: str | None = None  # a name in detectors.GATES: a stop stands only when the run's evidence agrees
 
     def __post_init__(self) -> None:
         if self.gate is not None and self.gate not in GATES:

@@ -179,7 +179,8 @@ class EvalStopCallback(TrainerCallback):
         detector, k, min_delta, **detector_params: the stop rule (see ``create_detector``);
             ``stop_on=["hacked", "converged"]`` among them also stops plateaus, ``gate="kl_past_peak"``
             holds a stop until the run's KL (the trainer's ``objective/kl`` or ``kl``) is past the KL
-            clock's forecast peak (docs/training.md).
+            clock's forecast peak, ``gate="proxy_diverges"`` while the proxy reward (the trainer's
+            ``reward``) is not above its value at the best eval (docs/training.md).
         direction: ``"max"`` (higher is better) or ``"min"``; None: ``"min"`` for a loss-like metric
             name, else ``"max"``.
         save_best: keep the best checkpoint; keep_best: ``"copy"`` (to ``<output_dir>/evalstop-best``, or

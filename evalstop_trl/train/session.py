@@ -108,7 +108,7 @@ class SessionConfig:
     tags: Mapping[str, str] = field(default_factory=dict)  # user tags, stored with the job (core.labels)
     hparams: Mapping[str, Any] = field(default_factory=dict)  # the trainer's hyperparameters (train.hparams)
     stop_on: tuple[str, ...] = ("hacked",)  # add "converged" to also stop plateaus (core.records.StopKind)
-    gate: str | None = None  # "kl_past_peak": a stop only past the KL clock's forecast peak (core.detectors.klgate)
+    gate: str | None = None  # a name in core.detectors.GATES: a stop stands only when the run's evidence agrees
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))

@@ -290,7 +290,18 @@ def _script(c: Any, other: Any, capped: Any, stranger: Any) -> list[tuple[str, A
         call(f"report kl {step}", c.report, "kl", step, eval_score=score, kl=kl)
     call("audit gated", lambda: [a for a in c.audit("kl") if a.kind.value == "stop"])
     call("reports gated", lambda: [r.kl for r in c.reports("kl")])
+    # the proxy gate: a fall with the proxy down too is held, one with the proxy up since the best stops,
+    # its audit line saying how far the proxy rose (once: the gate's clause, not the coordinator's again)
+    call("register proxy gated", c.register_job, "px", "grpo",
+         policy={"detector": "decline", "k": 1, "noise": "none", "gate": "proxy_diverges"})
+    for step, (score, proxy) in enumerate(PROXY_EVALS, start=1):
+        call(f"report proxy {step}", c.report, "px", step, eval_score=score, proxy_reward=proxy)
+    call("audit proxy gated", lambda: [a for a in c.audit("px") if a.kind.value == "stop"])
     return out
+
+
+#: (world feedback, proxy reward): a fall with the proxy (held), then a fall while the proxy rises (a stop)
+PROXY_EVALS = [(0.50, 0.40), (0.60, 0.50), (0.55, 0.45), (0.65, 0.60), (0.58, 0.72)]
 
 
 #: (KL, world feedback) of a run on Gao's form with a dip at KL 2 (before its peak near KL 10)
@@ -378,6 +389,13 @@ def test_the_script_means_what_it_says(results):
     assert gated["action"] == "stop" and "past the forecast peak" in gated["reason"], gated
     assert gated["evidence"]["kl"] == 12.0 and gated["evidence"]["kl_peak"] < 12.0 <= r["reports gated"][-1]
     assert r["audit gated"][0]["evidence"]["kl_peak"] == gated["evidence"]["kl_peak"]  # the stop's audit line
+    held = r["report proxy 3"]
+    assert held["action"] == "continue" and held["reason"].startswith("held by the proxy gate"), held
+    assert held["evidence"]["proxy_since_best"] == pytest.approx(-0.05)
+    diverged = r["report proxy 5"]
+    assert diverged["action"] == "stop" and diverged["evidence"]["proxy_since_best"] == pytest.approx(0.12)
+    assert diverged["reason"].count("since the best eval") == 1, diverged["reason"]
+    assert r["audit proxy gated"][0]["evidence"]["proxy_since_best"] == pytest.approx(0.12)
     # two declines of 0.04, 0.08 in all: within 2 x sqrt(2) x the paired noise 0.05 (the paper's rule would stop)
     within = r["report pe 30 within noise"]
     assert r["report pe 20 within noise"]["action"] == "continue" and "noise 0.05, paired per-example" in r[

@@ -63,6 +63,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from ..registry import Registry
@@ -77,6 +79,7 @@ from .base import (
     Decision,
     Detector,
     DetectorState,
+    Gate,
     Observation,
     Observed,
     all_finite_floats,
@@ -88,6 +91,7 @@ from .base import (
 from .cusum import CusumDetector
 from .decline import DeclineDetector, DeclineNoise
 from .drop import DropDetector
+from .klgate import KLGate
 from .loss_plateau import LossPlateauDetector, relative_improvement
 from .never import NeverDetector
 from .noise import (
@@ -111,6 +115,7 @@ from .noise import (
     third_difference,
 )
 from .patience import PatienceDetector
+from .proxygate import ProxyGate
 from .sequential import SequentialDetector
 from .stop_at import StopAtDetector
 from .trend import TrendDetector
@@ -128,6 +133,9 @@ __all__ = [
     "Detector",
     "DetectorState",
     "DropDetector",
+    "GATES",
+    "Gate",
+    "KLGate",
     "LossPlateauDetector",
     "MAX_DELTA",
     "MAX_EXAMPLES",
@@ -146,7 +154,8 @@ __all__ = [
     "Observation",
     "Observed",
     "PatienceDetector",
-    "RECOMMENDED_DETECTOR",
+    "ProxyGate",
+    "RECOMMENDED_POLICY",
     "RelativeNoiseLevel",
     "SATURATION",
     "SequentialDetector",
@@ -172,13 +181,20 @@ __all__ = [
 #: the detector of a policy that names none: the paper's rule, its declines counted beyond the run's noise
 #: (``decline``'s ``noise: none`` is the paper's exact rule)
 DEFAULT_DETECTOR = "decline"
-#: the detector recommended to new users (the README and ``evalstop replay --help`` say so; tests/test_readme.py)
-RECOMMENDED_DETECTOR = "sequential"
+#: the policy recommended to new users, given per-example scores and a logged proxy reward: chosen on the
+#: real-run corpus's tuning half by precision counting any stop (docs/results.md; the README and
+#: ``evalstop replay --help`` say so, tests/test_readme.py)
+RECOMMENDED_POLICY: Mapping[str, str] = MappingProxyType({"detector": "decline", "gate": "proxy_diverges"})
 
 DETECTORS: Registry[Detector] = Registry("detector")
 for _cls in (DeclineDetector, PatienceDetector, StopAtDetector, LossPlateauDetector, DropDetector, TrendDetector,
              CusumDetector, SequentialDetector, NeverDetector):
     DETECTORS.add(_cls.name, _cls)
+
+
+#: a policy's ``gate``: the name and the wrapper it puts around the rule (a stop stands only when the
+#: run's logged evidence agrees; a run that logs none is judged by its rule alone)
+GATES: dict[str, type[Gate]] = {"kl_past_peak": KLGate, "proxy_diverges": ProxyGate}
 
 
 def detector_params(name: str) -> dict[str, Any]:

@@ -332,3 +332,54 @@ def _check_delta(min_delta: Any) -> float:
 SATURATION = 1e100
 
 
+
+
+class Gate(Detector):
+    """A rule whose stops stand only when the run's logged evidence agrees (a policy's ``gate``).
+
+    The rule decides as alone; when it decides STOP, :meth:`_check` reads the gate's own state (what it
+    kept of the reports so far, :meth:`_see`): None when the run logs nothing the gate reads (the rule's
+    stop stands: evidence is never required), else whether the stop stands, a clause for the reason and
+    the evidence. A held stop is a CONTINUE saying why and what the rule would have done; the rule must
+    decide a stop again later. Its state: the rule's, then the gate's."""
+
+    #: how a held stop's reason names the gate ("held by the KL gate (...)")
+    label: str = "gate"
+
+    def __init__(self, rule: Detector) -> None:
+        super().__init__(rule.direction)
+        self.rule = rule
+        self.name = rule.name
+
+    def _start(self) -> Any:
+        return (self.rule._start(), self._start_gate())
+
+    def _start_gate(self) -> Any:
+        """The gate's own state before any report."""
+        return ()
+
+    @abstractmethod
+    def _see(self, own: Any, obs: Observed, best_step: int | None) -> Any:
+        """The gate's state after one report (``best_step``: the best-so-far including this report)."""
+
+    @abstractmethod
+    def _check(self, own: Any, obs: Observed) -> tuple[bool, str, dict[str, Any]] | None:
+        """At the rule's stop: (stands, the clause saying why, the evidence), or None without evidence."""
+
+    def _decide(self, state: Any, obs: Observed, best_step: int | None,
+                best_score: float | None) -> tuple[Any, Decision]:
+        inner, own = state
+        own = self._see(own, obs, best_step)
+        inner, decision = self.rule._decide(inner, obs, best_step, best_score)
+        if decision.action is not Action.STOP:
+            return (inner, own), decision
+        verdict = self._check(own, obs)
+        if verdict is None:
+            return (inner, own), decision  # nothing logged that the gate reads: the rule's own answer
+        stands, why, evidence = verdict
+        if stands:
+            return (inner, own), _stop(f"{decision.reason}; {why}", best_step, best_score,
+                                       **decision.evidence, **evidence)
+        return (inner, own), Decision(Action.CONTINUE, f"held by the {self.label} ({why}); the rule would stop: "
+                                      f"{decision.reason}", best_step, best_score,
+                                      MappingProxyType({"held": True, **evidence}))

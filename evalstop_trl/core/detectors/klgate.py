@@ -20,52 +20,39 @@ carries the clock: the KL, the forecast peak and its interval ("KL 0.21 past the
 from __future__ import annotations
 
 import math
-from types import MappingProxyType
 from typing import Any
 
 from ..klclock import MIN_POINTS, fit
-from .base import Action, Decision, Detector, Observed, _push, _stop
+from .base import Gate, Observed, _push
 
-__all__ = ["GATES", "KL_WINDOW", "KLGate"]
+__all__ = ["KL_WINDOW", "KLGate"]
 
 #: the most recent evals with a KL the clock is fitted to (memory and the fit's work are bounded by it)
 KL_WINDOW = 64
 
 
-class KLGate(Detector):
+class KLGate(Gate):
     """``rule``, its stops held until the run's KL is past the KL clock's forecast peak (see the
-    module docstring). Its state: the rule's, then the last :data:`KL_WINDOW` (KL, score) points."""
+    module docstring). The gate's state: the last :data:`KL_WINDOW` (KL, score) points."""
 
-    def __init__(self, rule: Detector) -> None:
-        super().__init__(rule.direction)
-        self.rule = rule
-        self.name = rule.name
+    label = "KL gate"
 
-    def _start(self) -> Any:
-        return (self.rule._start(), ())
-
-    def _decide(self, state: Any, obs: Observed, best_step: int | None,
-                best_score: float | None) -> tuple[Any, Decision]:
-        inner, points = state
+    def _see(self, points: Any, obs: Observed, best_step: int | None) -> Any:
         score, kl = obs.eval_score, obs.kl
         if kl is not None and score is not None:  # Gao's form rises then falls: fitted with higher = better
             points = _push(points, (kl, score if self._max else -score), KL_WINDOW)
-        inner, decision = self.rule._decide(inner, obs, best_step, best_score)
-        if decision.action is not Action.STOP or not points:
-            return (inner, points), decision  # no stop, or no KL logged: the rule's own answer
-        now = points[-1][0] if kl is None else kl
+        return points
+
+    def _check(self, points: Any, obs: Observed) -> tuple[bool, str, dict[str, Any]] | None:
+        if not points:
+            return None
+        now = points[-1][0] if obs.kl is None else obs.kl
         clock = fit([k for k, _ in points], [s for _, s in points])
-        if clock is not None and clock.past_peak(now):
-            high = clock.high if clock.high is not None and math.isfinite(clock.high) else None
-            return (inner, points), _stop(f"{decision.reason}; {clock.describe(now)}", best_step, best_score,
-                                          **decision.evidence, kl=now, kl_peak=clock.peak_kl,
-                                          kl_peak_low=clock.low, kl_peak_high=high)
-        why = clock.describe(now) if clock is not None else \
-            f"KL clock: {len(points)} evals with a KL, it needs {MIN_POINTS} that determine Gao's form"
-        return (inner, points), Decision(Action.CONTINUE, f"held by the KL gate ({why}); the rule would stop: "
-                                         f"{decision.reason}", best_step, best_score,
-                                         MappingProxyType({"held": True, "kl": now}))
-
-
-#: a policy's ``gate``: the name and the wrapper it puts around the rule
-GATES: dict[str, type[KLGate]] = {"kl_past_peak": KLGate}
+        if clock is None:
+            return False, f"KL clock: {len(points)} evals with a KL, it needs {MIN_POINTS} that determine " \
+                          f"Gao's form", {"kl": now}
+        if not clock.past_peak(now):
+            return False, clock.describe(now), {"kl": now}
+        high = clock.high if clock.high is not None and math.isfinite(clock.high) else None
+        return True, clock.describe(now), {"kl": now, "kl_peak": clock.peak_kl, "kl_peak_low": clock.low,
+                                           "kl_peak_high": high}
