@@ -25,6 +25,7 @@ from typing import Any
 from .core.coordinator import Coordinator
 from .core.detectors import Action, Decision, Observation, create_detector
 from .core.errors import Conflict, EvalStopError, InvalidInput, NotFound, Unauthorized
+from .core.examples import WorldFeedback
 from .core.extras import EXTRA_OF
 from .core.records import JobStatus, JobType, JobView, Policy
 from .stores import MemoryStore, SQLiteStore
@@ -51,6 +52,7 @@ __all__ = [
     "Policy",
     "SQLiteStore",
     "Unauthorized",
+    "WorldFeedback",
     "create_detector",
 ]
 

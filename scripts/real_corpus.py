@@ -99,6 +99,8 @@ CONVERGED = {"stop_on": ["hacked", "converged"]}  # the opt-in converged stop (c
 PAPER = "decline, noise none (the paper's exact rule)"
 #: each policy gate (``core/detectors``' GATES) as the tables name it
 GATE_LABELS = {"kl_past_peak": "KL gate", "proxy_diverges": "proxy gate"}
+#: the row of the registry's recommendation (``RECOMMENDED_POLICY``), given the paired noise
+RECOMMENDED = "decline + paired noise + proxy gate"
 
 
 def detector_rows(with_evidence: bool = True) -> list[Row]:
@@ -262,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                     "paired noise and each gate (KL, proxy), on the same runs (paired bootstrap over configurations)")
     ap.add_argument("--json", help="write the scored table as JSON")
     ap.add_argument("--by", choices=sorted(FACTORS), help="with --score: healthy runs stopped and recall per group "
-                    "of a design factor, for decline and sequential (with and without the paired noise)")
+                    "of a design factor, for decline and sequential (with and without the paired noise) and the "
+                    "recommendation")
     ap.add_argument("--folder", default=str(cp.CORPUS), help=argparse.SUPPRESS)
     ap.add_argument("--train-one", nargs=3, metavar=("CONFIG", "SEED", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -307,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(table))
         if args.by:
             chosen = [r for r in detector_rows() if r[0] in (PAPER, "decline", "sequential", "decline + paired noise",
-                                                              "sequential + paired noise")]
+                                                              "sequential + paired noise", RECOMMENDED)]
             print(f"\nby {args.by} (healthy runs stopped at all / recall; counts in brackets)\n")
             print(by_factor(runs, chosen, rule, args.by))
         if args.paired:

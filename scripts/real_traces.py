@@ -93,6 +93,9 @@ DETECTORS = [
     ("drop, eval's noise prior", "drop", {"noise_prior": round(EVAL_NOISE_PRIOR, 4)}),
     ("trend, eval's noise prior", "trend", {"noise_prior": round(EVAL_NOISE_PRIOR, 4)}),
     ("cusum, eval's noise prior", "cusum", {"noise_prior": round(EVAL_NOISE_PRIOR, 4)}),
+    ("decline + proxy gate (the recommendation; proxy: the trainer's logged reward)", "decline",
+     {"gate": "proxy_diverges"}),
+    ("sequential + proxy gate", "sequential", {"gate": "proxy_diverges"}),
 ]
 
 
@@ -274,7 +277,7 @@ def evaluate(paths: list[Path], planned_steps: int = MAX_STEPS, margin: float = 
         tp = fp_a = fp_b = 0
         stops = {}
         for t, r in zip(traces, runs, strict=True):
-            curve = Curve("world_feedback", t.steps, t.feedback, t.loss, planned_steps)
+            curve = Curve("world_feedback", t.steps, t.feedback, t.loss, planned_steps, proxies=t.proxy)
             res = replay_curve(curve, name, planned_steps=planned_steps, **params)
             flagged = res.stopped and res.stop_step < t.steps[-1]
             stops[t.name] = res.stop_step if flagged else None

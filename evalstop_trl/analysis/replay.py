@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.codec import json_safe
-from ..core.detectors import MAX_EXAMPLES, Action, Decision, Observation, create_detector
-from ..core.detectors import GATES
+from ..core.detectors import GATES, MAX_EXAMPLES, Action, Decision, Observation, create_detector
 from ..core.examples import EVIDENCE_NAMES, evidence_keys
 from ..core.klclock import KL_KEYS
 from ..core.logged import LENGTH_KEYS, LOSS_KEYS, REWARD_KEYS, first_logged, with_evidence

@@ -7,8 +7,7 @@ import json
 import sys
 
 from ..analysis.logs import FORMATS as LOG_FORMATS
-from ..core.detectors import DEFAULT_DETECTOR, DETECTORS, RECOMMENDED_POLICY
-from ..core.detectors import GATES
+from ..core.detectors import DEFAULT_DETECTOR, DETECTORS, GATES, RECOMMENDED_POLICY
 from .common import CLIError
 
 __all__ = ["add_replay_command"]

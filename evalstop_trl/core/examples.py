@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-__all__ = ["EVIDENCE_NAMES", "MAX_KEPT_EXAMPLES", "ExampleEval", "evidence_keys", "is_per_example", "paired_noise",
-           "per_example", "summarize"]
+__all__ = ["EVIDENCE_NAMES", "MAX_KEPT_EXAMPLES", "ExampleEval", "WorldFeedback", "evidence_keys", "is_per_example",
+           "paired_noise", "per_example", "summarize"]
 
 #: The most per-example scores one eval may return: they are kept until the next eval (about
 #: 100 bytes each), so the training side's memory stays bounded. Report a sample or the mean beyond.
@@ -52,6 +53,37 @@ class ExampleEval(NamedTuple):
     n: int
     noise: float | None
     scores: Mapping[Hashable, float]
+
+
+@dataclass(frozen=True)
+class WorldFeedback:
+    """What a world-feedback function may return instead of its score alone: the ``score`` (a number,
+    or per-example scores) and ``proxy``, the proxy reward model's mean score of the *same*
+    completions. A report then carries that proxy instead of the trainer's logged training reward.
+    Measured on the eval's own completions, the proxy shares the eval's sampling noise, which is what
+    ``gate="proxy_diverges"`` needs (docs/results.md: a training batch's reward keeps rising through
+    a hack and a healthy run alike)::
+
+        def world_feedback(model, tokenizer):
+            completions = sample(model, tokenizer, EVAL_PROMPTS)
+            return WorldFeedback([judge(c) for c in completions], proxy=mean(reward_model(c) for c in completions))
+
+    Raises:
+        ValueError: ``proxy`` is neither None nor a finite number.
+    """
+
+    score: Any
+    proxy: float | None = None
+
+    def __post_init__(self) -> None:
+        proxy = self.proxy
+        if hasattr(proxy, "item") and not isinstance(proxy, (int, float)):
+            proxy = proxy.item()  # a numpy or torch scalar
+        if proxy is not None and (isinstance(proxy, bool) or not isinstance(proxy, (int, float))
+                                  or not math.isfinite(proxy)):
+            raise ValueError(f"WorldFeedback's proxy must be a finite number (the proxy reward model's mean score "
+                             f"of the eval's completions) or None, but got {proxy!r:.80}.")
+        object.__setattr__(self, "proxy", None if proxy is None else float(proxy))
 
 
 def is_per_example(value: Any) -> bool:

@@ -23,9 +23,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .detectors import DEFAULT_DETECTOR, DETECTORS, Decision, check_evidence, check_finite
+from .detectors import DEFAULT_DETECTOR, DETECTORS, GATES, Decision, check_evidence, check_finite
 from .detectors import MAX_STEP as _MAX_STEP
-from .detectors import GATES
 from .errors import InvalidInput
 from .labels import EMPTY as _NO_LABELS
 from .labels import check_hparams, check_tags

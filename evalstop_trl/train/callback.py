@@ -500,7 +500,7 @@ class EvalStopCallback(TrainerCallback):
             kept = None
             if self.save_best and ev.model is not None and ev.score is not None and s.improves(ev.score):
                 kept = self._keep(control, ev, ev.score)
-            stop = s.report(ev.step, ev.score, kept, eval_n=ev.n, eval_noise=ev.noise)
+            stop = s.report(ev.step, ev.score, kept, eval_n=ev.n, eval_noise=ev.noise, proxy_reward=ev.proxy)
         message = share(s.message(stop) if self._is_main else None)
         if message is not None:
             s.adopt(message)

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from ..clients.api import EvalStopAPI
-from ..core.examples import ExampleEval, is_per_example, summarize
+from ..core.examples import ExampleEval, WorldFeedback, is_per_example, summarize
 from ..core.records import EvalTask
 
 __all__ = ["KEPT_JOBS", "Evaluator", "SnapshotRefused", "check_tree", "inside", "isolate_sys_path", "load_function",
@@ -313,6 +313,7 @@ class Evaluator:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._examples = _LastExamples()
+        self._proxy_said = False  # the warning that an external eval does not carry a proxy, said once
 
     def stop(self) -> None:
         self._stop.set()
@@ -362,6 +363,13 @@ class Evaluator:
 
             with torch.no_grad():
                 value = self.function(model, tokenizer)
+            if isinstance(value, WorldFeedback):
+                if value.proxy is not None and not self._proxy_said:
+                    self._proxy_said = True
+                    log.warning("evalstop evaluate: the function returns a proxy (WorldFeedback.proxy); an external "
+                                "eval posts its score only, and the job's reports keep the trainer's logged reward "
+                                "(a callable world_feedback in EvalStopCallback reports the proxy)")
+                value = value.score
             if is_per_example(value):
                 ev = self._examples.summarize(job, step, value)
                 value, n, noise = ev.mean, ev.n, ev.noise

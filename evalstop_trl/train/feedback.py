@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from ..core.examples import ExampleEval, is_per_example, summarize
+from ..core.examples import ExampleEval, WorldFeedback, is_per_example, summarize
 from .checkpoints import keep_best_snapshot
 from .evaluation import evaluate_preserving_state
 from .external import DecisionWatcher, keep_earlier_bests, prune_snapshots, snapshot_path
@@ -60,7 +60,9 @@ class FeedbackMode(str, Enum):
 @dataclass(frozen=True)
 class Eval:
     """One world-feedback eval waiting for its decision (the model is kept if it is a new best);
-    ``n`` and ``noise``: its per-example evidence (None for a plain score)."""
+    ``n`` and ``noise``: its per-example evidence (None for a plain score); ``proxy``: the proxy's
+    score of the eval's completions (:class:`~evalstop_trl.core.examples.WorldFeedback`; None: the
+    report carries the trainer's logged reward)."""
 
     step: int
     score: float | None
@@ -68,6 +70,7 @@ class Eval:
     tokenizer: Any
     n: int | None = None
     noise: float | None = None
+    proxy: float | None = None
 
 
 class Host(Protocol):
@@ -176,8 +179,8 @@ class CallableFeedback(Feedback):
         # sharded models (FSDP, ZeRO-3) need every rank in the forward pass: eval_on_all_ranks; rank 0's score counts
         evaluate = cb.is_main or cb.eval_on_all_ranks
         ev = self._evaluate(model, tokenizer, state.global_step) if evaluate else None
-        score, n, noise = (None, None, None) if ev is None else ev
-        self.pending = Eval(state.global_step, score, model, tokenizer, n, noise)
+        score, n, noise, proxy = (None, None, None, None) if ev is None else ev
+        self.pending = Eval(state.global_step, score, model, tokenizer, n, noise, proxy)
         control.should_log = True  # the report carries this step's loss and reward, from this step's log
 
     def on_log(self, args, state, control, logs):
@@ -192,19 +195,25 @@ class CallableFeedback(Feedback):
         if ev is not None:
             self.cb.decide(state, control, ev)
 
-    def _evaluate(self, model: Any, tokenizer: Any, step: int) -> tuple[float | None, int | None, float | None]:
-        """(score, n, noise) of world feedback; the score None for a failed eval (an exception, NaN,
-        None, a bad per-example score), logged once."""
+    def _evaluate(self, model: Any, tokenizer: Any,
+                  step: int) -> tuple[float | None, int | None, float | None, float | None]:
+        """(score, n, noise, proxy) of world feedback; the score None for a failed eval (an exception,
+        NaN, None, a bad per-example score or proxy), logged once."""
         evals = self.cb.session.evals
+        proxy = None
         try:
             value = evaluate_preserving_state(self.cb.world_feedback, model, tokenizer, check=False)
+            if isinstance(value, WorldFeedback):
+                value, proxy = value.score, value.proxy
             if is_per_example(value):
                 ev = summarize(value, self.examples)
                 self.examples = ev
-                return evals.accept(step, ev.mean, "world_feedback's mean score"), ev.n, ev.noise
+                score = evals.accept(step, ev.mean, "world_feedback's mean score")
+                return score, ev.n, ev.noise, proxy if score is not None else None
         except Exception as exc:  # noqa: BLE001 - a failing judge must not kill the run
-            return evals.failed(step, f"{type(exc).__name__}: {exc}", exc), None, None
-        return evals.accept(step, value, "world_feedback's score"), None, None
+            return evals.failed(step, f"{type(exc).__name__}: {exc}", exc), None, None, None
+        score = evals.accept(step, value, "world_feedback's score")
+        return score, None, None, proxy if score is not None else None
 
 
 class MetricFeedback(Feedback):

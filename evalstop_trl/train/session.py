@@ -452,12 +452,15 @@ class EvalStopSession:
         return self.best_score is None or is_better(score, self.best_score, self.config.direction)
 
     def report(self, step: int, score: float | None, checkpoint: str | None = None, eval_n: int | None = None,
-               eval_noise: float | None = None) -> bool:
+               eval_noise: float | None = None, proxy_reward: float | None = None) -> bool:
         """Report the eval of ``step`` (None: failed) with the latest train loss and proxy reward;
         ``checkpoint``: where this eval's model is kept (on a new best); ``eval_n``, ``eval_noise``:
-        the eval's per-example evidence (:mod:`evalstop_trl.core.examples`). Returns whether to stop."""
+        the eval's per-example evidence (:mod:`evalstop_trl.core.examples`); ``proxy_reward``: the
+        proxy's score of this eval's completions (``WorldFeedback.proxy``), reported instead of the
+        trainer's logged reward. Returns whether to stop."""
+        proxy = proxy_reward if proxy_reward is not None else self.proxy_reward
         entry: dict[str, Any] = {"step": step, "eval_score": score, "train_loss": self.train_loss,
-                                 "proxy_reward": self.proxy_reward}
+                                 "proxy_reward": proxy}
         for key, value in (("checkpoint", checkpoint), ("eval_n", eval_n), ("eval_noise", eval_noise), ("kl", self.kl),
                            ("length", self.length)):
             if value is not None:
@@ -466,7 +469,7 @@ class EvalStopSession:
         decision, reached = self._send(entry)
         if reached:
             self.heartbeat.seen()
-        local = self._local.observe(Observation(self.job_id or "job", step, score, self.train_loss, self.proxy_reward,
+        local = self._local.observe(Observation(self.job_id or "job", step, score, self.train_loss, proxy,
                                                 eval_n=eval_n, eval_noise=eval_noise, kl=self.kl))
         if (not reached or getattr(self.client, "unreachable", False)) and self.config.fail_mode == "local":
             decision = local

@@ -244,6 +244,37 @@ def test_world_feedback_may_return_per_example_scores(tmp_path, caplog):
     assert any("per-example score of example 1 is nan" in r.getMessage() for r in caplog.records)
 
 
+def test_world_feedback_may_return_the_proxys_score_of_its_completions(tmp_path, caplog):
+    """WorldFeedback(scores, proxy=...): the report carries that proxy, not the trainer's logged reward
+    (the log below says reward 9.0 at every step), so gate="proxy_diverges" compares the proxy of the
+    eval's own completions: a fall with the proxy down is held, one with the proxy up stops. A proxy
+    that is not a finite number is a failed eval."""
+    from evalstop_trl import WorldFeedback
+
+    evals = [WorldFeedback([0.5, 0.7], proxy=0.4), WorldFeedback([0.6, 0.8], proxy=0.5),
+             WorldFeedback([0.5, 0.7], proxy=0.45), WorldFeedback([0.7, 0.9], proxy=0.6),
+             WorldFeedback([0.6, 0.8], proxy=0.7)]
+    values = iter(evals)
+    coord = Coordinator(MemoryStore())
+    cb = EvalStopCallback(lambda m, t: next(values), eval_every=1, coordinator=coord, job_id="px", save_best=False,
+                          k=1, noise="none", gate="proxy_diverges")
+    cb.on_train_begin(_Args(tmp_path), _State(), _Control())
+    model = torch.nn.Linear(1, 1)
+    stops, reasons = [], []
+    for step in (1, 2, 3, 4, 5):
+        state, control = _State(step), _Control()
+        cb.on_step_end(_Args(tmp_path), state, control, model=model)
+        cb.on_log(_Args(tmp_path), state, control, logs={"loss": 0.1, "reward": 9.0})
+        stops.append(bool(control.should_training_stop))
+        reasons.append(cb.session.decision.reason)
+    assert [r.proxy_reward for r in coord.reports("local", "px")] == pytest.approx([0.4, 0.5, 0.45, 0.6, 0.7])
+    assert stops == [False, False, False, False, True]
+    assert reasons[2].startswith("held by the proxy gate (proxy -0.05 since the best eval"), reasons[2]
+    assert "proxy +0.1 since the best eval" in reasons[4], reasons[4]
+    with pytest.raises(ValueError, match="proxy must be a finite number"):
+        WorldFeedback(0.5, proxy=float("nan"))
+
+
 def test_on_eval_error_raise_and_stop(tmp_path):
     def broken(m, t):
         raise TimeoutError("the judge timed out")
