@@ -79,7 +79,8 @@ __all__ = ["Calibration", "Direction", "Policy", "PolicyScore", "Recommendation"
 #: Variants beyond the registry defaults (kept only when they differ from a detector's defaults).
 VARIANTS: tuple[tuple[str, Mapping[str, Any]], ...] = (
     ("decline", {"k": 1}), ("decline", {"k": 2}), ("decline", {"k": 3}), ("patience", {"k": 2}),
-    ("decline", {"k": 1, "noise": "none"}), ("decline", {"k": 2, "noise": "none"}))  # the paper's exact rule
+    ("decline", {"k": 1, "noise": "none"}), ("decline", {"k": 2, "noise": "none"}),  # the paper's exact rule
+    ("decline", {"gate": "proxy_diverges"}))  # the recommendation (a run that logs no proxy: the default's stops)
 SKIPPED = frozenset({"never"})
 
 
@@ -456,7 +457,7 @@ def _cli_line(run: RunHistory, metric: str, policy: Policy, direction: Direction
     replayable = run.format in ("trainer_state", "json", "jsonl", "csv")
     target = run.source if replayable else "RUN.jsonl"
     flags = [f"--metric {metric}", f"--detector {policy.detector}"]
-    flags += [f"--param {k}={v}" for k, v in policy.params]
+    flags += [f"--gate {v}" if k == "gate" else f"--param {k}={v}" for k, v in policy.params]
     flags.append(f"--direction {direction.value}")
     return f"evalstop replay {target} {' '.join(flags)}"
 

@@ -54,6 +54,7 @@ from typing import Any
 import yaml
 
 from ..core.detectors import MAX_STEP
+from ..core.logged import REWARD_KEYS
 from . import logs
 from .replay import _NOT_METRICS, _NOT_SCORES, Curve, _short, evidence_keys, evidence_of, is_evidence
 
@@ -111,11 +112,12 @@ class RunHistory:
     evidence: tuple[tuple[int | None, float | None], ...] = ()  # per eval (n, paired noise), if logged
     meta: Mapping[str, str] = field(default_factory=dict)  # its configuration as its files record it
     folder: str = ""  # the folder that holds the run (module docstring)
+    proxies: tuple[float | None, ...] = ()  # per eval the latest proxy reward logged (core/logged.py), if any
 
     def curve(self) -> Curve:
         """The detector's input, as ``evalstop replay`` builds it."""
         return Curve(self.scores.metric, self.scores.steps, self.scores.values, self.losses, self.planned_steps,
-                     f"{self.format} {self.source}", self.evidence)
+                     f"{self.format} {self.source}", self.evidence, proxies=self.proxies)
 
 
 @dataclass(frozen=True)
@@ -609,17 +611,19 @@ def _series(raw: RawHistory, metric: str, flag: str) -> Series:
     return Series(metric, steps, tuple(points[s] for s in steps))
 
 
-def _losses_at(raw: RawHistory, steps: tuple[int, ...]) -> tuple[float | None, ...]:
-    key = next((k for k in _LOSS_SERIES if raw.series.get(k)), None)
+def _latest_at(raw: RawHistory, keys: Sequence[str], steps: tuple[int, ...]) -> tuple[float | None, ...] | None:
+    """At each of ``steps``, the latest value logged at or before it of the first of ``keys`` the run
+    logs (None before its first); None when it logs none of them."""
+    key = next((k for k in keys if raw.series.get(k)), None)
     if key is None:
-        return (None,) * len(steps)
-    loss = {s: v for s, v in raw.series[key].items() if math.isfinite(v)}
-    loss_steps = sorted(loss)
+        return None
+    values = {s: v for s, v in raw.series[key].items() if math.isfinite(v)}
+    logged = sorted(values)
     out: list[float | None] = []
     j, last = 0, None
     for s in steps:
-        while j < len(loss_steps) and loss_steps[j] <= s:
-            last = loss[loss_steps[j]]
+        while j < len(logged) and logged[j] <= s:
+            last = values[logged[j]]
             j += 1
         out.append(last)
     return tuple(out)
@@ -648,8 +652,10 @@ def select(raw: RawHistory, metric: str | None = None, label_metric: str | None 
     label = _series(raw, label_metric, "label metric") if label_metric else None
     last = max(max(points) for points in raw.series.values() if points)
     planned = raw.planned_steps or max(last, 1)
-    return RunHistory(raw.name, raw.source, raw.format, scores, label, _losses_at(raw, scores.steps), planned,
-                      evidence=_evidence_at(raw, scores), meta=raw.meta)
+    losses = _latest_at(raw, _LOSS_SERIES, scores.steps) or (None,) * len(scores.steps)
+    return RunHistory(raw.name, raw.source, raw.format, scores, label, losses, planned,
+                      evidence=_evidence_at(raw, scores), meta=raw.meta,
+                      proxies=_latest_at(raw, REWARD_KEYS, scores.steps) or ())
 
 
 def load_histories(paths: Sequence[str | Path], metric: str | None = None, label_metric: str | None = None,

@@ -517,6 +517,37 @@ def test_bootstrap_mean_is_seeded_and_brackets_the_mean():
     assert bootstrap_mean([]).value is None and bootstrap_mean([2.0]).ci is None
 
 
+def test_calibrate_reads_the_logged_proxy_and_scores_the_proxy_gate(tmp_path):
+    """Runs whose log carries a proxy reward (``reward``) beside the eval: healthy plateaus whose eval
+    dips for two evals while the gold does not (a judge that disagrees) and whose proxy, scored on the
+    same completions, dips with it; hacked runs whose proxy keeps rising. The recommended policy's row,
+    ``decline gate=proxy_diverges``, stops fewer healthy runs than the default and catches the hacks;
+    its printed command names the gate."""
+    from evalstop_trl.analysis.calibrate import Policy, _cli_line
+
+    rng = np.random.default_rng(11)
+    dip = np.zeros(N_EVALS)
+    dip[14:16] = (-0.12, -0.25)
+    for i in range(24):
+        hacked = i % 2 == 0
+        truth = hacked_truth(int(rng.integers(7, 13))) if hacked else healthy_truth()
+        noise = rng.normal(0, 0.01, N_EVALS) + (0 if hacked else dip)
+        proxy = (0.2 + 0.04 * np.arange(N_EVALS) if hacked else truth) + noise + rng.normal(0, 0.005, N_EVALS)
+        rows = [json.dumps({"step": s, "eval_reward": float(truth[j] + noise[j]), "gold": float(truth[j]),
+                            "reward": float(proxy[j])}) for j, s in enumerate(steps())]
+        (tmp_path / f"run{i:02d}.jsonl").write_text("\n".join(rows) + "\n")
+    first = json.loads((tmp_path / "run00.jsonl").read_text().splitlines()[0])
+    run = load_histories([tmp_path / "run00.jsonl"], "eval_reward")[0]
+    assert run.proxies[0] == pytest.approx(first["reward"])
+    res = json.loads(cli(tmp_path, "--metric", "eval_reward", "--label-metric", "gold", "--json").stdout)
+    rows = {s["policy"]["label"]: s for s in res["scores"]}
+    gated, default = rows["decline gate=proxy_diverges"], rows["decline k=2 noise=run"]
+    assert default["fpr"]["k"] >= 3 and gated["fpr"]["k"] < default["fpr"]["k"], (gated["fpr"], default["fpr"])
+    assert gated["recall"]["k"] >= 10, gated["recall"]
+    line = _cli_line(run, "eval_reward", Policy("g", "decline", (("gate", "proxy_diverges"),)), Direction.MAX)
+    assert "--gate proxy_diverges" in line and "--param gate" not in line
+
+
 def test_candidates_follow_the_registry():
     names = {p.detector for p in candidate_policies()}
     assert names == set(DETECTORS) - {"never"}
