@@ -175,7 +175,7 @@ def build(a: argparse.Namespace):
     mark = StepMark() if a.user_first else None
     if a.mode == "callable":
         feedback = (FlakyLoss(a.flaky_at) if a.flaky_at else Marked(mark) if mark
-                    else GoldEval(PRESET, per_example=a.per_example))
+                    else GoldEval(PRESET, per_example=a.per_example, with_proxy=a.with_proxy))
         cb = EvalStopCallback(feedback, eval_every=a.eval_every, **kw)
     elif a.mode == "metric":
         cb = EvalStopCallback(a.metric, **kw)
@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="callable mode: a user callback listed before EvalStopCallback marks each step")
     p.add_argument("--per-example", action="store_true",
                    help="callable mode: the gold eval's per-prompt scores (the detectors see their paired noise)")
+    p.add_argument("--with-proxy", action="store_true", dest="with_proxy",
+                   help="callable mode: a WorldFeedback with the proxy's expected score of the eval's continuations")
     p.add_argument("--callback-kwargs", default="{}", help="more EvalStopCallback options, as JSON")
     p.add_argument("--result")
     a = p.parse_args(argv)
@@ -240,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "history": [{"step": h["step"], "eval_score": h.get("eval_score"), "eval_n": h.get("eval_n"),
                      "eval_noise": h.get("eval_noise")} for h in cb.history],
         "evalstop_logs": [h for h in trainer.state.log_history if any(k.startswith("evalstop/") for k in h)],
+        "reward_logs": [{"step": h["step"], "reward": h["reward"]} for h in trainer.state.log_history if "reward" in h],
         "integration_logs": [h for h in integration.logs if any(k.startswith("evalstop/") for k in h)],
         "callbacks": [type(c).__name__ for c in trainer.callback_handler.callbacks],
         "marks_seen": getattr(cb.world_feedback, "seen", None),

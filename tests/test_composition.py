@@ -30,9 +30,10 @@ table equal to :data:`ROWS`:
     16   B1-run-browser              http_pg      callable  direct    fresh   (tags, hparams, browse, export)
     17   U1-user-callback-first      embedded     callable  direct    fresh   (a user callback before it runs first)
     18   P1-per-example              http_pg      callable  launcher  resume  (per-prompt scores: paired noise)
-    19   L1-metric-from-jsonl        http_sqlite  log-jsonl launcher  fresh   (no callback: verl's file logger)
-    20   L2-metric-from-verl         embedded     log-verl  launcher  fresh   (no callback: verl's console log)
-    21   L3-metric-from-tb           http_pg      log-tb    launcher  fresh   (no callback: TensorBoard)
+    19   G1-proxy-gate               http_sqlite  callable  direct    fresh   (gate: proxy_diverges, the eval's proxy)
+    20   L1-metric-from-jsonl        http_sqlite  log-jsonl launcher  fresh   (no callback: verl's file logger)
+    21   L2-metric-from-verl         embedded     log-verl  launcher  fresh   (no callback: verl's console log)
+    22   L3-metric-from-tb           http_pg      log-tb    launcher  fresh   (no callback: TensorBoard)
 
 Every training row asserts: the stop step is the one ``create_detector("decline", k=2)`` gives on the
 scores the coordinator recorded (external: the decision's step, and the stop lag), the best step and
@@ -49,7 +50,11 @@ user's before ``EvalStopCallback``: it runs first at every step (the world feedb
 set at the eval's own step), and the trainer's callback list is as the user built it.
 ``P1-per-example`` (issue 28) returns the gold eval's 32 per-prompt scores: every report carries n = 32
 and a paired noise level except the first eval of each process (nothing to pair with; the resumed
-process starts afresh), and the stop is the one ``decline`` gives with that noise. ``L1``-``L3`` (a row per
+process starts afresh), and the stop is the one ``decline`` gives with that noise. ``G1-proxy-gate`` (issue 44) is the
+recommendation: the same per-prompt scores returned as a ``WorldFeedback`` with the proxy reward's
+expected score of the same continuations, and ``gate="proxy_diverges"``: every report carries that
+proxy (not the trainer's logged batch reward), and the stop is the gated rule's on the recorded scores
+and proxies, saying once how far the proxy rose. ``L1``-``L3`` (a row per
 ``--metric-from`` format) train with no EvalStopCallback: the job writes its gold eval to a log as verl's file
 logger, verl's console logger or TensorBoard writes it, ``evalstop run --metric-from`` reads it with the
 parsers of ``evalstop replay``, and the launcher stops the process at the eval ``decline`` stops on the
@@ -80,7 +85,7 @@ from evalstop_trl.clients.embedded import EmbeddedClient  # noqa: E402
 from evalstop_trl.clients.http import EvalStopClient  # noqa: E402
 from evalstop_trl.clients.local import LocalServer  # noqa: E402
 from evalstop_trl.core.coordinator import Coordinator  # noqa: E402
-from evalstop_trl.core.detectors import Observation, create_detector  # noqa: E402
+from evalstop_trl.core.detectors import Observation, ProxyGate, create_detector  # noqa: E402
 from evalstop_trl.stores.sqlite import SQLiteStore  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -165,12 +170,14 @@ ROWS = pairwise([Row(*d) for d in DEFECTS]) + [
         "a user's callback listed before EvalStopCallback runs before it: the eval sees its step"),
     Row("P1-per-example", "http_pg", "callable", "launcher", "resume",
         "per-example world feedback: n and the paired noise in every report, the decision uses them"),
+    Row("G1-proxy-gate", "http_sqlite", "callable", "direct", "fresh",
+        "the recommendation: per-prompt scores and the proxy of the same continuations, gate proxy_diverges"),
     Row("L1-metric-from-jsonl", "http_sqlite", "log-jsonl", "launcher", "fresh", "no callback: verl's file logger"),
     Row("L2-metric-from-verl", "embedded", "log-verl", "launcher", "fresh", "no callback: verl's console log"),
     Row("L3-metric-from-tb", "http_pg", "log-tb", "launcher", "fresh", "no callback: TensorBoard")]
 _NOTES = {"D6": '   (no training: eval_strategy="no")', "S1": "   (shadow=True: trains to its end)",
           "B1": "   (tags, hparams, browse, export)", "U1": "   (a user callback before it runs first)",
-          "P1": "  (per-prompt scores: paired noise)", "L1": "   (no callback: verl's file logger)",
+          "P1": "  (per-prompt scores: paired noise)", "G1": "   (gate: proxy_diverges, the eval's proxy)", "L1": "   (no callback: verl's file logger)",
           "L2": "   (no callback: verl's console log)", "L3": "   (no callback: TensorBoard)"}
 
 
@@ -273,14 +280,17 @@ def _job(row: Row, t: Target, job_id: str, n: int, *args: str, timeout: float = 
     return Run(rc, log.read_text(), json.loads(result.read_text()) if result.exists() else None)
 
 
-def replay(scores: list[tuple], direction: str = "max"):
-    """What ``decline`` (k=2) decides on these (step, score[, eval_n, eval_noise]) reports: (stop
-    step or None, best step, best score, reason)."""
+def replay(scores: list[tuple], direction: str = "max", proxies: dict[int, float] | None = None):
+    """What ``decline`` (k=2) decides on these (step, score[, eval_n, eval_noise]) reports, with
+    ``proxies`` (step -> proxy reward) gated by the proxy gate: (stop step or None, best step, best
+    score, reason)."""
     det = create_detector("decline", k=2, direction=direction)
+    det = ProxyGate(det) if proxies is not None else det
     decision = None
     for step, score, *evidence in scores:
         n, noise = evidence or (None, None)
-        decision = det.observe(Observation("replay", step, score, eval_n=n, eval_noise=noise))
+        proxy = proxies.get(step) if proxies is not None else None
+        decision = det.observe(Observation("replay", step, score, eval_n=n, eval_noise=noise, proxy_reward=proxy))
         if decision.stop:
             return step, decision.best_step, decision.best_score, decision.reason
     return None, decision.best_step if decision else None, decision.best_score if decision else None, ""
@@ -337,7 +347,8 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
     steps, more = (["--max-steps", "130", "--slow", "0.05"], "140") if external else (["--max-steps", "90"], "100")
     extra = ["--flaky-at", "2", "--callback-kwargs", '{"direction": "min"}'] if row.defect == "D8" else []
     extra += ["--user-first"] if row.name.startswith("U1") else []
-    extra += ["--per-example"] if row.name.startswith("P1") else []
+    extra += ["--per-example"] if row.name.startswith(("P1", "G1")) else []
+    extra += ["--with-proxy", "--callback-kwargs", '{"gate": "proxy_diverges"}'] if row.name.startswith("G1") else []
     if external:
         _worker(t, tmp_path / "worker.log")  # before the training process (issue 20, item 2)
         time.sleep(1.0)
@@ -390,6 +401,15 @@ def _train_row(row: Row, t: Target, tmp_path: Path) -> None:
         assert [n for _, _, n, _ in reports] == [32] * len(reports), reports
         assert all((noise is None) == (step in firsts) for step, _, _, noise in reports), (firsts, reports)
         assert all(noise is None or noise > 0 for *_, noise in reports), reports
+    if row.name.startswith("G1"):
+        # the reports carry the proxy of the eval's continuations (WorldFeedback.proxy), not the trainer's
+        # logged reward: the training log's batch rewards are other numbers
+        proxies = _proxies(t, final_job)
+        trained = {e["step"]: e["reward"] for e in run.result["reward_logs"]}
+        assert proxies and all(p is not None for p in proxies.values()), proxies
+        assert not any(math.isclose(p, trained.get(s, -1.0)) for s, p in proxies.items()), (proxies, trained)
+        assert job.policy["gate"] == "proxy_diverges" and job.decision.reason.count("; proxy +") == 1
+        assert job.decision.evidence["proxy_since_best"] > 0, job.decision
     if row.name.startswith("U1"):
         evals = [h["step"] for h in run.result["history"]]
         assert evals and run.result["marks_seen"] == evals, run.result  # StepMark ran first at each eval step
@@ -436,6 +456,15 @@ def _job_and_scores(t: Target, job_id: str):
     try:
         return c.status(job_id), [(r.step, r.eval_score, r.eval_n, r.eval_noise)
                                   for r in sorted(c.reports(job_id), key=lambda r: r.step)]
+    finally:
+        c.close()
+
+
+def _proxies(t: Target, job_id: str) -> dict[int, float]:
+    """The proxy reward of each recorded report, by step."""
+    c = t.client()
+    try:
+        return {r.step: r.proxy_reward for r in c.reports(job_id)}
     finally:
         c.close()
 
@@ -493,7 +522,8 @@ def _check_stopped(row: Row, t: Target, job_id: str, run: Run, planned: int | No
     """The job stopped where the detector says on its recorded scores, with that best, and what is on disk."""
     job, scores = _job_and_scores(t, job_id)
     direction = "min" if row.defect == "D8" else "max"
-    stop_step, best_step, best_score, reason = replay(scores, direction)
+    proxies = _proxies(t, job_id) if row.name.startswith("G1") else None
+    stop_step, best_step, best_score, reason = replay(scores, direction, proxies)
     res = run.result
     assert stop_step is not None, f"the detector never stops on {scores}"
     assert job.status == "stopped", (job.status, job.decision, scores)

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ..core.examples import WorldFeedback
+
 __all__ = ["PRESETS", "Preset", "build_model", "build_tokenizer", "make_prompts", "proxy_reward", "gold_score",
            "GoldEval", "save_tiny"]
 
@@ -122,27 +124,33 @@ class GoldEval:
     target letter in the policy's completions (its probability at each step of the greedy
     continuation, averaged). Deterministic and smooth, and it draws nothing from the training RNG.
     ``per_example=True``: the score of each prompt instead (a list; its mean is the float), for the
-    detectors' paired noise level."""
+    detectors' paired noise level. ``with_proxy=True``: a :class:`~evalstop_trl.WorldFeedback` whose
+    ``proxy`` is the proxy reward's expected score of the same continuations (its per-letter weights
+    on the target's and the spurious letter's probabilities), what ``gate="proxy_diverges"`` reads."""
 
     def __init__(self, preset: Preset, n_prompts: int = 32, max_new_tokens: int = 8, seed: int = 12345,
-                 per_example: bool = False) -> None:
+                 per_example: bool = False, with_proxy: bool = False) -> None:
         self.preset = preset
         self.prompts = make_prompts(n_prompts, seed)
         self.max_new_tokens = max_new_tokens
         self.per_example = per_example
+        self.with_proxy = with_proxy
 
     @torch.no_grad()
-    def __call__(self, model, tokenizer) -> float | list[float]:
+    def __call__(self, model, tokenizer) -> float | list[float] | WorldFeedback:
         device = next(model.parameters()).device
-        target = tokenizer.convert_tokens_to_ids(self.preset.target)
+        target, spurious = tokenizer.convert_tokens_to_ids([self.preset.target, self.preset.spurious])
         enc = tokenizer(self.prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         out = model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False, output_scores=True,
                              return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id)
-        probs = torch.stack([torch.softmax(s.float(), dim=-1)[:, target] for s in out.scores], dim=1)
-        if self.per_example:
-            return probs.mean(dim=1).tolist()  # by position: the same prompts at every eval
-        return float(probs.mean())
+        dist = torch.stack([torch.softmax(s.float(), dim=-1) for s in out.scores], dim=1)  # prompt x step x token
+        probs = dist[..., target]
+        score = probs.mean(dim=1).tolist() if self.per_example else float(probs.mean())  # by position: same prompts
+        if not self.with_proxy:
+            return score
+        proxy = self.preset.w_target * probs + self.preset.w_spurious * dist[..., spurious]
+        return WorldFeedback(score, proxy=float(proxy.mean()))
 
 
 def label_trace(golds: list[float], min_drop: float = 0.05) -> bool:
