@@ -263,6 +263,7 @@ def observe(state: JobState, rep: Report, stored: Report | None = None) -> Step:
     would_stop, would_stop_step = state.would_stop, state.would_stop_step
     if decision.action is Action.STOP and record.policy.mode is PolicyMode.SHADOW:
         memory = detector.resume(memory)  # the job trains on: its best keeps following its evals
+        decision = with_evidence(decision, best_proxy, best_length, rep.proxy_reward, rep.length)  # as a stop's
         if would_stop is None:
             would_stop, would_stop_step = decision, rep.step
             audit = (AuditRecord(record.tenant, job_id, rep.received_at, AuditKind.WOULD_STOP,

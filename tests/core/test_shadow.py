@@ -40,6 +40,25 @@ def _feed(c, tenant, job_id, curve):
     return [c.report(tenant, job_id, ReportRequest(s, eval_score=v)) for s, v in curve]
 
 
+def test_a_would_stop_carries_the_proxy_and_length_evidence_an_enforced_stop_carries(tmp_path):
+    """The same reports (proxy rising and answers growing while the eval falls) to an enforced and a shadow
+    job: the would-stop says what the stop says, "proxy +0.2 since the best eval; length +67% ...", in
+    its reason, evidence and audit line."""
+    c = Coordinator(SQLiteStore(tmp_path / "c.db"))
+    c.register_job("acme", JobRequest("enforced", "grpo", 60))
+    c.register_job("acme", JobRequest("shadow", "grpo", 60, policy=SHADOW))
+    for job in ("enforced", "shadow"):
+        for i, (step, score) in enumerate(HACKED[:4]):
+            c.report("acme", job, ReportRequest(step, eval_score=score, proxy_reward=0.1 * i + 0.1,
+                                                length=10.0 + 5.0 * i))
+    stop, would = c.status("acme", "enforced").decision, c.status("acme", "shadow").would_stop
+    assert "proxy +0.2 since the best eval; length +67% since the best eval" in stop.reason, stop.reason
+    assert would.reason == stop.reason and would.evidence == stop.evidence
+    line = next(a for a in c.audit("acme", "shadow") if a.kind is AuditKind.WOULD_STOP)
+    assert line.reason == stop.reason and line.evidence["proxy_since_best"] == pytest.approx(0.2)
+    c.close()
+
+
 def test_a_shadow_job_decides_like_an_enforced_one_records_the_first_would_stop_and_never_stops(tmp_path):
     c = Coordinator(SQLiteStore(tmp_path / "c.db"))
     c.register_job("acme", JobRequest("enforced", "grpo", 60))
