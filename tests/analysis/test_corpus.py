@@ -155,16 +155,28 @@ def test_calibrate_reads_the_corpus_runs_with_their_gold_as_labels(capsys):
 
 
 def test_the_scoring_script_prints_every_registered_detector_and_the_factor_table():
-    from evalstop_trl.core.detectors import DETECTORS
+    from evalstop_trl.core.detectors import DETECTORS, GATES, RECOMMENDED_POLICY
 
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import real_corpus
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert set(real_corpus.GATE_LABELS) == set(GATES)  # every gate has its rows
+    recommended = next(r for r in real_corpus.detector_rows() if r[0] == real_corpus.RECOMMENDED)
+    assert (recommended[1], recommended[3], recommended[4]) == (RECOMMENDED_POLICY["detector"], True,
+                                                                RECOMMENDED_POLICY["gate"])
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "real_corpus.py"), "--score", "--half", "tuning",
                           "--by", "task", "--paired"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {line.split("|")[1].strip() for line in out.stdout.splitlines() if line.startswith("| ")}
     assert {n for n in DETECTORS.names() if n != "never"} <= rows
     assert {"sequential + paired noise + KL gate", "decline + paired noise, stop_on converged"} <= rows
+    assert {f"{n} + paired noise + {label}" for n in ("decline", "sequential")
+            for label in real_corpus.GATE_LABELS.values()} <= rows
     assert "tuning half: 64 runs" in out.stdout and "letter: healthy stopped / recall" in out.stdout
     assert "| decline -> decline + paired noise + KL gate |" in out.stdout  # the paired comparison
+    assert "| decline -> decline + paired noise + proxy gate |" in out.stdout
 
 
 def test_a_converged_stop_of_a_hacked_run_is_a_false_stop_not_a_caught_hack():

@@ -49,6 +49,9 @@ lowest for ``"min"``); ties keep the earliest step.
 Layout: one module per rule (``decline``, ``patience``, ``stop_at``, ``loss_plateau``, ``drop``,
 ``trend``, ``cusum``, ``sequential``, ``never``), the shared vocabulary in ``base`` and the noise and
 statistics of the noise-robust rules in ``noise``; this package registers them (:data:`DETECTORS`).
+A policy's gate wraps a rule: its stops stand only when the run's logged evidence agrees (``klgate``:
+the KL clock past its forecast peak; ``proxygate``: the proxy reward above its value at the best
+eval), registered in :data:`GATES`.
 
 Example::
 

@@ -332,8 +332,6 @@ def _check_delta(min_delta: Any) -> float:
 SATURATION = 1e100
 
 
-
-
 class Gate(Detector):
     """A rule whose stops stand only when the run's logged evidence agrees (a policy's ``gate``).
 
