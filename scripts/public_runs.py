@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from evalstop_trl.analysis.replay import Curve, ReplayError, load_curve, replay_curve  # noqa: E402
-from evalstop_trl.core.detectors import DETECTORS  # noqa: E402
+from evalstop_trl.core.detectors import DETECTORS, RECOMMENDED_POLICY  # noqa: E402
 
 VALIDATION_PREFIXES = ("val-core/", "val/test_score/", "val/", "eval/", "eval_")
 
@@ -60,16 +60,22 @@ def validation_metric(path: Path) -> str | None:
     return None
 
 
+def policies() -> list[tuple[str, dict[str, Any]]]:
+    """(label, replay_curve's keywords): every registered detector but ``never`` at its defaults, the
+    paper's exact rule and the registry's recommendation (its gate reads the log's proxy reward)."""
+    rows = [(name, {"detector": name}) for name in DETECTORS.names() if name != "never"]
+    return rows + [("decline, paper", {"detector": "decline", "noise": "none"}),
+                   ("recommended", dict(RECOMMENDED_POLICY))]
+
+
 def replay_all(curve: Curve) -> list[dict[str, Any]]:
     end = curve.scores[-1]
     rows = []
-    for name in DETECTORS.names():
-        if name == "never":
-            continue
-        res = replay_curve(curve, name)
+    for label, policy in policies():
+        res = replay_curve(curve, **policy)
         stopped = res.stopped and res.stop_step < curve.steps[-1]
         kept = res.best_score if stopped else end
-        rows.append({"detector": name, "stop_step": res.stop_step if stopped else None, "kept": kept,
+        rows.append({"detector": label, "stop_step": res.stop_step if stopped else None, "kept": kept,
                      "loss_vs_end": round(end - kept, 4) if stopped else 0.0, "reason": res.reason})
     return rows
 

@@ -26,9 +26,11 @@ from .detectors.proxygate import describe_proxy
 __all__ = ["LENGTH_KEYS", "LOSS_KEYS", "REWARD_KEYS", "describe", "first_logged", "logged_length", "since_best",
            "with_evidence"]
 
-#: Keys of a trainer's logs read as the proxy reward, and as the train loss (the first present wins)
+#: Keys of a trainer's logs read as the proxy reward, and as the train loss (the first present wins):
+#: TRL's GRPO/RLOO ``reward``, OpenRLHF's ``reward``, TRL's online trainers' ``objective/scores``, DPO's
+#: margins; verl's ``critic/score/mean`` (the reward function's score of the rollouts, before its KL penalty)
 REWARD_KEYS = ("reward", "rewards/mean", "objective/scores", "objective/rlhf_reward", "rewards/margins",
-               "rewards/chosen")
+               "rewards/chosen", "critic/score/mean")
 LOSS_KEYS = ("loss", "train_loss")
 
 #: Keys of a trainer's logs read as the mean completion length of the latest step's rollouts (tokens),

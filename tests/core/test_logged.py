@@ -171,3 +171,15 @@ def test_extreme_proxies_and_lengths_never_break_a_stop_over_http(store, tmp_pat
         assert not {"proxy_since_best", "length_since_best"} & set(decision.evidence)
         assert client.status("x").decision == decision
         assert [r.length for r in client.reports("x")] == [length for _, _, length in reports]
+
+
+@pytest.mark.parametrize(("log", "reward"), [
+    ({"reward": 0.4, "loss": 1.0}, 0.4),  # TRL GRPO / RLOO, OpenRLHF
+    ({"objective/scores": 0.3}, 0.3),  # TRL's online trainers
+    ({"critic/score/mean": 0.004, "critic/rewards/mean": 0.0038, "critic/kl": 0.0002}, 0.004),  # verl: before its KL
+    ({"critic/rewards/mean": 0.0038}, None),  # verl's reward net of the KL penalty is not the proxy
+])
+def test_the_proxy_reward_each_stack_logs_is_read(log, reward):
+    from evalstop_trl.core.logged import REWARD_KEYS, first_logged
+
+    assert first_logged(log, REWARD_KEYS) == reward
