@@ -39,10 +39,11 @@ def run_path(folder: Path, config_id: int, seed: int) -> Path:
 
 
 def train_one(config_id: int, seed: int, out: Path, device: str) -> None:
-    """Train one run in this process and write its JSONL atomically."""
+    """Train one run in this process and write its JSONL atomically (``out``'s folder is a corpus's
+    ``runs``: its configuration is drawn with that corpus's design seed)."""
     from evalstop_trl.train.corpus import train_run
 
-    prereg = cp.load_preregistration()
+    prereg = cp.load_preregistration(out.parent.parent / "preregistration.yaml")
     cfg = cp.draw_config(config_id, prereg["design_seed"])
     with tempfile.TemporaryDirectory(prefix="corpus-run-") as tmp:
         lines, seconds = train_run(cfg, seed, tmp, device=device)
@@ -56,7 +57,7 @@ def train_missing(folder: Path, workers: int, device: str, limit: int | None) ->
     """Train every run of the design that has no file yet, ``workers`` processes side by side."""
     from tqdm import tqdm
 
-    prereg = cp.load_preregistration()
+    prereg = cp.load_preregistration(folder.parent / "preregistration.yaml")
     folder.mkdir(parents=True, exist_ok=True)
     todo = [(c.config_id, s) for c in cp.design(prereg) for s in prereg["seeds"]
             if not run_path(folder, c.config_id, s).exists()][:limit]
@@ -82,7 +83,7 @@ def train_missing(folder: Path, workers: int, device: str, limit: int | None) ->
 
 def write_labels(folder: Path = cp.CORPUS) -> list[cp.RunRecord]:
     """Label every stored run from its gold series alone (``labels.jsonl``)."""
-    prereg = cp.load_preregistration()
+    prereg = cp.load_preregistration(folder / "preregistration.yaml")
     rule = cp.rule_of(prereg)
     runs = cp.read_corpus(folder)
     with open(folder / "labels.jsonl", "w") as f:
@@ -266,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--by", choices=sorted(FACTORS), help="with --score: healthy runs stopped and recall per group "
                     "of a design factor, for decline and sequential (with and without the paired noise) and the "
                     "recommendation")
-    ap.add_argument("--folder", default=str(cp.CORPUS), help=argparse.SUPPRESS)
+    ap.add_argument("--folder", default=str(cp.CORPUS), help="the corpus: its preregistration.yaml, runs/ and "
+                    "labels.jsonl (default configs/corpus; configs/corpus/confirm: the confirmation set, held out whole)")
     ap.add_argument("--train-one", nargs=3, metavar=("CONFIG", "SEED", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.train_one:

@@ -141,8 +141,9 @@ def draw_config(config_id: int, design_seed: int) -> CorpusConfig:
 
 
 def design(prereg: Mapping[str, Any]) -> list[CorpusConfig]:
-    """Every configuration of the preregistered design."""
-    return [draw_config(i, prereg["design_seed"]) for i in range(prereg["configurations"])]
+    """Every configuration of the preregistered design: ids ``first_config`` (0 unless said) onwards."""
+    first = prereg.get("first_config", 0)
+    return [draw_config(i, prereg["design_seed"]) for i in range(first, first + prereg["configurations"])]
 
 
 def split(config_ids: Sequence[int], split_seed: int) -> tuple[list[int], list[int]]:
@@ -417,9 +418,13 @@ def check_preregistration(prereg: Mapping[str, Any], runs: Sequence[RunRecord] |
         if d.get(key) != value:
             problems.append(f"design.{key}: preregistered {d.get(key)!r}, code has {value!r}")
     configs = design(prereg)
-    tuning, held = split([c.config_id for c in configs], prereg["split_seed"])
+    ids = [c.config_id for c in configs]
+    # a confirmation set (no split_seed) is held out whole: nothing of it may be tuned on
+    tuning, held = split(ids, prereg["split_seed"]) if "split_seed" in prereg else ([], ids)
     if prereg.get("tuning_configs") != tuning or prereg.get("held_out_configs") != held:
-        problems.append("the split's configuration lists differ from the split recomputed from split_seed")
+        problems.append("the split's configuration lists differ from the split recomputed from split_seed"
+                        if "split_seed" in prereg else "a confirmation set's held_out_configs must be all its "
+                        "configurations and its tuning_configs empty")
     if runs is None:
         return problems
     want = {run_name(c.config_id, s) for c in configs for s in prereg["seeds"]}
