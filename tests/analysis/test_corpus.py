@@ -133,11 +133,12 @@ def test_a_run_file_round_trips_and_a_bad_line_names_its_place(tmp_path):
         cp.read_run(path)
 
 
-def test_the_committed_corpus_matches_its_preregistration():
-    if not (cp.CORPUS / "runs").is_dir():
-        pytest.fail("configs/corpus/runs is missing: train it with scripts/real_corpus.py --run")
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "real_corpus.py"), "--check"], capture_output=True,
-                         text=True, timeout=300)
+@pytest.mark.parametrize("folder", [cp.CORPUS, cp.CORPUS / "confirm"], ids=["corpus", "confirmation set"])
+def test_the_committed_corpus_matches_its_preregistration(folder):
+    if not (folder / "runs").is_dir():
+        pytest.fail(f"{folder}/runs is missing: train it with scripts/real_corpus.py --run --folder {folder}")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "real_corpus.py"), "--check", "--folder",
+                          str(folder)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "match their preregistration" in out.stdout
 
@@ -185,3 +186,15 @@ def test_a_converged_stop_of_a_hacked_run_is_a_false_stop_not_a_caught_hack():
     s = cp.score([o], resamples=50)
     assert (s.precision_any.value, s.recall.value, s.post_peak_saved.value) == (0.0, 0.0, 0.0)
     assert s.healthy_stopped.value is None and s.converged_stops == 1
+
+
+def test_a_confirmation_set_is_fresh_configurations_held_out_whole():
+    prereg = cp.load_preregistration(cp.CORPUS / "confirm" / "preregistration.yaml")
+    main = cp.load_preregistration()
+    ids = [c.config_id for c in cp.design(prereg)]
+    assert ids == list(range(64, 96)) and not set(ids) & {c.config_id for c in cp.design(main)}
+    assert prereg["design_seed"] == main["design_seed"] and cp.rule_of(prereg) == cp.rule_of(main)
+    assert cp.check_preregistration(prereg) == []
+    half = dict(prereg, held_out_configs=ids[:16], tuning_configs=ids[16:])
+    assert cp.check_preregistration(half) == [
+        "a confirmation set's held_out_configs must be all its configurations and its tuning_configs empty"]
