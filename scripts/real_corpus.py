@@ -243,11 +243,18 @@ def paired_table(runs: list[cp.RunRecord], rule: cp.LabelRule) -> str:
     return "\n".join(lines)
 
 
+#: the confirmation set (configs/corpus/confirm: fresh configurations, held out whole)
+CONFIRMATION = cp.CORPUS / "confirm"
+
+
 def half_of(runs: list[cp.RunRecord], prereg: dict[str, Any], half: str) -> list[cp.RunRecord]:
+    """The runs of ``half``: ``tuning`` or ``held_out`` (the preregistered split), ``all``, or ``unseen``:
+    the held-out half and the confirmation set together (every run no choice was made on)."""
     if half == "all":
         return runs
-    keep = set(prereg["held_out_configs" if half == "held_out" else "tuning_configs"])
-    return [r for r in runs if r.config.config_id in keep]
+    keep = set(prereg["held_out_configs" if half in ("held_out", "unseen") else "tuning_configs"])
+    chosen = [r for r in runs if r.config.config_id in keep]
+    return chosen + cp.read_corpus(CONFIRMATION) if half == "unseen" else chosen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, help="train at most this many runs now")
     ap.add_argument("--check", action="store_true", help="verify the stored runs against the preregistration")
     ap.add_argument("--score", action="store_true", help="replay every registered detector and print the table")
-    ap.add_argument("--half", default="held_out", choices=("held_out", "tuning", "all"))
+    ap.add_argument("--half", default="held_out", choices=("held_out", "tuning", "all", "unseen"),
+                    help="held_out (default), tuning (the only half to look at while tuning), all, or unseen: "
+                    "the held-out half and the confirmation set pooled")
     ap.add_argument("--sweep-decline", action="store_true", dest="sweep_decline",
                     help="the tuning half's table for decline's noise and noise_z (how the default was chosen)")
     ap.add_argument("--paired", action="store_true", help="with --score: each rule against itself with the "
