@@ -46,7 +46,7 @@ from ..core.browse import finite_float
 from ..core.detectors import MAX_STEP
 from ..core.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unauthorized
 from ..core.klclock import KL_KEYS
-from ..core.logged import first_logged, logged_length
+from ..core.logged import REWARD_KEYS, first_logged, logged_length
 from .watch import log_text
 
 __all__ = ["KINDS", "MAX_KEYS", "MAX_LINE", "MAX_PENDING", "READ_CHUNK", "ConsoleTail", "JsonlTail", "MetricFrom",
@@ -61,8 +61,9 @@ MAX_KEYS = 200  # key names remembered for the "metric not found" message
 MAX_PENDING = 10_000  # points waiting for the coordinator; the oldest are dropped beyond (said)
 #: records seen without the metric before the launcher says, once, which keys the log has
 MISSING_AFTER = 3
-#: step, the metric's value, the latest KL read (KL_KEYS) and the latest completion length read (LENGTH_KEYS)
-Point = tuple[int, "float | None", "float | None", "float | None"]
+#: step, the metric's value, the latest KL read (KL_KEYS), the latest completion length read (LENGTH_KEYS)
+#: and the latest proxy reward read (REWARD_KEYS: what a gate: proxy_diverges policy reads)
+Point = tuple[int, "float | None", "float | None", "float | None", "float | None"]
 
 
 @dataclass(frozen=True)
@@ -109,11 +110,12 @@ class _Keys:
 
 
 class LineTail:
-    """Follows a text file of one record per line: :meth:`poll` returns the (step, value, KL, length)
-    points of the lines written since (KL: the latest of :data:`~evalstop_trl.core.klclock.KL_KEYS` read
-    at or before the point, None if none; length: the same of
-    :data:`~evalstop_trl.core.logged.LENGTH_KEYS`, a mean completion length >= 0). ``record(line)``
-    parses one line (``(raw step, values)`` or None)."""
+    """Follows a text file of one record per line: :meth:`poll` returns the (step, value, KL, length,
+    proxy) points of the lines written since (KL: the latest of :data:`~evalstop_trl.core.klclock.KL_KEYS`
+    read at or before the point, None if none; length: the same of
+    :data:`~evalstop_trl.core.logged.LENGTH_KEYS`, a mean completion length >= 0; proxy: the same of
+    :data:`~evalstop_trl.core.logged.REWARD_KEYS`, verl's ``critic/score/mean``, OpenRLHF's ``reward``).
+    ``record(line)`` parses one line (``(raw step, values)`` or None)."""
 
     kind = ""
 
@@ -128,6 +130,7 @@ class LineTail:
         self.seen = _Keys()
         self.kl: float | None = None  # the latest KL the log gave
         self.length: float | None = None  # the latest mean completion length the log gave
+        self.proxy: float | None = None  # the latest proxy reward the log gave
         # a file already there is an earlier run's log: read what is appended from now on (its old evals
         # would be reported as this job's, and this run's lower steps then skipped as "not increasing")
         try:
@@ -196,6 +199,9 @@ class LineTail:
         length = logged_length(values)
         if length is not None:
             self.length = length
+        proxy = first_logged(values, REWARD_KEYS)
+        if proxy is not None:
+            self.proxy = proxy
         if self.key not in values:
             return None
         try:
@@ -203,7 +209,8 @@ class LineTail:
         except LogError as exc:
             log.warning("evalstop run: %s (for %s): skipped", log_text(str(exc), 300), log_text(self.key))
             return None
-        return step, finite_float(values[self.key]), self.kl, self.length  # NaN, inf, text: a failed eval (missing)
+        # NaN, inf, text: a failed eval (missing)
+        return step, finite_float(values[self.key]), self.kl, self.length, self.proxy
 
     def close(self) -> None:
         if self._file is not None:
@@ -270,7 +277,7 @@ class TensorBoardTail:
                         elif value.tag == self.key:
                             scalar = tb_scalar(value, tensor_util)
                             points.append((int(event.step), None if scalar is None or not math.isfinite(scalar)
-                                           else scalar, None, None))  # (nor its KL nor its length is read)
+                                           else scalar, None, None, None))  # (nor its KL, length, proxy)
             except Exception as exc:  # noqa: BLE001 - a file being written, or not an event file
                 log.debug("evalstop run: %s: %s", file, exc)
         return sorted(points)
@@ -354,9 +361,9 @@ class MetricReporter:
             del self.pending[:-MAX_PENDING]
         n = 0
         while self.pending:
-            step, value, kl, length = self.pending[0]
+            step, value, kl, length, proxy = self.pending[0]
             try:
-                self.client.report(self.job_id, step, eval_score=value, kl=kl, length=length)
+                self.client.report(self.job_id, step, eval_score=value, kl=kl, length=length, proxy_reward=proxy)
             except (InvalidInput, NotFound, Unauthorized, Conflict) as exc:  # refused for good: say it, go on
                 log.warning("evalstop run: the coordinator refused step %d of %s: %s", step, log_text(self.job_id),
                             log_text(exc, 300))

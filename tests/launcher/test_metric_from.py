@@ -42,22 +42,22 @@ def test_a_jsonl_follower_reads_verl_and_plain_lines_partial_lines_and_rotation(
         f.write(json.dumps({"step": 5, "elapsed_seconds": 7.0, "data": {KEY: 0.4, "actor/loss": 0.2}}) + "\n")
         f.write(json.dumps({"step": 10, KEY: 0.5}) + "\n")  # plain JSONL
         f.write('{"step": 15, "data": {"' + KEY)  # a line being written
-    assert tail.poll() == [(5, 0.4, None, None), (10, 0.5, None, None)]
+    assert tail.poll() == [(5, 0.4, None, None, None), (10, 0.5, None, None, None)]
     with path.open("a") as f:
         f.write('": NaN}}\n' + "not json\n" + json.dumps({"step": 20, "data": {KEY: "x"}}) + "\n")
-    assert tail.poll() == [(15, None, None, None), (20, None, None, None)]  # NaN and a string: failed evals
+    assert tail.poll() == [(15, None, None, None, None), (20, None, None, None, None)]  # NaN and a string: failed evals
     with path.open("a") as f:
         f.write('{"step": 21, "x": "' + "y" * (MAX_LINE + 10) + '"}\n' + json.dumps({"step": 25, KEY: 0.6}) + "\n")
-    assert tail.poll() == [(25, 0.6, None, None)]  # the line over MAX_LINE skipped, the next one read
+    assert tail.poll() == [(25, 0.6, None, None, None)]  # the line over MAX_LINE skipped, the next one read
     with path.open("a") as f:  # a long line still being written: dropped up to its end, never buffered
         f.write('{"step": 26, "x": "' + "y" * (MAX_LINE + 10))
     assert tail.poll() == [] and tail._partial == b""
     with path.open("a") as f:
         f.write('"}\n' + json.dumps({"step": 27, KEY: 0.65}) + "\n")
-    assert tail.poll() == [(27, 0.65, None, None)]
+    assert tail.poll() == [(27, 0.65, None, None, None)]
     path.rename(tmp_path / "metrics.jsonl.1")  # rotated: a new file under the same name
     path.write_text(json.dumps({"step": 30, KEY: 0.7}) + "\n")
-    assert tail.poll() == [(30, 0.7, None, None)]
+    assert tail.poll() == [(30, 0.7, None, None, None)]
     tail.close()
 
 
@@ -209,7 +209,7 @@ class _FlakyClient:
     def __init__(self, down: int) -> None:
         self.down, self.got = down, []
 
-    def report(self, job_id, step, eval_score=None, kl=None, length=None):
+    def report(self, job_id, step, eval_score=None, kl=None, length=None, proxy_reward=None):
         if self.down:
             self.down -= 1
             raise ConnectionError("coordinator unreachable")
@@ -223,7 +223,7 @@ def test_a_report_the_coordinator_could_not_take_is_tried_again_in_order(tmp_pat
     client = _FlakyClient(down=2)
     rep = MetricReporter(MetricFrom("jsonl", path, KEY), client, "j")  # before the run writes its log
     path.write_text("".join(json.dumps({"step": s, "data": {KEY: v}}) + "\n" for s, v in [(5, 0.3), (10, 0.4)]))
-    assert rep.poll_once() == 0 and rep.pending == [(5, 0.3, None, None), (10, 0.4, None, None)]  # nothing lost
+    assert rep.poll_once() == 0 and rep.pending == [(5, 0.3, None, None, None), (10, 0.4, None, None, None)]  # nothing lost
     assert rep.poll_once() == 0
     with path.open("a") as f:
         f.write(json.dumps({"step": 15, "data": {KEY: 0.5}}) + "\n")
@@ -234,7 +234,7 @@ def test_a_report_the_coordinator_could_not_take_is_tried_again_in_order(tmp_pat
 class _Refusing(_FlakyClient):
     """A coordinator that already holds steps up to 10 of this job: an earlier step is refused for good."""
 
-    def report(self, job_id, step, eval_score=None, kl=None, length=None):
+    def report(self, job_id, step, eval_score=None, kl=None, length=None, proxy_reward=None):
         from evalstop_trl.core.errors import Conflict
 
         if step <= 10:
@@ -312,6 +312,33 @@ def test_the_launcher_reports_the_kl_the_log_gives_with_each_eval(tmp_path):
     rep = MetricReporter(MetricFrom("jsonl", plain, KEY), EmbeddedClient(coord), "p")
     plain.write_text(json.dumps({"step": 5, "data": {KEY: 0.4}}) + "\n")
     assert rep.poll_once() == 1 and coord.reports("local", "p")[0].kl is None
+    rep.close()
+
+
+def test_the_launcher_reports_the_proxy_reward_the_log_gives_and_a_proxy_gate_reads_it(tmp_path):
+    """verl logs ``critic/score/mean`` each training step: each eval goes out with the latest read at or
+    before it, so a ``gate: proxy_diverges`` policy holds a fall that comes with a falling reward and
+    stops one whose reward rose since the best eval (the stop says how far)."""
+    from evalstop_trl.clients.embedded import EmbeddedClient
+    from evalstop_trl.core.requests import JobRequest
+    from evalstop_trl.launcher.metrics import MetricReporter
+
+    path = tmp_path / "m.jsonl"
+    coord = Coordinator()
+    coord.register_job("local", JobRequest("j", "grpo", policy={"detector": "decline", "k": 1, "noise": "none",
+                                                                "gate": "proxy_diverges"}))
+    rep = MetricReporter(MetricFrom("jsonl", path, KEY), EmbeddedClient(coord), "j")
+    lines = [{"step": 1, "data": {"critic/score/mean": 0.40, "critic/rewards/mean": 0.39}},
+             {"step": 2, "data": {KEY: 0.6}}, {"step": 3, "data": {"critic/score/mean": 0.30}},
+             {"step": 4, "data": {KEY: 0.5}},  # both fell: held
+             {"step": 5, "data": {"critic/score/mean": 0.55}}, {"step": 6, "data": {KEY: 0.45}}]  # the reward rose
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert rep.poll_once() == 3
+    reports = coord.reports("local", "j")
+    assert [(r.step, r.proxy_reward) for r in reports] == [(2, 0.40), (4, 0.30), (6, 0.55)]
+    job = coord.status("local", "j")
+    assert job.status == "stopped" and job.decision.evidence["proxy_since_best"] == pytest.approx(0.15)
+    assert "at step 6" in job.decision.reason and job.best_step == 2  # the fall at step 4 was held
     rep.close()
 
 
