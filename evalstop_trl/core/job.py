@@ -118,13 +118,16 @@ class JobState(NamedTuple):
 
 class Commit(NamedTuple):
     """The rows one step writes, atomically: the job's new record (None: unchanged), a report, audit
-    lines and webhook deliveries. ``expect``: the job's version this write replaces."""
+    lines and webhook deliveries. ``expect``: the job's version this write replaces, and ``created``
+    its ``created_at`` (with the version, the job's identity: a job deleted and registered again
+    under its id starts its versions again)."""
 
     job: JobRecord | None
     report: Report | None
     audit: tuple[AuditRecord, ...]
     deliveries: tuple[Delivery, ...]
     expect: int
+    created: float | None = None
 
 
 class Step(NamedTuple):
@@ -293,7 +296,8 @@ def observe(state: JobState, rep: Report, stored: Report | None = None) -> Step:
                    rep.checkpoint if best else state.best_checkpoint, decision,
                    state.max_reports, state.version + 1, would_stop, would_stop_step, best_proxy, best_length)
     # job None: only the report is written (the fast path), so a step with audit lines writes the record too
-    commit = Commit(None if new_record is record and not audit else new_record, rep, audit, deliveries, state.version)
+    commit = Commit(None if new_record is record and not audit else new_record, rep, audit, deliveries, state.version,
+                    state.record.created_at)
     return Step(new, new.current() if new_record.status.terminal else decision, commit, stopped)
 
 
@@ -315,7 +319,8 @@ def _transition(state: JobState, status: JobStatus, now: float, audit: AuditReco
     new_record = record.evolve(status=record.status.to(status), updated_at=now, **changes)
     deliveries = _deliveries(record, new_record, now) if status is JobStatus.STOPPED else ()
     new = state._replace(record=new_record, version=state.version + 1)
-    return new, Commit(new_record, None, () if audit is None else (audit,), deliveries, state.version)
+    return new, Commit(new_record, None, () if audit is None else (audit,), deliveries, state.version,
+                       state.record.created_at)
 
 
 def _stop(state: JobState, cmd: Stop) -> Step:
@@ -373,7 +378,7 @@ def _event(state: JobState, cmd: Event) -> Step:
     record = state.record
     audit = AuditRecord(record.tenant, record.job_id, cmd.now, cmd.kind, cmd.actor, cmd.reason, cmd.evidence)
     new = state._replace(version=state.version + 1)
-    return Step(new, new.current(), Commit(record, None, (audit,), (), state.version))
+    return Step(new, new.current(), Commit(record, None, (audit,), (), state.version, state.record.created_at))
 
 
 def _seen_again(state: JobState, now: float, how: str) -> AuditRecord:
@@ -391,7 +396,8 @@ def _heartbeat(state: JobState, cmd: Heartbeat) -> Step:
     audit = _seen_again(state, cmd.now, f"heartbeat from {cmd.actor}") if record.status is JobStatus.LOST else None
     new_record = record.evolve(status=JobStatus.RUNNING if waking else record.status, last_seen=cmd.now)
     new = state._replace(record=new_record, version=state.version + 1)
-    return Step(new, new.current(), Commit(new_record, None, () if audit is None else (audit,), (), state.version))
+    return Step(new, new.current(), Commit(new_record, None, () if audit is None else (audit,), (), state.version,
+                                           state.record.created_at))
 
 
 def _expire(state: JobState, cmd: Expire) -> Step:
@@ -423,7 +429,7 @@ def _amend(state: JobState, cmd: Amend) -> Step:
         new = state._replace(record=new_record, detector=detector, memory=detector.start(), version=state.version + 1)
     else:
         new = state._replace(record=new_record, version=state.version + 1)
-    return Step(new, new.current(), Commit(new_record, None, (audit,), (), state.version))
+    return Step(new, new.current(), Commit(new_record, None, (audit,), (), state.version, state.record.created_at))
 
 
 def _shown(value: Any) -> Any:

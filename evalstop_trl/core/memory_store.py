@@ -67,7 +67,8 @@ class MemoryStore(Store):
             self._audit_by.setdefault((a.tenant,), []).append(i)
             self._audit_by.setdefault((a.tenant, a.job_id), []).append(i)
 
-    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
+    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None,
+                   created: float | None = None) -> Ticket:
         self._reports[(tenant, job_id)].append(report)
         return DONE
 

@@ -354,7 +354,7 @@ class JobCache:
             if c.job is not None:  # a stop (its audit line, the tenant's audit budget): the general path
                 return None
             count[0] += 1
-            ticket = self.store.add_report(tenant, job_id, c.report, c.expect)
+            ticket = self.store.add_report(tenant, job_id, c.report, c.expect, c.created)
             slot.push(out.state, ticket)
         return out, ticket
 
@@ -406,7 +406,7 @@ class JobCache:
         if revive is not None:
             return self.store.revive(c.job, c.report, c.audit, c.deliveries, c.expect, revive)
         if c.job is None:
-            return self.store.add_report(tenant, job_id, c.report, c.expect)
+            return self.store.add_report(tenant, job_id, c.report, c.expect, c.created)
         return self.store.commit(c.job, c.report, c.audit, c.deliveries, expect=c.expect)
 
 
@@ -474,8 +474,9 @@ class ReplicatedJobs(JobCache):
         elif not slot.pending and slot.committed is not None:
             self._ready(slot)
             stored = self.store.job_versions(tenant, [job_id]).get(job_id)
-            if stored is None or stored > slot.committed.version:  # deleted, or written by another replica
-                self.reload(slot)
+            committed = slot.committed
+            if stored is None or stored[0] != committed.record.created_at or stored[1] > committed.version:
+                self.reload(slot)  # deleted, registered again under its id, or written by another replica
         if slot.committed is None and not slot.pending:
             raise NotFound(f"no job {job_id!r:.140} for tenant {tenant!r}")
         return slot

@@ -127,7 +127,9 @@ class Store(ABC):
         """Atomically upsert ``job``, insert ``report`` (if any), append ``audit`` and queue ``deliveries``.
 
         Writes are applied in call order; the returned :class:`Ticket` says when it is durable.
-        ``expect``: the job's version this write replaces (shared stores; 0 for a new job)."""
+        ``expect``: the job's version this write replaces (shared stores; 0 for a new job): a shared
+        store writes only if the stored job is still at that version and is ``job`` itself (its
+        ``created_at``, not a job registered again under its id since)."""
 
     def register(self, job: JobRecord, limits: JobLimits) -> Ticket:
         """Insert a new job. A shared store checks ``limits`` in the insert's transaction and fails the
@@ -144,8 +146,11 @@ class Store(ABC):
         return self.commit(job, report, audit, deliveries, expect=expect)
 
     @abstractmethod
-    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
-        """Insert one report of a job whose record does not change (the common case)."""
+    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None,
+                   created: float | None = None) -> Ticket:
+        """Insert one report of a job whose record does not change (the common case). ``expect``,
+        ``created``: the job's version this write replaces and its ``created_at`` (shared stores: a
+        stale version, or another job under the id, refuses the write with StaleState)."""
 
     @abstractmethod
     def jobs(self) -> list[JobRecord]: ...
@@ -159,8 +164,10 @@ class Store(ABC):
         query of a few columns)."""
         return [RunRow.of(j) for j in self.jobs() if j.tenant == tenant]
 
-    def job_versions(self, tenant: str, job_ids: Sequence[str]) -> dict[str, int]:
-        """The stored version of each job (shared stores only)."""
+    def job_versions(self, tenant: str, job_ids: Sequence[str]) -> dict[str, tuple[float, int]]:
+        """Each stored job's identity (shared stores only): its ``created_at`` and version. A job deleted
+        and registered again under its id is another job (another ``created_at``), whose version starts
+        again: a replica compares both."""
         raise NotImplementedError
 
     def job_page(self, tenant: str, status: str | None, limit: int | None, offset: int) -> tuple[list[str], int]:

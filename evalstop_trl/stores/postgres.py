@@ -336,7 +336,8 @@ class PostgresStore(SQLReads, Store):
                     "UPDATE jobs SET job_type=%s, planned_steps=%s, policy=%s, webhook=%s, status=%s, created_at=%s, "
                     "updated_at=%s, decision=%s, stopped_by=%s, stopped_at=%s, acked_at=%s, checkpoint=%s, "
                     "finished_at=%s, last_seen=%s, tags=%s, hparams=%s, version=version + 1 WHERE tenant=%s AND "
-                    "job_id=%s AND version=%s", (*values, job.last_seen, *_labels(job), *key, expect))
+                    "job_id=%s AND version=%s AND created_at=%s",
+                    (*values, job.last_seen, *_labels(job), *key, expect, job.created_at))
             if cur.rowcount == 0:
                 raise StaleState(f"job {job.job_id!r} was changed by another coordinator; retry")
             if report is not None:
@@ -358,9 +359,10 @@ class PostgresStore(SQLReads, Store):
         """Insert a new job if the tenant's quotas allow (see :func:`_insert_within_limits`)."""
         return self._writes.submit(lambda db: _insert_within_limits(db, job, limits))
 
-    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
+    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None,
+                   created: float | None = None) -> Ticket:
         if expect is not None:  # the hot path: one statement, pipelined with the batch's others
-            return self._writes.submit(_Report(tenant, job_id, report, expect))
+            return self._writes.submit(_Report(tenant, job_id, report, expect, created))
 
         def op(db) -> None:
             db.execute("UPDATE jobs SET version = version + 1 WHERE tenant=%s AND job_id=%s", (tenant, job_id))
@@ -382,10 +384,10 @@ class PostgresStore(SQLReads, Store):
         rows = self._read(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant=%s AND job_id=%s", (tenant, job_id))
         return _job_from_row(rows[0]) if rows else None
 
-    def job_versions(self, tenant: str, job_ids: Sequence[str]) -> dict[str, int]:
-        rows = self._read("SELECT job_id, version FROM jobs WHERE tenant=%s AND job_id = ANY(%s)",
+    def job_versions(self, tenant: str, job_ids: Sequence[str]) -> dict[str, tuple[float, int]]:
+        rows = self._read("SELECT job_id, created_at, version FROM jobs WHERE tenant=%s AND job_id = ANY(%s)",
                           (tenant, list(job_ids)))
-        return dict(rows)
+        return {job_id: (created, version) for job_id, created, version in rows}
 
     # ------------------------------------------------------------------ external evals
     def put_eval(self, task: EvalTask) -> Ticket:
@@ -476,11 +478,13 @@ def _insert_report(db, tenant: str, job_id: str, r: Report) -> None:
 _REPORT_TYPES = {name: kind.lower() for name, kind in re.findall(
     r"(\w+) (BIGINT|DOUBLE PRECISION|TEXT)", next(s for s in _SCHEMA if "TABLE IF NOT EXISTS reports" in s))}
 
-#: a new report in one statement (args: tenant, job_id, the version replaced, then the report's
-#: fields): the job's version moves on and the report is inserted only if the job is still at that
-#: version; otherwise nothing happens (0 rows: another replica wrote the job first)
+#: a new report in one statement (args: tenant, job_id, the version replaced, the job's created_at or
+#: None, then the report's fields): the job's version moves on and the report is inserted only if the
+#: job is still at that version and still that job; otherwise nothing happens (0 rows: another replica
+#: wrote the job first, or deleted it and registered the id again)
 _VERSIONED_REPORT = (
     "WITH u AS (UPDATE jobs SET version = version + 1 WHERE tenant=%s AND job_id=%s AND version=%s "
+    "AND created_at = COALESCE(%s::double precision, created_at) "
     f"RETURNING tenant, job_id) INSERT INTO reports (tenant, job_id, {REPORT_COLS}) SELECT u.tenant, u.job_id, "
     + ", ".join(f"%s::{_REPORT_TYPES[f]}" for f in Report._fields) + " FROM u")
 
@@ -493,8 +497,8 @@ class _Report:
 
     __slots__ = ("job_id", "args")
 
-    def __init__(self, tenant: str, job_id: str, report: Report, expect: int) -> None:
-        self.job_id, self.args = job_id, (tenant, job_id, expect, *report)
+    def __init__(self, tenant: str, job_id: str, report: Report, expect: int, created: float | None = None) -> None:
+        self.job_id, self.args = job_id, (tenant, job_id, expect, created, *report)
 
     def send(self, db):
         return db.execute(_VERSIONED_REPORT, self.args)

@@ -332,7 +332,7 @@ class SQLiteStore(SQLReads, Store):
                 db.execute(f"UPDATE jobs SET {_UPDATE_JOB}, version=version+1 WHERE tenant=? AND job_id=?",
                            (*values, *key))
             elif db.execute(f"UPDATE jobs SET {_UPDATE_JOB}, version=version+1 WHERE tenant=? AND job_id=? "
-                            "AND version=?", (*values, *key, expect)).rowcount == 0:
+                            "AND version=? AND created_at=?", (*values, *key, expect, job.created_at)).rowcount == 0:
                 raise StaleState(f"job {job.job_id!r} was changed by another process; retry")
             if report is not None:
                 self._insert_report(db, job.tenant, job.job_id, report)
@@ -343,13 +343,14 @@ class SQLiteStore(SQLReads, Store):
 
         return op
 
-    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None) -> Ticket:
+    def add_report(self, tenant: str, job_id: str, report: Report, expect: int | None = None,
+                   created: float | None = None) -> Ticket:
         check = self.shared and expect is not None
 
         def op(db: sqlite3.Connection) -> None:
             if check:
-                if db.execute("UPDATE jobs SET version=version+1 WHERE tenant=? AND job_id=? AND version=?",
-                              (tenant, job_id, expect)).rowcount == 0:
+                if db.execute("UPDATE jobs SET version=version+1 WHERE tenant=? AND job_id=? AND version=? "
+                              "AND created_at=COALESCE(?, created_at)", (tenant, job_id, expect, created)).rowcount == 0:
                     raise StaleState(f"job {job_id!r} was changed by another process; retry")
             else:
                 db.execute("UPDATE jobs SET version=version+1 WHERE tenant=? AND job_id=?", (tenant, job_id))
@@ -377,11 +378,11 @@ class SQLiteStore(SQLReads, Store):
         return _job_from_row(rows[0]) if rows else None
 
     # what a coordinator sharing this file with other processes reads (see ``shared``)
-    def job_versions(self, tenant: str, job_ids: Sequence[str]) -> dict[str, int]:
+    def job_versions(self, tenant: str, job_ids: Sequence[str]) -> dict[str, tuple[float, int]]:
         ids = list(job_ids)[:500]
-        rows = self._read(f"SELECT job_id, version FROM jobs WHERE tenant=? AND job_id IN ({','.join('?' * len(ids))})",
-                          (tenant, *ids)) if ids else []
-        return dict(rows)
+        rows = self._read(f"SELECT job_id, created_at, version FROM jobs WHERE tenant=? AND job_id IN "
+                          f"({','.join('?' * len(ids))})", (tenant, *ids)) if ids else []
+        return {job_id: (created, version) for job_id, created, version in rows}
 
     def claim_eval(self, tenant: str, now: float, lease_s: float, worker: str) -> EvalTask | None:
         """One write transaction finds and leases the oldest claimable task, so two processes (two

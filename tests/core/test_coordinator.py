@@ -280,7 +280,7 @@ def test_memory_per_job_is_bounded_reports_live_in_the_store():
     from evalstop_trl.core.store import DONE
 
     class Forgetful(MemoryStore):  # keeps no reports, so only the coordinator's memory is measured
-        def add_report(self, tenant, job_id, report, expect=None):
+        def add_report(self, tenant, job_id, report, expect=None, created=None):
             return DONE
 
     c = Coordinator(Forgetful(), clock=FakeClock())

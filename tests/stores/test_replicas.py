@@ -280,3 +280,34 @@ def test_a_job_deleted_through_one_replica_is_gone_on_the_other(replicas):
                        headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 201, r.text  # registered anew (was 503)
         assert cb.status("gone").n_reports == 0 and ca.status("gone").n_reports == 0
+
+
+def test_a_job_deleted_and_registered_again_through_one_replica_is_the_new_one_on_the_other(replicas):
+    """Replica B holds a stopped job in memory (at a version its reports moved far); through A the job
+    is deleted and registered again under the same id (a rerun), whose version starts again low. B
+    must answer for the new job, never from the old one's stopped state (its version is not newer)."""
+    a, b, token = replicas
+    with EvalStopClient(a.url, token) as ca, EvalStopClient(b.url, token) as cb:
+        policy = {"detector": "decline", "k": 1, "noise": "none"}
+        ca.register_job("rerun", "grpo", policy=policy)
+        for step, score in enumerate([0.5, 0.6, 0.7, 0.8, 0.4], start=1):
+            cb.report("rerun", step, eval_score=score)
+        old = cb.status("rerun")
+        assert old.status == "stopped" and old.n_reports == 5  # B has it in memory, stopped
+        ca.delete_job("rerun")
+        ca.register_job("rerun", "grpo", policy=policy)
+        new = cb.status("rerun")
+        assert (new.status, new.n_reports) == ("pending", 0), new
+        decision = cb.report("rerun", 1, eval_score=0.3)
+        assert decision.action.value == "continue", decision
+        assert ca.status("rerun").n_reports == 1
+        # again, B's next contact a report at the version it holds: the new job's writes caught up with it
+        cb.report("rerun", 2, eval_score=0.2)  # both at version 3, the job stopped (one decline)
+        assert cb.status("rerun").status == "stopped"
+        ca.delete_job("rerun")
+        ca.register_job("rerun", "grpo", policy=policy)
+        for step in (1, 2):
+            ca.report("rerun", step, eval_score=0.1 * step)
+        decision = cb.report("rerun", 3, eval_score=0.35)
+        assert decision.action.value == "continue", decision
+        assert [r.step for r in ca.reports("rerun")] == [1, 2, 3]

@@ -45,6 +45,39 @@ def test_writes_on_stale_state_are_refused_and_reloaded(tmp_path):
     b.close()
 
 
+@pytest.mark.parametrize(("catch_up", "read_first"), [(False, True), (True, True), (True, False)],
+                         ids=["new version below", "new version equal", "new version equal, a report first"])
+def test_a_job_deleted_and_registered_again_by_one_process_is_the_new_one_in_the_other(tmp_path, catch_up,
+                                                                                       read_first):
+    """b holds a stopped job (its version moved on with each report); a deletes it and registers the id
+    again (a rerun: its version starts again). b answers for the new job, whether the new one's version
+    is below b's or has caught up with it exactly, and whether b first reads the job or first gets
+    the new job's next report (a write at b's version: refused as another job's, then re-read)."""
+    from evalstop_trl.core.requests import ReasonRequest
+
+    a, b = _pair(tmp_path / "evalstop.db")
+    policy = {"detector": "decline", "k": 1, "noise": "none"}
+    a.register_job("local", JobRequest("rerun", "grpo", policy=policy))
+    for step, score in enumerate([0.5, 0.6, 0.4], start=1):
+        b.report("local", "rerun", ReportRequest(step, eval_score=score))
+    assert b.status("local", "rerun").status == "stopped"
+    a.delete_job("local", "rerun", ReasonRequest("rerun"))
+    a.register_job("local", JobRequest("rerun", "grpo", policy=policy))
+    if catch_up:  # the new job's writes bring its version to the old one's
+        for step, score in enumerate([0.1, 0.2, 0.3], start=1):
+            a.report("local", "rerun", ReportRequest(step, eval_score=score))
+    assert b.store.job_versions("local", ["rerun"])["rerun"][1] == (4 if catch_up else 1)
+    if read_first:
+        new = b.status("local", "rerun")
+        assert (new.status, new.n_reports) == (("running", 3) if catch_up else ("pending", 0)), new
+    else:
+        assert b.report("local", "rerun", ReportRequest(4, eval_score=0.35)).action.value == "continue"
+        assert [r.step for r in a.reports("local", "rerun")] == [1, 2, 3, 4]
+        assert a.status("local", "rerun").best_step == 4
+    a.close()
+    b.close()
+
+
 def test_an_unshared_file_is_not_reread(tmp_path):
     """The service owns its file (no version reads per report): another writer is not seen."""
     a = Coordinator(SQLiteStore(tmp_path / "own.db"))

@@ -133,7 +133,8 @@ def test_a_shared_store_refuses_writes_on_stale_state(pg_dsn):
     with pytest.raises(StaleState):
         wait_durable(store.add_report("a", "j", Report(2, 0.5), expect=1))  # someone else wrote version 2
     assert isinstance(StaleState("x"), StoreError)
-    assert store.job_versions("a", ["j"]) == {"j": 2} and store.job("a", "j").version == 2
+    assert store.job_versions("a", ["j"]) == {"j": (store.job("a", "j").created_at, 2)}
+    assert store.job("a", "j").version == 2
     # one refused write in a batch sinks nothing else
     bad = store.add_report("a", "j", Report(3, 0.5), expect=7)
     good = store.add_report("a", "j", Report(3, 0.5), expect=2)
