@@ -2,8 +2,9 @@
 
 Reward hacking is the proxy reward rising while world feedback falls. A policy with ``gate:
 proxy_diverges`` wraps its rule: when the rule decides a stop, the stop stands only if the proxy
-reward of the latest report (the reward model's score the trainer logs) is above the proxy of the
-report where the best eval was; if world feedback and the proxy fell together, the fall is the eval's
+reward of the latest report is above the proxy of the report where the best eval was (best: the
+reward model's score of the eval's own completions, ``WorldFeedback.proxy``, which shares the eval's
+sampling noise; else the training reward the trainer logs); if world feedback and the proxy fell together, the fall is the eval's
 noise or a run getting worse on both, and the job continues, saying why. The comparison is of two
 proxy values with each other: no threshold, so no constant in the proxy's units. The stop's evidence
 carries ``proxy_since_best`` ("proxy +0.3 since the best eval"). A run that logs no proxy reward is
