@@ -54,7 +54,7 @@ from typing import Any
 import yaml
 
 from ..core.detectors import MAX_STEP
-from ..core.logged import REWARD_KEYS
+from ..core.logged import REWARD_KEYS, logged_names
 from . import logs
 from .replay import _NOT_METRICS, _NOT_SCORES, Curve, _short, evidence_keys, evidence_of, is_evidence
 
@@ -655,7 +655,7 @@ def select(raw: RawHistory, metric: str | None = None, label_metric: str | None 
     losses = _latest_at(raw, _LOSS_SERIES, scores.steps) or (None,) * len(scores.steps)
     return RunHistory(raw.name, raw.source, raw.format, scores, label, losses, planned,
                       evidence=_evidence_at(raw, scores), meta=raw.meta,
-                      proxies=_latest_at(raw, REWARD_KEYS, scores.steps) or ())
+                      proxies=_latest_at(raw, logged_names(REWARD_KEYS), scores.steps) or ())
 
 
 def load_histories(paths: Sequence[str | Path], metric: str | None = None, label_metric: str | None = None,

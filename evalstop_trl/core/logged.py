@@ -23,8 +23,8 @@ from .browse import finite_float
 from .detectors import Decision
 from .detectors.proxygate import describe_proxy
 
-__all__ = ["LENGTH_KEYS", "LOSS_KEYS", "REWARD_KEYS", "describe", "first_logged", "logged_length", "since_best",
-           "with_evidence"]
+__all__ = ["LENGTH_KEYS", "LOSS_KEYS", "REWARD_KEYS", "TRAIN_PREFIX", "describe", "first_logged", "logged_length",
+           "logged_names", "since_best", "with_evidence"]
 
 #: Keys of a trainer's logs read as the proxy reward, and as the train loss (the first present wins):
 #: TRL's GRPO/RLOO ``reward``, OpenRLHF's ``reward``, TRL's online trainers' ``objective/scores``, DPO's
@@ -40,15 +40,31 @@ LOSS_KEYS = ("loss", "train_loss")
 LENGTH_KEYS = ("completions/mean_length", "completion_length", "response_length/mean", "response_length")
 
 
+#: transformers' W&B and TensorBoard integrations log a training metric ``KEY`` as ``train/KEY``
+#: (``train/reward``, ``train/objective/kl``): each key is also read under this prefix
+TRAIN_PREFIX = "train/"
+
+
 def first_logged(values: Mapping[str, Any], keys: Sequence[str], low: float | None = None) -> float | None:
-    """The value of the first of ``keys`` that a log record holds as a finite number (at least ``low``
-    when given): what the session, ``evalstop run --metric-from`` and ``evalstop replay`` read. None
-    when it holds none (text, a bool, NaN, an infinity and an integer beyond a float are not numbers)."""
-    for key in keys:
-        value = finite_float(values.get(key))
+    """The value of the first of ``keys`` (each as it is, then under :data:`TRAIN_PREFIX`) that a log
+    record holds as a finite number (at least ``low`` when given): what the session, ``evalstop run
+    --metric-from``, ``evalstop replay`` and ``calibrate`` read. None when it holds none (text, a bool,
+    NaN, an infinity and an integer beyond a float are not numbers).
+
+        >>> first_logged({"train/reward": 0.4, "train/loss": 1.2}, REWARD_KEYS)
+        0.4
+    """
+    for name in logged_names(keys):
+        value = finite_float(values.get(name))
         if value is not None and (low is None or value >= low):
             return value
     return None
+
+
+def logged_names(keys: Sequence[str]) -> tuple[str, ...]:
+    """The names ``keys`` are logged under, in the order they are read: each key, then under
+    :data:`TRAIN_PREFIX`."""
+    return tuple(name for key in keys for name in (key, TRAIN_PREFIX + key))
 
 
 def logged_length(values: Mapping[str, Any]) -> float | None:

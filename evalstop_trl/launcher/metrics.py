@@ -35,7 +35,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,9 +61,23 @@ MAX_KEYS = 200  # key names remembered for the "metric not found" message
 MAX_PENDING = 10_000  # points waiting for the coordinator; the oldest are dropped beyond (said)
 #: records seen without the metric before the launcher says, once, which keys the log has
 MISSING_AFTER = 3
-#: step, the metric's value, the latest KL read (KL_KEYS), the latest completion length read (LENGTH_KEYS)
-#: and the latest proxy reward read (REWARD_KEYS: what a gate: proxy_diverges policy reads)
+#: step, the metric's value, then what each eval carries beside it (:data:`EVIDENCE`, in its order)
 Point = tuple[int, "float | None", "float | None", "float | None", "float | None"]
+
+#: what an eval is reported with, each the latest its log gave at or before the eval: the KL (KL_KEYS,
+#: what a gate: kl_past_peak policy reads), the mean completion length (LENGTH_KEYS) and the proxy reward
+#: (REWARD_KEYS, what a gate: proxy_diverges policy reads); the names are the report's fields
+EVIDENCE: dict[str, Callable[[Mapping[str, Any]], float | None]] = {
+    "kl": lambda values: first_logged(values, KL_KEYS), "length": logged_length,
+    "proxy_reward": lambda values: first_logged(values, REWARD_KEYS)}
+
+
+def _latest(latest: dict[str, float | None], values: Mapping[str, Any]) -> None:
+    """Keep in ``latest`` what of :data:`EVIDENCE` a log record gives."""
+    for name, read in EVIDENCE.items():
+        value = read(values)
+        if value is not None:
+            latest[name] = value
 
 
 @dataclass(frozen=True)
@@ -128,9 +142,7 @@ class LineTail:
         self._said_irregular = False
         self.exists = False
         self.seen = _Keys()
-        self.kl: float | None = None  # the latest KL the log gave
-        self.length: float | None = None  # the latest mean completion length the log gave
-        self.proxy: float | None = None  # the latest proxy reward the log gave
+        self.latest: dict[str, float | None] = dict.fromkeys(EVIDENCE)  # the latest of each the log gave
         # a file already there is an earlier run's log: read what is appended from now on (its old evals
         # would be reported as this job's, and this run's lower steps then skipped as "not increasing")
         try:
@@ -193,15 +205,7 @@ class LineTail:
             return None
         raw, values = rec
         self.seen.saw(values)
-        kl = first_logged(values, KL_KEYS)
-        if kl is not None:
-            self.kl = kl
-        length = logged_length(values)
-        if length is not None:
-            self.length = length
-        proxy = first_logged(values, REWARD_KEYS)
-        if proxy is not None:
-            self.proxy = proxy
+        _latest(self.latest, values)
         if self.key not in values:
             return None
         try:
@@ -210,7 +214,7 @@ class LineTail:
             log.warning("evalstop run: %s (for %s): skipped", log_text(str(exc), 300), log_text(self.key))
             return None
         # NaN, inf, text: a failed eval (missing)
-        return step, finite_float(values[self.key]), self.kl, self.length, self.proxy
+        return step, finite_float(values[self.key]), *self.latest.values()
 
     def close(self) -> None:
         if self._file is not None:
@@ -240,13 +244,16 @@ class ConsoleTail(LineTail):
 
 
 class TensorBoardTail:
-    """Follows the TensorBoard event files under a folder: :meth:`poll` returns the new scalars of ``tag``."""
+    """Follows the TensorBoard event files under a folder: :meth:`poll` returns the new scalars of
+    ``tag``, each with the latest of :data:`EVIDENCE` logged at or before its step (transformers'
+    TensorBoard callback writes ``train/reward``, ``train/objective/kl``: read under the prefix)."""
 
     def __init__(self, path: Path, tag: str) -> None:
         self.path, self.key = Path(path), tag
         self._loaders: dict[Path, Any] = {}
         self.exists = False
         self.seen = _Keys()
+        self.latest: dict[str, float | None] = dict.fromkeys(EVIDENCE)
 
     def poll(self) -> list[Point]:
         try:
@@ -264,23 +271,35 @@ class TensorBoardTail:
                            and not p.is_symlink())[:MAX_EVENT_FILES]:
             if file not in self._loaders:
                 self._loaders[file] = EventFileLoader(str(file))
-        points: list[Point] = []
+        # (step, 0 for evidence / 1 for the metric, the tag's scalars): evidence at an eval's step comes first
+        read: list[tuple[int, int, dict[str, float | None]]] = []
         for file, loader in self._loaders.items():
             try:
                 for event in loader.Load():  # the events written since the last call
                     if event.summary.value:
                         self.seen.saw(v.tag for v in event.summary.value)
                     for value in event.summary.value:
-                        if value.tag == self.key and not 0 <= event.step <= MAX_STEP:
-                            log.warning("evalstop run: %s: step %d of %s is outside 0..%d: skipped", log_text(str(file)),
-                                        event.step, log_text(self.key), MAX_STEP)
-                        elif value.tag == self.key:
-                            scalar = tb_scalar(value, tensor_util)
-                            points.append((int(event.step), None if scalar is None or not math.isfinite(scalar)
-                                           else scalar, None, None, None))  # (nor its KL, length, proxy)
+                        if not 0 <= event.step <= MAX_STEP:
+                            if value.tag == self.key:
+                                log.warning("evalstop run: %s: step %d of %s is outside 0..%d: skipped",
+                                            log_text(str(file)), event.step, log_text(self.key), MAX_STEP)
+                            continue
+                        scalars = {value.tag: tb_scalar(value, tensor_util)}
+                        if value.tag == self.key:
+                            read.append((int(event.step), 1, scalars))
+                        elif any(reads(scalars) is not None for reads in EVIDENCE.values()):
+                            read.append((int(event.step), 0, scalars))
             except Exception as exc:  # noqa: BLE001 - a file being written, or not an event file
                 log.debug("evalstop run: %s: %s", file, exc)
-        return sorted(points)
+        points: list[Point] = []
+        for step, is_metric, values in sorted(read, key=lambda r: (r[0], r[1])):
+            if not is_metric:
+                _latest(self.latest, values)
+                continue
+            scalar = values[self.key]
+            points.append((step, None if scalar is None or not math.isfinite(scalar) else scalar,
+                           *self.latest.values()))
+        return points
 
     def close(self) -> None:
         self._loaders.clear()
@@ -361,9 +380,9 @@ class MetricReporter:
             del self.pending[:-MAX_PENDING]
         n = 0
         while self.pending:
-            step, value, kl, length, proxy = self.pending[0]
+            step, value, *carried = self.pending[0]
             try:
-                self.client.report(self.job_id, step, eval_score=value, kl=kl, length=length, proxy_reward=proxy)
+                self.client.report(self.job_id, step, eval_score=value, **dict(zip(EVIDENCE, carried, strict=True)))
             except (InvalidInput, NotFound, Unauthorized, Conflict) as exc:  # refused for good: say it, go on
                 log.warning("evalstop run: the coordinator refused step %d of %s: %s", step, log_text(self.job_id),
                             log_text(exc, 300))

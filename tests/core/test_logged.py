@@ -178,6 +178,8 @@ def test_extreme_proxies_and_lengths_never_break_a_stop_over_http(store, tmp_pat
     ({"objective/scores": 0.3}, 0.3),  # TRL's online trainers
     ({"critic/score/mean": 0.004, "critic/rewards/mean": 0.0038, "critic/kl": 0.0002}, 0.004),  # verl: before its KL
     ({"critic/rewards/mean": 0.0038}, None),  # verl's reward net of the KL penalty is not the proxy
+    ({"train/reward": 0.4, "train/global_step": 10}, 0.4),  # transformers' W&B and TensorBoard callbacks
+    ({"reward": 0.2, "train/reward": 0.4}, 0.2),  # the name as the trainer logs it first
 ])
 def test_the_proxy_reward_each_stack_logs_is_read(log, reward):
     from evalstop_trl.core.logged import REWARD_KEYS, first_logged

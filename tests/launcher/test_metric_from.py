@@ -123,6 +123,7 @@ TB_CHILD = textwrap.dedent("""
     for step in range(1, 121):
         time.sleep(0.05)
         w.add_scalar("train/loss", 1.0 / step, step=step)
+        w.add_scalar("train/reward", 0.01 * step, step=step)  # transformers' TensorBoard callback's name
         if str(step) in curve:
             w.add_scalar("eval/gsm8k_pass1", curve[str(step)], step=step)
         w.flush()
@@ -173,6 +174,8 @@ def test_the_launcher_stops_a_child_whose_logs_show_the_decline(kind, tmp_path):
     assert [r.eval_score for r in reports if r.step <= stop] == pytest.approx([v for s, v in CURVE.items() if s <= stop])
     assert job.best_step == 20 and "launcher_sigterm" in audit  # stopped by its launcher, at the eval of `stop`
     assert audit.count("stop") == 1
+    if kind in ("verl_console", "tensorboard"):  # its proxy reward: critic/score/mean, train/reward
+        assert [r.proxy_reward for r in reports] == pytest.approx([0.01 * r.step for r in reports])
     assert [a.evidence["step"] for a in records if a.kind.value == "stop"] == [stop]  # where the callback would
 
 
@@ -382,3 +385,33 @@ def test_the_launcher_reports_the_completion_length_the_log_gives_with_each_eval
     plain.write_text(json.dumps({"step": 5, "data": {KEY: 0.4}}) + "\n")
     assert rep.poll_once() == 1 and coord.reports("local", "p")[0].length is None
     rep.close()
+
+
+def test_a_tensorboard_follower_carries_the_latest_kl_length_and_proxy_with_each_eval(tmp_path):
+    """transformers' TensorBoard callback writes a training metric as ``train/KEY``: each eval goes out
+    with the latest KL, completion length and proxy reward logged at or before its step, whatever order
+    the events came in; a step's training scalars come before its eval's."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.summary import Writer
+
+    from evalstop_trl.launcher.metrics import TensorBoardTail
+
+    tail = TensorBoardTail(tmp_path, "eval/reward")
+    w = Writer(str(tmp_path))
+    for step in range(1, 7):
+        if step % 3 == 0:
+            w.add_scalar("eval/reward", 0.1 * step, step=step)  # the eval first, its step's training log after
+        w.add_scalar("train/objective/kl", 0.5 * step, step=step)
+        w.add_scalar("train/completions/mean_length", 10.0 * step, step=step)
+        if step != 5:
+            w.add_scalar("train/reward", 0.01 * step, step=step)
+    w.flush()
+    points = tail.poll()
+    assert [p[0] for p in points] == [3, 6]
+    assert points[0][1:] == pytest.approx((0.3, 1.5, 30.0, 0.03))
+    assert points[1][1:] == pytest.approx((0.6, 3.0, 60.0, 0.06))
+    w.add_scalar("train/reward", 0.07, step=7)
+    w.add_scalar("eval/reward", 0.9, step=8)
+    w.flush()
+    assert tail.poll()[0][1:] == pytest.approx((0.9, 3.0, 60.0, 0.07))  # the latest kept between polls
+    tail.close()
