@@ -22,7 +22,7 @@ from ..core.codec import json_safe
 from ..core.detectors import GATES, MAX_EXAMPLES, Action, Decision, Observation, create_detector
 from ..core.examples import EVIDENCE_NAMES, evidence_keys
 from ..core.klclock import KL_KEYS
-from ..core.logged import LENGTH_KEYS, LOSS_KEYS, REWARD_KEYS, first_logged, with_evidence
+from ..core.logged import LOGGED, first_logged, with_evidence
 
 __all__ = ["Curve", "ReplayError", "ReplayResult", "load_curve", "replay_curve"]
 
@@ -212,18 +212,14 @@ def load_curve(path: str | Path, metric: str | None = None, fmt: str | None = No
         raise ReplayError(f"{path}: KL metric {kl_metric!r} not found")
     kl_keys = (kl_metric,) if kl_metric is not None else KL_KEYS
     points: dict[int, float] = {}
-    loss_at: dict[int, float] = {}
-    kl_at: dict[int, float] = {}
-    proxy_at: dict[int, float] = {}  # a stop's evidence, as the length's
-    length_at: dict[int, float] = {}
+    logged: dict[str, dict[int, float]] = {name: {} for name in LOGGED}  # a report's fields, by step
     evidence: dict[int, tuple[int | None, float | None]] = {}
     n_key, noise_key = evidence_keys(metric) or (None, None)
     for i, row in enumerate(rows):
-        for keys, at, low in ((LOSS_KEYS, loss_at, None), (REWARD_KEYS, proxy_at, None), (LENGTH_KEYS, length_at, 0.0),
-                              (kl_keys, kl_at, None)):
-            value = first_logged(row, keys, low)
-            if value is not None and (at is kl_at or "step" in row):
-                at[_step_of(path, row, i)] = value
+        for name, (keys, low) in LOGGED.items():
+            value = first_logged(row, kl_keys if name == "kl" else keys, low)
+            if value is not None and (name == "kl" or "step" in row):
+                logged[name][_step_of(path, row, i)] = value
         if metric not in row or row[metric] is None:
             continue
         value = row[metric]
@@ -240,9 +236,9 @@ def load_curve(path: str | Path, metric: str | None = None, fmt: str | None = No
     if not points:
         raise ReplayError(f"{path}: no entry has a value for {metric!r}")
     steps = tuple(sorted(points))
-    losses = _latest(loss_at, steps)
-    kls = tuple(_latest(kl_at, steps)) if kl_at else ()
-    proxies, lengths = (tuple(_latest(at, steps)) if at else () for at in (proxy_at, length_at))
+    losses = _latest(logged["train_loss"], steps)
+    kls, proxies, lengths = (tuple(_latest(logged[name], steps)) if logged[name] else ()
+                             for name in ("kl", "proxy_reward", "length"))
     recorded = tuple(evidence.get(s, (None, None)) for s in steps) if evidence else ()
     return Curve(metric, steps, tuple(points[s] for s in steps), tuple(losses), planned, fmt, recorded, kls,
                  proxies, lengths)

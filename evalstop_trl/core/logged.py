@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from .browse import finite_float
 from .detectors import Decision
 from .detectors.proxygate import describe_proxy
+from .klclock import KL_KEYS
 
-__all__ = ["LENGTH_KEYS", "LOSS_KEYS", "REWARD_KEYS", "TRAIN_PREFIX", "describe", "first_logged", "logged_length",
-           "logged_names", "since_best", "with_evidence"]
+__all__ = ["LENGTH_KEYS", "LOGGED", "LOSS_KEYS", "REWARD_KEYS", "TRAIN_PREFIX", "describe", "first_logged",
+           "logged_length", "logged_names", "read_logged", "since_best", "with_evidence"]
 
 #: Keys of a trainer's logs read as the proxy reward, and as the train loss (the first present wins):
 #: TRL's GRPO/RLOO ``reward``, OpenRLHF's ``reward``, TRL's online trainers' ``objective/scores``, DPO's
@@ -38,6 +40,27 @@ LOSS_KEYS = ("loss", "train_loss")
 #: ``completion_length``, verl ``response_length/mean``, OpenRLHF ``response_length``): the callback
 #: reports it with each eval, ``evalstop run --metric-from`` with each eval it reads
 LENGTH_KEYS = ("completions/mean_length", "completion_length", "response_length/mean", "response_length")
+
+#: what a report carries beside its eval, read from a trainer's log: the report's field -> its keys (the
+#: first present wins, :func:`first_logged`) and the least value it may take (None: any finite number).
+#: The session, ``evalstop run --metric-from`` and ``evalstop replay`` read a log record with it.
+LOGGED: Mapping[str, tuple[tuple[str, ...], float | None]] = MappingProxyType({
+    "train_loss": (LOSS_KEYS, None), "proxy_reward": (REWARD_KEYS, None), "kl": (KL_KEYS, None),
+    "length": (LENGTH_KEYS, 0.0)})
+
+
+def read_logged(values: Mapping[str, Any]) -> dict[str, float]:
+    """Each field of :data:`LOGGED` a log record gives.
+
+        >>> read_logged({"loss": 0.5, "reward": 0.2, "objective/kl": -0.01, "completion_length": -1})
+        {'train_loss': 0.5, 'proxy_reward': 0.2, 'kl': -0.01}
+    """
+    out = {}
+    for field, (keys, low) in LOGGED.items():
+        value = first_logged(values, keys, low)
+        if value is not None:
+            out[field] = value
+    return out
 
 
 #: transformers' W&B and TensorBoard integrations log a training metric ``KEY`` as ``train/KEY``

@@ -45,8 +45,7 @@ from ..clients.api import EvalStopAPI
 from ..core.browse import finite_float
 from ..core.detectors import MAX_STEP
 from ..core.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unauthorized
-from ..core.klclock import KL_KEYS
-from ..core.logged import REWARD_KEYS, first_logged, logged_length
+from ..core.logged import read_logged
 from .watch import log_text
 
 __all__ = ["KINDS", "MAX_KEYS", "MAX_LINE", "MAX_PENDING", "READ_CHUNK", "ConsoleTail", "JsonlTail", "MetricFrom",
@@ -64,20 +63,17 @@ MISSING_AFTER = 3
 #: step, the metric's value, then what each eval carries beside it (:data:`EVIDENCE`, in its order)
 Point = tuple[int, "float | None", "float | None", "float | None", "float | None"]
 
-#: what an eval is reported with, each the latest its log gave at or before the eval: the KL (KL_KEYS,
-#: what a gate: kl_past_peak policy reads), the mean completion length (LENGTH_KEYS) and the proxy reward
-#: (REWARD_KEYS, what a gate: proxy_diverges policy reads); the names are the report's fields
-EVIDENCE: dict[str, Callable[[Mapping[str, Any]], float | None]] = {
-    "kl": lambda values: first_logged(values, KL_KEYS), "length": logged_length,
-    "proxy_reward": lambda values: first_logged(values, REWARD_KEYS)}
+#: what an eval is reported with, each the latest its log gave at or before the eval (the report's
+#: fields, read as core/logged.py's LOGGED says): the KL (what a gate: kl_past_peak policy reads), the
+#: mean completion length and the proxy reward (what a gate: proxy_diverges policy reads)
+EVIDENCE = ("kl", "length", "proxy_reward")
 
 
-def _latest(latest: dict[str, float | None], values: Mapping[str, Any]) -> None:
-    """Keep in ``latest`` what of :data:`EVIDENCE` a log record gives."""
-    for name, read in EVIDENCE.items():
-        value = read(values)
-        if value is not None:
-            latest[name] = value
+def _latest(latest: dict[str, float | None], values: Mapping[str, Any]) -> bool:
+    """Keep in ``latest`` what of :data:`EVIDENCE` a log record gives; whether it gave any."""
+    given = {k: v for k, v in read_logged(values).items() if k in latest}
+    latest.update(given)
+    return bool(given)
 
 
 @dataclass(frozen=True)
@@ -287,7 +283,7 @@ class TensorBoardTail:
                         scalars = {value.tag: tb_scalar(value, tensor_util)}
                         if value.tag == self.key:
                             read.append((int(event.step), 1, scalars))
-                        elif any(reads(scalars) is not None for reads in EVIDENCE.values()):
+                        elif _latest(dict.fromkeys(EVIDENCE), scalars):  # a scalar of the evidence
                             read.append((int(event.step), 0, scalars))
             except Exception as exc:  # noqa: BLE001 - a file being written, or not an event file
                 log.debug("evalstop run: %s: %s", file, exc)

@@ -46,7 +46,7 @@ from ..core.examples import evidence_keys
 from ..core.job import SHADOW_REASON, shadowed
 from ..core.klclock import KL_KEYS
 from ..core.labels import check_hparams, check_tags
-from ..core.logged import LENGTH_KEYS, LOSS_KEYS, REWARD_KEYS, first_logged, logged_length
+from ..core.logged import LENGTH_KEYS, LOSS_KEYS, REWARD_KEYS, read_logged
 from ..core.records import Report
 from .ranks import RankMessage
 from .scores import finite, to_number
@@ -438,12 +438,8 @@ class EvalStopSession:
     def observe_logs(self, logs: Mapping[str, Any]) -> None:
         """Remember the train loss, the proxy reward, the KL and the mean completion length of a trainer's
         log (reported with the next eval)."""
-        loss, reward, kl = (first_logged(logs, keys) for keys in (LOSS_KEYS, REWARD_KEYS, KL_KEYS))
-        length = logged_length(logs)
-        self.train_loss = loss if loss is not None else self.train_loss
-        self.proxy_reward = reward if reward is not None else self.proxy_reward
-        self.kl = kl if kl is not None else self.kl
-        self.length = length if length is not None else self.length
+        for name, value in read_logged(logs).items():  # each of core.logged.LOGGED, an attribute of the same name
+            setattr(self, name, value)
 
     def improves(self, score: float | None) -> bool:
         """Whether ``score`` beats the best so far (a new best model is worth keeping)."""
