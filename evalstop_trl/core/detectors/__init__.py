@@ -210,7 +210,8 @@ def create_detector(name: str, **params: Any) -> Detector:
 
     Args:
         name: one of ``decline``, ``patience``, ``stop_at``, ``loss_plateau``, ``drop``, ``trend``,
-            ``cusum``, ``sequential`` (recommended for new users), ``never``.
+            ``cusum``, ``sequential``, ``never`` (recommended for new users: :data:`RECOMMENDED_POLICY`,
+            ``decline`` with ``gate="proxy_diverges"``).
         **params: the detector's parameters (see :func:`detector_params`).
 
     Raises:
