@@ -69,11 +69,9 @@ Point = tuple[int, "float | None", "float | None", "float | None", "float | None
 EVIDENCE = ("kl", "length", "proxy_reward")
 
 
-def _latest(latest: dict[str, float | None], values: Mapping[str, Any]) -> bool:
-    """Keep in ``latest`` what of :data:`EVIDENCE` a log record gives; whether it gave any."""
-    given = {k: v for k, v in read_logged(values).items() if k in latest}
-    latest.update(given)
-    return bool(given)
+def _evidence(values: Mapping[str, Any]) -> dict[str, float]:
+    """What of :data:`EVIDENCE` a log record gives."""
+    return {k: v for k, v in read_logged(values).items() if k in EVIDENCE}
 
 
 @dataclass(frozen=True)
@@ -201,7 +199,7 @@ class LineTail:
             return None
         raw, values = rec
         self.seen.saw(values)
-        _latest(self.latest, values)
+        self.latest.update(_evidence(values))
         if self.key not in values:
             return None
         try:
@@ -283,14 +281,14 @@ class TensorBoardTail:
                         scalars = {value.tag: tb_scalar(value, tensor_util)}
                         if value.tag == self.key:
                             read.append((int(event.step), 1, scalars))
-                        elif _latest(dict.fromkeys(EVIDENCE), scalars):  # a scalar of the evidence
+                        elif _evidence(scalars):
                             read.append((int(event.step), 0, scalars))
             except Exception as exc:  # noqa: BLE001 - a file being written, or not an event file
                 log.debug("evalstop run: %s: %s", file, exc)
         points: list[Point] = []
         for step, is_metric, values in sorted(read, key=lambda r: (r[0], r[1])):
             if not is_metric:
-                _latest(self.latest, values)
+                self.latest.update(_evidence(values))
                 continue
             scalar = values[self.key]
             points.append((step, None if scalar is None or not math.isfinite(scalar) else scalar,

@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from evalstop_trl import Coordinator, SQLiteStore
 from evalstop_trl.core.detectors import Action, Observation, create_detector
 from evalstop_trl.core.detectors.klgate import KLGate
 from evalstop_trl.core.errors import InvalidInput
 from evalstop_trl.core.records import Policy
-from evalstop_trl.core.requests import JobRequest, ReportRequest
+from evalstop_trl.core.requests import ReportRequest
+from tests.store_helpers import restart_decides_the_same
 
 PEAK_D = math.e  # gold(d) = 0.2 + d (1 - 0.5 ln d) peaks at d* = exp(1 / 0.5 - 1) = e, KL* = e^2
 
@@ -69,21 +69,7 @@ def test_a_policy_names_the_gate_and_a_stored_job_decides_the_same_after_a_resta
     assert Policy.from_dict({"detector": "decline", "gate": "kl_past_peak"}).to_dict()["gate"] == "kl_past_peak"
     with pytest.raises(InvalidInput, match="gate must be one of kl_past_peak"):
         Policy.from_dict({"detector": "decline", "gate": "soon"})
-    path = tmp_path / "gate.db"
-    policy = {"detector": "decline", "k": 1, "gate": "kl_past_peak"}
-    run = _gao_run(3)
-    c = Coordinator(SQLiteStore(path))
-    c.register_job("t", JobRequest("j", "grpo", policy=policy))
-    for i, (kl, s) in enumerate(run[:8], start=1):
-        c.report("t", "j", ReportRequest(i, s, kl=kl))
-    c.close()
-    reopened, uninterrupted = Coordinator(SQLiteStore(path)), Coordinator()
-    uninterrupted.register_job("t", JobRequest("j", "grpo", policy=policy))
-    for i, (kl, s) in enumerate(run, start=1):
-        want = uninterrupted.report("t", "j", ReportRequest(i, s, kl=kl))
-        if i > 8:
-            assert reopened.report("t", "j", ReportRequest(i, s, kl=kl)) == want
-        if want.action is Action.STOP:
-            break
-    assert want.action is Action.STOP
-    reopened.close()
+    requests = [ReportRequest(i, s, kl=kl) for i, (kl, s) in enumerate(_gao_run(3), start=1)]
+    last = restart_decides_the_same(tmp_path / "gate.db", {"detector": "decline", "k": 1, "gate": "kl_past_peak"},
+                                    requests, cut=8)
+    assert last.action is Action.STOP

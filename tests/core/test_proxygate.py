@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from evalstop_trl import Coordinator, SQLiteStore
 from evalstop_trl.core.detectors import GATES, Action, Observation, ProxyGate, create_detector
 from evalstop_trl.core.errors import InvalidInput
 from evalstop_trl.core.records import Policy
-from evalstop_trl.core.requests import JobRequest, ReportRequest
+from evalstop_trl.core.requests import ReportRequest
+from tests.store_helpers import restart_decides_the_same
 
 
 def _run(seed: int, hack_from: int | None, evals: int = 30, n: int = 256) -> list[tuple[float, float]]:
@@ -90,19 +90,7 @@ def test_a_policy_names_the_gate_and_a_stored_job_decides_the_same_after_a_resta
     assert Policy.from_dict({"detector": "sequential", "gate": "proxy_diverges"}).to_dict()["gate"] == "proxy_diverges"
     with pytest.raises(InvalidInput, match="gate must be one of kl_past_peak, proxy_diverges"):
         Policy.from_dict({"detector": "decline", "gate": "proxy"})
-    path, policy, run = tmp_path / "gate.db", {"detector": "decline", "gate": "proxy_diverges"}, _run(3, 12)
-    c = Coordinator(SQLiteStore(path))
-    c.register_job("t", JobRequest("j", "grpo", policy=policy))
-    for i, (s, p) in enumerate(run[:14], start=1):
-        c.report("t", "j", ReportRequest(i, s, proxy_reward=p))
-    c.close()
-    reopened, uninterrupted = Coordinator(SQLiteStore(path)), Coordinator()
-    uninterrupted.register_job("t", JobRequest("j", "grpo", policy=policy))
-    for i, (s, p) in enumerate(run, start=1):
-        want = uninterrupted.report("t", "j", ReportRequest(i, s, proxy_reward=p))
-        if i > 14:
-            assert reopened.report("t", "j", ReportRequest(i, s, proxy_reward=p)) == want
-        if want.action is Action.STOP:
-            break
-    assert want.action is Action.STOP and want.reason.count("since the best eval") == 1, want
-    reopened.close()
+    requests = [ReportRequest(i, s, proxy_reward=p) for i, (s, p) in enumerate(_run(3, 12), start=1)]
+    last = restart_decides_the_same(tmp_path / "gate.db", {"detector": "decline", "gate": "proxy_diverges"},
+                                    requests, cut=14)
+    assert last.action is Action.STOP and last.reason.count("since the best eval") == 1, last

@@ -290,6 +290,22 @@ def test_a_bad_line_never_stops_the_reporter_thread(tmp_path):
     rep.close()
 
 
+def _plain_log_report(coord, tmp_path):
+    """The report the launcher sends for a log that gives the metric alone (job ``p``)."""
+    from evalstop_trl.clients.embedded import EmbeddedClient
+    from evalstop_trl.core.requests import JobRequest
+    from evalstop_trl.launcher.metrics import MetricReporter
+
+    plain = tmp_path / "plain.jsonl"
+    coord.register_job("local", JobRequest("p", "grpo"))
+    rep = MetricReporter(MetricFrom("jsonl", plain, KEY), EmbeddedClient(coord), "p")
+    plain.write_text(json.dumps({"step": 5, "data": {KEY: 0.4}}) + "\n")
+    assert rep.poll_once() == 1
+    rep.close()
+    (report,) = coord.reports("local", "p")
+    return report
+
+
 def test_the_launcher_reports_the_kl_the_log_gives_with_each_eval(tmp_path):
     """verl logs the KL each training step (``actor/kl_loss`` with a KL loss) and the validation score
     every few steps: each eval goes out with the latest KL read at or before it (what a policy's
@@ -310,12 +326,7 @@ def test_the_launcher_reports_the_kl_the_log_gives_with_each_eval(tmp_path):
     assert rep.poll_once() == 2
     assert [(r.step, r.eval_score, r.kl) for r in coord.reports("local", "j")] == [(2, 0.3, 0.02), (5, 0.4, 0.03)]
     rep.close()
-    plain = tmp_path / "plain.jsonl"
-    coord.register_job("local", JobRequest("p", "grpo"))
-    rep = MetricReporter(MetricFrom("jsonl", plain, KEY), EmbeddedClient(coord), "p")
-    plain.write_text(json.dumps({"step": 5, "data": {KEY: 0.4}}) + "\n")
-    assert rep.poll_once() == 1 and coord.reports("local", "p")[0].kl is None
-    rep.close()
+    assert _plain_log_report(coord, tmp_path).kl is None
 
 
 def test_the_launcher_reports_the_proxy_reward_the_log_gives_and_a_proxy_gate_reads_it(tmp_path):
@@ -379,12 +390,7 @@ def test_the_launcher_reports_the_completion_length_the_log_gives_with_each_eval
     console.write_text("step:1 - response_length:312.5 - kl:0.02\nstep:2 - val/score:0.4\n")
     assert rep.poll_once() == 1 and [(r.length, r.kl) for r in coord.reports("local", "c")] == [(312.5, 0.02)]
     rep.close()
-    plain = tmp_path / "plain.jsonl"
-    coord.register_job("local", JobRequest("p", "grpo"))
-    rep = MetricReporter(MetricFrom("jsonl", plain, KEY), EmbeddedClient(coord), "p")
-    plain.write_text(json.dumps({"step": 5, "data": {KEY: 0.4}}) + "\n")
-    assert rep.poll_once() == 1 and coord.reports("local", "p")[0].length is None
-    rep.close()
+    assert _plain_log_report(coord, tmp_path).length is None
 
 
 def test_a_tensorboard_follower_carries_the_latest_kl_length_and_proxy_with_each_eval(tmp_path):
